@@ -1,0 +1,127 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/csiagent/csiagent/pluginconfig"
+)
+
+// checkReport is check-config's JSON output.
+type checkReport struct {
+	Dir     string         `json:"dir"`
+	Plugins []checkPlugin  `json:"plugins"`
+	Errors  []checkFileErr `json:"errors"`
+}
+
+type checkPlugin struct {
+	File     string                   `json:"file"`
+	Type     string                   `json:"type"`
+	Name     string                   `json:"name"`
+	Managed  bool                     `json:"managed"`
+	Services []pluginconfig.Service   `json:"services"`
+	Config   *pluginconfig.PluginInfo `json:"config"`
+}
+
+type checkFileErr struct {
+	File  string `json:"file"`
+	Error string `json:"error"`
+}
+
+func runCheckConfig(_ context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	output := outputFlag(fs)
+	if code, done := e.parseFlags(fs, args, "DIR"); done {
+		return code
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(e.stderr, "csi-agent check-config: expected one argument, the plugin config directory")
+		fs.Usage()
+		return ExitUsage
+	}
+	if err := checkOutput(*output); err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent check-config:", err)
+		return ExitUsage
+	}
+	dir := fs.Arg(0)
+	set, err := pluginconfig.Load(dir)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "csi-agent check-config: %v\n", err)
+		return ExitProblem
+	}
+	report := checkReport{Dir: dir, Plugins: []checkPlugin{}, Errors: []checkFileErr{}}
+	for _, p := range set.Sorted() {
+		report.Plugins = append(report.Plugins, checkPlugin{
+			File: p.File, Type: p.Info.Type, Name: p.Info.Name, Managed: p.Info.Managed(),
+			Services: p.Info.Services(), Config: p.Info,
+		})
+	}
+	for _, fe := range set.Errors {
+		report.Errors = append(report.Errors, checkFileErr{File: fe.File, Error: fe.Err.Error()})
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(report); err != nil {
+			fmt.Fprintln(e.stderr, "csi-agent check-config:", err)
+			return ExitProblem
+		}
+	} else {
+		printCheckTable(e, set, report)
+	}
+	if len(report.Errors) > 0 {
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+func printCheckTable(e *env, set *pluginconfig.Set, r checkReport) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FILE\tTYPE\tNAME\tKIND\tSERVICES\tRUNS / ENDPOINTS")
+	for _, p := range set.Sorted() {
+		kind, runs := "unmanaged", endpoints(p.Info)
+		if p.Info.Managed() {
+			kind, runs = "managed", commandsOf(p.Info)
+		}
+		var svcs []string
+		for _, s := range p.Info.Services() {
+			svcs = append(svcs, string(s))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", filepath.Base(p.File), p.Info.Type, p.Info.Name, kind, strings.Join(svcs, ","), orDash(runs))
+	}
+	tw.Flush()
+	for _, fe := range r.Errors {
+		fmt.Fprintf(e.stdout, "INVALID %s: %s\n", fe.File, fe.Error)
+	}
+	fmt.Fprintf(e.stdout, "%d plugin(s), %d invalid file(s) in %s\n", len(r.Plugins), len(r.Errors), r.Dir)
+}
+
+func endpoints(p *pluginconfig.PluginInfo) string {
+	var out []string
+	for _, ep := range p.Endpoints {
+		out = append(out, fmt.Sprintf("%s=%s", serviceShort(ep.CSIService), ep.Endpoint))
+	}
+	return strings.Join(out, " ")
+}
+
+func commandsOf(p *pluginconfig.PluginInfo) string {
+	var out []string
+	for _, c := range p.Containers {
+		cmd := c.Command.Value
+		if !c.Command.UsesShell() {
+			cmd = strings.Join(append([]string{c.Command.Value}, c.Command.Arguments[min(1, len(c.Command.Arguments)):]...), " ")
+		}
+		out = append(out, cmd)
+	}
+	return strings.Join(out, " | ")
+}
+
+func serviceShort(s pluginconfig.Service) string {
+	return strings.ToLower(strings.TrimSuffix(string(s), "_SERVICE"))
+}

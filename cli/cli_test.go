@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Main(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestCheckConfig(t *testing.T) {
+	t.Run("shipped configs are valid", func(t *testing.T) {
+		code, out, errOut := run(t, "check-config", "../testdata/plugins")
+		if code != ExitOK {
+			t.Fatalf("exit %d, stderr %s, stdout %s", code, errOut, out)
+		}
+		for _, want := range []string{
+			"loop.json", "loop.csi.csiagent.io", "managed", "CONTROLLER_SERVICE,NODE_SERVICE",
+			"unmanaged.json", "node=unix:///var/lib/unmanaged-plugin/csi.sock",
+			"3 plugin(s), 0 invalid file(s)",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+	})
+	t.Run("a bad file is reported and exits 1, the rest still listed", func(t *testing.T) {
+		dir := t.TempDir()
+		good := `{"type":"good","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/g.sock"}]}`
+		if err := os.WriteFile(filepath.Join(dir, "good.json"), []byte(good), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"type":"bad"}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, _ := run(t, "check-config", dir)
+		if code != ExitProblem {
+			t.Fatalf("exit %d, want %d", code, ExitProblem)
+		}
+		if !strings.Contains(out, "INVALID "+filepath.Join(dir, "bad.json")+": neither containers nor endpoints is set") ||
+			!strings.Contains(out, "good.json") || !strings.Contains(out, "1 plugin(s), 1 invalid file(s)") {
+			t.Errorf("output:\n%s", out)
+		}
+		code, out, _ = run(t, "check-config", "--output", "json", dir)
+		var rep checkReport
+		if err := json.Unmarshal([]byte(out), &rep); err != nil || code != ExitProblem {
+			t.Fatalf("json output (exit %d): %v\n%s", code, err, out)
+		}
+		if len(rep.Plugins) != 1 || rep.Plugins[0].Type != "good" || len(rep.Errors) != 1 || rep.Errors[0].File != filepath.Join(dir, "bad.json") {
+			t.Errorf("report = %+v", rep)
+		}
+	})
+	t.Run("missing directory", func(t *testing.T) {
+		code, _, errOut := run(t, "check-config", filepath.Join(t.TempDir(), "nope"))
+		if code != ExitProblem || !strings.Contains(errOut, "no such file or directory") {
+			t.Errorf("exit %d, stderr %q", code, errOut)
+		}
+	})
+	t.Run("usage errors", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"check-config"},
+			{"check-config", "a", "b"},
+			{"check-config", "--output", "yaml", "dir"},
+			{"check-config", "--bogus", "dir"},
+			{"no-such-command"},
+			{},
+		} {
+			if code, _, _ := run(t, args...); code != ExitUsage {
+				t.Errorf("%q: exit %d, want %d", args, code, ExitUsage)
+			}
+		}
+	})
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	if code, out, _ := run(t, "version"); code != ExitOK || !strings.HasPrefix(out, "csi-agent ") {
+		t.Errorf("version: exit %d, %q", code, out)
+	}
+	if code, out, _ := run(t, "help"); code != ExitOK || !strings.Contains(out, "check-config") {
+		t.Errorf("help: exit %d, %q", code, out)
+	}
+}
