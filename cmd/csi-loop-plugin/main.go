@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	buildversion "github.com/csiagent/csiagent/internal/version"
+	"github.com/csiagent/csiagent/loopplugin"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cmd := "serve"
+	if len(args) > 0 && (args[0] == "create-volume" || args[0] == "delete-volume") {
+		cmd, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("csi-loop-plugin "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	pool := fs.String("pool", "", "directory that holds the volume images")
+	var err error
+	switch cmd {
+	case "create-volume":
+		name := fs.String("name", "", "volume name (the volume id)")
+		size := fs.String("size", "1GiB", "volume size, e.g. 512MiB, 10GiB")
+		if err = parse(fs, args); err == nil {
+			err = createVolume(*pool, *name, *size, stdout)
+		}
+	case "delete-volume":
+		name := fs.String("name", "", "volume name (the volume id)")
+		if err = parse(fs, args); err == nil {
+			err = deleteVolume(*pool, *name)
+		}
+	default:
+		var cfg loopplugin.Config
+		endpoint := fs.String("endpoint", os.Getenv("CSI_ENDPOINT"), "unix socket to serve on: unix:///path or a path (default $CSI_ENDPOINT)")
+		fs.StringVar(&cfg.NodeID, "node-id", "", "node id for NodeGetInfo (default $MESOS_AGENT_ID, else the host name)")
+		fs.StringVar(&cfg.Name, "name", loopplugin.DefaultName, "plugin name for GetPluginInfo")
+		version := fs.Bool("version", false, "print the version and exit")
+		if err = parse(fs, args); err != nil {
+			break
+		}
+		if *version {
+			fmt.Fprintf(stdout, "csi-loop-plugin %s (CSI vendor_version %s)\n", buildversion.Version, loopplugin.Version)
+			return 0
+		}
+		cfg.Pool, cfg.Logger = *pool, log
+		if cfg.NodeID == "" {
+			cfg.NodeID = os.Getenv("MESOS_AGENT_ID")
+		}
+		if cfg.NodeID == "" {
+			cfg.NodeID, err = os.Hostname()
+		}
+		if err == nil {
+			err = serve(cfg, *endpoint)
+		}
+	}
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	case err != nil:
+		log.Error(cmd+" failed", "error", err)
+		return 1
+	}
+	return 0
+}
+
+var errUsage = errors.New("usage")
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
+		return errUsage
+	}
+	return nil
+}
+
+func serve(cfg loopplugin.Config, endpoint string) error {
+	if endpoint == "" {
+		return errors.New("no endpoint: set --endpoint or CSI_ENDPOINT")
+	}
+	p, err := loopplugin.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return p.Serve(ctx, endpoint)
+}
+
+func createVolume(pool, name, size string, stdout io.Writer) error {
+	p, err := loopplugin.OpenPool(pool)
+	if err != nil {
+		return err
+	}
+	n, err := loopplugin.ParseSize(size)
+	if err != nil {
+		return err
+	}
+	v, err := p.CreateExact(name, n)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, v.ID)
+	return nil
+}
+
+func deleteVolume(pool, name string) error {
+	p, err := loopplugin.OpenPool(pool)
+	if err != nil {
+		return err
+	}
+	return p.Delete(name)
+}

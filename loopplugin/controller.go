@@ -1,0 +1,207 @@
+package loopplugin
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// Volume sizes. Without a requested size a volume gets defaultVolumeSize
+// (or the limit, if smaller). Sizes are rounded up to a MiB, or to a
+// smaller alignment when the limit leaves no room; loop devices need
+// multiples of 512 bytes.
+const (
+	defaultVolumeSize = 1 << 30
+	sectorSize        = 512
+)
+
+type controllerServer struct {
+	csi.UnimplementedControllerServer
+	p *Plugin
+}
+
+var _ csi.ControllerServer = (*controllerServer)(nil)
+
+func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, c := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}},
+		})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// volumeSize picks the size of a new volume for a capacity range.
+func volumeSize(r *csi.CapacityRange) (int64, error) {
+	req, lim := r.GetRequiredBytes(), r.GetLimitBytes()
+	if req < 0 || lim < 0 {
+		return 0, invalidf("capacity_range must not be negative")
+	}
+	if lim > 0 && req > lim {
+		return 0, invalidf("required_bytes %d exceeds limit_bytes %d", req, lim)
+	}
+	size := req
+	if size == 0 {
+		size = defaultVolumeSize
+		if lim > 0 && lim < size {
+			size = lim
+		}
+	}
+	for _, align := range []int64{1 << 20, 4096, sectorSize} {
+		rounded := (size + align - 1) / align * align
+		if lim == 0 || rounded <= lim {
+			return rounded, nil
+		}
+	}
+	return 0, outOfRangef("no multiple of %d bytes lies within [%d, %d]", sectorSize, req, lim)
+}
+
+// fits reports whether an existing volume of size satisfies r.
+func fits(size int64, r *csi.CapacityRange) bool {
+	return size >= r.GetRequiredBytes() && (r.GetLimitBytes() == 0 || size <= r.GetLimitBytes())
+}
+
+func csiVolume(v Volume) *csi.Volume {
+	return &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Size}
+}
+
+// CreateVolume makes a sparse image named after the request's name (the
+// name is the volume id). Creating an existing volume again succeeds if its
+// size fits the request, else fails with AlreadyExists. Volumes are thin:
+// the pool's free space is not reserved.
+func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	id := req.GetName()
+	if id == "" {
+		return nil, invalidf("name is required")
+	}
+	if err := ValidateVolumeID(id); err != nil {
+		return nil, err
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalidf("volume_capabilities are required")
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if _, err := s.p.parseCapability(c); err != nil {
+			return nil, err
+		}
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, invalidf("volume_content_source is not supported: volumes start blank")
+	}
+	size, err := volumeSize(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := s.p.locks.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, created, err := s.p.pool.Create(id, size)
+	if err != nil {
+		return nil, err
+	}
+	if !created && !fits(v.Size, req.GetCapacityRange()) {
+		return nil, incompatiblef("volume %s exists with %d bytes, outside the requested range [%d, %d]",
+			id, v.Size, req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes())
+	}
+	return &csi.CreateVolumeResponse{Volume: csiVolume(v)}, nil
+}
+
+// DeleteVolume removes the image. Unknown volumes are already deleted;
+// staged ones (attached to a loop device) are in use: FailedPrecondition.
+func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	unlock, err := s.p.locks.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := s.p.pool.Delete(id); err != nil {
+		return nil, err
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities confirms the capabilities if this plugin can
+// serve all of them, and otherwise says why in the message.
+func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalidf("volume_capabilities are required")
+	}
+	if _, err := s.p.pool.Get(id); err != nil {
+		return nil, err
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if _, err := s.p.parseCapability(c); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+		}
+	}
+	if len(req.GetParameters()) > 0 {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: "this plugin takes no parameters"}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes pages through the pool ordered by id. The token is the index
+// of the next entry; a token that is not one is Aborted, as CSI requires.
+func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, invalidf("max_entries must not be negative")
+	}
+	vols, err := s.p.pool.List()
+	if err != nil {
+		return nil, err
+	}
+	start := 0
+	if tok := req.GetStartingToken(); tok != "" {
+		start, err = strconv.Atoi(tok)
+		if err != nil || start < 0 || start > len(vols) {
+			return nil, invalidTokenf("starting_token %q", tok)
+		}
+	}
+	end := len(vols)
+	if n := int(req.GetMaxEntries()); n > 0 && start+n < end {
+		end = start + n
+	}
+	resp := &csi.ListVolumesResponse{}
+	for _, v := range vols[start:end] {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: csiVolume(v)})
+	}
+	if end < len(vols) {
+		resp.NextToken = strconv.Itoa(end)
+	}
+	return resp, nil
+}
+
+// GetCapacity reports the free space of the pool's filesystem, or 0 for
+// capabilities this plugin cannot serve.
+func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	for _, c := range req.GetVolumeCapabilities() {
+		if _, err := s.p.parseCapability(c); err != nil {
+			return &csi.GetCapacityResponse{AvailableCapacity: 0}, nil
+		}
+	}
+	avail, err := s.p.pool.Available()
+	if err != nil {
+		return nil, err
+	}
+	return &csi.GetCapacityResponse{AvailableCapacity: avail}, nil
+}

@@ -1,0 +1,179 @@
+package loopplugin
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/mount"
+)
+
+// This file answers "where is this volume?" from the kernel alone: the loop
+// devices backed by its image, and the mount table.
+
+// devices are the loop devices backed by one volume's image. Usually there
+// is one; a read-only block publish of a read-write staged volume adds a
+// read-only one (a read-only bind mount does not stop writes to a device
+// node, a read-only loop device does).
+type devices []loopdev.Device
+
+func devicesOf(vol Volume) (devices, error) {
+	ds, err := loopdev.FindAll(vol.Path)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: %w", vol.ID, err)
+	}
+	return ds, nil
+}
+
+// sameDev reports whether the mount is a filesystem on the device.
+func sameDev(m *mountinfo.Info, d loopdev.Device) bool {
+	return uint32(m.Major) == d.Major && uint32(m.Minor) == d.Minor
+}
+
+// withFS returns the device whose filesystem m is.
+func (ds devices) withFS(m *mountinfo.Info) (loopdev.Device, bool) {
+	for _, d := range ds {
+		if sameDev(m, d) {
+			return d, true
+		}
+	}
+	return loopdev.Device{}, false
+}
+
+// withRdev returns the device with the device number.
+func (ds devices) withRdev(rdev uint64) (loopdev.Device, bool) {
+	for _, d := range ds {
+		if d.Rdev() == rdev {
+			return d, true
+		}
+	}
+	return loopdev.Device{}, false
+}
+
+// at returns the device visible at path, which is mounted as m: its
+// filesystem, or its device node bind-mounted there.
+func (ds devices) at(m *mountinfo.Info, path string) (loopdev.Device, bool) {
+	if d, ok := ds.withFS(m); ok {
+		return d, true
+	}
+	rdev, ok, err := deviceNodeAt(path)
+	if err != nil || !ok {
+		return loopdev.Device{}, false
+	}
+	return ds.withRdev(rdev)
+}
+
+// mounts returns, in one pass over the mount table, the mount points where
+// each device (by name) is visible: its filesystem (mount access) and bind
+// mounts of its device node (block access).
+func (ds devices) mounts() (map[string][]string, error) {
+	out := map[string][]string{}
+	if len(ds) == 0 {
+		return out, nil
+	}
+	ms, err := mount.List(func(m *mountinfo.Info) (skip, stop bool) {
+		if _, ok := ds.withFS(m); ok {
+			return false, false
+		}
+		for _, d := range ds {
+			if m.Root == "/"+d.Name {
+				return false, false // maybe a bind of its node: checked below
+			}
+		}
+		return true, false
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		if d, ok := ds.at(m, m.Mountpoint); ok {
+			out[d.Name] = append(out[d.Name], m.Mountpoint)
+		}
+	}
+	return out, nil
+}
+
+// allMounts returns every mount point where one of the devices is visible,
+// sorted.
+func (ds devices) allMounts() ([]string, error) {
+	byDev, err := ds.mounts()
+	if err != nil {
+		return nil, err
+	}
+	var all []string
+	for _, ms := range byDev {
+		all = append(all, ms...)
+	}
+	slices.Sort(all)
+	return all, nil
+}
+
+// deviceNodeAt returns the device number of the block device node at path,
+// or ok = false if path is not a block device node.
+func deviceNodeAt(path string) (rdev uint64, ok bool, err error) {
+	var st unix.Stat_t
+	err = unix.Lstat(path, &st)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Rdev, st.Mode&unix.S_IFMT == unix.S_IFBLK, nil
+}
+
+// boundDevice reports whether path is a bind mount of a block device node,
+// and which device.
+func boundDevice(path string) (rdev uint64, ok bool, err error) {
+	if _, mounted, err := mount.Lookup(path); err != nil || !mounted {
+		return 0, false, err
+	}
+	return deviceNodeAt(path)
+}
+
+// others returns the paths not among except (compared canonically).
+func others(paths []string, except ...string) []string {
+	var ex []string
+	for _, e := range except {
+		if c, err := mount.Canonical(e); err == nil {
+			ex = append(ex, c)
+		}
+	}
+	var out []string
+	for _, p := range paths {
+		if !slices.Contains(ex, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// detachIdle detaches the volume's loop devices that nothing is mounted
+// from: left over by an unstage, by the unpublish of a read-only block
+// target, or by a crash between attaching and mounting. Callers hold the
+// volume's lock, so no stage of this plugin is between its attach and its
+// mount.
+func (p *Plugin) detachIdle(vol Volume) error {
+	ds, err := devicesOf(vol)
+	if err != nil {
+		return err
+	}
+	byDev, err := ds.mounts()
+	if err != nil {
+		return err
+	}
+	for _, d := range ds {
+		if len(byDev[d.Name]) > 0 {
+			continue
+		}
+		if err := loopdev.Detach(d, vol.Path); err != nil {
+			return fmt.Errorf("volume %s: %w", vol.ID, err)
+		}
+		p.log.Info("detached", "volume", vol.ID, "device", d.Path)
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package loopplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Error classes. Everything inside the package wraps one of these with %w;
+// toStatus, at the gRPC edge, is the only place that turns them into codes.
+var (
+	// ErrInvalid: the request is malformed or asks for something this
+	// plugin does not support (InvalidArgument).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotFound: no such volume, or the volume is not at the given path
+	// (NotFound).
+	ErrNotFound = errors.New("not found")
+	// ErrIncompatible: the volume is already staged or published at the
+	// path, or the name is taken, in a way that does not match the request
+	// (AlreadyExists).
+	ErrIncompatible = errors.New("already exists with different properties")
+	// ErrPrecondition: the volume is not in the state the call needs:
+	// published before staged, deleted while attached, reclaimed offline
+	// while staged (FailedPrecondition).
+	ErrPrecondition = errors.New("failed precondition")
+	// ErrBusy: another operation on the same volume is in flight (Aborted).
+	ErrBusy = errors.New("operation pending for volume")
+	// ErrOutOfRange: the requested capacity cannot be honoured (OutOfRange).
+	ErrOutOfRange = errors.New("capacity out of range")
+	// ErrInvalidToken: a ListVolumes starting_token this plugin did not
+	// hand out (Aborted, as CSI requires).
+	ErrInvalidToken = errors.New("invalid starting token")
+	// ErrNoSpace: the pool's filesystem is full (ResourceExhausted).
+	ErrNoSpace = errors.New("pool out of space")
+)
+
+func invalidf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+}
+
+func notFoundf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrNotFound, fmt.Sprintf(format, a...))
+}
+
+func incompatiblef(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrIncompatible, fmt.Sprintf(format, a...))
+}
+
+func preconditionf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrPrecondition, fmt.Sprintf(format, a...))
+}
+
+// toStatus maps an error to the gRPC status the client sees. Unclassified
+// errors are Internal, never Unknown; status errors pass through.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, ErrIncompatible):
+		code = codes.AlreadyExists
+	case errors.Is(err, ErrPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalidToken):
+		code = codes.Aborted
+	case errors.Is(err, ErrOutOfRange):
+		code = codes.OutOfRange
+	case errors.Is(err, ErrNoSpace):
+		code = codes.ResourceExhausted
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}
+
+func outOfRangef(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrOutOfRange, fmt.Sprintf(format, a...))
+}
+
+func invalidTokenf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, a...))
+}

@@ -1,0 +1,319 @@
+package loopdev
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotAttached is returned (wrapped) by Find when no loop device is backed
+// by the file.
+var ErrNotAttached = errors.New("not attached to a loop device")
+
+// attachRetries bounds how often Attach asks for another free device when the
+// one it got was taken by a concurrent attacher (EBUSY from LOOP_CONFIGURE).
+const attachRetries = 16
+
+// Paths of the kernel interfaces (fixed by the kernel ABI).
+const (
+	controlPath = "/dev/loop-control"
+	sysBlock    = "/sys/block"
+	devDir      = "/dev"
+)
+
+// Device is one loop device.
+type Device struct {
+	Name         string // "loop3"
+	Path         string // "/dev/loop3"
+	Major, Minor uint32
+	ReadOnly     bool // attached read-only: writes through it fail
+}
+
+// Rdev returns the device number as in unix.Stat_t.Rdev.
+func (d Device) Rdev() uint64 { return unix.Mkdev(d.Major, d.Minor) }
+
+// Options tune Attach.
+type Options struct {
+	// AutoClear makes the kernel detach the device when its last opener
+	// closes it (LO_FLAGS_AUTOCLEAR).
+	AutoClear bool
+	// ReadOnly attaches the file read-only.
+	ReadOnly bool
+}
+
+// Attach attaches backing to a free loop device with LOOP_CONFIGURE and
+// returns the device and an open descriptor of it. The caller must close the
+// file; with AutoClear, that close detaches the device unless something else
+// (a mount) holds it. If a concurrent attacher takes the free device first,
+// Attach asks for another one, up to attachRetries times.
+func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File, error) {
+	flag := os.O_RDWR
+	if opts.ReadOnly {
+		flag = os.O_RDONLY
+	}
+	bf, err := os.OpenFile(backing, flag|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
+	}
+	defer bf.Close()
+	ctl, err := os.OpenFile(controlPath, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
+	}
+	defer ctl.Close()
+
+	cfg := unix.LoopConfig{Fd: uint32(bf.Fd())}
+	if opts.AutoClear {
+		cfg.Info.Flags |= unix.LO_FLAGS_AUTOCLEAR
+	}
+	if opts.ReadOnly {
+		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
+	}
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing)
+
+	var lastErr error
+	for range attachRetries {
+		if err := ctx.Err(); err != nil {
+			return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
+		}
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return Device{}, nil, fmt.Errorf("attach %s: LOOP_CTL_GET_FREE: %w", backing, err)
+		}
+		name := "loop" + strconv.Itoa(n)
+		df, err := os.OpenFile(filepath.Join(devDir, name), flag|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
+		}
+		err = unix.IoctlLoopConfigure(int(df.Fd()), &cfg)
+		if errors.Is(err, unix.EBUSY) {
+			// Another attacher got this device between GET_FREE and
+			// CONFIGURE: ask for the next free one.
+			df.Close()
+			lastErr = err
+			continue
+		}
+		if err != nil {
+			df.Close()
+			return Device{}, nil, fmt.Errorf("attach %s to %s: LOOP_CONFIGURE: %w", backing, name, err)
+		}
+		if !opts.ReadOnly {
+			// A read-only policy set on the device by an earlier user
+			// (BLKROSET, "blockdev --setro") outlives detaching; clear it.
+			if err := unix.IoctlSetPointerInt(int(df.Fd()), unix.BLKROSET, 0); err != nil {
+				df.Close()
+				return Device{}, nil, fmt.Errorf("attach %s to %s: BLKROSET: %w", backing, name, err)
+			}
+		}
+		dev, err := deviceOf(name, df, opts.ReadOnly)
+		if err != nil {
+			df.Close()
+			return Device{}, nil, err
+		}
+		return dev, df, nil
+	}
+	return Device{}, nil, fmt.Errorf("attach %s: every free loop device was taken by others (%d tries): %w", backing, attachRetries, lastErr)
+}
+
+func deviceOf(name string, f *os.File, ro bool) (Device, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return Device{}, fmt.Errorf("stat %s: %w", name, err)
+	}
+	return Device{Name: name, Path: filepath.Join(devDir, name), Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev), ReadOnly: ro}, nil
+}
+
+// Find returns the loop device backed by the file at backing (the same device
+// and inode, wherever it is linked), or an error wrapping ErrNotAttached. If
+// several devices are backed by it, the lowest-numbered one is returned.
+func Find(backing string) (Device, error) {
+	ds, err := FindAll(backing)
+	if err != nil {
+		return Device{}, err
+	}
+	if len(ds) == 0 {
+		return Device{}, fmt.Errorf("%s: %w", backing, ErrNotAttached)
+	}
+	return ds[0], nil
+}
+
+// FindAll returns every loop device backed by the file at backing, ordered
+// by number; none is not an error.
+func FindAll(backing string) ([]Device, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(backing, &want); err != nil {
+		return nil, fmt.Errorf("find loop devices of %s: %w", backing, err)
+	}
+	ds, err := list(func(st *unix.Stat_t) bool { return st.Dev == want.Dev && st.Ino == want.Ino })
+	if err != nil {
+		return nil, fmt.Errorf("find loop devices of %s: %w", backing, err)
+	}
+	return ds, nil
+}
+
+// Attached is one attached loop device and its backing file.
+type Attached struct {
+	Device
+	// BackingFile is the backing file's path as the kernel reports it.
+	BackingFile string
+}
+
+// List returns the attached loop devices whose backing file is inside dir
+// (compared by path after resolving dir's symlinks), ordered by number.
+// Devices whose backing file was deleted are included.
+func List(dir string) ([]Attached, error) {
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list loop devices: %w", err)
+	}
+	var out []Attached
+	err = scan(func(name, backing string) error {
+		if !strings.HasPrefix(backing, root+"/") {
+			return nil
+		}
+		dev, err := sysDevice(name)
+		if gone(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, Attached{Device: dev, BackingFile: backing})
+		return nil
+	})
+	return out, err
+}
+
+// list returns the attached devices whose (still linked) backing file
+// matches, ordered by number.
+func list(match func(*unix.Stat_t) bool) ([]Device, error) {
+	var out []Device
+	err := scan(func(name, backing string) error {
+		var st unix.Stat_t
+		if err := unix.Stat(backing, &st); err != nil {
+			return nil // deleted or renamed away: not ours to match
+		}
+		if !match(&st) {
+			return nil
+		}
+		dev, err := sysDevice(name)
+		if gone(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out = append(out, dev)
+		return nil
+	})
+	return out, err
+}
+
+// scan calls fn for every bound loop device with its backing file path. It
+// reads sysfs only and never opens a loop device: opening and closing an
+// AutoClear device could detach it.
+func scan(fn func(name, backing string) error) error {
+	entries, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return err
+	}
+	type item struct {
+		n    int
+		name string
+	}
+	var items []item
+	for _, e := range entries {
+		n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "loop"))
+		if err != nil || !strings.HasPrefix(e.Name(), "loop") {
+			continue
+		}
+		items = append(items, item{n, e.Name()})
+	}
+	// ReadDir sorts by name ("loop10" < "loop2"); order by number instead.
+	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.n, b.n) })
+	for _, it := range items {
+		b, err := os.ReadFile(filepath.Join(sysBlock, it.name, "loop", "backing_file"))
+		if gone(err) {
+			continue // not bound, or being detached right now
+		}
+		if err != nil {
+			return err
+		}
+		backing := strings.TrimSuffix(string(b), "\n")
+		backing = strings.TrimSuffix(backing, " (deleted)")
+		if err := fn(it.name, backing); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gone reports whether a sysfs read failed because the device went away or
+// was detached concurrently.
+func gone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENXIO)
+}
+
+func sysDevice(name string) (Device, error) {
+	b, err := os.ReadFile(filepath.Join(sysBlock, name, "dev"))
+	if err != nil {
+		return Device{}, err
+	}
+	maj, min, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	if !ok {
+		return Device{}, fmt.Errorf("%s: malformed dev %q", name, b)
+	}
+	ma, err1 := strconv.ParseUint(maj, 10, 32)
+	mi, err2 := strconv.ParseUint(min, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return Device{}, fmt.Errorf("%s: malformed dev %q: %w", name, b, err)
+	}
+	ro, err := os.ReadFile(filepath.Join(sysBlock, name, "ro"))
+	if err != nil {
+		return Device{}, err
+	}
+	return Device{Name: name, Path: filepath.Join(devDir, name), Major: uint32(ma), Minor: uint32(mi),
+		ReadOnly: strings.TrimSpace(string(ro)) == "1"}, nil
+}
+
+// Detach detaches dev if it is still backed by the file at backing (same
+// device and inode). A device that is already detached, or that now backs
+// another file, is left alone and counts as done. If the device is still
+// open elsewhere (mounted), the kernel detaches it when the last user closes
+// it.
+func Detach(dev Device, backing string) error {
+	var want unix.Stat_t
+	if err := unix.Stat(backing, &want); err != nil {
+		return fmt.Errorf("detach %s: %w", dev.Path, err)
+	}
+	f, err := os.OpenFile(dev.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("detach %s: %w", dev.Path, err)
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if errors.Is(err, unix.ENXIO) {
+		return nil // not bound
+	}
+	if err != nil {
+		return fmt.Errorf("detach %s: LOOP_GET_STATUS64: %w", dev.Path, err)
+	}
+	if info.Device != want.Dev || info.Inode != want.Ino {
+		return nil // reused for another file meanwhile
+	}
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("detach %s: LOOP_CLR_FD: %w", dev.Path, err)
+	}
+	return nil
+}

@@ -1,0 +1,332 @@
+package loopplugin
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/mount"
+)
+
+// TestMountLifecycle stages, publishes, writes, tears down and brings the
+// volume back on real loop devices, per filesystem type: the data survives
+// unstage (no reformat), read-only publishing refuses writes, incompatible
+// re-stages and re-publishes are AlreadyExists, out-of-order calls are
+// FailedPrecondition, and nothing stays mounted or attached.
+func TestMountLifecycle(t *testing.T) {
+	needRoot(t)
+	for _, tc := range []struct {
+		fsType string
+		size   int64
+	}{
+		{"", 64 << 20}, // default: ext4
+		{"ext4", 64 << 20},
+		{"ext3", 64 << 20},
+		{"xfs", 320 << 20}, // xfs needs 300 MiB
+	} {
+		name := tc.fsType
+		if name == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, slog.LevelInfo)
+			if tc.fsType == "xfs" && e.p.tools.mkfs["xfs"] == "" {
+				t.Skip("mkfs.xfs not installed")
+			}
+			want := tc.fsType
+			if want == "" {
+				want = DefaultFSType
+			}
+			ctx := context.Background()
+			id := e.createVolume(t, "vol-"+name, tc.size)
+			staging, target := filepath.Join(e.dir, "staging"), filepath.Join(e.dir, "pods", "p1", "target")
+			c := mountCap(tc.fsType, snw)
+
+			e.stage(t, id, staging, c)
+			e.stage(t, id, staging, c) // idempotent
+			m, ok, err := mount.Lookup(staging)
+			if err != nil || !ok || m.FSType != want {
+				t.Fatalf("staging mount = %+v, %v, %v; want %s", m, ok, err, want)
+			}
+			e.publish(t, id, staging, target, c, false) // creates the parent
+			e.publish(t, id, staging, target, c, false)
+			payload := make([]byte, 1<<20)
+			rand.Read(payload)
+			if err := os.WriteFile(filepath.Join(target, "data"), payload, 0o644); err != nil {
+				t.Fatal(err)
+			}
+
+			stats, err := e.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bytesUsage, inodes *csi.VolumeUsage
+			for _, u := range stats.GetUsage() {
+				switch u.GetUnit() {
+				case csi.VolumeUsage_BYTES:
+					bytesUsage = u
+				case csi.VolumeUsage_INODES:
+					inodes = u
+				}
+			}
+			if bytesUsage == nil || inodes == nil || bytesUsage.GetUsed() < 1<<20 ||
+				bytesUsage.GetTotal() > tc.size || inodes.GetUsed() < 2 {
+				t.Errorf("stats = %v", stats)
+			}
+
+			// Read-only publish at a second target.
+			roTarget := filepath.Join(e.dir, "pods", "p2", "target")
+			e.publish(t, id, staging, roTarget, c, true)
+			if err := os.WriteFile(filepath.Join(roTarget, "x"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+				t.Errorf("write to read-only publish: %v, want EROFS", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(roTarget, "data")); err != nil || !bytes.Equal(b, payload) {
+				t.Errorf("read through read-only publish: %v", err)
+			}
+			_, err = e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+				VolumeId: id, StagingTargetPath: staging, TargetPath: roTarget, VolumeCapability: c, Readonly: false,
+			})
+			wantCode(t, err, codes.AlreadyExists)
+
+			// Incompatible re-stage.
+			other := "ext4"
+			if want == "ext4" {
+				other = "ext3"
+			}
+			for _, bad := range []*csi.VolumeCapability{mountCap(other, snw), mountCap(tc.fsType, snw, "noexec"), blockCap(snw)} {
+				_, err = e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: bad})
+				wantCode(t, err, codes.AlreadyExists)
+			}
+			// Out of order.
+			_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+			wantCode(t, err, codes.FailedPrecondition)
+			_, err = e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+			wantCode(t, err, codes.FailedPrecondition)
+
+			e.unpublish(t, id, roTarget)
+			e.unpublish(t, id, target)
+			e.unpublish(t, id, target) // idempotent
+			if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("target not removed: %v", err)
+			}
+			e.unstage(t, id, staging)
+			e.unstage(t, id, staging)
+			if d, err := loopdev.Find(filepath.Join(e.pool, id+".img")); err == nil {
+				t.Fatalf("still attached to %s after unstage", d.Path)
+			}
+			_, err = e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+				VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: c,
+			})
+			wantCode(t, err, codes.FailedPrecondition)
+
+			// Back again: same filesystem, same data.
+			e.stage(t, id, staging, c)
+			e.publish(t, id, staging, target, c, false)
+			if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || !bytes.Equal(b, payload) {
+				t.Errorf("data after restage: %v (equal=%v)", err, bytes.Equal(b, payload))
+			}
+			e.unpublish(t, id, target)
+			e.unstage(t, id, staging)
+			if _, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestBlockLifecycle publishes a volume as a raw block device: the target
+// is a usable block device node whose writes land in the image and survive
+// unstage and restage.
+func TestBlockLifecycle(t *testing.T) {
+	needRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	ctx := context.Background()
+	id := e.createVolume(t, "blockvol", 32<<20)
+	img := filepath.Join(e.pool, id+".img")
+	staging, target := filepath.Join(e.dir, "staging"), filepath.Join(e.dir, "pods", "p1", "dev")
+	c := blockCap(snw)
+
+	e.stage(t, id, staging, c)
+	e.stage(t, id, staging, c)
+	e.publish(t, id, staging, target, c, false)
+	e.publish(t, id, staging, target, c, false)
+
+	var st unix.Stat_t
+	if err := unix.Stat(target, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		t.Fatalf("target is not a block device: %v, mode %o", err, st.Mode)
+	}
+	pattern := bytes.Repeat([]byte("csiagent"), 512) // 4 KiB
+	const off = 5 << 20
+	f, err := os.OpenFile(target, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(pattern, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(f.Sync(), f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if size, err := blockSize(target); err != nil || size != 32<<20 {
+		t.Errorf("device size = %d, %v; want %d", size, err, 32<<20)
+	}
+	stats, err := e.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if err != nil || len(stats.GetUsage()) != 1 || stats.GetUsage()[0].GetTotal() != 32<<20 {
+		t.Errorf("stats = %v, %v", stats, err)
+	}
+	// Mount access on a block-staged volume is incompatible.
+	_, err = e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap("", snw)})
+	wantCode(t, err, codes.AlreadyExists)
+
+	e.unpublish(t, id, target)
+	e.unstage(t, id, staging)
+	if _, err := os.Stat(filepath.Join(staging, BlockStagingFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("staging device file left: %v", err)
+	}
+	if got := readAt(t, img, off, len(pattern)); !bytes.Equal(got, pattern) {
+		t.Fatal("write through the block device did not reach the image")
+	}
+
+	e.stage(t, id, staging, c)
+	e.publish(t, id, staging, target, c, true)
+	if got := readAt(t, target, off, len(pattern)); !bytes.Equal(got, pattern) {
+		t.Fatal("data lost across unstage/stage")
+	}
+	// A read-only device may open for writing, but no write gets through.
+	if f, err := os.OpenFile(target, os.O_WRONLY, 0); err == nil {
+		_, err = f.WriteAt(make([]byte, 4096), off)
+		f.Close()
+		if err == nil {
+			t.Error("write through a read-only block publish succeeded")
+		}
+	}
+	if got := readAt(t, img, off, len(pattern)); !bytes.Equal(got, pattern) {
+		t.Fatal("read-only block publish let a write through")
+	}
+	// A blank-looking mount stage must refuse to format a volume with data.
+	e.unpublish(t, id, target)
+	e.unstage(t, id, staging)
+	_, err = e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap("", snw)})
+	wantCode(t, err, codes.FailedPrecondition)
+}
+
+func blockSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.Seek(0, io.SeekEnd)
+}
+
+func readAt(t *testing.T, path string, off int64, n int) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, n)
+	if _, err := f.ReadAt(b, off); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestParallelVolumes stages and publishes several volumes at once: loop
+// attach races are retried and different volumes do not wait for each
+// other.
+func TestParallelVolumes(t *testing.T) {
+	needRoot(t)
+	e := newEnv(t, slog.LevelWarn)
+	const n = 6
+	var wg sync.WaitGroup
+	for i := range n {
+		id := e.createVolume(t, fmt.Sprintf("par-%d", i), 32<<20)
+		staging, target := filepath.Join(e.dir, id, "staging"), filepath.Join(e.dir, id, "target")
+		c := mountCap("", snw)
+		if i%2 == 1 {
+			c = blockCap(snw)
+		}
+		wg.Go(func() {
+			e.stage(t, id, staging, c)
+			e.publish(t, id, staging, target, c, false)
+			e.unpublish(t, id, target)
+			e.unstage(t, id, staging)
+		})
+	}
+	wg.Wait()
+}
+
+// TestVolumeLockSerializes holds one volume's lock: a CSI call on it waits
+// and ends with its deadline, a reclaim call is Aborted at once, and a call
+// on another volume goes through.
+func TestVolumeLockSerializes(t *testing.T) {
+	e := newEnv(t, slog.LevelWarn)
+	a := e.createVolume(t, "locked", 16<<20)
+	b := e.createVolume(t, "free", 16<<20)
+	unlock, err := e.p.locks.tryLock(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: a, TargetPath: "/nonexistent"})
+	wantCode(t, err, codes.DeadlineExceeded)
+	_, err = e.rsNode.NodeReclaimSpace(context.Background(), reclaimNodeReq(a, "/nonexistent"))
+	wantCode(t, err, codes.Aborted)
+	_, err = e.rsCtrl.ControllerReclaimSpace(context.Background(), reclaimCtrlReq(a))
+	wantCode(t, err, codes.Aborted)
+	if _, err := e.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: b, TargetPath: "/nonexistent"}); err != nil {
+		t.Fatalf("other volume blocked: %v", err)
+	}
+}
+
+// TestReaderOnlyStage: a SINGLE_NODE_READER_ONLY volume is staged and
+// published read-only; a blank one is not formatted for it.
+func TestReaderOnlyStage(t *testing.T) {
+	needRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	ctx := context.Background()
+	ro := mountCap("", csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)
+	id := e.createVolume(t, "rovol", 32<<20)
+	staging, target := filepath.Join(e.dir, "staging"), filepath.Join(e.dir, "target")
+
+	_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: ro})
+	wantCode(t, err, codes.FailedPrecondition) // blank: nothing to mount
+
+	e.stage(t, id, staging, mountCap("", snw))
+	if err := os.WriteFile(filepath.Join(staging, "f"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.unstage(t, id, staging)
+
+	e.stage(t, id, staging, ro)
+	_, err = e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap("", snw)})
+	wantCode(t, err, codes.AlreadyExists) // staged read-only, asked read-write
+	e.publish(t, id, staging, target, ro, false)
+	if b, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(b) != "hello" {
+		t.Errorf("read = %q, %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "g"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write to reader-only volume: %v, want EROFS", err)
+	}
+	e.unpublish(t, id, target)
+	e.unstage(t, id, staging)
+}

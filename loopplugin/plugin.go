@@ -1,0 +1,259 @@
+package loopplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/proto/reclaimspace"
+)
+
+// DefaultName is the plugin name GetPluginInfo reports unless configured.
+const DefaultName = "loop.csiagent.io"
+
+// Version is this plugin's version (GetPluginInfo's vendor_version).
+const Version = "0.1.0"
+
+// Server-side deadlines.
+const (
+	// callTimeout bounds an RPC whose client set no deadline, so that a
+	// waiter for a volume's lock cannot wait forever. Nothing is retried
+	// inside a call except EBUSY from unmount and from loop attach.
+	callTimeout = 10 * time.Minute
+	// gracefulStopTimeout is how long Serve lets in-flight calls finish
+	// after its context ends before cutting them off.
+	gracefulStopTimeout = 30 * time.Second
+	// staleSocketProbe bounds the dial that tells a stale socket from a
+	// live plugin.
+	staleSocketProbe = time.Second
+)
+
+// Config configures a Plugin.
+type Config struct {
+	// Pool is the directory that holds the volume images. Required.
+	Pool string
+	// NodeID is what NodeGetInfo reports. Required.
+	NodeID string
+	// Name and Version are what GetPluginInfo reports; DefaultName and
+	// Version if empty.
+	Name, Version string
+	// Logger receives the plugin's logs; slog.Default() if nil.
+	Logger *slog.Logger
+}
+
+// Plugin is the CSI loop plugin: identity, controller and node services and
+// the csi-addons ReclaimSpace services, over the volumes of one pool.
+//
+// It keeps no state of its own: which volume is attached, staged or
+// published is read from the kernel (loop devices' backing files and the
+// mount table) on every call, so a restarted plugin carries on where the
+// previous one stopped.
+type Plugin struct {
+	name, version, nodeID string
+	pool                  *Pool
+	log                   *slog.Logger
+	locks                 *volumeLocks
+	tools                 tools
+}
+
+// New checks cfg and returns a plugin.
+func New(cfg Config) (*Plugin, error) {
+	if cfg.Name == "" {
+		cfg.Name = DefaultName
+	}
+	if cfg.Version == "" {
+		cfg.Version = Version
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := ValidatePluginName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.NodeID == "" {
+		return nil, fmt.Errorf("%w: node id is required", ErrInvalid)
+	}
+	pool, err := OpenPool(cfg.Pool)
+	if err != nil {
+		return nil, err
+	}
+	return &Plugin{
+		name:    cfg.Name,
+		version: cfg.Version,
+		nodeID:  cfg.NodeID,
+		pool:    pool,
+		log:     cfg.Logger,
+		locks:   newVolumeLocks(),
+		tools:   findTools(),
+	}, nil
+}
+
+// Register registers the plugin's services on s: CSI Identity, Controller
+// and Node, and csi-addons ReclaimSpaceController and ReclaimSpaceNode. Use
+// NewServer unless s already maps errors through the plugin's interceptor.
+func (p *Plugin) Register(s grpc.ServiceRegistrar) {
+	csi.RegisterIdentityServer(s, &identityServer{p: p})
+	csi.RegisterControllerServer(s, &controllerServer{p: p})
+	csi.RegisterNodeServer(s, &nodeServer{p: p})
+	reclaimspace.RegisterReclaimSpaceControllerServer(s, &reclaimControllerServer{p: p})
+	reclaimspace.RegisterReclaimSpaceNodeServer(s, &reclaimNodeServer{p: p})
+}
+
+// NewServer returns a gRPC server with the plugin's services registered and
+// its interceptor installed.
+func (p *Plugin) NewServer() *grpc.Server {
+	s := grpc.NewServer(grpc.UnaryInterceptor(p.intercept))
+	p.Register(s)
+	return s
+}
+
+// readOnlyMethod reports whether a method only reads; such calls are logged
+// at debug level when they succeed.
+func readOnlyMethod(fullMethod string) bool {
+	m := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+	return strings.HasPrefix(m, "Get") || strings.HasPrefix(m, "List") ||
+		strings.HasPrefix(m, "Validate") || strings.HasPrefix(m, "NodeGet") ||
+		strings.HasSuffix(m, "GetCapabilities") || m == "Probe"
+}
+
+// intercept is the API edge: it bounds calls without a deadline, turns
+// every error into a gRPC status (toStatus; never Unknown) and logs.
+func (p *Plugin) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+	}
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	err = toStatus(err)
+	attrs := []any{"method", info.FullMethod, "duration", time.Since(start).Round(time.Microsecond)}
+	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
+		attrs = append(attrs, "volume", v.GetVolumeId())
+	}
+	switch {
+	case err != nil:
+		st := status.Convert(err)
+		attrs = append(attrs, "code", st.Code().String(), "error", st.Message())
+		p.log.Warn("call failed", attrs...)
+	case readOnlyMethod(info.FullMethod):
+		p.log.Debug("call", attrs...)
+	default:
+		p.log.Info("call", attrs...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Serve listens on endpoint (see ParseEndpoint; a stale socket left by a
+// dead plugin is removed) and serves until ctx ends, then stops gracefully,
+// giving in-flight calls up to gracefulStopTimeout. It returns nil after a
+// stop through ctx. Volumes stay staged and published across restarts.
+func (p *Plugin) Serve(ctx context.Context, endpoint string) error {
+	path, err := ParseEndpoint(endpoint)
+	if err != nil {
+		return err
+	}
+	lis, err := listenUnix(path)
+	if err != nil {
+		return err
+	}
+	p.logAttached()
+	srv := p.NewServer()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	p.log.Info("serving", "endpoint", path, "pool", p.pool.Dir(), "node_id", p.nodeID,
+		"name", p.name, "version", p.version, "fs_types", strings.Join(p.tools.fsTypes(), ","))
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve %s: %w", path, err)
+	case <-ctx.Done():
+	}
+	p.log.Info("stopping", "endpoint", path)
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	t := time.NewTimer(gracefulStopTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		p.log.Warn("in-flight calls did not finish in time; cutting them off", "timeout", gracefulStopTimeout)
+		srv.Stop()
+	}
+	<-served
+	return nil
+}
+
+// logAttached reports the volumes found attached at start: the state a
+// previous run left, which this one carries on from.
+func (p *Plugin) logAttached() {
+	attached, err := loopdev.List(p.pool.Dir())
+	if err != nil {
+		p.log.Warn("cannot list loop devices", "error", err)
+		return
+	}
+	for _, a := range attached {
+		id := strings.TrimSuffix(filepath.Base(a.BackingFile), imageSuffix)
+		p.log.Info("found attached volume", "volume", id, "device", a.Path)
+	}
+}
+
+// ParseEndpoint returns the socket path of a CSI endpoint: "unix:///abs/path",
+// "unix:/abs/path", "unix://rel/path" and a bare path are accepted. Other
+// schemes are not: CSI plugins serve on a local socket.
+func ParseEndpoint(endpoint string) (string, error) {
+	path := endpoint
+	if rest, ok := strings.CutPrefix(endpoint, "unix:"); ok {
+		path = strings.TrimPrefix(rest, "//")
+	} else if i := strings.Index(endpoint, "://"); i >= 0 {
+		return "", invalidf("endpoint %q: only unix sockets are supported", endpoint)
+	}
+	if path == "" {
+		return "", invalidf("endpoint %q has no socket path", endpoint)
+	}
+	return filepath.Clean(path), nil
+}
+
+// listenUnix listens on the socket at path, creating its directory. A socket
+// file nobody accepts on is stale (its plugin died) and is replaced; a live
+// one, or anything that is not a socket, is an error.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("listen: %w", err)
+	case fi.Mode().Type() != os.ModeSocket:
+		return nil, fmt.Errorf("listen: %s exists and is not a socket", path)
+	default:
+		c, err := net.DialTimeout("unix", path, staleSocketProbe)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen: another process is serving on %s", path)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("listen: remove stale socket: %w", err)
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	return lis, nil
+}

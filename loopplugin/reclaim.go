@@ -1,0 +1,223 @@
+package loopplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/mount"
+	rs "github.com/csiagent/csiagent/proto/reclaimspace"
+)
+
+// Reclaim calls do not wait for the volume's lock: per the csi-addons
+// ReclaimSpace error table, a call that finds another operation on the
+// volume in flight fails at once with Aborted (ErrBusy) and the caller
+// retries with backoff.
+
+func usage(b int64) *rs.StorageConsumption { return &rs.StorageConsumption{UsageBytes: b} }
+
+type reclaimNodeServer struct {
+	rs.UnimplementedReclaimSpaceNodeServer
+	p *Plugin
+}
+
+var _ rs.ReclaimSpaceNodeServer = (*reclaimNodeServer)(nil)
+
+// NodeReclaimSpace trims the filesystem of a staged volume (FITRIM on its
+// staging or volume path), which punches holes into the sparse image. The
+// usages are the image's allocated bytes before and after. For a block
+// volume nothing is trimmed (the plugin cannot know which blocks are free)
+// and both usages are the current allocation.
+func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeReclaimSpaceRequest) (*rs.NodeReclaimSpaceResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	if path == "" {
+		return nil, invalidf("volume_path is required")
+	}
+	unlock, err := s.p.locks.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	vol, err := s.p.pool.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := devicesOf(vol)
+	if err != nil {
+		return nil, err
+	}
+	if len(ds) == 0 {
+		return nil, notFoundf("volume %s is not staged on this node", id)
+	}
+	var fsPath string
+	isBlock := false
+	for _, p := range []string{req.GetStagingTargetPath(), path} {
+		if p == "" {
+			continue
+		}
+		m, ok, err := mount.Lookup(p)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if _, fs := ds.withFS(m); fs {
+			fsPath = p
+			break
+		}
+		if _, node := ds.at(m, p); node {
+			isBlock = true
+		}
+	}
+	if fsPath == "" && !isBlock {
+		return nil, notFoundf("volume %s is not at %s", id, path)
+	}
+	if fsPath == "" {
+		b, err := Allocated(vol.Path)
+		if err != nil {
+			return nil, err
+		}
+		return &rs.NodeReclaimSpaceResponse{PreUsage: usage(b), PostUsage: usage(b)}, nil
+	}
+	// Flush first: blocks freed by deletes are only trimmable once the
+	// filesystem has really freed them (xfs frees an unlinked file's
+	// extents in the background; statfs waits for that) and committed
+	// the frees (syncfs).
+	var st unix.Statfs_t
+	if err := unix.Statfs(fsPath, &st); err != nil {
+		return nil, fmt.Errorf("statfs %s: %w", fsPath, err)
+	}
+	if err := syncFS(fsPath); err != nil {
+		return nil, err
+	}
+	pre, err := Allocated(vol.Path)
+	if err != nil {
+		return nil, err
+	}
+	trimmed, err := mount.Trim(fsPath)
+	if err != nil {
+		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
+	}
+	post, err := Allocated(vol.Path)
+	if err != nil {
+		return nil, err
+	}
+	s.p.log.Info("reclaimed space", "volume", id, "path", fsPath, "trimmed", trimmed, "pre_usage", pre, "post_usage", post)
+	return &rs.NodeReclaimSpaceResponse{PreUsage: usage(pre), PostUsage: usage(post)}, nil
+}
+
+func syncFS(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
+	}
+	return nil
+}
+
+type reclaimControllerServer struct {
+	rs.UnimplementedReclaimSpaceControllerServer
+	p *Plugin
+}
+
+var _ rs.ReclaimSpaceControllerServer = (*reclaimControllerServer)(nil)
+
+// ControllerReclaimSpace reclaims the free space of a volume that is not
+// staged, offline: e2fsck -E discard on an ext2/3/4 image, a private mount
+// and FITRIM for xfs; a blank volume or unknown data is left as is. A
+// staged volume is FailedPrecondition (use NodeReclaimSpace).
+func (s *reclaimControllerServer) ControllerReclaimSpace(ctx context.Context, req *rs.ControllerReclaimSpaceRequest) (*rs.ControllerReclaimSpaceResponse, error) {
+	id := req.GetVolumeId()
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	unlock, err := s.p.locks.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	vol, err := s.p.pool.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	if ds, err := devicesOf(vol); err != nil {
+		return nil, err
+	} else if len(ds) > 0 {
+		return nil, preconditionf("volume %s is staged (attached to %s): reclaim it with NodeReclaimSpace", id, ds[0].Path)
+	}
+	pre, err := Allocated(vol.Path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(vol.Path)
+	if err != nil {
+		return nil, err
+	}
+	fsType, err := detectFS(f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	switch fsType {
+	case "ext2", "ext3", "ext4":
+		err = s.p.fsckDiscard(ctx, vol)
+	case "xfs":
+		err = s.p.trimOffline(ctx, vol)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
+	}
+	post, err := Allocated(vol.Path)
+	if err != nil {
+		return nil, err
+	}
+	s.p.log.Info("reclaimed space offline", "volume", id, "fs_type", fsType, "pre_usage", pre, "post_usage", post)
+	return &rs.ControllerReclaimSpaceResponse{PreUsage: usage(pre), PostUsage: usage(post)}, nil
+}
+
+// fsckDiscard runs e2fsck -E discard on the image: after the check it
+// discards the free blocks, which on a regular file punches holes.
+// Preen mode (-p) only fixes what is safe; exit codes 0-2 are success.
+func (p *Plugin) fsckDiscard(ctx context.Context, vol Volume) error {
+	if p.tools.e2fsck == "" {
+		return preconditionf("e2fsck not found in $PATH or %s", strings.Join(toolDirs(), ":"))
+	}
+	err := run(ctx, fsckTimeout, p.tools.e2fsck, "-f", "-p", "-E", "discard", vol.Path)
+	var exit interface{ ExitCode() int }
+	if errors.As(err, &exit) && exit.ExitCode() > 0 && exit.ExitCode() <= 2 {
+		return nil // errors found and corrected
+	}
+	return err
+}
+
+// trimOffline mounts the image privately, trims it and unmounts it. The
+// loop device is autoclear and released when the function returns.
+func (p *Plugin) trimOffline(ctx context.Context, vol Volume) error {
+	dir, err := os.MkdirTemp("", "csi-loop-reclaim-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(dir)
+	dev, f, err := loopdev.Attach(ctx, vol.Path, loopdev.Options{AutoClear: true})
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := mount.Mount(dev.Path, dir, "xfs", nil); err != nil {
+		return err
+	}
+	_, terr := mount.Trim(dir)
+	return errors.Join(terr, mount.Unmount(ctx, dir))
+}

@@ -1,0 +1,203 @@
+package loopplugin
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/mount"
+)
+
+// MaxVolumeIDLength bounds volume ids (and CreateVolume names, which become
+// ids). CSI guarantees 128 bytes for both; the image file name adds 4.
+const MaxVolumeIDLength = 128
+
+// DefaultFSType is the filesystem NodeStageVolume makes on a blank volume
+// when the capability names none.
+const DefaultFSType = "ext4"
+
+// ValidateVolumeID checks that id can name an image file in the pool and
+// nothing else: non-empty, at most MaxVolumeIDLength bytes, no path
+// separator, no "..", no leading dot (the pool's temporary files start with
+// one), no control characters.
+func ValidateVolumeID(id string) error {
+	switch {
+	case id == "":
+		return invalidf("volume id is empty")
+	case len(id) > MaxVolumeIDLength:
+		return invalidf("volume id is %d bytes long, the limit is %d", len(id), MaxVolumeIDLength)
+	case strings.ContainsRune(id, '/'):
+		return invalidf("volume id %q contains a path separator", id)
+	case strings.Contains(id, ".."):
+		return invalidf("volume id %q contains \"..\"", id)
+	case strings.HasPrefix(id, "."):
+		return invalidf("volume id %q starts with a dot", id)
+	case strings.IndexFunc(id, unicode.IsControl) >= 0:
+		return invalidf("volume id %q contains a control character", id)
+	}
+	return nil
+}
+
+// requireVolumeID validates the volume_id field of a request.
+func requireVolumeID(id string) error {
+	if id == "" {
+		return invalidf("volume_id is required")
+	}
+	return ValidateVolumeID(id)
+}
+
+// requireAbsPath validates a required path field.
+func requireAbsPath(field, p string) error {
+	if p == "" {
+		return invalidf("%s is required", field)
+	}
+	if !filepath.IsAbs(p) {
+		return invalidf("%s %q is not an absolute path", field, p)
+	}
+	return nil
+}
+
+// ValidatePluginName checks the CSI rules for a plugin name: domain-name
+// notation, at most 63 characters of [a-zA-Z0-9.-], starting and ending
+// alphanumeric.
+func ValidatePluginName(name string) error {
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	ok := name != "" && len(name) <= 63 && alnum(name[0]) && alnum(name[len(name)-1])
+	for i := 0; ok && i < len(name); i++ {
+		ok = alnum(name[i]) || name[i] == '.' || name[i] == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%w: plugin name %q: want at most 63 characters of [a-zA-Z0-9.-], starting and ending alphanumeric", ErrInvalid, name)
+	}
+	return nil
+}
+
+// access is a validated volume capability.
+type access struct {
+	block      bool
+	fsType     string   // mount access only; DefaultFSType if unset
+	mountFlags []string // mount access only
+	mode       csi.VolumeCapability_AccessMode_Mode
+}
+
+// readOnlyMode reports whether the access mode only allows reading.
+func (a access) readOnlyMode() bool {
+	return a.mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+}
+
+// mountOptions returns the options for mounting the staged filesystem.
+func (a access) mountOptions() []string {
+	if a.readOnlyMode() {
+		return append(append([]string(nil), a.mountFlags...), "ro")
+	}
+	return a.mountFlags
+}
+
+// supportedMode reports whether a loop volume can serve the access mode:
+// it is local to one node.
+func supportedMode(m csi.VolumeCapability_AccessMode_Mode) bool {
+	switch m {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
+		return true
+	}
+	return false
+}
+
+// parseCapability validates a capability against what this plugin supports:
+// a single-node access mode, block access, or mount access with a filesystem
+// that has a mkfs on this host and mount flags that mount(2) takes.
+func (p *Plugin) parseCapability(c *csi.VolumeCapability) (access, error) {
+	if c == nil {
+		return access{}, invalidf("volume_capability is required")
+	}
+	mode := c.GetAccessMode().GetMode()
+	if !supportedMode(mode) {
+		return access{}, invalidf("access mode %s is not supported: loop volumes are local to one node", mode)
+	}
+	a := access{mode: mode}
+	switch t := c.GetAccessType().(type) {
+	case *csi.VolumeCapability_Block:
+		a.block = true
+	case *csi.VolumeCapability_Mount:
+		a.fsType = t.Mount.GetFsType()
+		if a.fsType == "" {
+			a.fsType = DefaultFSType
+		}
+		if _, ok := p.tools.mkfs[a.fsType]; !ok {
+			return access{}, invalidf("fs_type %q is not supported on this host (supported: %s)", a.fsType, strings.Join(p.tools.fsTypes(), ", "))
+		}
+		if _, _, err := mount.ParseOptions(t.Mount.GetMountFlags()); err != nil {
+			return access{}, fmt.Errorf("%w: mount_flags: %w", ErrInvalid, err)
+		}
+		a.mountFlags = t.Mount.GetMountFlags()
+	default:
+		return access{}, invalidf("volume_capability needs an access type (block or mount)")
+	}
+	return a, nil
+}
+
+// stagedDiff reports why an existing staging mount (fstype and mountinfo
+// per-mount options) differs from what a, staged again, would produce, or ""
+// if it does not.
+func (a access) stagedDiff(fsType, options string) string {
+	if fsType != a.fsType {
+		return fmt.Sprintf("staged with fs_type %s, requested %s", fsType, a.fsType)
+	}
+	// Compared: the per-mount flags, which the mount table shows exactly
+	// as requested. Filesystem options are not (the kernel rewrites them).
+	comparedFlags := []struct {
+		name string
+		flag uintptr
+	}{
+		{"ro", unix.MS_RDONLY},
+		{"nosuid", unix.MS_NOSUID},
+		{"nodev", unix.MS_NODEV},
+		{"noexec", unix.MS_NOEXEC},
+	}
+	flags, _, _ := mount.ParseOptions(a.mountOptions())
+	for _, f := range comparedFlags {
+		want, have := flags&f.flag != 0, mount.HasOption(options, f.name)
+		if want != have {
+			return fmt.Sprintf("staged with options %q, requested %q", options, strings.Join(a.mountOptions(), ","))
+		}
+	}
+	return ""
+}
+
+// ParseSize parses a size such as "1GiB", "512MiB", "10G" or "4096". Binary
+// (KiB, MiB, GiB, TiB, and K, M, G, T) and decimal (KB, MB, GB, TB) suffixes
+// are accepted; a bare number is bytes.
+func ParseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{
+		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+		{"B", 1},
+	}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, invalidf("size %q: want a positive number of bytes with an optional unit (KiB, MiB, GiB, TiB)", s)
+	}
+	if n > (1<<63-1)/mult {
+		return 0, invalidf("size %q is too large", s)
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,104 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Filesystem ioctls missing from golang.org/x/sys/unix (linux/fs.h).
+const (
+	ioctlFITRIM   = 0xc0185879 // _IOWR('X', 121, struct fstrim_range)
+	ioctlFIFREEZE = 0xc0045877 // _IOWR('X', 119, int)
+	ioctlFITHAW   = 0xc0045878 // _IOWR('X', 120, int)
+)
+
+// DefaultMaxFrozen bounds how long WhileFrozen keeps a filesystem frozen when
+// its context has no earlier deadline. Writers to the filesystem block (and
+// cannot be killed) for that long at most.
+const DefaultMaxFrozen = 30 * time.Second
+
+// fstrimRange is struct fstrim_range from linux/fs.h.
+type fstrimRange struct {
+	start  uint64
+	len    uint64
+	minLen uint64
+}
+
+// Trim discards the unused blocks of the whole filesystem that holds path
+// (FITRIM, what fstrim(8) does) and returns the number of bytes the
+// filesystem reports as trimmed. That number is an upper bound of what the
+// device gave back; measure the device to know. Filesystems or devices
+// without discard support fail with EOPNOTSUPP.
+func Trim(path string) (uint64, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, fmt.Errorf("trim %s: open: %w", path, err)
+	}
+	defer unix.Close(fd)
+	r := fstrimRange{start: 0, len: math.MaxUint64, minLen: 0}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlFITRIM, uintptr(unsafe.Pointer(&r))); errno != 0 {
+		return 0, fmt.Errorf("trim %s: FITRIM: %w", path, errno)
+	}
+	return r.len, nil
+}
+
+// Freeze suspends writes to the filesystem that holds path and flushes it to
+// a consistent state (FIFREEZE). Until Thaw, every writer blocks,
+// uninterruptibly. Prefer WhileFrozen.
+func Freeze(path string) error {
+	return fsIoctl(path, ioctlFIFREEZE, "FIFREEZE")
+}
+
+// Thaw resumes a filesystem frozen by Freeze (FITHAW). Thawing a filesystem
+// that is not frozen is not an error (EINVAL counts as done).
+func Thaw(path string) error {
+	err := fsIoctl(path, ioctlFITHAW, "FITHAW")
+	if errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	return err
+}
+
+func fsIoctl(path string, req uint, name string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("%s %s: open: %w", name, path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, req, 0); err != nil {
+		return fmt.Errorf("%s %s: %w", name, path, err)
+	}
+	return nil
+}
+
+// WhileFrozen freezes the filesystem that holds path, runs fn, and thaws it.
+// The thaw runs on its own goroutine when fn returns or when ctx ends,
+// whichever comes first (a deadline of DefaultMaxFrozen is added if ctx has
+// none), so a fn that blocks on the frozen filesystem is released at the
+// deadline instead of hanging forever. fn receives that bounded context. The
+// errors of fn and of the thaw are both returned.
+func WhileFrozen(ctx context.Context, path string, fn func(context.Context) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultMaxFrozen)
+		defer cancel()
+	}
+	if err := Freeze(path); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	thawed := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		thawed <- Thaw(path)
+	}()
+	err := fn(ctx)
+	cancel()
+	return errors.Join(err, <-thawed)
+}
