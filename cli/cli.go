@@ -33,6 +33,8 @@ type env struct {
 func commands() map[string]command {
 	return map[string]command{
 		"check-config": {"validate a plugin config directory and list its plugins", runCheckConfig},
+		"plugins":      {"list the agent's plugins, or show one", runPlugins},
+		"serve":        {"run the agent daemon", runServe},
 		"version":      {"print the version", runVersion},
 	}
 }

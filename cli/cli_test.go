@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -87,5 +91,99 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 	if code, out, _ := run(t, "help"); code != ExitOK || !strings.Contains(out, "check-config") {
 		t.Errorf("help: exit %d, %q", code, out)
+	}
+}
+
+func TestPluginsAgainstRunningAgent(t *testing.T) {
+	conf := t.TempDir()
+	runDir, err := os.MkdirTemp("", "csc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(runDir) })
+	// An unmanaged plugin whose socket never appears: listed, not ready.
+	if err := os.WriteFile(filepath.Join(conf, "u.json"), []byte(`{"type":"u.example","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"`+runDir+`/none.sock"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(conf, "bad.json"), []byte(`{`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(runDir, "agent.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"serve", "--csi-plugin-config-dir", conf, "--work-dir", filepath.Join(t.TempDir(), "w"),
+			"--runtime-dir", runDir, "--node-id", "n1", "--log-level", "error"}, io.Discard, io.Discard)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != ExitOK {
+			t.Errorf("serve exited %d after cancel, want 0", code)
+		}
+	})
+	// The agent may not be listening yet; the CLI fails fast, so watch
+	// for its socket first.
+	waitForFile(t, socket)
+	code, out, errOut := run(t, "plugins", "--api-socket", socket)
+	if code != ExitOK {
+		t.Fatalf("plugins: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"u.example", "unmanaged", "STARTING", "node", "INVALID " + filepath.Join(conf, "bad.json")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plugins output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = run(t, "plugins", "--api-socket", socket, "--output", "json", "u.example")
+	if code != ExitOK || !strings.Contains(out, `"type": "u.example"`) || !strings.Contains(out, `"PLUGIN_STATE_STARTING"`) {
+		t.Errorf("plugins NAME --output json: exit %d\n%s", code, out)
+	}
+	code, _, errOut = run(t, "plugins", "--api-socket", socket, "nope")
+	if code != ExitProblem || !strings.Contains(errOut, `NotFound: no plugin of type "nope"`) {
+		t.Errorf("unknown plugin: exit %d, %q", code, errOut)
+	}
+}
+
+func TestPluginsWithoutAgent(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	code, _, errOut := run(t, "plugins", "--api-socket", sock)
+	if code != ExitProblem || !strings.Contains(errOut, "cannot reach the agent at "+sock+": is csi-agent serve running?") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestServeFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--log-format", "xml"},
+		{"serve", "--log-level", "loud"},
+		{"serve", "--work-dir", "relative"},
+		{"serve", "extra"},
+	} {
+		if code, _, errOut := run(t, args...); code != ExitUsage {
+			t.Errorf("%q: exit %d (%s), want %d", args, code, errOut, ExitUsage)
+		}
+	}
+}
+
+// waitForFile waits for path to exist, woken by inotify on its directory.
+func waitForFile(t *testing.T, path string) {
+	t.Helper()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(30 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		select {
+		case <-w.Events:
+		case <-timeout:
+			t.Fatalf("%s did not appear", path)
+		}
 	}
 }

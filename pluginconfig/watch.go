@@ -68,6 +68,9 @@ type Event struct {
 type Update struct {
 	Events  []Event
 	Plugins map[string]*Plugin
+	// Errors lists every file that is invalid now (Events reports each
+	// error once, when it first appears).
+	Errors []*FileError
 }
 
 // WatchConfig configures Watch.
@@ -216,7 +219,7 @@ func (w *Watcher) send(ctx context.Context, u Update) bool {
 // dirError reports, once, that the directory itself could not be read.
 // Every plugin keeps its config.
 func (w *Watcher) dirError(err error) Update {
-	u := Update{Plugins: w.snapshot()}
+	u := Update{Plugins: w.snapshot(), Errors: []*FileError{{File: w.cfg.Dir, Err: err}}}
 	if w.reported[w.cfg.Dir] != err.Error() {
 		w.reported[w.cfg.Dir] = err.Error()
 		w.cfg.Logger.Error("cannot read plugin config directory; keeping every plugin's current config", "dir", w.cfg.Dir, "error", err)
@@ -297,7 +300,7 @@ func (w *Watcher) reload() (Update, error) {
 		return events[i].File < events[j].File
 	})
 	w.plugins = next
-	return Update{Events: events, Plugins: w.snapshot()}, nil
+	return Update{Events: events, Plugins: w.snapshot(), Errors: set.Errors}, nil
 }
 
 func (w *Watcher) snapshot() map[string]*Plugin {

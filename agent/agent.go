@@ -1,0 +1,409 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// Defaults of Config.
+const (
+	DefaultConfigDir       = "/etc/csi-agent/plugins.d"
+	DefaultWorkDir         = "/var/lib/csi-agent"
+	DefaultRuntimeDir      = "/run/csi-agent"
+	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultLogMaxBytes caps each plugin log file before rotation.
+	DefaultLogMaxBytes = 10 << 20
+	// DefaultLogKeep rotated files are kept per log.
+	DefaultLogKeep = 3
+	// logRotateInterval is how often plugin logs are checked for size.
+	logRotateInterval = 30 * time.Second
+)
+
+// Config configures an Agent. Zero values take the defaults above.
+type Config struct {
+	ConfigDir  string
+	WorkDir    string
+	RuntimeDir string
+	// APISocket defaults to <RuntimeDir>/agent.sock.
+	APISocket string
+	// NodeID is given to node plugins as MESOS_AGENT_ID.
+	NodeID string
+	// APIGroup, when >= 0, is a group whose members may call the API
+	// besides root; the socket is then 0660 root:APIGroup.
+	APIGroup int
+
+	ReadyTimeout    time.Duration
+	ProbeInterval   time.Duration
+	BackoffBase     time.Duration
+	BackoffMax      time.Duration
+	BackoffReset    time.Duration
+	ShutdownTimeout time.Duration
+	LogMaxBytes     int64
+	LogKeep         int
+
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	defDur := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.ConfigDir, DefaultConfigDir)
+	def(&c.WorkDir, DefaultWorkDir)
+	def(&c.RuntimeDir, DefaultRuntimeDir)
+	def(&c.APISocket, filepath.Join(c.RuntimeDir, "agent.sock"))
+	defDur(&c.ReadyTimeout, DefaultReadyTimeout)
+	defDur(&c.ProbeInterval, DefaultProbeInterval)
+	defDur(&c.BackoffBase, DefaultBackoffBase)
+	defDur(&c.BackoffMax, DefaultBackoffMax)
+	defDur(&c.BackoffReset, DefaultBackoffReset)
+	defDur(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.LogMaxBytes <= 0 {
+		c.LogMaxBytes = DefaultLogMaxBytes
+	}
+	if c.LogKeep <= 0 {
+		c.LogKeep = DefaultLogKeep
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Agent is the csiagent daemon.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	changed broadcaster
+	limits  *limiter
+	watcher *pluginconfig.Watcher
+	// stopping is closed when shutdown begins, ending watch streams.
+	stopping chan struct{}
+
+	mu         sync.Mutex
+	plugins    map[string]*runner
+	fileErrors []*pluginconfig.FileError
+}
+
+// New checks cfg and makes an Agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	cfg.setDefaults()
+	for name, dir := range map[string]string{"--work-dir": cfg.WorkDir, "--runtime-dir": cfg.RuntimeDir, "--csi-plugin-config-dir": cfg.ConfigDir} {
+		if !filepath.IsAbs(dir) {
+			return nil, fmt.Errorf("%s %q: must be an absolute path", name, dir)
+		}
+	}
+	if cfg.NodeID == "" {
+		return nil, errors.New("node id is empty: set --node-id or MESOS_AGENT_ID")
+	}
+	return &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}, nil
+}
+
+// Run serves until ctx ends, then shuts down gracefully: the API stops
+// accepting calls and in-flight ones get ShutdownTimeout to finish.
+// Managed plugins keep running so that the next agent adopts them.
+func (a *Agent) Run(ctx context.Context) error {
+	for _, dir := range []string{a.cfg.WorkDir, a.cfg.RuntimeDir, a.cfg.ConfigDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	unlock, err := lockRuntimeDir(a.cfg.RuntimeDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.limits = newLimiter(a.log)
+
+	lis, err := a.listen()
+	if err != nil {
+		return err
+	}
+	defer os.Remove(a.cfg.APISocket)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := pluginconfig.Watch(runCtx, pluginconfig.WatchConfig{Dir: a.cfg.ConfigDir, Logger: a.log})
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	a.watcher = w
+
+	srv := grpc.NewServer(grpc.Creds(peerCredentials{}), grpc.ChainUnaryInterceptor(a.authorize), grpc.ChainStreamInterceptor(a.authorizeStream))
+	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
+
+	rotate := time.NewTicker(logRotateInterval)
+	defer rotate.Stop()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-serveErr:
+			runErr = fmt.Errorf("API server: %w", err)
+			break loop
+		case u, ok := <-w.Updates():
+			if !ok {
+				break loop
+			}
+			a.apply(runCtx, u)
+		case <-rotate.C:
+			a.rotateLogs()
+		}
+	}
+	a.log.Info("csi-agent shutting down")
+	close(a.stopping)
+	a.stopAPI(srv)
+	cancel()
+	a.stopAll()
+	return runErr
+}
+
+// Rescan re-reads the config directory now (SIGHUP).
+func (a *Agent) Rescan() {
+	if a.watcher != nil {
+		a.watcher.Rescan()
+	}
+}
+
+// stopAPI stops accepting calls and lets in-flight ones finish within the
+// shutdown timeout, then cancels them.
+func (a *Agent) stopAPI(srv *grpc.Server) {
+	done := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(a.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		a.log.Warn("in-flight API calls did not finish in time; cancelling them", "timeout", a.cfg.ShutdownTimeout)
+		srv.Stop()
+		<-done
+	}
+}
+
+// listen creates the API socket: 0600 root (0660 root:APIGroup).
+func (a *Agent) listen() (net.Listener, error) {
+	path := a.cfg.APISocket
+	if len(path) > maxSocketPath {
+		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), maxSocketPath)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("creating API socket directory: %w", err)
+	}
+	// The runtime-dir lock is held, so a socket left here is stale.
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale API socket: %w", err)
+	}
+	// Until the chmod below the socket has the umask's mode; connecting
+	// needs write permission, which umask 022 or stricter denies others.
+	old := unix.Umask(0o177)
+	lis, err := net.Listen("unix", path)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on API socket: %w", err)
+	}
+	mode := os.FileMode(0o600)
+	if a.cfg.APIGroup >= 0 {
+		mode = 0o660
+		if err := os.Chown(path, 0, a.cfg.APIGroup); err != nil {
+			lis.Close()
+			return nil, fmt.Errorf("giving API socket to group %d: %w", a.cfg.APIGroup, err)
+		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("setting API socket mode: %w", err)
+	}
+	return lis, nil
+}
+
+// lockRuntimeDir makes sure one agent runs per runtime dir.
+func lockRuntimeDir(dir string) (func(), error) {
+	path := filepath.Join(dir, "agent.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another csi-agent is running with --runtime-dir %s (%s is locked)", dir, path)
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	return func() { f.Close() }, nil
+}
+
+// apply turns one config update into started, rolled and stopped plugins.
+func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
+	a.mu.Lock()
+	a.fileErrors = u.Errors
+	a.mu.Unlock()
+	for _, ev := range u.Events {
+		switch ev.Kind {
+		case pluginconfig.Added:
+			a.log.Info("plugin config added", "plugin", ev.Type, "file", ev.File)
+			a.startPlugin(ctx, ev.Plugin, nil)
+		case pluginconfig.Changed:
+			a.log.Info("plugin config changed: rolling", "plugin", ev.Type, "file", ev.File)
+			a.rollPlugin(ctx, ev.Plugin)
+		case pluginconfig.Removed:
+			a.log.Info("plugin config removed: stopping", "plugin", ev.Type, "file", ev.File)
+			a.removePlugin(ev.Type)
+		case pluginconfig.Invalid:
+			// The watcher keeps the last good config; nothing changes.
+			a.log.Warn("invalid plugin config; nothing running changes", "file", ev.File, "plugin", ev.Type, "error", ev.Err)
+		}
+	}
+	a.changed.notify()
+}
+
+func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit map[int]*handover) {
+	r := newRunner(a, p, inherit)
+	a.mu.Lock()
+	a.plugins[p.Info.Type] = r
+	a.mu.Unlock()
+	r.start(ctx)
+}
+
+// rollPlugin replaces a plugin's runner. Containers whose launch config is
+// unchanged keep their process; the others are restarted.
+func (a *Agent) rollPlugin(ctx context.Context, p *pluginconfig.Plugin) {
+	a.mu.Lock()
+	old := a.plugins[p.Info.Type]
+	a.mu.Unlock()
+	var inherit map[int]*handover
+	if old != nil {
+		inherit = old.stop(false)
+		// Processes of containers that no longer exist must go.
+		for i, h := range inherit {
+			if i >= len(p.Info.Containers) {
+				terminate(ctx, h.proc)
+				h.proc.release()
+				delete(inherit, i)
+			}
+		}
+	}
+	a.startPlugin(ctx, p, inherit)
+}
+
+func (a *Agent) removePlugin(typ string) {
+	a.mu.Lock()
+	r := a.plugins[typ]
+	delete(a.plugins, typ)
+	a.mu.Unlock()
+	if r != nil {
+		r.stop(true)
+	}
+}
+
+// stopAll stops supervising every plugin, leaving managed processes
+// running for the next agent to adopt.
+func (a *Agent) stopAll() {
+	a.mu.Lock()
+	rs := make([]*runner, 0, len(a.plugins))
+	for _, r := range a.plugins {
+		rs = append(rs, r)
+	}
+	a.mu.Unlock()
+	for _, r := range rs {
+		for _, h := range r.stop(false) {
+			h.proc.release()
+		}
+	}
+}
+
+func (a *Agent) rotateLogs() {
+	a.mu.Lock()
+	var dirs []string
+	for _, r := range a.plugins {
+		if r.plugin.Info.Managed() {
+			dirs = append(dirs, r.logDir())
+		}
+	}
+	a.mu.Unlock()
+	for _, dir := range dirs {
+		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+		for _, f := range logs {
+			if _, err := proclog.Rotate(f, a.cfg.LogMaxBytes, a.cfg.LogKeep); err != nil {
+				a.log.Warn("rotating plugin log", "file", f, "error", err)
+			}
+		}
+	}
+}
+
+// snapshot lists the plugins' status, sorted by type.
+func (a *Agent) snapshot() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
+	a.mu.Lock()
+	rs := make([]*runner, 0, len(a.plugins))
+	for _, r := range a.plugins {
+		rs = append(rs, r)
+	}
+	errs := a.fileErrors
+	a.mu.Unlock()
+	sort.Slice(rs, func(i, j int) bool { return rs[i].plugin.Info.Type < rs[j].plugin.Info.Type })
+	out := make([]*agentv1.Plugin, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.status(errs))
+	}
+	return out, errs
+}
+
+// broadcaster wakes everyone waiting for a change.
+type broadcaster struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next notify.
+func (b *broadcaster) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil {
+		b.ch = make(chan struct{})
+	}
+	return b.ch
+}
+
+func (b *broadcaster) notify() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch != nil {
+		close(b.ch)
+		b.ch = nil
+	}
+}

@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestAPIPeerCredentials runs the real CLI as other users against the
+// agent's socket: root and members of the API group get through, anyone
+// else is refused by the peer-credential check even when the socket's
+// mode would let them connect.
+func TestAPIPeerCredentials(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs the CLI under other uids")
+	}
+	h := newHarness(t)
+	// Let other users reach the socket's directory.
+	if err := os.Chmod(h.run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const apiGroup = 4321
+	cfg := fastConfig(h)
+	cfg.APIGroup = apiGroup
+	h.start(cfg)
+	socket := filepath.Join(h.run, "agent.sock")
+	waitForSocket(t.Context(), socket, nil)
+	st, err := os.Stat(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o660 || st.Sys().(*syscall.Stat_t).Gid != apiGroup {
+		t.Fatalf("socket mode %v gid %d, want 0660 gid %d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Gid, apiGroup)
+	}
+	cases := []struct {
+		name      string
+		cred      *syscall.Credential
+		chmod     os.FileMode
+		wantError string
+	}{
+		{"root", nil, 0, ""},
+		{"api group member (primary group)", &syscall.Credential{Uid: 5000, Gid: apiGroup}, 0, ""},
+		{"api group member (supplementary)", &syscall.Credential{Uid: 5000, Gid: 5000, Groups: []uint32{apiGroup}}, 0, ""},
+		{"stranger, socket mode refuses", &syscall.Credential{Uid: 5000, Gid: 5000}, 0, "may not connect to the agent at"},
+		{"stranger, socket world-writable", &syscall.Credential{Uid: 5000, Gid: 5000}, 0o666,
+			"PermissionDenied: uid 5000 may not use the csi-agent API: only root and members of the --api-group may"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.chmod != 0 {
+				if err := os.Chmod(socket, tc.chmod); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.Chmod(socket, 0o660) })
+			}
+			cmd := exec.Command(bins.agent, "plugins", "--api-socket", socket)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: tc.cred}
+			out, err := cmd.CombinedOutput()
+			if tc.wantError == "" {
+				if err != nil {
+					t.Fatalf("refused: %v\n%s", err, out)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(string(out), tc.wantError) {
+				t.Fatalf("got %v, output %q; want an error containing %q", err, out, tc.wantError)
+			}
+		})
+	}
+}

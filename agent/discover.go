@@ -1,0 +1,231 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/pluginconfig"
+	"github.com/csiagent/csiagent/proto/reclaimspace"
+	"github.com/csiagent/csiagent/proto/replication"
+	"github.com/csiagent/csiagent/proto/volumegroup"
+)
+
+const (
+	// DefaultReadyTimeout bounds the whole readiness sequence: socket,
+	// Probe until ready, info and capability discovery.
+	DefaultReadyTimeout = time.Minute
+	// DefaultProbeInterval is the period of health probes once ready.
+	DefaultProbeInterval = 30 * time.Second
+	// probeFailureLimit failed probes in a row make a plugin unavailable
+	// (managed: restarted).
+	probeFailureLimit = 3
+	// rpcTimeout bounds each discovery or probe call.
+	rpcTimeout = 10 * time.Second
+	// probeRetryMax caps the pause between Probe calls while a plugin is
+	// not ready yet (it starts at 50 ms and doubles).
+	probeRetryMax = 2 * time.Second
+)
+
+// errNotReady: Probe answered ready=false.
+var errNotReady = errors.New("probe: plugin says it is not ready")
+
+// discovery is what the readiness sequence learns of a plugin instance.
+type discovery struct {
+	pluginName, vendorVersion string
+	pluginCaps, nodeCaps      []string
+	nodeID                    string
+	addons                    []string
+}
+
+// waitForSocket returns when path exists as a socket, watching its
+// directory with inotify rather than polling. It gives up when ctx ends or
+// abort is closed (the process died).
+func waitForSocket(ctx context.Context, path string, abort <-chan struct{}) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching for socket %s: %w", path, err)
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("watching for socket %s: %w", path, err)
+	}
+	for {
+		if st, err := os.Stat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("socket %s did not appear: %w", path, ctx.Err())
+		case <-abort:
+			return errors.New("process exited before creating its socket")
+		case <-w.Events:
+		case err := <-w.Errors:
+			return fmt.Errorf("watching for socket %s: %w", path, err)
+		}
+	}
+}
+
+// dial makes a client connection to a plugin's unix socket. It connects
+// lazily; calls fail fast (no WaitForReady) while nothing listens.
+func dial(socket string) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", socket, err)
+	}
+	return conn, nil
+}
+
+// probe calls Probe once; an unset ready counts as ready (CSI spec).
+func probe(ctx context.Context, conn *grpc.ClientConn) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
+	if err != nil {
+		return false, fmt.Errorf("probe: %w", err)
+	}
+	return resp.GetReady() == nil || resp.GetReady().GetValue(), nil
+}
+
+// probeUntilReady calls Probe until the plugin says ready, backing off
+// from 50 ms to probeRetryMax between tries, until ctx ends.
+func probeUntilReady(ctx context.Context, conn *grpc.ClientConn, abort <-chan struct{}) error {
+	pause := 50 * time.Millisecond
+	var last error
+	for {
+		ready, err := probe(ctx, conn)
+		if err == nil && ready {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = errNotReady
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("not ready in time (last: %v): %w", last, ctx.Err())
+		case <-abort:
+			t.Stop()
+			return errors.New("process exited before it was ready")
+		case <-t.C:
+		}
+		pause = min(pause*2, probeRetryMax)
+	}
+}
+
+// discover asks a ready plugin who it is and what it can do, and which
+// csi-addons services it answers (calling each: Unimplemented = absent).
+func discover(ctx context.Context, conn *grpc.ClientConn, services []pluginconfig.Service) (*discovery, error) {
+	call := func(f func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+		defer cancel()
+		return f(ctx)
+	}
+	d := &discovery{}
+	id := csi.NewIdentityClient(conn)
+	if err := call(func(ctx context.Context) error {
+		r, err := id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+		d.pluginName, d.vendorVersion = r.GetName(), r.GetVendorVersion()
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("GetPluginInfo: %w", err)
+	}
+	if err := call(func(ctx context.Context) error {
+		r, err := id.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+		for _, c := range r.GetCapabilities() {
+			switch {
+			case c.GetService() != nil:
+				d.pluginCaps = append(d.pluginCaps, c.GetService().GetType().String())
+			case c.GetVolumeExpansion() != nil:
+				d.pluginCaps = append(d.pluginCaps, "VOLUME_EXPANSION_"+c.GetVolumeExpansion().GetType().String())
+			}
+		}
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("GetPluginCapabilities: %w", err)
+	}
+	serves := func(s pluginconfig.Service) bool {
+		for _, x := range services {
+			if x == s {
+				return true
+			}
+		}
+		return false
+	}
+	var probes []addonProbe
+	if serves(pluginconfig.NodeService) {
+		node := csi.NewNodeClient(conn)
+		if err := call(func(ctx context.Context) error {
+			r, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
+			for _, c := range r.GetCapabilities() {
+				d.nodeCaps = append(d.nodeCaps, c.GetRpc().GetType().String())
+			}
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("NodeGetCapabilities: %w", err)
+		}
+		if err := call(func(ctx context.Context) error {
+			r, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+			d.nodeID = r.GetNodeId()
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("NodeGetInfo: %w", err)
+		}
+		probes = append(probes, addonProbe{"reclaimspace.ReclaimSpaceNode", func(ctx context.Context) error {
+			_, err := reclaimspace.NewReclaimSpaceNodeClient(conn).NodeReclaimSpace(ctx, &reclaimspace.NodeReclaimSpaceRequest{})
+			return err
+		}})
+	}
+	if serves(pluginconfig.ControllerService) {
+		probes = append(probes,
+			addonProbe{"reclaimspace.ReclaimSpaceController", func(ctx context.Context) error {
+				_, err := reclaimspace.NewReclaimSpaceControllerClient(conn).ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{})
+				return err
+			}},
+			addonProbe{"volumegroup.Controller", func(ctx context.Context) error {
+				_, err := volumegroup.NewControllerClient(conn).ControllerGetVolumeGroup(ctx, &volumegroup.ControllerGetVolumeGroupRequest{})
+				return err
+			}},
+			addonProbe{"replication.Controller", func(ctx context.Context) error {
+				_, err := replication.NewControllerClient(conn).GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{})
+				return err
+			}},
+			addonProbe{"csi.v1.GroupController", func(ctx context.Context) error {
+				_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
+				return err
+			}},
+		)
+	}
+	for _, p := range probes {
+		// Requests are empty, so a plugin that has the service answers
+		// InvalidArgument (or similar); one without it, Unimplemented.
+		err := call(p.call)
+		switch status.Code(err) {
+		case codes.Unimplemented:
+		case codes.DeadlineExceeded, codes.Unavailable, codes.Canceled:
+			return nil, fmt.Errorf("discovering %s: %w", p.name, err)
+		default:
+			d.addons = append(d.addons, p.name)
+		}
+	}
+	return d, nil
+}
+
+// addonProbe is one optional service and a harmless call that tells
+// whether the plugin implements it.
+type addonProbe struct {
+	name string
+	call func(ctx context.Context) error
+}

@@ -1,0 +1,381 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// instance is one container (managed) or endpoint (unmanaged) of a plugin,
+// with the goroutine that keeps it healthy.
+type instance struct {
+	a        *Agent
+	log      *slog.Logger
+	pluginID string // <type>:<name>
+	services []pluginconfig.Service
+	socket   string
+	// Managed only.
+	container *pluginconfig.Container
+	dir       string // state directory: process record
+	logDir    string
+	logPrefix string
+	hash      string
+	inherit   *handover // a live process handed over by a rolled config
+
+	mu       sync.Mutex
+	status   *agentv1.PluginInstance
+	proc     *process
+	conn     *grpc.ClientConn
+	launched bool // this agent launched or adopted a process before
+}
+
+// handover is a running process passed from an instance being replaced to
+// its successor, so an unchanged container is not restarted.
+type handover struct {
+	proc *process
+	hash string
+}
+
+func (in *instance) managed() bool { return in.container != nil }
+
+// update changes the instance's reported status under its lock and tells
+// waiters.
+func (in *instance) update(f func(s *agentv1.PluginInstance)) {
+	in.mu.Lock()
+	prev := in.status.State
+	f(in.status)
+	if in.status.State != prev {
+		in.status.StateSince = timestamppb.Now()
+	}
+	in.mu.Unlock()
+	in.a.changed.notify()
+}
+
+func (in *instance) snapshot() *agentv1.PluginInstance {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return cloneInstance(in.status)
+}
+
+// run keeps the instance healthy until ctx ends.
+func (in *instance) run(ctx context.Context) {
+	bo := backoff{base: in.a.cfg.BackoffBase, max: in.a.cfg.BackoffMax, reset: in.a.cfg.BackoffReset}
+	for {
+		healthy, err := in.life(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		delay := bo.next(healthy)
+		state := agentv1.PluginState_PLUGIN_STATE_BACKOFF
+		if !in.managed() {
+			state = agentv1.PluginState_PLUGIN_STATE_UNAVAILABLE
+		}
+		in.log.Warn("plugin instance failed; retrying", "error", err, "retry_in", delay.Round(time.Millisecond))
+		in.update(func(s *agentv1.PluginInstance) {
+			s.State, s.LastError, s.Pid = state, err.Error(), 0
+			s.NextStart = timestamppb.New(time.Now().Add(delay))
+		})
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// life runs one life of the instance: start or adopt the process (managed)
+// or wait for the socket (unmanaged), readiness, then probes until
+// something fails. It returns how long the instance was ready, and why it
+// ended.
+func (in *instance) life(ctx context.Context) (time.Duration, error) {
+	in.update(func(s *agentv1.PluginInstance) {
+		s.State, s.NextStart = agentv1.PluginState_PLUGIN_STATE_STARTING, nil
+	})
+	var exited <-chan struct{} // nil for unmanaged: never fires
+	if in.managed() {
+		p, err := in.startProcess(ctx)
+		if err != nil {
+			return 0, err
+		}
+		exited = p.exited
+		defer func() {
+			// ctx ending means stop or shutdown: the owner decides whether
+			// the process goes. Any other end of life kills it.
+			if ctx.Err() == nil {
+				in.stopProcess(context.Background())
+			}
+		}()
+	}
+	conn, disc, err := in.becomeReady(ctx, exited)
+	if err != nil {
+		return 0, err
+	}
+	in.mu.Lock()
+	in.conn = conn
+	in.mu.Unlock()
+	defer func() {
+		in.mu.Lock()
+		in.conn = nil
+		in.mu.Unlock()
+		conn.Close()
+	}()
+	readyAt := time.Now()
+	in.update(func(s *agentv1.PluginInstance) {
+		s.State, s.LastError = agentv1.PluginState_PLUGIN_STATE_READY, ""
+		s.PluginName, s.VendorVersion = disc.pluginName, disc.vendorVersion
+		s.PluginCapabilities, s.NodeCapabilities = disc.pluginCaps, disc.nodeCaps
+		s.NodeId, s.AddonsServices = disc.nodeID, disc.addons
+	})
+	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)
+	tick := time.NewTicker(in.a.cfg.ProbeInterval)
+	defer tick.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return time.Since(readyAt), ctx.Err()
+		case <-exited:
+			return time.Since(readyAt), fmt.Errorf("plugin process %s", in.procErr())
+		case <-tick.C:
+		}
+		ready, err := probe(ctx, conn)
+		if ctx.Err() != nil {
+			return time.Since(readyAt), ctx.Err()
+		}
+		if err == nil && ready {
+			failures = 0
+			continue
+		}
+		if err == nil {
+			err = errNotReady
+		}
+		failures++
+		in.log.Warn("plugin probe failed", "failures", failures, "error", err)
+		if failures >= probeFailureLimit {
+			return time.Since(readyAt), fmt.Errorf("%d probes failed in a row, last: %w", failures, err)
+		}
+	}
+}
+
+// becomeReady waits for the socket, probes until ready and discovers the
+// plugin, all within the ready timeout.
+func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (*grpc.ClientConn, *discovery, error) {
+	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.ReadyTimeout)
+	defer cancel()
+	if err := waitForSocket(ctx, in.socket, exited); err != nil {
+		return nil, nil, in.withExit(err, exited)
+	}
+	conn, err := dial(in.socket)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := probeUntilReady(ctx, conn, exited); err != nil {
+		conn.Close()
+		return nil, nil, in.withExit(err, exited)
+	}
+	disc, err := discover(ctx, conn, in.services)
+	if err != nil {
+		conn.Close()
+		return nil, nil, in.withExit(err, exited)
+	}
+	return conn, disc, nil
+}
+
+// withExit adds the process's exit status to an error caused by its exit.
+func (in *instance) withExit(err error, exited <-chan struct{}) error {
+	select {
+	case <-exited:
+		return fmt.Errorf("%w: plugin process %s", err, in.procErr())
+	default:
+		return err
+	}
+}
+
+// procErr says how the process ended, with the last line it wrote to
+// stderr: usually the reason a plugin gives up.
+func (in *instance) procErr() error {
+	in.mu.Lock()
+	err := errors.New("exited")
+	if in.proc != nil && in.proc.err != nil {
+		err = in.proc.err
+	}
+	in.mu.Unlock()
+	if line := lastLine(filepath.Join(in.logDir, in.logPrefix+".stderr.log")); line != "" {
+		return fmt.Errorf("%w; its last words on stderr: %s", err, line)
+	}
+	return err
+}
+
+// lastLine returns the last non-empty line of a file's final 4 KiB,
+// shortened for an error message.
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window, maxLen = 4096, 300
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	buf := make([]byte, min(window, st.Size()))
+	n, _ := f.ReadAt(buf, st.Size()-int64(len(buf)))
+	lines := strings.Split(strings.TrimRight(string(buf[:n]), "\n"), "\n")
+	line := strings.TrimSpace(lines[len(lines)-1])
+	if len(line) > maxLen {
+		line = line[:maxLen] + "…"
+	}
+	return line
+}
+
+// cgroupName names the instance's cgroup: <type>:<name>:<container>.
+func (in *instance) cgroupName() string {
+	return fmt.Sprintf("%s:%s", in.pluginID, in.logPrefix)
+}
+
+func (in *instance) recordPath() string { return filepath.Join(in.dir, "process.json") }
+
+// startProcess hands over, adopts or launches the instance's process.
+func (in *instance) startProcess(ctx context.Context) (*process, error) {
+	if h := in.inherit; h != nil {
+		in.inherit = nil
+		select {
+		case <-h.proc.exited:
+		default:
+			if h.hash == in.hash {
+				in.setProc(h.proc, false)
+				return h.proc, nil
+			}
+			in.log.Info("plugin config changed: stopping the old process", "pid", h.proc.pid)
+			terminate(ctx, h.proc)
+			h.proc.release()
+		}
+	}
+	if !in.launched {
+		if p, err := in.adoptRecorded(ctx); p != nil || err != nil {
+			return p, err
+		}
+	}
+	if len(in.socket) > maxSocketPath {
+		return nil, fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket address holds; use a shorter --runtime-dir, plugin type or name",
+			in.socket, len(in.socket), maxSocketPath)
+	}
+	if err := os.MkdirAll(filepath.Dir(in.socket), 0o750); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if err := os.Remove(in.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale socket: %w", err)
+	}
+	if err := os.MkdirAll(in.dir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating plugin state directory: %w", err)
+	}
+	cgroupFD, cleanup, err := in.a.limits.prepare(in, in.container.Resources)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	p, rec, err := launch(launchSpec{
+		container: *in.container, socket: in.socket, nodeID: in.a.cfg.NodeID,
+		dir: in.dir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := writeRecord(in.recordPath(), rec); err != nil {
+		// Without the record a restarted agent could not adopt it; that
+		// is worse than not running it.
+		terminate(ctx, p)
+		return nil, fmt.Errorf("recording plugin process: %w", err)
+	}
+	in.log.Info("plugin process started", "pid", p.pid)
+	in.setProc(p, false)
+	return p, nil
+}
+
+// adoptRecorded adopts the process an earlier agent recorded, or stops it
+// when its config changed. (nil, nil) means there is nothing to adopt.
+func (in *instance) adoptRecorded(ctx context.Context) (*process, error) {
+	rec, err := readRecord(in.recordPath())
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			in.log.Warn("ignoring unreadable plugin process record", "error", err)
+		}
+		return nil, nil
+	}
+	p, err := adopt(rec)
+	if err != nil {
+		in.log.Info("recorded plugin process not adopted", "pid", rec.PID, "reason", err)
+		return nil, nil
+	}
+	if rec.ConfigHash != in.hash || rec.Socket != in.socket {
+		in.log.Info("plugin config changed while the agent was down: stopping the old process", "pid", rec.PID)
+		terminate(ctx, p)
+		p.release()
+		return nil, nil
+	}
+	in.log.Info("adopted running plugin process", "pid", rec.PID, "started_at", rec.StartedAt)
+	in.setProc(p, true)
+	return p, nil
+}
+
+func (in *instance) setProc(p *process, adopted bool) {
+	in.mu.Lock()
+	if in.launched {
+		in.status.Restarts++
+	}
+	in.launched = true
+	in.proc = p
+	in.status.Pid = int32(p.pid)
+	in.status.Adopted = adopted
+	in.mu.Unlock()
+	in.a.changed.notify()
+}
+
+// stopProcess terminates the instance's process, if any, and forgets it:
+// record and socket are removed.
+func (in *instance) stopProcess(ctx context.Context) {
+	in.mu.Lock()
+	p := in.proc
+	in.proc = nil
+	in.mu.Unlock()
+	if p == nil {
+		return
+	}
+	terminate(ctx, p)
+	p.release()
+	in.a.limits.release(in)
+	for _, f := range []string{in.recordPath(), in.socket} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			in.log.Warn("cleaning up after plugin process", "error", err)
+		}
+	}
+	in.update(func(s *agentv1.PluginInstance) { s.Pid = 0 })
+}
+
+// release hands the live process over (for a config roll) and forgets it.
+func (in *instance) release() *handover {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	p := in.proc
+	in.proc = nil
+	if p == nil {
+		return nil
+	}
+	return &handover{proc: p, hash: in.hash}
+}

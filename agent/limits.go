@@ -1,0 +1,70 @@
+package agent
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/csiagent/csiagent/internal/cgroup"
+	"github.com/csiagent/csiagent/pluginconfig"
+)
+
+// limiter enforces managed plugins' Mesos resources (cpus, mem) with
+// cgroup v2, where the host allows it.
+type limiter struct {
+	m *cgroup.Manager // nil: limits are not enforced
+}
+
+// newLimiter finds out, once, whether limits can be enforced, and says so
+// when they cannot.
+func newLimiter(log *slog.Logger) *limiter {
+	m, err := cgroup.Detect(cgroup.Config{Logger: log})
+	if err != nil {
+		log.Warn("plugin resource limits (cpus, mem) will not be enforced; plugins run without them", "reason", err)
+		return &limiter{}
+	}
+	return &limiter{m: m}
+}
+
+// prepare returns a cgroup directory fd for the plugin's process to be
+// born in, or -1 when there is nothing to enforce, and a cleanup that
+// closes the agent's copy of the fd.
+func (l *limiter) prepare(in *instance, resources []pluginconfig.Resource) (int, func(), error) {
+	nothing := func() {}
+	if l.m == nil {
+		return -1, nothing, nil
+	}
+	var cpus, mem float64
+	for _, r := range resources {
+		if r.Scalar == nil {
+			continue
+		}
+		switch r.Name {
+		case "cpus":
+			cpus += r.Scalar.Value
+		case "mem":
+			mem += r.Scalar.Value
+		}
+	}
+	if cpus == 0 && mem == 0 {
+		return -1, nothing, nil
+	}
+	lim, err := cgroup.LimitsFor(cpus, mem)
+	if err != nil {
+		return -1, nothing, fmt.Errorf("resources: %w", err)
+	}
+	dir, err := l.m.Prepare(in.cgroupName(), lim)
+	if err != nil {
+		return -1, nothing, fmt.Errorf("applying resource limits: %w", err)
+	}
+	return int(dir.Fd()), func() { dir.Close() }, nil
+}
+
+// release removes an instance's cgroup once its process has exited.
+func (l *limiter) release(in *instance) {
+	if l.m == nil {
+		return
+	}
+	if err := l.m.Remove(in.cgroupName()); err != nil {
+		in.log.Warn("removing plugin cgroup", "error", err)
+	}
+}

@@ -1,0 +1,250 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/agent"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// apiTimeout bounds one CLI call to the agent.
+const apiTimeout = 30 * time.Second
+
+// apiSocketFlag registers --api-socket for client commands.
+func apiSocketFlag(fs *flag.FlagSet) *string {
+	return fs.String("api-socket", agent.DefaultRuntimeDir+"/agent.sock", "the agent API socket")
+}
+
+// dialAgent connects to the agent's API socket.
+func dialAgent(socket string) (agentv1.AgentClient, func(), error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the agent at %s: %w", socket, err)
+	}
+	return agentv1.NewAgentClient(conn), func() { conn.Close() }, nil
+}
+
+// apiError makes a gRPC error one readable line.
+func apiError(socket string, err error) string {
+	st := status.Convert(err)
+	if strings.Contains(st.Message(), "connect: no such file or directory") || strings.Contains(st.Message(), "connection refused") {
+		return fmt.Sprintf("cannot reach the agent at %s: is csi-agent serve running?", socket)
+	}
+	if strings.Contains(st.Message(), "connect: permission denied") {
+		return fmt.Sprintf("may not connect to the agent at %s: only root and members of the agent's --api-group may", socket)
+	}
+	return fmt.Sprintf("%s: %s", st.Code(), st.Message())
+}
+
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+func runPlugins(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
+	socket := apiSocketFlag(fs)
+	output := outputFlag(fs)
+	wait := fs.Duration("wait", 0, "first wait up to this long for the agent to start and every plugin (or TYPE) to be READY; exit 1 if they are not")
+	if code, done := e.parseFlags(fs, args, "[TYPE]"); done {
+		return code
+	}
+	if err := checkOutput(*output); err != nil || fs.NArg() > 1 {
+		if err == nil {
+			err = fmt.Errorf("expected at most one plugin type, got %d arguments", fs.NArg())
+		}
+		fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
+		return ExitUsage
+	}
+	client, closeConn, err := dialAgent(*socket)
+	if err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
+		return ExitProblem
+	}
+	defer closeConn()
+	if *wait > 0 {
+		if err := waitReady(ctx, client, fs.Arg(0), *wait); err != nil {
+			fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
+			return ExitProblem
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	if fs.NArg() == 1 {
+		resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: fs.Arg(0)})
+		if err != nil {
+			fmt.Fprintln(e.stderr, "csi-agent plugins:", apiError(*socket, err))
+			return ExitProblem
+		}
+		if *output == "json" {
+			return exitOn(e, printJSON(e.stdout, resp.GetPlugin()))
+		}
+		printPluginDetail(e.stdout, resp.GetPlugin())
+		return ExitOK
+	}
+	resp, err := client.ListPlugins(ctx, &agentv1.ListPluginsRequest{})
+	if err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent plugins:", apiError(*socket, err))
+		return ExitProblem
+	}
+	if *output == "json" {
+		return exitOn(e, printJSON(e.stdout, resp))
+	}
+	printPluginTable(e.stdout, resp)
+	return ExitOK
+}
+
+func exitOn(e *env, err error) int {
+	if err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent:", err)
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+func stateName(s agentv1.PluginState) string {
+	return strings.TrimPrefix(s.String(), "PLUGIN_STATE_")
+}
+
+func printPluginTable(w io.Writer, resp *agentv1.ListPluginsResponse) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TYPE\tNAME\tKIND\tSTATE\tSERVICES\tPID\tRESTARTS\tPLUGIN\tERROR")
+	for _, p := range resp.GetPlugins() {
+		kind := "unmanaged"
+		if p.GetManaged() {
+			kind = "managed"
+		}
+		for _, in := range p.GetInstances() {
+			pid := "-"
+			if in.GetPid() != 0 {
+				pid = fmt.Sprint(in.GetPid())
+				if in.GetAdopted() {
+					pid += " (adopted)"
+				}
+			}
+			plugin := in.GetPluginName()
+			if in.GetVendorVersion() != "" {
+				plugin += " " + in.GetVendorVersion()
+			}
+			errText := in.GetLastError()
+			if p.GetConfigError() != "" {
+				errText = "config: " + p.GetConfigError()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", p.GetType(), p.GetName(), kind, stateName(in.GetState()),
+				serviceList(in.GetServices()), pid, in.GetRestarts(), orDash(plugin), orDash(oneLine(errText)))
+		}
+	}
+	tw.Flush()
+	for _, ce := range resp.GetConfigErrors() {
+		fmt.Fprintf(w, "INVALID %s: %s\n", ce.GetFile(), ce.GetError())
+	}
+}
+
+func serviceList(s []string) string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = strings.ToLower(strings.TrimSuffix(x, "_SERVICE"))
+	}
+	return strings.Join(out, ",")
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 100 {
+		s = s[:100] + "…"
+	}
+	return s
+}
+
+func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
+	tw := tabwriter.NewWriter(w, 0, 4, 1, ' ', 0)
+	kv := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, orDash(v)) }
+	kv("Type", p.GetType())
+	kv("Name", p.GetName())
+	kv("Config file", p.GetConfigFile())
+	kv("Managed", fmt.Sprint(p.GetManaged()))
+	kv("State", stateName(p.GetState()))
+	kv("Config error", p.GetConfigError())
+	for i, in := range p.GetInstances() {
+		fmt.Fprintf(tw, "Instance %d:\t\n", i)
+		kv("  Services", strings.Join(in.GetServices(), ", "))
+		kv("  Endpoint", in.GetEndpoint())
+		kv("  State", fmt.Sprintf("%s since %s", stateName(in.GetState()), in.GetStateSince().AsTime().Local().Format(time.RFC3339)))
+		if p.GetManaged() {
+			kv("  PID", fmt.Sprintf("%d (adopted: %v)", in.GetPid(), in.GetAdopted()))
+			kv("  Restarts", fmt.Sprint(in.GetRestarts()))
+		}
+		if in.GetNextStart() != nil {
+			kv("  Next start", in.GetNextStart().AsTime().Local().Format(time.RFC3339))
+		}
+		kv("  Plugin", strings.TrimSpace(in.GetPluginName()+" "+in.GetVendorVersion()))
+		kv("  Plugin capabilities", strings.Join(in.GetPluginCapabilities(), ", "))
+		kv("  Node capabilities", strings.Join(in.GetNodeCapabilities(), ", "))
+		kv("  Node ID", in.GetNodeId())
+		kv("  csi-addons services", strings.Join(in.GetAddonsServices(), ", "))
+		kv("  Last error", in.GetLastError())
+	}
+	tw.Flush()
+}
+
+// waitReady follows WatchPlugins until every plugin (or the one of type
+// typ) is READY, for at most d.
+func waitReady(ctx context.Context, client agentv1.AgentClient, typ string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	// WaitForReady: the agent may still be starting.
+	stream, err := client.WatchPlugins(ctx, &agentv1.ListPluginsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("watching plugins: %w", err)
+	}
+	var pending []string
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("not ready after %v: %s", d, strings.Join(pending, "; "))
+			}
+			return fmt.Errorf("watching plugins: %s", status.Convert(err).Message())
+		}
+		pending = pending[:0]
+		found := typ == ""
+		for _, p := range resp.GetPlugins() {
+			if typ != "" && p.GetType() != typ {
+				continue
+			}
+			found = true
+			if p.GetState() != agentv1.PluginState_PLUGIN_STATE_READY {
+				msg := p.GetType() + " is " + stateName(p.GetState())
+				for _, in := range p.GetInstances() {
+					if in.GetLastError() != "" {
+						msg += " (" + oneLine(in.GetLastError()) + ")"
+						break
+					}
+				}
+				pending = append(pending, msg)
+			}
+		}
+		if !found {
+			pending = append(pending, "no plugin of type "+typ)
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+	}
+}

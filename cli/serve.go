@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"syscall"
+
+	"github.com/csiagent/csiagent/agent"
+	"github.com/csiagent/csiagent/internal/version"
+)
+
+func runServe(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var cfg agent.Config
+	fs.StringVar(&cfg.ConfigDir, "csi-plugin-config-dir", agent.DefaultConfigDir, "directory of CSIPluginInfo JSON files, watched for changes")
+	fs.StringVar(&cfg.WorkDir, "work-dir", agent.DefaultWorkDir, "persistent state: plugin records, logs, volume checkpoints")
+	fs.StringVar(&cfg.RuntimeDir, "runtime-dir", agent.DefaultRuntimeDir, "sockets and the lock (a tmpfs such as /run)")
+	fs.StringVar(&cfg.APISocket, "api-socket", "", "the agent API socket (default <runtime-dir>/agent.sock)")
+	fs.StringVar(&cfg.NodeID, "node-id", defaultNodeID(), "node id given to node plugins as MESOS_AGENT_ID (default $MESOS_AGENT_ID, else the hostname)")
+	apiGroup := fs.String("api-group", "", "group (name or gid) whose members may use the API besides root")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", agent.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
+	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", agent.DefaultProbeInterval, "period of health probes of ready plugins")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
+	if code, done := e.parseFlags(fs, args, ""); done {
+		return code
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(e.stderr, "csi-agent serve: unexpected argument %q\n", fs.Arg(0))
+		return ExitUsage
+	}
+	logger, err := newLogger(e, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		return ExitUsage
+	}
+	cfg.Logger = logger
+	cfg.APIGroup = -1
+	if *apiGroup != "" {
+		if cfg.APIGroup, err = lookupGroup(*apiGroup); err != nil {
+			fmt.Fprintln(e.stderr, "csi-agent serve: --api-group:", err)
+			return ExitUsage
+		}
+	}
+	a, err := agent.New(cfg)
+	if err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		return ExitUsage
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				logger.Info("SIGHUP: rescanning the plugin config directory")
+				a.Rescan()
+			}
+		}
+	}()
+	logger.Info("csi-agent starting", "version", version.Version, "pid", os.Getpid())
+	if err := a.Run(ctx); err != nil {
+		logger.Error("csi-agent stopped", "error", err)
+		return ExitProblem
+	}
+	logger.Info("csi-agent stopped")
+	return ExitOK
+}
+
+func defaultNodeID() string {
+	if id := os.Getenv("MESOS_AGENT_ID"); id != "" {
+		return id
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+func newLogger(e *env, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: expected debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(e.stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: expected text or json", format)
+}
+
+func lookupGroup(s string) (int, error) {
+	if gid, err := strconv.Atoi(s); err == nil && gid >= 0 {
+		return gid, nil
+	}
+	g, err := user.LookupGroup(s)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(g.Gid)
+}
