@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
 	github.com/moby/sys/mountinfo v0.7.3

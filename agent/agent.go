@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -57,6 +58,13 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	LogMaxBytes     int64
 	LogKeep         int
+
+	// SecretsDir resolves volumes' REFERENCE secrets.
+	SecretsDir string
+	// RPCTimeout bounds each node RPC step, retries included.
+	RPCTimeout time.Duration
+	// CrashPoint is for crash tests only: see isolator.Config.
+	CrashPoint func(point string)
 
 	Logger *slog.Logger
 }
@@ -100,6 +108,7 @@ type Agent struct {
 	changed broadcaster
 	limits  *limiter
 	watcher *pluginconfig.Watcher
+	iso     *isolator.Isolator
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
 
@@ -137,6 +146,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer unlock()
 	a.limits = newLimiter(a.log)
+	a.iso, err = isolator.New(isolator.Config{
+		WorkDir: a.cfg.WorkDir, SecretsDir: a.cfg.SecretsDir, Plugins: plugins{a},
+		RPCTimeout: a.cfg.RPCTimeout, Logger: a.log, CrashPoint: a.cfg.CrashPoint,
+	})
+	if err != nil {
+		return err
+	}
 
 	lis, err := a.listen()
 	if err != nil {
@@ -161,6 +177,8 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	rotate := time.NewTicker(logRotateInterval)
 	defer rotate.Stop()
+	isoDone := make(chan struct{})
+	isoStarted := false
 	var runErr error
 loop:
 	for {
@@ -175,6 +193,14 @@ loop:
 				break loop
 			}
 			a.apply(runCtx, u)
+			if !isoStarted {
+				// Recovery needs the plugins the first update defines.
+				isoStarted = true
+				go func() {
+					defer close(isoDone)
+					a.iso.Run(runCtx)
+				}()
+			}
 		case <-rotate.C:
 			a.rotateLogs()
 		}
@@ -183,6 +209,9 @@ loop:
 	close(a.stopping)
 	a.stopAPI(srv)
 	cancel()
+	if isoStarted {
+		<-isoDone
+	}
 	a.stopAll()
 	return runErr
 }

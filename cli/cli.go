@@ -34,6 +34,11 @@ func commands() map[string]command {
 	return map[string]command{
 		"check-config": {"validate a plugin config directory and list its plugins", runCheckConfig},
 		"plugins":      {"list the agent's plugins, or show one", runPlugins},
+		"prepare":      {"give a container its CSI volumes", runPrepare},
+		"cleanup":      {"take a container's CSI volumes away", runCleanup},
+		"volumes":      {"list the volumes the agent tracks", runVolumes},
+		"containers":   {"list the containers that have volumes", runContainers},
+		"reconcile":    {"clean up every container not in --live", runReconcile},
 		"serve":        {"run the agent daemon", runServe},
 		"version":      {"print the version", runVersion},
 	}

@@ -19,7 +19,7 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// apiTimeout bounds one CLI call to the agent.
+// apiTimeout bounds each CLI call to the agent.
 const apiTimeout = 30 * time.Second
 
 // apiSocketFlag registers --api-socket for client commands.
@@ -29,7 +29,13 @@ func apiSocketFlag(fs *flag.FlagSet) *string {
 
 // dialAgent connects to the agent's API socket.
 func dialAgent(socket string) (agentv1.AgentClient, func(), error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			// Each call gets apiTimeout; waits (--wait) have their own.
+			ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+			defer cancel()
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the agent at %s: %w", socket, err)
 	}
@@ -59,63 +65,37 @@ func printJSON(w io.Writer, m proto.Message) error {
 
 func runPlugins(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
-	socket := apiSocketFlag(fs)
-	output := outputFlag(fs)
 	wait := fs.Duration("wait", 0, "first wait up to this long for the agent to start and every plugin (or TYPE) to be READY; exit 1 if they are not")
-	if code, done := e.parseFlags(fs, args, "[TYPE]"); done {
-		return code
-	}
-	if err := checkOutput(*output); err != nil || fs.NArg() > 1 {
-		if err == nil {
-			err = fmt.Errorf("expected at most one plugin type, got %d arguments", fs.NArg())
+	return withAgent(ctx, e, fs, args, "[TYPE]", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		if fs.NArg() > 1 {
+			return usageError(fmt.Sprintf("expected at most one plugin type, got %d arguments", fs.NArg()))
 		}
-		fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
-		return ExitUsage
-	}
-	client, closeConn, err := dialAgent(*socket)
-	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
-		return ExitProblem
-	}
-	defer closeConn()
-	if *wait > 0 {
-		if err := waitReady(ctx, client, fs.Arg(0), *wait); err != nil {
-			fmt.Fprintln(e.stderr, "csi-agent plugins:", err)
-			return ExitProblem
+		if *wait > 0 {
+			if err := waitReady(ctx, client, fs.Arg(0), *wait); err != nil {
+				return err
+			}
 		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	if fs.NArg() == 1 {
-		resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: fs.Arg(0)})
+		if fs.NArg() == 1 {
+			resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: fs.Arg(0)})
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return printJSON(e.stdout, resp.GetPlugin())
+			}
+			printPluginDetail(e.stdout, resp.GetPlugin())
+			return nil
+		}
+		resp, err := client.ListPlugins(ctx, &agentv1.ListPluginsRequest{})
 		if err != nil {
-			fmt.Fprintln(e.stderr, "csi-agent plugins:", apiError(*socket, err))
-			return ExitProblem
+			return err
 		}
-		if *output == "json" {
-			return exitOn(e, printJSON(e.stdout, resp.GetPlugin()))
+		if output == "json" {
+			return printJSON(e.stdout, resp)
 		}
-		printPluginDetail(e.stdout, resp.GetPlugin())
-		return ExitOK
-	}
-	resp, err := client.ListPlugins(ctx, &agentv1.ListPluginsRequest{})
-	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent plugins:", apiError(*socket, err))
-		return ExitProblem
-	}
-	if *output == "json" {
-		return exitOn(e, printJSON(e.stdout, resp))
-	}
-	printPluginTable(e.stdout, resp)
-	return ExitOK
-}
-
-func exitOn(e *env, err error) int {
-	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent:", err)
-		return ExitProblem
-	}
-	return ExitOK
+		printPluginTable(e.stdout, resp)
+		return nil
+	})
 }
 
 func stateName(s agentv1.PluginState) string {

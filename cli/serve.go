@@ -9,10 +9,12 @@ import (
 	"os/signal"
 	"os/user"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/version"
+	"github.com/csiagent/csiagent/isolator"
 )
 
 func runServe(ctx context.Context, e *env, args []string) int {
@@ -28,6 +30,8 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", agent.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
 	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", agent.DefaultProbeInterval, "period of health probes of ready plugins")
+	fs.StringVar(&cfg.SecretsDir, "secrets-dir", "", "directory for volumes' REFERENCE secrets: name is a file of JSON key/values in it")
+	fs.DurationVar(&cfg.RPCTimeout, "node-rpc-timeout", isolator.DefaultRPCTimeout, "deadline of each node RPC step (stage, publish, ...), retries included")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	if code, done := e.parseFlags(fs, args, ""); done {
 		return code
@@ -48,6 +52,10 @@ func runServe(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintln(e.stderr, "csi-agent serve: --api-group:", err)
 			return ExitUsage
 		}
+	}
+	if cfg.CrashPoint, err = crashPointFromEnv(); err != nil {
+		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		return ExitUsage
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
@@ -109,4 +117,39 @@ func lookupGroup(s string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(g.Gid)
+}
+
+// crashPointFromEnv makes the crash-test hook, for tests only:
+// CSIAGENT_TEST_CRASH_TRACE=FILE appends each crash point's name to FILE;
+// CSIAGENT_TEST_CRASH_AT=N kills the agent with SIGKILL at the N-th point.
+// Neither set (production): nil.
+func crashPointFromEnv() (func(string), error) {
+	trace, at := os.Getenv("CSIAGENT_TEST_CRASH_TRACE"), os.Getenv("CSIAGENT_TEST_CRASH_AT")
+	if trace == "" && at == "" {
+		return nil, nil
+	}
+	n := 0
+	if at != "" {
+		var err error
+		if n, err = strconv.Atoi(at); err != nil || n < 1 {
+			return nil, fmt.Errorf("CSIAGENT_TEST_CRASH_AT=%q: expected a positive integer", at)
+		}
+	}
+	var mu sync.Mutex
+	count := 0
+	return func(point string) {
+		mu.Lock()
+		defer mu.Unlock()
+		count++
+		if trace != "" {
+			if f, err := os.OpenFile(trace, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
+				fmt.Fprintln(f, point)
+				f.Close()
+			}
+		}
+		if count == n {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal is on its way
+		}
+	}, nil
 }

@@ -1,7 +1,8 @@
 // Package mount is a small Linux layer over mount(2), umount2(2), the mount
 // table and the filesystem ioctls that csiagent needs: mounting a block device,
-// bind mounts (optionally read-only), idempotent unmounts, mount-table
-// lookups, FITRIM and FIFREEZE/FITHAW.
+// bind mounts (optionally read-only), safe bind mounts into a container's
+// root filesystem, idempotent unmounts, mount-table lookups, removal of empty
+// mount directories, FITRIM and FIFREEZE/FITHAW.
 //
 // The package holds no state: every function acts on the kernel directly and
 // is safe for concurrent use. Callers serialize operations on the same path
@@ -18,6 +19,31 @@
 //   - [Lookup], [IsMountPoint] and [List] read /proc/self/mountinfo through a
 //     filter, in one pass. Paths are resolved (symlinks, "..") first, because
 //     the mount table only holds canonical paths.
+//   - [ResolveInRoot] then [BindInto] put a volume at a path chosen by an
+//     untrusted party (a container_path inside a container's rootfs).
+//     ResolveInRoot resolves it as if the rootfs were "/" (openat2
+//     RESOLVE_IN_ROOT via pathrs-lite: no symlink or ".." leaves the root),
+//     creates missing directories through their parents' handles (0755,
+//     optionally chowned) and, for a block volume ([File]), an empty file
+//     with O_CREAT|O_EXCL|O_NOFOLLOW. It returns an O_PATH handle and the
+//     target's real host path. BindInto mounts onto that handle with the new
+//     mount API (open_tree clone, mount_setattr read-only while detached,
+//     move_mount onto the descriptor): nothing is looked up by name between
+//     resolution and mount, so swapping the path for a symlink meanwhile does
+//     not move the mount, and a read-only bind is never writable. The bind is
+//     recursive: submounts of the source come along (read-only too).
+//     Record the returned host path: it is what to unmount later.
+//   - [UnmountAll] takes away everything at a path: stacked mounts and the
+//     submounts a recursive bind brought (umount2 refuses a mount with
+//     submounts with EBUSY). Idempotent, never follows a symlink in the last
+//     component, bounded EBUSY retry like [Unmount].
+//   - [MountsUnder] lists mount points at or below a directory (one pass,
+//     prefix filter). [RemoveEmptyTree] removes a directory tree of empty
+//     directories and empty files, bottom up, one entry at a time through
+//     directory handles; it refuses ([ErrMounted]) if anything is mounted at
+//     or below it and never descends into a mount point (RESOLVE_NO_XDEV),
+//     and refuses ([ErrNotEmpty]) anything holding data. It never calls
+//     os.RemoveAll.
 //   - [Trim], [Freeze] and [Thaw] act on the whole filesystem that holds the
 //     path: FITRIM on a bind mount of a subdirectory trims the entire
 //     filesystem.
@@ -32,6 +58,19 @@
 // filter. Never call [Freeze] without arranging the [Thaw] on a separate
 // goroutine with a deadline: a writer blocked on a frozen filesystem cannot be
 // killed, so [WhileFrozen] is the safe form.
+//
+// Do not use [Bind] or [Mount] on a path inside a container's rootfs: they
+// follow symlinks by name and can be redirected out of the rootfs. Use
+// [ResolveInRoot] and [BindInto]. Conversely, paths the agent owns (its work
+// directory, the CSI staging and target paths) need no in-root resolution:
+// use them as they are. Do not call [MountsUnder] to decide whether to
+// unmount ([UnmountAll] is idempotent), only to decide whether a directory
+// may be deleted, and do not delete mount directories any other way than
+// [RemoveEmptyTree]: a directory holding data (a volume.state file, say) is
+// refused, by design. [MountsUnder] sees the caller's mount namespace only:
+// mounts made inside a container's own namespace are not in it.
+//
+// ResolveInRoot needs openat2 (Linux 5.6), BindInto mount_setattr (5.12).
 //
 // Everything here needs CAP_SYS_ADMIN except the read-only lookups.
 package mount

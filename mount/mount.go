@@ -103,23 +103,45 @@ func remountReadOnly(dst string) error {
 // ctx lasts; the last EBUSY is returned wrapped in ErrBusy. Symlinks at target
 // are not followed (UMOUNT_NOFOLLOW), so a link planted by an untrusted
 // process cannot redirect the unmount elsewhere.
+//
+// Only one mount goes: mounts stacked below it stay, and a mount with
+// submounts stays busy. UnmountAll removes all of them.
 func Unmount(ctx context.Context, target string) error {
+	_, err := unmountTop(ctx, target, false)
+	return err
+}
+
+// unmountTop removes the topmost mount at target and reports whether there
+// was one. With submounts, a target that is busy because mounts sit below it
+// (a recursive bind) has those unmounted first, then is retried at once.
+func unmountTop(ctx context.Context, target string, submounts bool) (bool, error) {
 	wait := unmountBackoff
 	for attempt := 0; ; attempt++ {
 		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
 		switch {
-		case err == nil, errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
-			return nil
+		case err == nil:
+			return true, nil
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
+			return false, nil
 		case !errors.Is(err, unix.EBUSY):
-			return fmt.Errorf("unmount %s: %w", target, err)
+			return false, fmt.Errorf("unmount %s: %w", target, err)
 		case attempt == unmountBusyRetries:
-			return fmt.Errorf("unmount %s: %w after %d attempts: %w", target, ErrBusy, attempt+1, err)
+			return false, fmt.Errorf("unmount %s: %w after %d attempts: %w", target, ErrBusy, attempt+1, err)
+		}
+		if submounts {
+			cleared, err := unmountBelow(ctx, target)
+			if err != nil {
+				return false, err
+			}
+			if cleared {
+				continue
+			}
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("unmount %s: still busy: %w", target, ctx.Err())
+			return false, fmt.Errorf("unmount %s: still busy: %w", target, ctx.Err())
 		case <-t.C:
 		}
 		wait *= 2

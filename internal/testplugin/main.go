@@ -8,9 +8,11 @@ import (
 	"io"
 	"io/fs"
 	"log"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +56,41 @@ type config struct {
 	probeHang       bool
 	probeFailFile   string
 	hangInfo        bool
+	// requireStageSecrets and requirePublishSecrets map each key to
+	// the value the call's secrets must hold.
+	requireStageSecrets   map[string]string
+	requirePublishSecrets map[string]string
+	failStageFile         string
+	failPublishFile       string
+	liePublish            bool
+}
+
+// secretsFlag collects repeated KEY=VALUE arguments into m. A key given
+// twice is reported after parsing, by key: the flag package's own errors
+// would quote the value.
+type secretsFlag struct {
+	m   map[string]string
+	dup []string
+}
+
+func (f *secretsFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return errors.New("want KEY=VALUE")
+	}
+	if _, seen := f.m[k]; seen {
+		f.dup = append(f.dup, k)
+	}
+	f.m[k] = v
+	return nil
+}
+
+// String lists the keys only.
+func (f *secretsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return strings.Join(slices.Sorted(maps.Keys(f.m)), ",")
 }
 
 func main() {
@@ -62,6 +99,8 @@ func main() {
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	var c config
+	stageSecrets := &secretsFlag{m: map[string]string{}}
+	publishSecrets := &secretsFlag{m: map[string]string{}}
 	fs := flag.NewFlagSet("testplugin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.name, "name", defaultName, "plugin name reported by GetPluginInfo")
@@ -76,12 +115,20 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.probeHang, "probe-hang", false, "Probe blocks until its context ends")
 	fs.StringVar(&c.probeFailFile, "probe-fail-file", "", "Probe fails with Unavailable while `FILE` exists")
 	fs.BoolVar(&c.hangInfo, "hang-info", false, "GetPluginInfo blocks until its context ends")
+	fs.Var(stageSecrets, "require-stage-secret", "NodeStageVolume fails with Unauthenticated unless its secrets map `KEY=VALUE` (repeatable)")
+	fs.Var(publishSecrets, "require-publish-secret", "NodePublishVolume fails with Unauthenticated unless its secrets map `KEY=VALUE` (repeatable)")
+	fs.StringVar(&c.failStageFile, "fail-stage-file", "", "NodeStageVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
+	fs.StringVar(&c.failPublishFile, "fail-publish-file", "", "NodePublishVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
+	fs.BoolVar(&c.liePublish, "lie-publish", false, "NodePublishVolume reports success without mounting anything")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: CSI_ENDPOINT=unix:///path testplugin [flags] [args...]\n\n"+
 			"A deliberately misbehaving CSI plugin for csiagent's tests. On start it prints a JSON line\n"+
 			"(argv, CSI_ENDPOINT, MESOS_AGENT_ID, TESTPLUGIN_* env, pid, ppid, pgid, uid, gid, cwd, cgroup)\n"+
 			"to stdout and logs every RPC to stderr. SIGTERM stops it gracefully (exit 0).\n"+
-			"Probe checks --probe-hang, --probe-fail, --probe-fail-file, --probe-not-ready in that order.\n\n")
+			"Probe checks --probe-hang, --probe-fail, --probe-fail-file, --probe-not-ready in that order.\n"+
+			"Node volume calls need --data-dir; NodeStageVolume and NodePublishVolume check the request,\n"+
+			"then --fail-*-file, then --require-*-secret, then (publish) --lie-publish.\n"+
+			"A --fail-*-file holds a code name (Unavailable, UNAVAILABLE, InvalidArgument, ...) or number.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -90,6 +137,15 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if c.probeNotReady < 0 || c.startDelay < 0 || c.crashAfter < 0 {
 		return config{}, errors.New("--probe-not-ready, --start-delay and --crash-after must not be negative")
 	}
+	for _, f := range []struct {
+		name string
+		*secretsFlag
+	}{{"--require-stage-secret", stageSecrets}, {"--require-publish-secret", publishSecrets}} {
+		if len(f.dup) > 0 {
+			return config{}, fmt.Errorf("%s: key %s given twice", f.name, f.dup[0])
+		}
+	}
+	c.requireStageSecrets, c.requirePublishSecrets = stageSecrets.m, publishSecrets.m
 	return c, nil
 }
 
@@ -237,7 +293,7 @@ type self struct {
 
 func describeSelf(argv []string) self {
 	s := self{
-		Argv: argv,
+		Argv: maskSecrets(argv),
 		Env:  map[string]string{},
 		PID:  os.Getpid(),
 		PPID: os.Getppid(),
@@ -260,4 +316,30 @@ func describeSelf(argv []string) self {
 		}
 	}
 	return s
+}
+
+// maskSecrets returns argv with the VALUE of each --require-*-secret
+// KEY=VALUE replaced by ***: the start line shows which secrets are
+// required, not what they are.
+func maskSecrets(argv []string) []string {
+	out := slices.Clone(argv)
+	mask := func(kv string) string {
+		if k, _, ok := strings.Cut(kv, "="); ok {
+			return k + "=***"
+		}
+		return kv
+	}
+	for i := 1; i < len(out); i++ {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(out[i], "-"), "=")
+		if !strings.HasPrefix(out[i], "-") || name != "require-stage-secret" && name != "require-publish-secret" {
+			continue
+		}
+		if hasValue {
+			out[i] = out[i][:len(out[i])-len(value)] + mask(value)
+		} else if i+1 < len(out) {
+			i++
+			out[i] = mask(out[i])
+		}
+	}
+	return out
 }

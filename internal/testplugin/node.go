@@ -2,12 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -19,8 +25,22 @@ import (
 
 // The node calls below work only with --data-dir: a volume is the directory
 // <data-dir>/<path-escaped volume id>, staging bind-mounts it on the staging
-// path and publishing bind-mounts the staging path on the target path
-// (read-only if asked). Repeated calls that are already done succeed.
+// path, and publishing bind-mounts the staging path on the target path for
+// mount access, or the file <data-dir>/<path-escaped volume id>.blk on the
+// target file for block access (read-only if asked). Repeated calls that
+// are already done succeed. Unstage and unpublish unmount only this
+// plugin's own mounts of the volume, and remove only the targets publishing
+// created (recorded below targetsDir, so this holds across restarts).
+
+const (
+	// blockSize is the size of a new block volume's backing file, which
+	// is sparse.
+	blockSize = 16 << 20
+	// targetsDir, below --data-dir, holds one file per target path that
+	// NodePublishVolume created. '#' never occurs in an escaped volume
+	// id, so no volume directory can have this name.
+	targetsDir = "#targets"
+)
 
 // keyedMutex refuses a second concurrent operation on one volume, with the
 // CSI code for that (Aborted), instead of queueing it.
@@ -59,6 +79,8 @@ func (p *plugin) begin(method, volumeID string) (unlock func(), err error) {
 	return unlock, nil
 }
 
+// volumeDir is the volume's directory; its block backing file is the same
+// path plus ".blk".
 func (p *plugin) volumeDir(id string) (string, error) {
 	name := url.PathEscape(id)
 	if name == "." || name == ".." {
@@ -67,24 +89,122 @@ func (p *plugin) volumeDir(id string) (string, error) {
 	return filepath.Join(p.cfg.dataDir, name), nil
 }
 
+// requirePaths checks that each named path is set and absolute.
+func requirePaths(namesAndPaths ...string) error {
+	for i := 0; i < len(namesAndPaths); i += 2 {
+		name, path := namesAndPaths[i], namesAndPaths[i+1]
+		if path == "" {
+			return status.Errorf(codes.InvalidArgument, "%s is required", name)
+		}
+		if !filepath.IsAbs(path) {
+			return status.Errorf(codes.InvalidArgument, "%s %q is not absolute", name, path)
+		}
+	}
+	return nil
+}
+
+// requireCapability checks that a capability with an access type was
+// given and reports whether it is block.
+func requireCapability(c *csi.VolumeCapability) (block bool, err error) {
+	switch {
+	case c.GetBlock() != nil:
+		return true, nil
+	case c.GetMount() != nil:
+		return false, nil
+	case c == nil:
+		return false, status.Error(codes.InvalidArgument, "volume_capability is required")
+	default:
+		return false, status.Error(codes.InvalidArgument, "volume_capability has neither mount nor block access")
+	}
+}
+
+// failFromFile is the error --fail-stage-file or --fail-publish-file asks
+// for: nil while the file does not exist, else the code named in it.
+func failFromFile(path, flagName, method string) error {
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return status.Errorf(codes.Internal, "%s: read %s: %v", method, flagName, err)
+	}
+	code, ok := parseCode(string(b))
+	if !ok {
+		return status.Errorf(codes.Internal, "%s fails: %s holds %q, which is not a gRPC error code (%s)", method, path, b, flagName)
+	}
+	return status.Errorf(code, "%s fails with %v while %s exists (%s)", method, code, path, flagName)
+}
+
+// parseCode reads a gRPC error code: a name as codes.Code prints it
+// ("Unavailable"), or as the gRPC spec writes it ("UNAVAILABLE",
+// "DEADLINE_EXCEEDED"), any case, or a number; empty is Internal. OK is
+// not an error code.
+func parseCode(s string) (codes.Code, bool) {
+	s = strings.TrimPrefix(strings.TrimSpace(s), "codes.")
+	if s == "" {
+		return codes.Internal, true
+	}
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		return codes.Code(n), n > 0 && n <= uint64(codes.Unauthenticated)
+	}
+	name := strings.ReplaceAll(s, "_", "")
+	for c := codes.Canceled; c <= codes.Unauthenticated; c++ {
+		if strings.EqualFold(c.String(), name) {
+			return c, true
+		}
+	}
+	return codes.Internal, false
+}
+
+// checkSecrets fails with Unauthenticated unless got holds every key of
+// want with the same value. It logs the keys it got, never the values.
+func (p *plugin) checkSecrets(method string, got, want map[string]string) error {
+	if len(got) > 0 {
+		p.logger.Printf("%s: secrets with keys %q", method, slices.Sorted(maps.Keys(got)))
+	}
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if v, ok := got[k]; !ok || v != want[k] {
+			return status.Errorf(codes.Unauthenticated, "missing or wrong secret %s", k)
+		}
+	}
+	return nil
+}
+
 func (p *plugin) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	unlock, err := p.begin("NodeStageVolume", req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if req.GetStagingTargetPath() == "" || req.GetVolumeCapability() == nil {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path and volume_capability are required")
+	staging := req.GetStagingTargetPath()
+	if err := requirePaths("staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	if _, err := requireCapability(req.GetVolumeCapability()); err != nil {
+		return nil, err
 	}
 	src, err := p.volumeDir(req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
+	if err := failFromFile(p.cfg.failStageFile, "--fail-stage-file", "NodeStageVolume"); err != nil {
+		return nil, err
+	}
+	if err := p.checkSecrets("NodeStageVolume", req.GetSecrets(), p.cfg.requireStageSecrets); err != nil {
+		return nil, err
+	}
+	// CSI: the CO creates the staging directory.
+	if st, err := os.Lstat(staging); err != nil || !st.IsDir() {
+		return nil, status.Errorf(codes.FailedPrecondition, "staging_target_path %s is not an existing directory (the CO creates it)", staging)
+	}
 	if err := os.MkdirAll(src, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "create volume directory: %v", err)
 	}
-	if err := bindMount(src, req.GetStagingTargetPath(), false); err != nil {
-		return nil, status.Errorf(codes.Internal, "stage: %v", err)
+	if err := ensureBind(src, staging, false); err != nil {
+		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
 }
@@ -95,11 +215,17 @@ func (p *plugin) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 		return nil, err
 	}
 	defer unlock()
-	if req.GetStagingTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path is required")
+	staging := req.GetStagingTargetPath()
+	if err := requirePaths("staging_target_path", staging); err != nil {
+		return nil, err
 	}
-	if err := unmount(req.GetStagingTargetPath()); err != nil {
-		return nil, status.Errorf(codes.Internal, "unstage: %v", err)
+	src, err := p.volumeDir(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	// The staging directory is the CO's: only the mount goes.
+	if err := unmountOwn(staging, src); err != nil {
+		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
@@ -110,11 +236,49 @@ func (p *plugin) NodePublishVolume(_ context.Context, req *csi.NodePublishVolume
 		return nil, err
 	}
 	defer unlock()
-	if req.GetStagingTargetPath() == "" || req.GetTargetPath() == "" || req.GetVolumeCapability() == nil {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path, target_path and volume_capability are required")
+	staging, target := req.GetStagingTargetPath(), req.GetTargetPath()
+	if err := requirePaths("staging_target_path", staging, "target_path", target); err != nil {
+		return nil, err
 	}
-	if err := bindMount(req.GetStagingTargetPath(), req.GetTargetPath(), req.GetReadonly()); err != nil {
-		return nil, status.Errorf(codes.Internal, "publish: %v", err)
+	block, err := requireCapability(req.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	dir, err := p.volumeDir(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := failFromFile(p.cfg.failPublishFile, "--fail-publish-file", "NodePublishVolume"); err != nil {
+		return nil, err
+	}
+	if err := p.checkSecrets("NodePublishVolume", req.GetSecrets(), p.cfg.requirePublishSecrets); err != nil {
+		return nil, err
+	}
+	if p.cfg.liePublish {
+		p.logger.Printf("NodePublishVolume: reporting success without mounting anything on %s (--lie-publish)", target)
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	if mounted, err := isMountOf(staging, dir); err != nil {
+		return nil, err
+	} else if !mounted {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %q is not staged at %s", req.GetVolumeId(), staging)
+	}
+	src := staging
+	if block {
+		src = dir + ".blk"
+		if err := ensureBackingFile(src); err != nil {
+			return nil, status.Errorf(codes.Internal, "block backing file: %v", err)
+		}
+	}
+	created, err := p.prepareTarget(target, block)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureBind(src, target, req.GetReadonly()); err != nil {
+		if created {
+			_ = p.removeCreatedTarget(target)
+		}
+		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
@@ -125,31 +289,167 @@ func (p *plugin) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 		return nil, err
 	}
 	defer unlock()
-	if req.GetTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "target_path is required")
+	target := req.GetTargetPath()
+	if err := requirePaths("target_path", target); err != nil {
+		return nil, err
 	}
-	if err := unmount(req.GetTargetPath()); err != nil {
-		return nil, status.Errorf(codes.Internal, "unpublish: %v", err)
+	dir, err := p.volumeDir(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
-	if err := os.Remove(req.GetTargetPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, status.Errorf(codes.Internal, "unpublish: %v", err)
+	if err := unmountOwn(target, dir, dir+".blk"); err != nil {
+		return nil, err
+	}
+	if err := p.removeCreatedTarget(target); err != nil {
+		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// bindMount bind-mounts src on dst, creating dst; a dst that is already a
-// mount point is taken as done.
-func bindMount(src, dst string, readonly bool) error {
-	if err := os.MkdirAll(dst, 0o750); err != nil {
+// prepareTarget makes sure the target exists and has the right type: a
+// directory for mount access, a regular file for block access. A missing
+// target is created (and recorded as created) if its parent exists.
+func (p *plugin) prepareTarget(target string, block bool) (created bool, err error) {
+	want := "a directory"
+	if block {
+		want = "a regular file"
+	}
+	st, err := os.Lstat(target)
+	switch {
+	case err == nil && (block && st.Mode().IsRegular() || !block && st.IsDir()):
+		return false, nil
+	case err == nil:
+		return false, status.Errorf(codes.FailedPrecondition, "target_path %s is not %s (mode %v)", target, want, st.Mode().Type())
+	case !errors.Is(err, fs.ErrNotExist):
+		return false, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	// CSI: the CO makes sure the parent exists.
+	if st, err := os.Stat(filepath.Dir(target)); err != nil || !st.IsDir() {
+		return false, status.Errorf(codes.FailedPrecondition, "the parent directory of target_path %s does not exist (the CO creates it)", target)
+	}
+	// Record first: a crash in between leaves a record of a target that
+	// is missing, which unpublish takes as done.
+	if err := p.recordTarget(target); err != nil {
+		return false, status.Errorf(codes.Internal, "record the target: %v", err)
+	}
+	if block {
+		var f *os.File
+		if f, err = os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o640); err == nil {
+			err = f.Close()
+		}
+	} else {
+		err = os.Mkdir(target, 0o750)
+	}
+	if err != nil {
+		_ = os.Remove(p.targetRecord(target))
+		return false, status.Errorf(codes.Internal, "create target_path as %s: %v", want, err)
+	}
+	return true, nil
+}
+
+// targetRecord is the file that says NodePublishVolume created target.
+func (p *plugin) targetRecord(target string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(target)))
+	return filepath.Join(p.cfg.dataDir, targetsDir, hex.EncodeToString(sum[:]))
+}
+
+func (p *plugin) recordTarget(target string) error {
+	record := p.targetRecord(target)
+	if err := os.MkdirAll(filepath.Dir(record), 0o750); err != nil {
 		return err
 	}
-	mounted, err := mountinfo.Mounted(dst)
+	return os.WriteFile(record, []byte(filepath.Clean(target)+"\n"), 0o640)
+}
+
+// removeCreatedTarget removes target (not recursively) if
+// NodePublishVolume created it, and forgets it; other targets stay.
+func (p *plugin) removeCreatedTarget(target string) error {
+	record := p.targetRecord(target)
+	if _, err := os.Stat(record); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return status.Errorf(codes.Internal, "remove the target_path this plugin created: %v", err)
+	}
+	if err := os.Remove(record); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return status.Errorf(codes.Internal, "forget the target: %v", err)
+	}
+	return nil
+}
+
+// ensureBackingFile creates a sparse block backing file if there is none.
+func ensureBackingFile(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(blockSize)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+	}
+	return err
+}
+
+// isMountOf reports whether path is a mount point showing one of srcs (the
+// same file: device and inode). A missing path is not one.
+func isMountOf(path string, srcs ...string) (bool, error) {
+	mounted, err := mountinfo.Mounted(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, status.Errorf(codes.Internal, "check mount at %s: %v", path, err)
+	}
+	if !mounted {
+		return false, nil
+	}
+	at, err := os.Stat(path)
+	if err != nil {
+		return false, status.Errorf(codes.Internal, "%v", err)
+	}
+	for _, src := range srcs {
+		if st, err := os.Stat(src); err == nil && os.SameFile(st, at) {
+			return true, nil
+		}
+	}
+	return false, status.Errorf(codes.FailedPrecondition, "%s holds a mount that is not this volume; leaving it alone", path)
+}
+
+// ensureBind bind-mounts src on dst, read-only if asked. A dst that is
+// already a mount of src with the same read-only setting is done; another
+// mount there is AlreadyExists (CSI: published, but incompatibly).
+func ensureBind(src, dst string, readonly bool) error {
+	mounted, err := isMountOf(dst, src)
+	if status.Code(err) == codes.FailedPrecondition {
+		return status.Errorf(codes.AlreadyExists, "%s already holds another mount", dst)
+	}
 	if err != nil {
 		return err
 	}
 	if mounted {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dst, &st); err != nil {
+			return status.Errorf(codes.Internal, "statfs %s: %v", dst, err)
+		}
+		if ro := st.Flags&unix.ST_RDONLY != 0; ro != readonly {
+			return status.Errorf(codes.AlreadyExists, "%s is already mounted with readonly %v", dst, ro)
+		}
 		return nil
 	}
+	if err := bindMount(src, dst, readonly); err != nil {
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+	return nil
+}
+
+// bindMount bind-mounts src on dst, which exists.
+func bindMount(src, dst string, readonly bool) error {
 	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind mount %s on %s: %w", src, dst, err)
 	}
@@ -162,12 +462,17 @@ func bindMount(src, dst string, readonly bool) error {
 	return nil
 }
 
-// unmount unmounts path; a path that is missing or not a mount point is
-// done.
-func unmount(path string) error {
-	err := unix.Unmount(path, 0)
+// unmountOwn unmounts path if it is a mount of one of srcs; a path that is
+// missing or not a mount point is done, and any other mount is left alone
+// (FailedPrecondition).
+func unmountOwn(path string, srcs ...string) error {
+	mounted, err := isMountOf(path, srcs...)
+	if err != nil || !mounted {
+		return err
+	}
+	err = unix.Unmount(path, 0)
 	if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 		return nil
 	}
-	return fmt.Errorf("unmount %s: %w", path, err)
+	return status.Errorf(codes.Internal, "unmount %s: %v", path, err)
 }

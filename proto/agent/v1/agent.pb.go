@@ -12,6 +12,7 @@
 package agentv1
 
 import (
+	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
@@ -91,6 +92,1300 @@ func (PluginState) EnumDescriptor() ([]byte, []int) {
 	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+type Volume_Mode int32
+
+const (
+	Volume_MODE_UNKNOWN Volume_Mode = 0
+	Volume_RW           Volume_Mode = 1
+	Volume_RO           Volume_Mode = 2
+)
+
+// Enum value maps for Volume_Mode.
+var (
+	Volume_Mode_name = map[int32]string{
+		0: "MODE_UNKNOWN",
+		1: "RW",
+		2: "RO",
+	}
+	Volume_Mode_value = map[string]int32{
+		"MODE_UNKNOWN": 0,
+		"RW":           1,
+		"RO":           2,
+	}
+)
+
+func (x Volume_Mode) Enum() *Volume_Mode {
+	p := new(Volume_Mode)
+	*p = x
+	return p
+}
+
+func (x Volume_Mode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Volume_Mode) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_agent_v1_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (Volume_Mode) Type() protoreflect.EnumType {
+	return &file_proto_agent_v1_agent_proto_enumTypes[1]
+}
+
+func (x Volume_Mode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Volume_Mode.Descriptor instead.
+func (Volume_Mode) EnumDescriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0}
+}
+
+// Mesos's source types; csiagent serves CSI_VOLUME only.
+type Volume_Source_Type int32
+
+const (
+	Volume_Source_UNKNOWN       Volume_Source_Type = 0
+	Volume_Source_DOCKER_VOLUME Volume_Source_Type = 1
+	Volume_Source_SANDBOX_PATH  Volume_Source_Type = 2
+	Volume_Source_SECRET        Volume_Source_Type = 3
+	Volume_Source_HOST_PATH     Volume_Source_Type = 4
+	Volume_Source_CSI_VOLUME    Volume_Source_Type = 5
+)
+
+// Enum value maps for Volume_Source_Type.
+var (
+	Volume_Source_Type_name = map[int32]string{
+		0: "UNKNOWN",
+		1: "DOCKER_VOLUME",
+		2: "SANDBOX_PATH",
+		3: "SECRET",
+		4: "HOST_PATH",
+		5: "CSI_VOLUME",
+	}
+	Volume_Source_Type_value = map[string]int32{
+		"UNKNOWN":       0,
+		"DOCKER_VOLUME": 1,
+		"SANDBOX_PATH":  2,
+		"SECRET":        3,
+		"HOST_PATH":     4,
+		"CSI_VOLUME":    5,
+	}
+)
+
+func (x Volume_Source_Type) Enum() *Volume_Source_Type {
+	p := new(Volume_Source_Type)
+	*p = x
+	return p
+}
+
+func (x Volume_Source_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Volume_Source_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_agent_v1_agent_proto_enumTypes[2].Descriptor()
+}
+
+func (Volume_Source_Type) Type() protoreflect.EnumType {
+	return &file_proto_agent_v1_agent_proto_enumTypes[2]
+}
+
+func (x Volume_Source_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Volume_Source_Type.Descriptor instead.
+func (Volume_Source_Type) EnumDescriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0, 0}
+}
+
+type Secret_Type int32
+
+const (
+	Secret_UNKNOWN   Secret_Type = 0
+	Secret_REFERENCE Secret_Type = 1
+	Secret_VALUE     Secret_Type = 2
+)
+
+// Enum value maps for Secret_Type.
+var (
+	Secret_Type_name = map[int32]string{
+		0: "UNKNOWN",
+		1: "REFERENCE",
+		2: "VALUE",
+	}
+	Secret_Type_value = map[string]int32{
+		"UNKNOWN":   0,
+		"REFERENCE": 1,
+		"VALUE":     2,
+	}
+)
+
+func (x Secret_Type) Enum() *Secret_Type {
+	p := new(Secret_Type)
+	*p = x
+	return p
+}
+
+func (x Secret_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Secret_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_agent_v1_agent_proto_enumTypes[3].Descriptor()
+}
+
+func (Secret_Type) Type() protoreflect.EnumType {
+	return &file_proto_agent_v1_agent_proto_enumTypes[3]
+}
+
+func (x Secret_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Secret_Type.Descriptor instead.
+func (Secret_Type) EnumDescriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 0}
+}
+
+// Mesos's CSIVolumeState states: stable CREATED, NODE_READY, VOL_READY
+// (staged), PUBLISHED; transitional NODE_STAGE, NODE_UNSTAGE,
+// NODE_PUBLISH, NODE_UNPUBLISH (an RPC is, or was when the agent stopped,
+// under way).
+type VolumeStatus_State int32
+
+const (
+	VolumeStatus_UNKNOWN              VolumeStatus_State = 0
+	VolumeStatus_CREATED              VolumeStatus_State = 1
+	VolumeStatus_NODE_READY           VolumeStatus_State = 2
+	VolumeStatus_VOL_READY            VolumeStatus_State = 3
+	VolumeStatus_PUBLISHED            VolumeStatus_State = 4
+	VolumeStatus_CONTROLLER_PUBLISH   VolumeStatus_State = 5
+	VolumeStatus_CONTROLLER_UNPUBLISH VolumeStatus_State = 6
+	VolumeStatus_NODE_STAGE           VolumeStatus_State = 7
+	VolumeStatus_NODE_UNSTAGE         VolumeStatus_State = 8
+	VolumeStatus_NODE_PUBLISH         VolumeStatus_State = 9
+	VolumeStatus_NODE_UNPUBLISH       VolumeStatus_State = 10
+)
+
+// Enum value maps for VolumeStatus_State.
+var (
+	VolumeStatus_State_name = map[int32]string{
+		0:  "UNKNOWN",
+		1:  "CREATED",
+		2:  "NODE_READY",
+		3:  "VOL_READY",
+		4:  "PUBLISHED",
+		5:  "CONTROLLER_PUBLISH",
+		6:  "CONTROLLER_UNPUBLISH",
+		7:  "NODE_STAGE",
+		8:  "NODE_UNSTAGE",
+		9:  "NODE_PUBLISH",
+		10: "NODE_UNPUBLISH",
+	}
+	VolumeStatus_State_value = map[string]int32{
+		"UNKNOWN":              0,
+		"CREATED":              1,
+		"NODE_READY":           2,
+		"VOL_READY":            3,
+		"PUBLISHED":            4,
+		"CONTROLLER_PUBLISH":   5,
+		"CONTROLLER_UNPUBLISH": 6,
+		"NODE_STAGE":           7,
+		"NODE_UNSTAGE":         8,
+		"NODE_PUBLISH":         9,
+		"NODE_UNPUBLISH":       10,
+	}
+)
+
+func (x VolumeStatus_State) Enum() *VolumeStatus_State {
+	p := new(VolumeStatus_State)
+	*p = x
+	return p
+}
+
+func (x VolumeStatus_State) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (VolumeStatus_State) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_agent_v1_agent_proto_enumTypes[4].Descriptor()
+}
+
+func (VolumeStatus_State) Type() protoreflect.EnumType {
+	return &file_proto_agent_v1_agent_proto_enumTypes[4]
+}
+
+func (x VolumeStatus_State) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use VolumeStatus_State.Descriptor instead.
+func (VolumeStatus_State) EnumDescriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
+}
+
+type ContainerStatus_Phase int32
+
+const (
+	ContainerStatus_PHASE_UNKNOWN ContainerStatus_Phase = 0
+	// Prepare is under way (or was interrupted: it is rolled back).
+	ContainerStatus_PREPARING ContainerStatus_Phase = 1
+	ContainerStatus_PREPARED  ContainerStatus_Phase = 2
+	// Cleanup is under way (or failed: Cleanup or Reconcile retries it).
+	ContainerStatus_CLEANING ContainerStatus_Phase = 3
+)
+
+// Enum value maps for ContainerStatus_Phase.
+var (
+	ContainerStatus_Phase_name = map[int32]string{
+		0: "PHASE_UNKNOWN",
+		1: "PREPARING",
+		2: "PREPARED",
+		3: "CLEANING",
+	}
+	ContainerStatus_Phase_value = map[string]int32{
+		"PHASE_UNKNOWN": 0,
+		"PREPARING":     1,
+		"PREPARED":      2,
+		"CLEANING":      3,
+	}
+)
+
+func (x ContainerStatus_Phase) Enum() *ContainerStatus_Phase {
+	p := new(ContainerStatus_Phase)
+	*p = x
+	return p
+}
+
+func (x ContainerStatus_Phase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ContainerStatus_Phase) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_agent_v1_agent_proto_enumTypes[5].Descriptor()
+}
+
+func (ContainerStatus_Phase) Type() protoreflect.EnumType {
+	return &file_proto_agent_v1_agent_proto_enumTypes[5]
+}
+
+func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ContainerStatus_Phase.Descriptor instead.
+func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
+}
+
+// Volume is Mesos's Volume (include/mesos/mesos.proto, Mesos 1.11), the
+// CSI subset, with Mesos's field names and numbers: its JSON form is what
+// Mesos frameworks write.
+type Volume struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerPath string                 `protobuf:"bytes,1,opt,name=container_path,json=containerPath,proto3" json:"container_path,omitempty"`
+	Mode          Volume_Mode            `protobuf:"varint,3,opt,name=mode,proto3,enum=csiagent.agent.v1.Volume_Mode" json:"mode,omitempty"`
+	Source        *Volume_Source         `protobuf:"bytes,5,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Volume) Reset() {
+	*x = Volume{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Volume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Volume) ProtoMessage() {}
+
+func (x *Volume) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Volume.ProtoReflect.Descriptor instead.
+func (*Volume) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Volume) GetContainerPath() string {
+	if x != nil {
+		return x.ContainerPath
+	}
+	return ""
+}
+
+func (x *Volume) GetMode() Volume_Mode {
+	if x != nil {
+		return x.Mode
+	}
+	return Volume_MODE_UNKNOWN
+}
+
+func (x *Volume) GetSource() *Volume_Source {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+// CSIVolume is Mesos's Volume.Source.CSIVolume.
+type CSIVolume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The plugin's type in the config directory.
+	PluginName         string              `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	StaticProvisioning *StaticProvisioning `protobuf:"bytes,2,opt,name=static_provisioning,json=staticProvisioning,proto3" json:"static_provisioning,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *CSIVolume) Reset() {
+	*x = CSIVolume{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CSIVolume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CSIVolume) ProtoMessage() {}
+
+func (x *CSIVolume) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CSIVolume.ProtoReflect.Descriptor instead.
+func (*CSIVolume) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CSIVolume) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *CSIVolume) GetStaticProvisioning() *StaticProvisioning {
+	if x != nil {
+		return x.StaticProvisioning
+	}
+	return nil
+}
+
+// StaticProvisioning is Mesos 1.11's CSIVolume.StaticProvisioning: a
+// pre-provisioned volume and how to stage and publish it. The capability is
+// CSI's own, which has Mesos's JSON shape ({"mount": {...}, "access_mode":
+// {"mode": "SINGLE_NODE_WRITER"}}).
+type StaticProvisioning struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId           string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeCapability   *csi.VolumeCapability  `protobuf:"bytes,2,opt,name=volume_capability,json=volumeCapability,proto3" json:"volume_capability,omitempty"`
+	NodeStageSecrets   map[string]*Secret     `protobuf:"bytes,3,rep,name=node_stage_secrets,json=nodeStageSecrets,proto3" json:"node_stage_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	NodePublishSecrets map[string]*Secret     `protobuf:"bytes,4,rep,name=node_publish_secrets,json=nodePublishSecrets,proto3" json:"node_publish_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	VolumeContext      map[string]string      `protobuf:"bytes,5,rep,name=volume_context,json=volumeContext,proto3" json:"volume_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *StaticProvisioning) Reset() {
+	*x = StaticProvisioning{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaticProvisioning) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaticProvisioning) ProtoMessage() {}
+
+func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaticProvisioning.ProtoReflect.Descriptor instead.
+func (*StaticProvisioning) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StaticProvisioning) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *StaticProvisioning) GetVolumeCapability() *csi.VolumeCapability {
+	if x != nil {
+		return x.VolumeCapability
+	}
+	return nil
+}
+
+func (x *StaticProvisioning) GetNodeStageSecrets() map[string]*Secret {
+	if x != nil {
+		return x.NodeStageSecrets
+	}
+	return nil
+}
+
+func (x *StaticProvisioning) GetNodePublishSecrets() map[string]*Secret {
+	if x != nil {
+		return x.NodePublishSecrets
+	}
+	return nil
+}
+
+func (x *StaticProvisioning) GetVolumeContext() map[string]string {
+	if x != nil {
+		return x.VolumeContext
+	}
+	return nil
+}
+
+// Secret is Mesos's Secret: a value, or a reference resolved from the
+// agent's --secrets-dir (name: a file there, key: a key of its JSON object).
+type Secret struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          Secret_Type            `protobuf:"varint,1,opt,name=type,proto3,enum=csiagent.agent.v1.Secret_Type" json:"type,omitempty"`
+	Reference     *Secret_Reference      `protobuf:"bytes,2,opt,name=reference,proto3" json:"reference,omitempty"`
+	Value         *Secret_Value          `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret) Reset() {
+	*x = Secret{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret) ProtoMessage() {}
+
+func (x *Secret) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret.ProtoReflect.Descriptor instead.
+func (*Secret) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Secret) GetType() Secret_Type {
+	if x != nil {
+		return x.Type
+	}
+	return Secret_UNKNOWN
+}
+
+func (x *Secret) GetReference() *Secret_Reference {
+	if x != nil {
+		return x.Reference
+	}
+	return nil
+}
+
+func (x *Secret) GetValue() *Secret_Value {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type PrepareRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runtime's container id: letters, digits, '.', '_', '-', at most
+	// 128 bytes.
+	ContainerId string    `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Volumes     []*Volume `protobuf:"bytes,2,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// The container's root filesystem on the host, if it has one.
+	Rootfs string `protobuf:"bytes,3,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	// The container's sandbox directory on the host: relative container
+	// paths are below it.
+	Sandbox string `protobuf:"bytes,4,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The user the container runs as; directories created for mount points
+	// are given to it.
+	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareRequest) Reset() {
+	*x = PrepareRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareRequest) ProtoMessage() {}
+
+func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
+func (*PrepareRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PrepareRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *PrepareRequest) GetVolumes() []*Volume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+func (x *PrepareRequest) GetRootfs() string {
+	if x != nil {
+		return x.Rootfs
+	}
+	return ""
+}
+
+func (x *PrepareRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *PrepareRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type PrepareResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mounts        []*ContainerMount      `protobuf:"bytes,1,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareResponse) Reset() {
+	*x = PrepareResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareResponse) ProtoMessage() {}
+
+func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
+func (*PrepareResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PrepareResponse) GetMounts() []*ContainerMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+// ContainerMount is one volume mounted for a container.
+type ContainerMount struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	VolumeId   string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// As requested.
+	ContainerPath string `protobuf:"bytes,3,opt,name=container_path,json=containerPath,proto3" json:"container_path,omitempty"`
+	// Where the plugin published the volume on the host.
+	HostPath string `protobuf:"bytes,4,opt,name=host_path,json=hostPath,proto3" json:"host_path,omitempty"`
+	// The host path of the mount made for the container.
+	MountPoint    string `protobuf:"bytes,5,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	Readonly      bool   `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerMount) Reset() {
+	*x = ContainerMount{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerMount) ProtoMessage() {}
+
+func (x *ContainerMount) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
+func (*ContainerMount) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ContainerMount) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetContainerPath() string {
+	if x != nil {
+		return x.ContainerPath
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetHostPath() string {
+	if x != nil {
+		return x.HostPath
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetMountPoint() string {
+	if x != nil {
+		return x.MountPoint
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
+}
+
+type CleanupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CleanupRequest) Reset() {
+	*x = CleanupRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CleanupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CleanupRequest) ProtoMessage() {}
+
+func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CleanupRequest.ProtoReflect.Descriptor instead.
+func (*CleanupRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CleanupRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type CleanupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CleanupResponse) Reset() {
+	*x = CleanupResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CleanupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CleanupResponse) ProtoMessage() {}
+
+func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CleanupResponse.ProtoReflect.Descriptor instead.
+func (*CleanupResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+type ListVolumesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesRequest) Reset() {
+	*x = ListVolumesRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesRequest) ProtoMessage() {}
+
+func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
+func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+type ListVolumesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volumes       []*VolumeStatus        `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVolumesResponse) Reset() {
+	*x = ListVolumesResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVolumesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVolumesResponse) ProtoMessage() {}
+
+func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
+func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListVolumesResponse) GetVolumes() []*VolumeStatus {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+// VolumeStatus is one volume the agent tracks.
+type VolumeStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	VolumeId   string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	State      VolumeStatus_State     `protobuf:"varint,3,opt,name=state,proto3,enum=csiagent.agent.v1.VolumeStatus_State" json:"state,omitempty"`
+	StateSince *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=state_since,json=stateSince,proto3" json:"state_since,omitempty"`
+	// Containers using the volume: its reference count.
+	Containers    []string `protobuf:"bytes,5,rep,name=containers,proto3" json:"containers,omitempty"`
+	StagingPath   string   `protobuf:"bytes,6,opt,name=staging_path,json=stagingPath,proto3" json:"staging_path,omitempty"`
+	TargetPath    string   `protobuf:"bytes,7,opt,name=target_path,json=targetPath,proto3" json:"target_path,omitempty"`
+	Block         bool     `protobuf:"varint,8,opt,name=block,proto3" json:"block,omitempty"`
+	Readonly      bool     `protobuf:"varint,9,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	LastError     string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeStatus) Reset() {
+	*x = VolumeStatus{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeStatus) ProtoMessage() {}
+
+func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
+func (*VolumeStatus) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *VolumeStatus) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetState() VolumeStatus_State {
+	if x != nil {
+		return x.State
+	}
+	return VolumeStatus_UNKNOWN
+}
+
+func (x *VolumeStatus) GetStateSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StateSince
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetContainers() []string {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetStagingPath() string {
+	if x != nil {
+		return x.StagingPath
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetTargetPath() string {
+	if x != nil {
+		return x.TargetPath
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetBlock() bool {
+	if x != nil {
+		return x.Block
+	}
+	return false
+}
+
+func (x *VolumeStatus) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
+}
+
+func (x *VolumeStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+type ListContainersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersRequest) Reset() {
+	*x = ListContainersRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersRequest) ProtoMessage() {}
+
+func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
+func (*ListContainersRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+type ListContainersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Containers    []*ContainerStatus     `protobuf:"bytes,1,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContainersResponse) Reset() {
+	*x = ListContainersResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContainersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContainersResponse) ProtoMessage() {}
+
+func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
+func (*ListContainersResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+type ContainerStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Phase         ContainerStatus_Phase  `protobuf:"varint,2,opt,name=phase,proto3,enum=csiagent.agent.v1.ContainerStatus_Phase" json:"phase,omitempty"`
+	Mounts        []*ContainerMount      `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Rootfs        string                 `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	LastError     string                 `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatus) Reset() {
+	*x = ContainerStatus{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatus) ProtoMessage() {}
+
+func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
+func (*ContainerStatus) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ContainerStatus) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ContainerStatus) GetPhase() ContainerStatus_Phase {
+	if x != nil {
+		return x.Phase
+	}
+	return ContainerStatus_PHASE_UNKNOWN
+}
+
+func (x *ContainerStatus) GetMounts() []*ContainerMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+func (x *ContainerStatus) GetRootfs() string {
+	if x != nil {
+		return x.Rootfs
+	}
+	return ""
+}
+
+func (x *ContainerStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+type ReconcileRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	LiveContainerIds []string               `protobuf:"bytes,1,rep,name=live_container_ids,json=liveContainerIds,proto3" json:"live_container_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ReconcileRequest) Reset() {
+	*x = ReconcileRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileRequest) ProtoMessage() {}
+
+func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReconcileRequest) GetLiveContainerIds() []string {
+	if x != nil {
+		return x.LiveContainerIds
+	}
+	return nil
+}
+
+type ReconcileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Containers cleaned up.
+	CleanedUp []string `protobuf:"bytes,1,rep,name=cleaned_up,json=cleanedUp,proto3" json:"cleaned_up,omitempty"`
+	// Containers whose cleanup failed, and why; Reconcile or Cleanup retries.
+	Failed        map[string]string `protobuf:"bytes,2,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileResponse) Reset() {
+	*x = ReconcileResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileResponse) ProtoMessage() {}
+
+func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
+func (*ReconcileResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReconcileResponse) GetCleanedUp() []string {
+	if x != nil {
+		return x.CleanedUp
+	}
+	return nil
+}
+
+func (x *ReconcileResponse) GetFailed() map[string]string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
 type ListPluginsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -99,7 +1394,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +1406,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +1419,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type ListPluginsResponse struct {
@@ -138,7 +1433,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -150,7 +1445,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -163,7 +1458,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -190,7 +1485,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +1497,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +1510,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -234,7 +1529,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +1541,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +1554,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -279,7 +1574,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +1586,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +1599,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -342,7 +1637,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +1649,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +1662,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Plugin) GetType() string {
@@ -456,7 +1751,7 @@ type PluginInstance struct {
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +1763,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +1776,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -589,11 +1884,294 @@ func (x *PluginInstance) GetAddonsServices() []string {
 	return nil
 }
 
+type Volume_Source struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          Volume_Source_Type     `protobuf:"varint,1,opt,name=type,proto3,enum=csiagent.agent.v1.Volume_Source_Type" json:"type,omitempty"`
+	CsiVolume     *CSIVolume             `protobuf:"bytes,6,opt,name=csi_volume,json=csiVolume,proto3" json:"csi_volume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Volume_Source) Reset() {
+	*x = Volume_Source{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Volume_Source) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Volume_Source) ProtoMessage() {}
+
+func (x *Volume_Source) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Volume_Source.ProtoReflect.Descriptor instead.
+func (*Volume_Source) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0}
+}
+
+func (x *Volume_Source) GetType() Volume_Source_Type {
+	if x != nil {
+		return x.Type
+	}
+	return Volume_Source_UNKNOWN
+}
+
+func (x *Volume_Source) GetCsiVolume() *CSIVolume {
+	if x != nil {
+		return x.CsiVolume
+	}
+	return nil
+}
+
+type Secret_Reference struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret_Reference) Reset() {
+	*x = Secret_Reference{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret_Reference) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret_Reference) ProtoMessage() {}
+
+func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret_Reference.ProtoReflect.Descriptor instead.
+func (*Secret_Reference) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 0}
+}
+
+func (x *Secret_Reference) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Secret_Reference) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type Secret_Value struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Secret_Value) Reset() {
+	*x = Secret_Value{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Secret_Value) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Secret_Value) ProtoMessage() {}
+
+func (x *Secret_Value) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Secret_Value.ProtoReflect.Descriptor instead.
+func (*Secret_Value) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 1}
+}
+
+func (x *Secret_Value) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x14\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\x03\n" +
+	"\x06Volume\x12%\n" +
+	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.agent.v1.Volume.ModeR\x04mode\x128\n" +
+	"\x06source\x18\x05 \x01(\v2 .csiagent.agent.v1.Volume.SourceR\x06source\x1a\xe5\x01\n" +
+	"\x06Source\x129\n" +
+	"\x04type\x18\x01 \x01(\x0e2%.csiagent.agent.v1.Volume.Source.TypeR\x04type\x12;\n" +
+	"\n" +
+	"csi_volume\x18\x06 \x01(\v2\x1c.csiagent.agent.v1.CSIVolumeR\tcsiVolume\"c\n" +
+	"\x04Type\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\x11\n" +
+	"\rDOCKER_VOLUME\x10\x01\x12\x10\n" +
+	"\fSANDBOX_PATH\x10\x02\x12\n" +
+	"\n" +
+	"\x06SECRET\x10\x03\x12\r\n" +
+	"\tHOST_PATH\x10\x04\x12\x0e\n" +
+	"\n" +
+	"CSI_VOLUME\x10\x05\"(\n" +
+	"\x04Mode\x12\x10\n" +
+	"\fMODE_UNKNOWN\x10\x00\x12\x06\n" +
+	"\x02RW\x10\x01\x12\x06\n" +
+	"\x02RO\x10\x02\"\x84\x01\n" +
+	"\tCSIVolume\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12V\n" +
+	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.agent.v1.StaticProvisioningR\x12staticProvisioning\"\xc3\x05\n" +
+	"\x12StaticProvisioning\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12E\n" +
+	"\x11volume_capability\x18\x02 \x01(\v2\x18.csi.v1.VolumeCapabilityR\x10volumeCapability\x12n\n" +
+	"\x12node_stage_secrets\x18\x03 \x03(\v2;.csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntryB\x03\x98B\x01R\x10nodeStageSecrets\x12t\n" +
+	"\x14node_publish_secrets\x18\x04 \x03(\v2=.csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntryB\x03\x98B\x01R\x12nodePublishSecrets\x12_\n" +
+	"\x0evolume_context\x18\x05 \x03(\v28.csiagent.agent.v1.StaticProvisioning.VolumeContextEntryR\rvolumeContext\x1a^\n" +
+	"\x15NodeStageSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\x1a`\n" +
+	"\x17NodePublishSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\x1a@\n" +
+	"\x12VolumeContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x02\n" +
+	"\x06Secret\x122\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1e.csiagent.agent.v1.Secret.TypeR\x04type\x12A\n" +
+	"\treference\x18\x02 \x01(\v2#.csiagent.agent.v1.Secret.ReferenceR\treference\x125\n" +
+	"\x05value\x18\x03 \x01(\v2\x1f.csiagent.agent.v1.Secret.ValueR\x05value\x1a1\n" +
+	"\tReference\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x1a\x1b\n" +
+	"\x05Value\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"-\n" +
+	"\x04Type\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\r\n" +
+	"\tREFERENCE\x10\x01\x12\t\n" +
+	"\x05VALUE\x10\x02\"\xae\x01\n" +
+	"\x0ePrepareRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
+	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.agent.v1.VolumeR\avolumes\x12\x16\n" +
+	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x18\n" +
+	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\"L\n" +
+	"\x0fPrepareResponse\x129\n" +
+	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xcf\x01\n" +
+	"\x0eContainerMount\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12%\n" +
+	"\x0econtainer_path\x18\x03 \x01(\tR\rcontainerPath\x12\x1b\n" +
+	"\thost_path\x18\x04 \x01(\tR\bhostPath\x12\x1f\n" +
+	"\vmount_point\x18\x05 \x01(\tR\n" +
+	"mountPoint\x12\x1a\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\"3\n" +
+	"\x0eCleanupRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x11\n" +
+	"\x0fCleanupResponse\"\x14\n" +
+	"\x12ListVolumesRequest\"P\n" +
+	"\x13ListVolumesResponse\x129\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xc7\x04\n" +
+	"\fVolumeStatus\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12;\n" +
+	"\x05state\x18\x03 \x01(\x0e2%.csiagent.agent.v1.VolumeStatus.StateR\x05state\x12;\n" +
+	"\vstate_since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"stateSince\x12\x1e\n" +
+	"\n" +
+	"containers\x18\x05 \x03(\tR\n" +
+	"containers\x12!\n" +
+	"\fstaging_path\x18\x06 \x01(\tR\vstagingPath\x12\x1f\n" +
+	"\vtarget_path\x18\a \x01(\tR\n" +
+	"targetPath\x12\x14\n" +
+	"\x05block\x18\b \x01(\bR\x05block\x12\x1a\n" +
+	"\breadonly\x18\t \x01(\bR\breadonly\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\n" +
+	" \x01(\tR\tlastError\"\xc9\x01\n" +
+	"\x05State\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\v\n" +
+	"\aCREATED\x10\x01\x12\x0e\n" +
+	"\n" +
+	"NODE_READY\x10\x02\x12\r\n" +
+	"\tVOL_READY\x10\x03\x12\r\n" +
+	"\tPUBLISHED\x10\x04\x12\x16\n" +
+	"\x12CONTROLLER_PUBLISH\x10\x05\x12\x18\n" +
+	"\x14CONTROLLER_UNPUBLISH\x10\x06\x12\x0e\n" +
+	"\n" +
+	"NODE_STAGE\x10\a\x12\x10\n" +
+	"\fNODE_UNSTAGE\x10\b\x12\x10\n" +
+	"\fNODE_PUBLISH\x10\t\x12\x12\n" +
+	"\x0eNODE_UNPUBLISH\x10\n" +
+	"\"\x17\n" +
+	"\x15ListContainersRequest\"\\\n" +
+	"\x16ListContainersResponse\x12B\n" +
+	"\n" +
+	"containers\x18\x01 \x03(\v2\".csiagent.agent.v1.ContainerStatusR\n" +
+	"containers\"\xad\x02\n" +
+	"\x0fContainerStatus\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
+	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x129\n" +
+	"\x06mounts\x18\x03 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\x12\x16\n" +
+	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\"E\n" +
+	"\x05Phase\x12\x11\n" +
+	"\rPHASE_UNKNOWN\x10\x00\x12\r\n" +
+	"\tPREPARING\x10\x01\x12\f\n" +
+	"\bPREPARED\x10\x02\x12\f\n" +
+	"\bCLEANING\x10\x03\"@\n" +
+	"\x10ReconcileRequest\x12,\n" +
+	"\x12live_container_ids\x18\x01 \x03(\tR\x10liveContainerIds\"\xb7\x01\n" +
+	"\x11ReconcileResponse\x12\x1d\n" +
+	"\n" +
+	"cleaned_up\x18\x01 \x03(\tR\tcleanedUp\x12H\n" +
+	"\x06failed\x18\x02 \x03(\v20.csiagent.agent.v1.ReconcileResponse.FailedEntryR\x06failed\x1a9\n" +
+	"\vFailedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
 	"\x12ListPluginsRequest\"\x8f\x01\n" +
 	"\x13ListPluginsResponse\x123\n" +
 	"\aplugins\x18\x01 \x03(\v2\x19.csiagent.agent.v1.PluginR\aplugins\x12C\n" +
@@ -641,11 +2219,16 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x12\x18\n" +
 	"\x14PLUGIN_STATE_BACKOFF\x10\x04\x12\x18\n" +
-	"\x14PLUGIN_STATE_STOPPED\x10\x052\xa4\x02\n" +
+	"\x14PLUGIN_STATE_STOPPED\x10\x052\xef\x05\n" +
 	"\x05Agent\x12^\n" +
 	"\vListPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x00\x12X\n" +
 	"\tGetPlugin\x12#.csiagent.agent.v1.GetPluginRequest\x1a$.csiagent.agent.v1.GetPluginResponse\"\x00\x12a\n" +
-	"\fWatchPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\fWatchPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x000\x01\x12R\n" +
+	"\aPrepare\x12!.csiagent.agent.v1.PrepareRequest\x1a\".csiagent.agent.v1.PrepareResponse\"\x00\x12R\n" +
+	"\aCleanup\x12!.csiagent.agent.v1.CleanupRequest\x1a\".csiagent.agent.v1.CleanupResponse\"\x00\x12^\n" +
+	"\vListVolumes\x12%.csiagent.agent.v1.ListVolumesRequest\x1a&.csiagent.agent.v1.ListVolumesResponse\"\x00\x12g\n" +
+	"\x0eListContainers\x12(.csiagent.agent.v1.ListContainersRequest\x1a).csiagent.agent.v1.ListContainersResponse\"\x00\x12X\n" +
+	"\tReconcile\x12#.csiagent.agent.v1.ReconcileRequest\x1a$.csiagent.agent.v1.ReconcileResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -659,39 +2242,102 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_proto_agent_v1_agent_proto_rawDescData
 }
 
-var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
-	(PluginState)(0),              // 0: csiagent.agent.v1.PluginState
-	(*ListPluginsRequest)(nil),    // 1: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),   // 2: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),      // 3: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),     // 4: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),           // 5: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                // 6: csiagent.agent.v1.Plugin
-	(*PluginInstance)(nil),        // 7: csiagent.agent.v1.PluginInstance
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(PluginState)(0),               // 0: csiagent.agent.v1.PluginState
+	(Volume_Mode)(0),               // 1: csiagent.agent.v1.Volume.Mode
+	(Volume_Source_Type)(0),        // 2: csiagent.agent.v1.Volume.Source.Type
+	(Secret_Type)(0),               // 3: csiagent.agent.v1.Secret.Type
+	(VolumeStatus_State)(0),        // 4: csiagent.agent.v1.VolumeStatus.State
+	(ContainerStatus_Phase)(0),     // 5: csiagent.agent.v1.ContainerStatus.Phase
+	(*Volume)(nil),                 // 6: csiagent.agent.v1.Volume
+	(*CSIVolume)(nil),              // 7: csiagent.agent.v1.CSIVolume
+	(*StaticProvisioning)(nil),     // 8: csiagent.agent.v1.StaticProvisioning
+	(*Secret)(nil),                 // 9: csiagent.agent.v1.Secret
+	(*PrepareRequest)(nil),         // 10: csiagent.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),        // 11: csiagent.agent.v1.PrepareResponse
+	(*ContainerMount)(nil),         // 12: csiagent.agent.v1.ContainerMount
+	(*CleanupRequest)(nil),         // 13: csiagent.agent.v1.CleanupRequest
+	(*CleanupResponse)(nil),        // 14: csiagent.agent.v1.CleanupResponse
+	(*ListVolumesRequest)(nil),     // 15: csiagent.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 16: csiagent.agent.v1.ListVolumesResponse
+	(*VolumeStatus)(nil),           // 17: csiagent.agent.v1.VolumeStatus
+	(*ListContainersRequest)(nil),  // 18: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil), // 19: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),        // 20: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),       // 21: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 22: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),     // 23: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),    // 24: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),       // 25: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),      // 26: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),            // 27: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                 // 28: csiagent.agent.v1.Plugin
+	(*PluginInstance)(nil),         // 29: csiagent.agent.v1.PluginInstance
+	(*Volume_Source)(nil),          // 30: csiagent.agent.v1.Volume.Source
+	nil,                            // 31: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                            // 32: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                            // 33: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	(*Secret_Reference)(nil),       // 34: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),           // 35: csiagent.agent.v1.Secret.Value
+	nil,                            // 36: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	(*csi.VolumeCapability)(nil),   // 37: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
-	6,  // 0: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	5,  // 1: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	6,  // 2: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 3: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	7,  // 4: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	0,  // 5: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	8,  // 6: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	8,  // 7: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	1,  // 8: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	3,  // 9: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	1,  // 10: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	2,  // 11: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	4,  // 12: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	2,  // 13: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 0: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
+	30, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	8,  // 2: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
+	37, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	31, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	32, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	33, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	3,  // 7: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	34, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	35, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	6,  // 10: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	12, // 11: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	17, // 12: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 13: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	38, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	20, // 15: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 16: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	12, // 17: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	36, // 18: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	28, // 19: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	27, // 20: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	28, // 21: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 22: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	29, // 23: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	0,  // 24: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	38, // 25: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	38, // 26: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 27: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	7,  // 28: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	9,  // 29: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	9,  // 30: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	23, // 31: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	25, // 32: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	23, // 33: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	10, // 34: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	13, // 35: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	15, // 36: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	18, // 37: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	21, // 38: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	24, // 39: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	26, // 40: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	24, // 41: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	11, // 42: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	14, // 43: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	16, // 44: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	19, // 45: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	22, // 46: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -704,8 +2350,8 @@ func file_proto_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   7,
+			NumEnums:      6,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

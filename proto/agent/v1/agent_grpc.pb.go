@@ -24,9 +24,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_ListPlugins_FullMethodName  = "/csiagent.agent.v1.Agent/ListPlugins"
-	Agent_GetPlugin_FullMethodName    = "/csiagent.agent.v1.Agent/GetPlugin"
-	Agent_WatchPlugins_FullMethodName = "/csiagent.agent.v1.Agent/WatchPlugins"
+	Agent_ListPlugins_FullMethodName    = "/csiagent.agent.v1.Agent/ListPlugins"
+	Agent_GetPlugin_FullMethodName      = "/csiagent.agent.v1.Agent/GetPlugin"
+	Agent_WatchPlugins_FullMethodName   = "/csiagent.agent.v1.Agent/WatchPlugins"
+	Agent_Prepare_FullMethodName        = "/csiagent.agent.v1.Agent/Prepare"
+	Agent_Cleanup_FullMethodName        = "/csiagent.agent.v1.Agent/Cleanup"
+	Agent_ListVolumes_FullMethodName    = "/csiagent.agent.v1.Agent/ListVolumes"
+	Agent_ListContainers_FullMethodName = "/csiagent.agent.v1.Agent/ListContainers"
+	Agent_Reconcile_FullMethodName      = "/csiagent.agent.v1.Agent/Reconcile"
 )
 
 // AgentClient is the client API for Agent service.
@@ -44,6 +49,25 @@ type AgentClient interface {
 	// (state, pid, config), until the caller cancels. Changes that happen
 	// while one message is being sent are folded into the next.
 	WatchPlugins(ctx context.Context, in *ListPluginsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListPluginsResponse], error)
+	// Prepare gives a container its CSI volumes: each is staged (once per
+	// volume) and published (once per volume) by its plugin, then
+	// bind-mounted at the container path. All or nothing: on failure what
+	// was done for this container is undone. Repeating a request that
+	// succeeded succeeds; a different volume set for a known container is
+	// FailedPrecondition.
+	Prepare(ctx context.Context, in *PrepareRequest, opts ...grpc.CallOption) (*PrepareResponse, error)
+	// Cleanup takes a container's volumes away; a volume is unpublished and
+	// unstaged when its last container is cleaned up. Unknown containers
+	// succeed (idempotent).
+	Cleanup(ctx context.Context, in *CleanupRequest, opts ...grpc.CallOption) (*CleanupResponse, error)
+	// ListVolumes lists every volume the agent tracks.
+	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
+	// ListContainers lists every container with volumes.
+	ListContainers(ctx context.Context, in *ListContainersRequest, opts ...grpc.CallOption) (*ListContainersResponse, error)
+	// Reconcile cleans up every container not in live_container_ids: those
+	// whose runtime never called Cleanup (crashed, or ended while the agent
+	// was down).
+	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 }
 
 type agentClient struct {
@@ -93,6 +117,56 @@ func (c *agentClient) WatchPlugins(ctx context.Context, in *ListPluginsRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchPluginsClient = grpc.ServerStreamingClient[ListPluginsResponse]
 
+func (c *agentClient) Prepare(ctx context.Context, in *PrepareRequest, opts ...grpc.CallOption) (*PrepareResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrepareResponse)
+	err := c.cc.Invoke(ctx, Agent_Prepare_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Cleanup(ctx context.Context, in *CleanupRequest, opts ...grpc.CallOption) (*CleanupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CleanupResponse)
+	err := c.cc.Invoke(ctx, Agent_Cleanup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListVolumesResponse)
+	err := c.cc.Invoke(ctx, Agent_ListVolumes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListContainers(ctx context.Context, in *ListContainersRequest, opts ...grpc.CallOption) (*ListContainersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListContainersResponse)
+	err := c.cc.Invoke(ctx, Agent_ListContainers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileResponse)
+	err := c.cc.Invoke(ctx, Agent_Reconcile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -108,6 +182,25 @@ type AgentServer interface {
 	// (state, pid, config), until the caller cancels. Changes that happen
 	// while one message is being sent are folded into the next.
 	WatchPlugins(*ListPluginsRequest, grpc.ServerStreamingServer[ListPluginsResponse]) error
+	// Prepare gives a container its CSI volumes: each is staged (once per
+	// volume) and published (once per volume) by its plugin, then
+	// bind-mounted at the container path. All or nothing: on failure what
+	// was done for this container is undone. Repeating a request that
+	// succeeded succeeds; a different volume set for a known container is
+	// FailedPrecondition.
+	Prepare(context.Context, *PrepareRequest) (*PrepareResponse, error)
+	// Cleanup takes a container's volumes away; a volume is unpublished and
+	// unstaged when its last container is cleaned up. Unknown containers
+	// succeed (idempotent).
+	Cleanup(context.Context, *CleanupRequest) (*CleanupResponse, error)
+	// ListVolumes lists every volume the agent tracks.
+	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
+	// ListContainers lists every container with volumes.
+	ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error)
+	// Reconcile cleans up every container not in live_container_ids: those
+	// whose runtime never called Cleanup (crashed, or ended while the agent
+	// was down).
+	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -126,6 +219,21 @@ func (UnimplementedAgentServer) GetPlugin(context.Context, *GetPluginRequest) (*
 }
 func (UnimplementedAgentServer) WatchPlugins(*ListPluginsRequest, grpc.ServerStreamingServer[ListPluginsResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchPlugins not implemented")
+}
+func (UnimplementedAgentServer) Prepare(context.Context, *PrepareRequest) (*PrepareResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Prepare not implemented")
+}
+func (UnimplementedAgentServer) Cleanup(context.Context, *CleanupRequest) (*CleanupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Cleanup not implemented")
+}
+func (UnimplementedAgentServer) ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListVolumes not implemented")
+}
+func (UnimplementedAgentServer) ListContainers(context.Context, *ListContainersRequest) (*ListContainersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListContainers not implemented")
+}
+func (UnimplementedAgentServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -195,6 +303,96 @@ func _Agent_WatchPlugins_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_WatchPluginsServer = grpc.ServerStreamingServer[ListPluginsResponse]
 
+func _Agent_Prepare_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Prepare(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Prepare_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Prepare(ctx, req.(*PrepareRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Cleanup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CleanupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Cleanup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Cleanup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Cleanup(ctx, req.(*CleanupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListVolumes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListVolumesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListVolumes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListVolumes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListVolumes(ctx, req.(*ListVolumesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListContainers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListContainersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListContainers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListContainers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListContainers(ctx, req.(*ListContainersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).Reconcile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_Reconcile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).Reconcile(ctx, req.(*ReconcileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -209,6 +407,26 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetPlugin",
 			Handler:    _Agent_GetPlugin_Handler,
+		},
+		{
+			MethodName: "Prepare",
+			Handler:    _Agent_Prepare_Handler,
+		},
+		{
+			MethodName: "Cleanup",
+			Handler:    _Agent_Cleanup_Handler,
+		},
+		{
+			MethodName: "ListVolumes",
+			Handler:    _Agent_ListVolumes_Handler,
+		},
+		{
+			MethodName: "ListContainers",
+			Handler:    _Agent_ListContainers_Handler,
+		},
+		{
+			MethodName: "Reconcile",
+			Handler:    _Agent_Reconcile_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

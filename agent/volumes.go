@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// plugins gives the isolator the agent's plugins.
+type plugins struct{ a *Agent }
+
+var _ isolator.Plugins = plugins{}
+
+func (p plugins) Lookup(typ string) (isolator.Plugin, error) {
+	p.a.mu.Lock()
+	r := p.a.plugins[typ]
+	p.a.mu.Unlock()
+	if r == nil {
+		return isolator.Plugin{}, fmt.Errorf("%w: Unknown CSI plugin '%s' (no config in %s defines it)", isolator.ErrUnknownPlugin, typ, p.a.cfg.ConfigDir)
+	}
+	info := r.plugin.Info
+	return isolator.Plugin{Type: info.Type, Name: info.Name, TargetPathRoot: info.TargetPathRoot, TargetPathExists: info.TargetPathExists}, nil
+}
+
+func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
+	in, err := p.a.readyNode(ctx, typ)
+	if err != nil {
+		return isolator.Node{}, err
+	}
+	stage := slices.Contains(in.snapshot().NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
+	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
+}
+
+// readyNode waits until the instance serving the plugin's node service is
+// ready, woken by status changes.
+func (a *Agent) readyNode(ctx context.Context, typ string) (*instance, error) {
+	for {
+		changed := a.changed.wait()
+		a.mu.Lock()
+		r := a.plugins[typ]
+		a.mu.Unlock()
+		if r == nil {
+			return nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
+		}
+		var node *instance
+		for _, in := range r.instances {
+			if slices.Contains(in.services, pluginconfig.NodeService) {
+				node = in
+			}
+		}
+		s := node.snapshot()
+		if s.State == agentv1.PluginState_PLUGIN_STATE_READY {
+			return node, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			why := strings.TrimPrefix(s.State.String(), "PLUGIN_STATE_")
+			if s.LastError != "" {
+				why += ": " + s.LastError
+			}
+			return nil, fmt.Errorf("%w: plugin %s is not ready (%s)", isolator.ErrUnavailable, typ, why)
+		}
+	}
+}
+
+// liveNode is a node client that uses the plugin's current connection for
+// each call, so a retry after a plugin restart reaches the new process.
+type liveNode struct {
+	a   *Agent
+	typ string
+}
+
+func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
+	in, err := n.a.readyNode(ctx, n.typ)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	in.mu.Lock()
+	conn := in.conn
+	in.mu.Unlock()
+	if conn == nil {
+		return nil, status.Errorf(codes.Unavailable, "plugin %s is restarting", n.typ)
+	}
+	return csi.NewNodeClient(conn), nil
+}
+
+func (n liveNode) NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
+	c, err := n.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.NodeStageVolume(ctx, in, opts...)
+}
+
+func (n liveNode) NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error) {
+	c, err := n.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.NodeUnstageVolume(ctx, in, opts...)
+}
+
+func (n liveNode) NodePublishVolume(ctx context.Context, in *csi.NodePublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
+	c, err := n.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.NodePublishVolume(ctx, in, opts...)
+}
+
+func (n liveNode) NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error) {
+	c, err := n.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.NodeUnpublishVolume(ctx, in, opts...)
+}
+
+// toStatus chooses the status code of an isolator error: a plugin's own
+// code is kept; the isolator's classes map to theirs; anything else is
+// Internal (never Unknown).
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if code, ok := isolator.RPCCode(err); ok {
+		return status.Error(code, err.Error())
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, isolator.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, isolator.ErrPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, isolator.ErrUnknownPlugin):
+		code = codes.NotFound
+	case errors.Is(err, isolator.ErrUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}
+
+func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	resp, err := s.a.iso.Prepare(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	if err := s.a.iso.Cleanup(ctx, req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &agentv1.CleanupResponse{}, nil
+}
+
+func (s *apiServer) ListVolumes(context.Context, *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+	return &agentv1.ListVolumesResponse{Volumes: s.a.iso.ListVolumes()}, nil
+}
+
+func (s *apiServer) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
+	return &agentv1.ListContainersResponse{Containers: s.a.iso.ListContainers()}, nil
+}
+
+func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (*agentv1.ReconcileResponse, error) {
+	for _, id := range req.GetLiveContainerIds() {
+		if err := isolator.ValidateContainerID(id); err != nil {
+			return nil, toStatus(err)
+		}
+	}
+	return s.a.iso.Reconcile(ctx, req.GetLiveContainerIds()), nil
+}

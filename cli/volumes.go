@@ -1,0 +1,184 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/csiagent/csiagent/isolator"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// withAgent parses a client command's flags, connects to the agent and
+// runs call (each of its unary calls is bounded by apiTimeout).
+func withAgent(ctx context.Context, e *env, fs *flag.FlagSet, args []string, argsUsage string,
+	call func(ctx context.Context, client agentv1.AgentClient, output string) error) int {
+	socket := apiSocketFlag(fs)
+	output := outputFlag(fs)
+	if code, done := e.parseFlags(fs, args, argsUsage); done {
+		return code
+	}
+	if err := checkOutput(*output); err != nil {
+		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+		return ExitUsage
+	}
+	client, closeConn, err := dialAgent(*socket)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+		return ExitProblem
+	}
+	defer closeConn()
+	if err := call(ctx, client, *output); err != nil {
+		if _, usage := err.(usageError); usage {
+			fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+			return ExitUsage
+		}
+		fmt.Fprintf(e.stderr, "csi-agent %s: %s\n", fs.Name(), apiError(*socket, err))
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+// usageError is a command-line mistake found after flag parsing.
+type usageError string
+
+func (u usageError) Error() string { return string(u) }
+
+func runPrepare(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("prepare", flag.ContinueOnError)
+	id := fs.String("container", "", "container id (required)")
+	file := fs.String("volumes", "", "JSON file: a list of Mesos Volume objects (required; - for stdin)")
+	rootfs := fs.String("rootfs", "", "the container's root filesystem on the host")
+	sandbox := fs.String("sandbox", "", "the container's sandbox on the host (relative container paths)")
+	user := fs.String("user", "", "user that created mount point directories are given to")
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		if *id == "" || *file == "" {
+			return usageError("--container and --volumes are required")
+		}
+		var data []byte
+		var err error
+		if *file == "-" {
+			data, err = io.ReadAll(os.Stdin)
+		} else {
+			data, err = os.ReadFile(*file)
+		}
+		if err != nil {
+			return usageError(err.Error())
+		}
+		vols, err := isolator.ParseVolumes(data)
+		if err != nil {
+			return usageError(fmt.Sprintf("%s: %v", *file, err))
+		}
+		resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: *id, Volumes: vols, Rootfs: *rootfs, Sandbox: *sandbox, User: *user})
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return printJSON(e.stdout, resp)
+		}
+		printMounts(e, resp.GetMounts())
+		return nil
+	})
+}
+
+func printMounts(e *env, mounts []*agentv1.ContainerMount) {
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PLUGIN\tVOLUME\tMODE\tCONTAINER PATH\tMOUNT POINT\tPUBLISHED AT")
+	for _, m := range mounts {
+		mode := "RW"
+		if m.GetReadonly() {
+			mode = "RO"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", m.GetPluginName(), m.GetVolumeId(), mode, m.GetContainerPath(), m.GetMountPoint(), m.GetHostPath())
+	}
+	tw.Flush()
+}
+
+func runCleanup(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	id := fs.String("container", "", "container id (required)")
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, _ string) error {
+		if *id == "" {
+			return usageError("--container is required")
+		}
+		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id})
+		return err
+	})
+}
+
+func runVolumes(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("volumes", flag.ContinueOnError)
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		resp, err := client.ListVolumes(ctx, &agentv1.ListVolumesRequest{})
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return printJSON(e.stdout, resp)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tTARGET\tERROR")
+		for _, v := range resp.GetVolumes() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+				orDash(strings.Join(v.GetContainers(), ",")), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+		}
+		return tw.Flush()
+	})
+}
+
+func runContainers(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("containers", flag.ContinueOnError)
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		resp, err := client.ListContainers(ctx, &agentv1.ListContainersRequest{})
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return printJSON(e.stdout, resp)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONTAINER\tPHASE\tVOLUMES\tERROR")
+		for _, c := range resp.GetContainers() {
+			var vols []string
+			for _, m := range c.GetMounts() {
+				vols = append(vols, m.GetVolumeId()+"→"+m.GetContainerPath())
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.GetContainerId(), c.GetPhase(), orDash(strings.Join(vols, " ")), orDash(oneLine(c.GetLastError())))
+		}
+		return tw.Flush()
+	})
+}
+
+func runReconcile(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	live := fs.String("live", "", "comma-separated ids of the containers still running; every other container is cleaned up")
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		var ids []string
+		for _, id := range strings.Split(*live, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				ids = append(ids, id)
+			}
+		}
+		resp, err := client.Reconcile(ctx, &agentv1.ReconcileRequest{LiveContainerIds: ids})
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return printJSON(e.stdout, resp)
+		}
+		for _, id := range resp.GetCleanedUp() {
+			fmt.Fprintln(e.stdout, "cleaned up", id)
+		}
+		for id, why := range resp.GetFailed() {
+			fmt.Fprintf(e.stdout, "FAILED %s: %s\n", id, why)
+		}
+		if len(resp.GetFailed()) > 0 {
+			return fmt.Errorf("%d container(s) could not be cleaned up", len(resp.GetFailed()))
+		}
+		return nil
+	})
+}

@@ -1,0 +1,212 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+)
+
+const (
+	// DefaultRPCTimeout bounds one node RPC step, retries included.
+	DefaultRPCTimeout = 2 * time.Minute
+	// DefaultResyncInterval is how often volumes and containers that are
+	// not where they should be (a plugin was down, a cleanup failed) are
+	// driven there again.
+	DefaultResyncInterval = 30 * time.Second
+)
+
+// Error classes; the API edge maps them to status codes. Errors returned by
+// a plugin keep their gRPC status and are mapped from it.
+var (
+	// ErrInvalid: the request is malformed.
+	ErrInvalid = errors.New("invalid request")
+	// ErrPrecondition: the request conflicts with the agent's state.
+	ErrPrecondition = errors.New("failed precondition")
+	// ErrUnknownPlugin: no config defines the plugin.
+	ErrUnknownPlugin = errors.New("unknown plugin")
+	// ErrUnavailable: the plugin is not ready.
+	ErrUnavailable = errors.New("plugin unavailable")
+)
+
+// NodeClient is the part of a CSI node service the isolator calls.
+type NodeClient interface {
+	NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error)
+	NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error)
+	NodePublishVolume(ctx context.Context, in *csi.NodePublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error)
+	NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error)
+}
+
+var _ NodeClient = csi.NodeClient(nil)
+
+// Plugin is what the isolator needs to know of a plugin.
+type Plugin struct {
+	// Type is the plugin's type (volumes' plugin_name); Name its instance
+	// name. Together they name its directory under the work dir.
+	Type, Name string
+	// TargetPathRoot, when set, holds staging and target paths.
+	TargetPathRoot   string
+	TargetPathExists bool
+}
+
+// Node is a ready plugin's node service.
+type Node struct {
+	Client NodeClient
+	// StageUnstage: the plugin has STAGE_UNSTAGE_VOLUME.
+	StageUnstage bool
+}
+
+// Plugins is how the isolator finds plugins; the agent implements it.
+type Plugins interface {
+	// Lookup returns the plugin's config; ErrUnknownPlugin if none.
+	Lookup(pluginType string) (Plugin, error)
+	// Node waits until the plugin's node service is ready, or ctx ends
+	// (then an error wrapping ErrUnavailable that says why).
+	Node(ctx context.Context, pluginType string) (Node, error)
+}
+
+// Config configures an Isolator.
+type Config struct {
+	// WorkDir holds checkpoints (and default mount roots).
+	WorkDir string
+	// SecretsDir resolves REFERENCE secrets: name is a file in it, key a
+	// key of the JSON object it holds. Empty: REFERENCE secrets are an
+	// error.
+	SecretsDir string
+	Plugins    Plugins
+	// RPCTimeout bounds each node RPC step, retries included;
+	// DefaultRPCTimeout when 0.
+	RPCTimeout time.Duration
+	// ResyncInterval: DefaultResyncInterval when 0.
+	ResyncInterval time.Duration
+	Logger         *slog.Logger
+	// CrashPoint, for crash tests only, is called after every checkpoint
+	// and every RPC with a name for the point; it may kill the process.
+	CrashPoint func(point string)
+}
+
+// Isolator prepares and cleans up containers' CSI volumes.
+type Isolator struct {
+	cfg    Config
+	log    *slog.Logger
+	bootID string
+
+	volumeLocks    keyedMutex
+	containerLocks keyedMutex
+
+	mu sync.Mutex
+	// volumes caches every volume checkpoint in memory, by key; the disk
+	// is the truth, written before this is updated.
+	volumes map[volumeKey]*volume
+	// containers likewise caches container checkpoints.
+	containers map[string]*container
+	// recovered is closed when the first recovery pass has run.
+	recovered chan struct{}
+}
+
+// New makes an Isolator; Run recovers its state and keeps it converged.
+func New(cfg Config) (*Isolator, error) {
+	if cfg.WorkDir == "" || cfg.Plugins == nil {
+		return nil, errors.New("isolator: WorkDir and Plugins are required")
+	}
+	if cfg.RPCTimeout <= 0 {
+		cfg.RPCTimeout = DefaultRPCTimeout
+	}
+	if cfg.ResyncInterval <= 0 {
+		cfg.ResyncInterval = DefaultResyncInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CrashPoint == nil {
+		cfg.CrashPoint = func(string) {}
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return nil, fmt.Errorf("reading boot id: %w", err)
+	}
+	iso := &Isolator{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		bootID:     strings.TrimSpace(string(b)),
+		volumes:    map[volumeKey]*volume{},
+		containers: map[string]*container{},
+		recovered:  make(chan struct{}),
+	}
+	if err := iso.load(); err != nil {
+		return nil, err
+	}
+	return iso, nil
+}
+
+// Run recovers every volume and container (finishing or rolling back what
+// a crash interrupted, republishing after a reboot), then resyncs
+// periodically until ctx ends.
+func (iso *Isolator) Run(ctx context.Context) {
+	iso.resync(ctx, true)
+	close(iso.recovered)
+	t := time.NewTicker(iso.cfg.ResyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			iso.resync(ctx, false)
+		}
+	}
+}
+
+// Recovered is closed once the first recovery pass has finished.
+func (iso *Isolator) Recovered() <-chan struct{} { return iso.recovered }
+
+// keyedMutex serialises operations per key; a waiter whose ctx ends gets
+// ctx.Err().
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]chan struct{}
+}
+
+func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
+	for {
+		k.mu.Lock()
+		if k.locks == nil {
+			k.locks = map[string]chan struct{}{}
+		}
+		held, busy := k.locks[key]
+		if !busy {
+			ch := make(chan struct{})
+			k.locks[key] = ch
+			k.mu.Unlock()
+			return func() {
+				k.mu.Lock()
+				delete(k.locks, key)
+				k.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		k.mu.Unlock()
+		select {
+		case <-held:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// tryLock takes the lock only if it is free.
+func (k *keyedMutex) tryLock(key string) (func(), bool) {
+	// With a cancelled context, lock takes a free lock and gives up at
+	// once on a held one.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	unlock, err := k.lock(ctx, key)
+	return unlock, err == nil
+}

@@ -1,0 +1,294 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/internal/redact"
+	"github.com/csiagent/csiagent/mount"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// Prepare gives a container its volumes. All or nothing: on failure
+// everything done for this container is undone before returning.
+func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	plan, err := iso.plan(req)
+	if err != nil {
+		return nil, err
+	}
+	for _, pm := range plan {
+		if err := iso.checkSecrets(pm); err != nil {
+			return nil, err
+		}
+	}
+	uid, gid, err := lookupUser(req.GetUser())
+	if err != nil {
+		return nil, err
+	}
+	id := req.GetContainerId()
+	unlock, err := iso.containerLocks.lock(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+	}
+	defer unlock()
+
+	iso.mu.Lock()
+	c := iso.containers[id]
+	iso.mu.Unlock()
+	if c != nil {
+		if !sameRequest(c.cp.GetRequest(), req) {
+			return nil, fmt.Errorf("%w: container %s already has a different set of volumes; clean it up first", ErrPrecondition, id)
+		}
+		if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+			return &agentv1.PrepareResponse{Mounts: c.cp.GetMounts()}, nil
+		}
+		// An interrupted prepare or cleanup: finish undoing it, then
+		// start afresh.
+		if err := iso.cleanupLocked(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	iso.log.Info("preparing container", "container", id, "request", redact.Value(req))
+	c = &container{
+		id:  id,
+		dir: filepath.Join(iso.containersRoot(), id),
+		cp:  &statev1.ContainerCheckpoint{ContainerId: id, Request: req},
+	}
+	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARING); err != nil {
+		return nil, err
+	}
+	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
+		iso.log.Warn("prepare failed; rolling back", "container", id, "error", err)
+		// The caller's ctx may be what ended: roll back regardless.
+		if rerr := iso.cleanupLocked(context.WithoutCancel(ctx), c); rerr != nil {
+			iso.log.Error("rolling back a failed prepare", "container", id, "error", rerr)
+			return nil, fmt.Errorf("%w (and rolling back failed, to be retried: %v)", err, rerr)
+		}
+		return nil, err
+	}
+	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARED); err != nil {
+		return nil, err
+	}
+	iso.log.Info("container prepared", "container", id, "volumes", len(plan))
+	return &agentv1.PrepareResponse{Mounts: c.cp.GetMounts()}, nil
+}
+
+func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []plannedMount, uid, gid int) error {
+	req := c.cp.GetRequest()
+	for _, pm := range plan {
+		vcp, err := iso.acquire(ctx, pm, c.id)
+		if err != nil {
+			return err
+		}
+		target, hostPath, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		if err != nil {
+			return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
+		}
+		m := &agentv1.ContainerMount{
+			PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
+			HostPath: vcp.GetTargetPath(), MountPoint: hostPath, Readonly: pm.readonly,
+		}
+		// Record the mount point before mounting: a crash in between
+		// must know what to unmount.
+		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = append(cp.Mounts, m) }); err != nil {
+			target.Close()
+			return err
+		}
+		err = mount.BindInto(vcp.GetTargetPath(), target, pm.readonly)
+		target.Close()
+		iso.cfg.CrashPoint("bind")
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", pm.key, err)
+		}
+	}
+	return nil
+}
+
+// resolveMountPoint finds (creating what is missing) a container's mount
+// point: an absolute path inside the rootfs, or the host's root when there
+// is none; a relative one inside the sandbox. Symlinks resolve inside that
+// root, never out of it. A block volume's mount point is a file.
+func resolveMountPoint(req *agentv1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
+	root := req.GetRootfs()
+	switch {
+	case !filepath.IsAbs(containerPath):
+		root = req.GetSandbox()
+	case root == "":
+		root = "/"
+	}
+	kind := mount.Directory
+	if block {
+		kind = mount.File
+	}
+	return mount.ResolveInRoot(root, containerPath, kind, uid, gid)
+}
+
+// Cleanup takes a container's volumes away. An unknown container is
+// already clean.
+func (iso *Isolator) Cleanup(ctx context.Context, id string) error {
+	if err := ValidateContainerID(id); err != nil {
+		return err
+	}
+	unlock, err := iso.containerLocks.lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+	}
+	defer unlock()
+	iso.mu.Lock()
+	c := iso.containers[id]
+	iso.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	return iso.cleanupLocked(ctx, c)
+}
+
+// cleanupLocked unmounts a container's mounts, releases its volumes and
+// forgets it. On failure the container stays CLEANING, with the error,
+// for Cleanup, Reconcile or the resync to finish.
+func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
+	if c.cp.GetPhase() != agentv1.ContainerStatus_CLEANING {
+		if err := iso.setPhase(c, agentv1.ContainerStatus_CLEANING); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, m := range c.cp.GetMounts() {
+		if err := mount.UnmountAll(ctx, m.GetMountPoint()); err != nil {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
+		}
+		iso.cfg.CrashPoint("unbind")
+	}
+	if len(errs) == 0 {
+		// Every volume the request named: a prepare interrupted after
+		// acquiring a volume but before recording its mount still holds
+		// it.
+		for _, v := range c.cp.GetRequest().GetVolumes() {
+			csiVol := v.GetSource().GetCsiVolume()
+			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
+			if err := iso.release(ctx, key, c.id); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = err.Error() }); serr != nil {
+			iso.log.Error("checkpointing cleanup error", "container", c.id, "error", serr)
+		}
+		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
+	}
+	if err := iso.forgetContainer(c); err != nil {
+		return err
+	}
+	iso.log.Info("container cleaned up", "container", c.id)
+	return nil
+}
+
+// Reconcile cleans up every container not in live.
+func (iso *Isolator) Reconcile(ctx context.Context, live []string) *agentv1.ReconcileResponse {
+	alive := map[string]bool{}
+	for _, id := range live {
+		alive[id] = true
+	}
+	resp := &agentv1.ReconcileResponse{Failed: map[string]string{}}
+	for _, id := range iso.containerIDs() {
+		if alive[id] {
+			continue
+		}
+		if err := iso.Cleanup(ctx, id); err != nil {
+			resp.Failed[id] = err.Error()
+			continue
+		}
+		resp.CleanedUp = append(resp.CleanedUp, id)
+	}
+	return resp
+}
+
+func (iso *Isolator) containerIDs() []string {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	ids := make([]string, 0, len(iso.containers))
+	for id := range iso.containers {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// ListVolumes reports every tracked volume.
+func (iso *Isolator) ListVolumes() []*agentv1.VolumeStatus {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	out := make([]*agentv1.VolumeStatus, 0, len(iso.volumes))
+	for _, v := range iso.volumes {
+		cp := v.cp
+		out = append(out, &agentv1.VolumeStatus{
+			PluginName: v.key.plugin, VolumeId: v.key.id, State: cp.GetState(), StateSince: cp.GetStateSince(),
+			Containers: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
+			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].PluginName != out[j].PluginName {
+			return out[i].PluginName < out[j].PluginName
+		}
+		return out[i].VolumeId < out[j].VolumeId
+	})
+	return out
+}
+
+// ListContainers reports every container with volumes.
+func (iso *Isolator) ListContainers() []*agentv1.ContainerStatus {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	out := make([]*agentv1.ContainerStatus, 0, len(iso.containers))
+	for id, c := range iso.containers {
+		out = append(out, &agentv1.ContainerStatus{
+			ContainerId: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(), LastError: c.cp.GetLastError(),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ContainerId < out[j].ContainerId })
+	return out
+}
+
+// sameRequest compares two Prepare requests as sets of volumes.
+func sameRequest(a, b *agentv1.PrepareRequest) bool {
+	norm := func(r *agentv1.PrepareRequest) *agentv1.PrepareRequest {
+		r = proto.Clone(r).(*agentv1.PrepareRequest)
+		sort.Slice(r.Volumes, func(i, j int) bool {
+			ki := r.Volumes[i].GetSource().GetCsiVolume()
+			kj := r.Volumes[j].GetSource().GetCsiVolume()
+			return ki.GetPluginName()+"/"+ki.GetStaticProvisioning().GetVolumeId() < kj.GetPluginName()+"/"+kj.GetStaticProvisioning().GetVolumeId()
+		})
+		return r
+	}
+	return proto.Equal(norm(a), norm(b))
+}
+
+// lookupUser resolves the user mount point directories are given to; -1
+// means keep root.
+func lookupUser(name string) (uid, gid int, err error) {
+	if name == "" {
+		return -1, -1, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		if n, perr := strconv.Atoi(name); perr == nil && !strings.HasPrefix(name, "-") {
+			return n, n, nil
+		}
+		return 0, 0, fmt.Errorf("%w: user %q: %w", ErrInvalid, name, err)
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid, nil
+}

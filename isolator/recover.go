@@ -1,0 +1,184 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+
+	"github.com/csiagent/csiagent/mount"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// resync drives every volume and container to where it should be. The
+// first pass after start is recovery: it also handles a reboot (mounts
+// gone), references that no container backs, mounts missing from
+// prepared containers, and directories no checkpoint claims. Anything
+// locked is being handled by a live operation and is skipped.
+func (iso *Isolator) resync(ctx context.Context, recovery bool) {
+	if recovery {
+		iso.forEachVolume(func(v *volume) { iso.recoverVolume(v) })
+	}
+	for _, id := range iso.containerIDs() {
+		iso.withContainerIfFree(id, func(c *container) {
+			if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+				if err := iso.cleanupLocked(ctx, c); err != nil {
+					iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
+				}
+			}
+		})
+	}
+	iso.forEachVolume(func(v *volume) {
+		want := stCreated
+		if len(v.cp.Users) > 0 {
+			want = stPublished
+		}
+		if v.cp.State == want && v.cp.LastError == "" {
+			return
+		}
+		if err := iso.converge(ctx, v, want); err != nil {
+			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
+		}
+	})
+	if recovery {
+		for _, id := range iso.containerIDs() {
+			iso.withContainerIfFree(id, func(c *container) { iso.remount(ctx, c) })
+		}
+		iso.removeOrphanDirs()
+	}
+}
+
+// forEachVolume runs f on each volume whose lock is free, lock held.
+func (iso *Isolator) forEachVolume(f func(v *volume)) {
+	iso.mu.Lock()
+	keys := make([]volumeKey, 0, len(iso.volumes))
+	for k := range iso.volumes {
+		keys = append(keys, k)
+	}
+	iso.mu.Unlock()
+	for _, k := range keys {
+		unlock, ok := iso.volumeLocks.tryLock(k.String())
+		if !ok {
+			continue
+		}
+		iso.mu.Lock()
+		v := iso.volumes[k]
+		iso.mu.Unlock()
+		if v != nil {
+			f(v)
+		}
+		unlock()
+	}
+}
+
+func (iso *Isolator) withContainerIfFree(id string, f func(c *container)) {
+	unlock, ok := iso.containerLocks.tryLock(id)
+	if !ok {
+		return
+	}
+	defer unlock()
+	iso.mu.Lock()
+	c := iso.containers[id]
+	iso.mu.Unlock()
+	if c != nil {
+		f(c)
+	}
+}
+
+// recoverVolume resets a volume's mounts after a reboot and drops users
+// that no container record backs.
+func (iso *Isolator) recoverVolume(v *volume) {
+	iso.mu.Lock()
+	var stale []string
+	for _, u := range v.cp.Users {
+		if iso.containers[u] == nil {
+			stale = append(stale, u)
+		}
+	}
+	iso.mu.Unlock()
+	rebooted := v.cp.BootId != iso.bootID && v.cp.State != stUnknown
+	if len(stale) == 0 && !rebooted {
+		return
+	}
+	err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
+		cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return slices.Contains(stale, u) })
+		if rebooted {
+			// Mounts do not survive a reboot: nothing is staged or
+			// published any more.
+			cp.BootId = iso.bootID
+			if cp.State != stCreated {
+				cp.State = stNodeReady
+			}
+		}
+	})
+	if err != nil {
+		iso.log.Error("recovering volume", "volume", v.key.String(), "error", err)
+		return
+	}
+	iso.log.Info("recovered volume", "volume", v.key.String(), "rebooted", rebooted, "dropped_users", stale)
+}
+
+// remount restores a prepared container's mounts that are missing (after
+// a reboot, or if someone unmounted them).
+func (iso *Isolator) remount(ctx context.Context, c *container) {
+	if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+		return
+	}
+	req := c.cp.GetRequest()
+	uid, gid, err := lookupUser(req.GetUser())
+	if err != nil {
+		uid, gid = -1, -1
+	}
+	for _, m := range c.cp.GetMounts() {
+		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); ok {
+			continue
+		}
+		key := volumeKey{m.GetPluginName(), m.GetVolumeId()}
+		err := iso.withVolume(ctx, key, func(v *volume) error {
+			if v == nil || v.cp.State != stPublished {
+				return errors.New("the volume is not published")
+			}
+			block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
+			target, _, err := resolveMountPoint(req, m.GetContainerPath(), block, uid, gid)
+			if err != nil {
+				return err
+			}
+			defer target.Close()
+			return mount.BindInto(v.cp.GetTargetPath(), target, m.GetReadonly())
+		})
+		if err != nil {
+			iso.log.Warn("restoring a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
+		} else {
+			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
+		}
+	}
+}
+
+// removeOrphanDirs removes volume directories under the default mount
+// roots that no checkpoint claims, when nothing is mounted in them.
+func (iso *Isolator) removeOrphanDirs() {
+	claimed := map[string]bool{}
+	iso.mu.Lock()
+	for _, v := range iso.volumes {
+		claimed[filepath.Dir(v.cp.GetTargetPath())] = true
+		claimed[v.dir] = true
+	}
+	iso.mu.Unlock()
+	for _, pattern := range []string{
+		filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "mounts", "*"),
+		filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes", "*"),
+	} {
+		dirs, _ := filepath.Glob(pattern)
+		for _, d := range dirs {
+			if claimed[d] {
+				continue
+			}
+			if err := mount.RemoveEmptyTree(d); err != nil {
+				iso.log.Warn("leaving an unclaimed volume directory", "dir", d, "error", err)
+				continue
+			}
+			iso.log.Info("removed an unclaimed volume directory", "dir", d)
+		}
+	}
+}

@@ -1,0 +1,264 @@
+package isolator
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// Checkpoint file names, in the Mesos layout.
+const (
+	volumeStateFile    = "volume.state"
+	containerStateFile = "volumes.state"
+)
+
+// volume is one tracked volume: its checkpoint and where it lives.
+type volume struct {
+	key volumeKey
+	dir string // holds volume.state
+	cp  *statev1.VolumeCheckpoint
+}
+
+// container is one container with volumes.
+type container struct {
+	id  string
+	dir string
+	cp  *statev1.ContainerCheckpoint
+}
+
+func (iso *Isolator) containersRoot() string {
+	return filepath.Join(iso.cfg.WorkDir, "isolators", "volume", "csi")
+}
+
+// pluginDir is <work>/csi/<type>/<name>.
+func (iso *Isolator) pluginDir(p Plugin) string {
+	return filepath.Join(iso.cfg.WorkDir, "csi", p.Type, p.Name)
+}
+
+// mountRoot is where a plugin's staging and target paths live.
+func (iso *Isolator) mountRoot(p Plugin) string {
+	if p.TargetPathRoot != "" {
+		return p.TargetPathRoot
+	}
+	return filepath.Join(iso.pluginDir(p), "mounts")
+}
+
+// newVolume makes the in-memory record of a volume not yet checkpointed.
+func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticProvisioning, readonly bool) *volume {
+	enc := encodeVolumeID(key.id)
+	mounts := filepath.Join(iso.mountRoot(p), enc)
+	return &volume{
+		key: key,
+		dir: filepath.Join(iso.pluginDir(p), "volumes", enc),
+		cp: &statev1.VolumeCheckpoint{
+			State:              agentv1.VolumeStatus_CREATED,
+			StateSince:         timestamppb.Now(),
+			PluginName:         key.plugin,
+			StaticProvisioning: static,
+			Readonly:           readonly,
+			StagingPath:        filepath.Join(mounts, "staging"),
+			TargetPath:         filepath.Join(mounts, "target"),
+			BootId:             iso.bootID,
+		},
+	}
+}
+
+var marshal = protojson.MarshalOptions{UseProtoNames: true, Multiline: true}
+
+// writeCheckpoint durably replaces a checkpoint file (0600, directory
+// 0700): temp file, fsync, rename, fsync directory.
+func writeCheckpoint(dir, name string, m proto.Message) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpointing: %w", err)
+	}
+	b, err := marshal.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("checkpointing: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(dir, name), b, 0o600); err != nil {
+		return fmt.Errorf("checkpointing: %w", err)
+	}
+	return nil
+}
+
+// updateVolume checkpoints a changed copy of a volume's checkpoint, then
+// makes it the one in memory. The caller holds the volume's lock (the only
+// writer); readers of the memory copy hold iso.mu.
+func (iso *Isolator) updateVolume(v *volume, mutate func(cp *statev1.VolumeCheckpoint)) error {
+	cp := proto.Clone(v.cp).(*statev1.VolumeCheckpoint)
+	before := cp.State
+	mutate(cp)
+	if cp.State != before {
+		cp.StateSince = timestamppb.Now()
+	}
+	if err := writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
+		return fmt.Errorf("volume %s: %w", v.key, err)
+	}
+	iso.mu.Lock()
+	v.cp = cp
+	iso.volumes[v.key] = v
+	iso.mu.Unlock()
+	iso.cfg.CrashPoint("checkpoint volume " + cp.State.String())
+	return nil
+}
+
+// setState checkpoints a volume in a new state.
+func (iso *Isolator) setState(v *volume, state vstate) error {
+	return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State = state })
+}
+
+// forgetVolume removes a torn-down volume's checkpoint and directory.
+func (iso *Isolator) forgetVolume(v *volume) error {
+	if err := os.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("volume %s: removing checkpoint: %w", v.key, err)
+	}
+	if err := os.Remove(v.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		iso.log.Warn("removing volume checkpoint directory", "volume", v.key.String(), "error", err)
+	}
+	iso.mu.Lock()
+	delete(iso.volumes, v.key)
+	iso.mu.Unlock()
+	iso.cfg.CrashPoint("checkpoint volume removed")
+	return nil
+}
+
+// updateContainer is updateVolume for container checkpoints; the caller
+// holds the container's lock.
+func (iso *Isolator) updateContainer(c *container, mutate func(cp *statev1.ContainerCheckpoint)) error {
+	cp := proto.Clone(c.cp).(*statev1.ContainerCheckpoint)
+	mutate(cp)
+	if err := writeCheckpoint(c.dir, containerStateFile, cp); err != nil {
+		return fmt.Errorf("container %s: %w", c.id, err)
+	}
+	iso.mu.Lock()
+	c.cp = cp
+	iso.containers[c.id] = c
+	iso.mu.Unlock()
+	iso.cfg.CrashPoint("checkpoint container " + cp.Phase.String())
+	return nil
+}
+
+func (iso *Isolator) setPhase(c *container, phase agentv1.ContainerStatus_Phase) error {
+	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Phase = phase })
+}
+
+func (iso *Isolator) forgetContainer(c *container) error {
+	if err := os.Remove(filepath.Join(c.dir, containerStateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("container %s: removing checkpoint: %w", c.id, err)
+	}
+	if err := os.Remove(c.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		iso.log.Warn("removing container checkpoint directory", "container", c.id, "error", err)
+	}
+	iso.mu.Lock()
+	delete(iso.containers, c.id)
+	iso.mu.Unlock()
+	iso.cfg.CrashPoint("checkpoint container removed")
+	return nil
+}
+
+// load reads every checkpoint. A corrupt file is moved aside and
+// reported; its volume is reconstructed (see reconstruct).
+func (iso *Isolator) load() error {
+	files, err := filepath.Glob(filepath.Join(iso.containersRoot(), "*", containerStateFile))
+	if err != nil {
+		return fmt.Errorf("loading container checkpoints: %w", err)
+	}
+	for _, f := range files {
+		cp := &statev1.ContainerCheckpoint{}
+		if err := readCheckpoint(f, cp); err != nil {
+			iso.moveAside(f, err)
+			continue
+		}
+		id := filepath.Base(filepath.Dir(f))
+		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cp}
+	}
+	files, err = filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes", "*", volumeStateFile))
+	if err != nil {
+		return fmt.Errorf("loading volume checkpoints: %w", err)
+	}
+	for _, f := range files {
+		dir := filepath.Dir(f)
+		id, err := decodeVolumeID(filepath.Base(dir))
+		if err != nil {
+			iso.log.Error("ignoring volume checkpoint with a bad directory name", "file", f, "error", err)
+			continue
+		}
+		pluginType := filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(dir))))
+		key := volumeKey{pluginType, id}
+		cp := &statev1.VolumeCheckpoint{}
+		if err := readCheckpoint(f, cp); err != nil {
+			aside := iso.moveAside(f, err)
+			cp = iso.reconstruct(key, dir, aside)
+		}
+		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
+	}
+	return nil
+}
+
+func readCheckpoint(path string, m proto.Message) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if len(b) == 0 {
+		return errors.New("empty file")
+	}
+	return protojson.Unmarshal(b, m)
+}
+
+// moveAside renames a corrupt checkpoint out of the way, keeping it for
+// inspection, and returns its new name.
+func (iso *Isolator) moveAside(path string, cause error) string {
+	aside := fmt.Sprintf("%s.corrupt-%d", path, time.Now().Unix())
+	if err := os.Rename(path, aside); err != nil {
+		iso.log.Error("corrupt checkpoint; cannot move it aside", "file", path, "error", err, "cause", cause)
+		return path
+	}
+	iso.log.Error("corrupt checkpoint moved aside", "file", path, "moved_to", aside, "error", cause)
+	return aside
+}
+
+// reconstruct rebuilds a volume whose checkpoint was corrupt: its static
+// provisioning and users from the containers that use it, its paths from
+// the default layout; its state is UNKNOWN until resync reads the mount
+// table.
+func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.VolumeCheckpoint {
+	mounts := filepath.Join(filepath.Dir(filepath.Dir(dir)), "mounts", filepath.Base(dir))
+	if p, err := iso.cfg.Plugins.Lookup(key.plugin); err == nil {
+		mounts = filepath.Join(iso.mountRoot(p), filepath.Base(dir))
+	}
+	cp := &statev1.VolumeCheckpoint{
+		State:       agentv1.VolumeStatus_UNKNOWN,
+		StateSince:  timestamppb.Now(),
+		PluginName:  key.plugin,
+		StagingPath: filepath.Join(mounts, "staging"),
+		TargetPath:  filepath.Join(mounts, "target"),
+		BootId:      iso.bootID,
+		LastError:   "checkpoint was corrupt (kept as " + aside + "); reconstructed from container records and the mount table",
+	}
+	for _, c := range iso.containers {
+		for _, v := range c.cp.GetRequest().GetVolumes() {
+			csiVol := v.GetSource().GetCsiVolume()
+			if csiVol.GetPluginName() != key.plugin || csiVol.GetStaticProvisioning().GetVolumeId() != key.id {
+				continue
+			}
+			if cp.StaticProvisioning == nil {
+				cp.StaticProvisioning = csiVol.GetStaticProvisioning()
+				cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
+			}
+			cp.Users = append(cp.Users, c.id)
+		}
+	}
+	return cp
+}

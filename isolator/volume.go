@@ -1,0 +1,353 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/mount"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// Retry backoff of node RPCs: 200 ms doubling to 5 s, with jitter, within
+// the RPC timeout.
+const (
+	retryBase = 200 * time.Millisecond
+	retryMax  = 5 * time.Second
+)
+
+type vstate = agentv1.VolumeStatus_State
+
+// The Mesos volume states.
+const (
+	stUnknown     = agentv1.VolumeStatus_UNKNOWN
+	stCreated     = agentv1.VolumeStatus_CREATED
+	stNodeReady   = agentv1.VolumeStatus_NODE_READY
+	stVolReady    = agentv1.VolumeStatus_VOL_READY
+	stPublished   = agentv1.VolumeStatus_PUBLISHED
+	stNodeStage   = agentv1.VolumeStatus_NODE_STAGE
+	stNodeUnstage = agentv1.VolumeStatus_NODE_UNSTAGE
+	stNodePublish = agentv1.VolumeStatus_NODE_PUBLISH
+	stNodeUnpub   = agentv1.VolumeStatus_NODE_UNPUBLISH
+)
+
+// withVolume runs f with the volume's lock held. v is nil when the agent
+// does not track the volume.
+func (iso *Isolator) withVolume(ctx context.Context, key volumeKey, f func(v *volume) error) error {
+	unlock, err := iso.volumeLocks.lock(ctx, key.String())
+	if err != nil {
+		return fmt.Errorf("volume %s: waiting for another operation on it: %w", key, err)
+	}
+	defer unlock()
+	iso.mu.Lock()
+	v := iso.volumes[key]
+	iso.mu.Unlock()
+	return f(v)
+}
+
+// acquire makes container id a user of the volume and has it published.
+// It returns the volume's checkpoint as it then is.
+func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*statev1.VolumeCheckpoint, error) {
+	var out *statev1.VolumeCheckpoint
+	err := iso.withVolume(ctx, pm.key, func(v *volume) error {
+		if v == nil || v.cp.StaticProvisioning == nil {
+			p, err := iso.cfg.Plugins.Lookup(pm.key.plugin)
+			if err != nil {
+				return err
+			}
+			nv := iso.newVolume(pm.key, p, pm.static, readOnlyAccess(pm.static.GetVolumeCapability()))
+			if v != nil { // reconstructed: keep what is known
+				nv.dir = v.dir
+				nv.cp.State, nv.cp.Users, nv.cp.StagingPath, nv.cp.TargetPath = v.cp.State, v.cp.Users, v.cp.StagingPath, v.cp.TargetPath
+			}
+			v = nv
+		} else if !sameUse(v.cp.StaticProvisioning, pm.static) {
+			return fmt.Errorf("%w: volume %s is in use by %v with a different volume_capability or volume_context", ErrPrecondition, pm.key, v.cp.Users)
+		}
+		if !slices.Contains(v.cp.Users, id) {
+			if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
+				cp.Users = append(cp.Users, id)
+				slices.Sort(cp.Users)
+			}); err != nil {
+				return err
+			}
+		}
+		if err := iso.converge(ctx, v, stPublished); err != nil {
+			return err
+		}
+		out = v.cp
+		return nil
+	})
+	return out, err
+}
+
+// release removes container id from the volume's users; the last user
+// going tears the volume down (unpublish, unstage, forget).
+func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) error {
+	return iso.withVolume(ctx, key, func(v *volume) error {
+		if v == nil {
+			return nil
+		}
+		if slices.Contains(v.cp.Users, id) {
+			if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
+				cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return u == id })
+			}); err != nil {
+				return err
+			}
+		}
+		if len(v.cp.Users) > 0 {
+			return nil
+		}
+		return iso.converge(ctx, v, stCreated)
+	})
+}
+
+// converge drives a volume (lock held) to PUBLISHED or, for CREATED, tears
+// it down and forgets it. Each RPC is bracketed by checkpoints: the
+// transitional state before, the stable state after, so an interrupted
+// step is known and retried (CSI node calls are idempotent).
+func (iso *Isolator) converge(ctx context.Context, v *volume, want vstate) error {
+	err := iso.convergeSteps(ctx, v, want)
+	if err != nil && v.cp.LastError != err.Error() {
+		if serr := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastError = err.Error() }); serr != nil {
+			iso.log.Error("checkpointing volume error", "volume", v.key.String(), "error", serr)
+		}
+	}
+	return err
+}
+
+func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) error {
+	if v.cp.State == stUnknown {
+		if err := iso.readState(v); err != nil {
+			return err
+		}
+	}
+	for {
+		cur := v.cp.State
+		if want == stPublished && cur == stPublished {
+			return iso.clearError(v)
+		}
+		if want == stCreated && (cur == stCreated || cur == stNodeReady) {
+			return iso.teardownDirs(v)
+		}
+		node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", v.key, err)
+		}
+		var step func(context.Context, Node, *volume) error
+		var during, after vstate
+		switch {
+		case want == stPublished && (cur == stCreated || cur == stNodeReady || cur == stNodeStage || cur == stNodeUnstage):
+			if !node.StageUnstage {
+				if err := iso.setState(v, stVolReady); err != nil {
+					return err
+				}
+				continue
+			}
+			step, during, after = iso.stage, stNodeStage, stVolReady
+		case want == stPublished:
+			step, during, after = iso.publish, stNodePublish, stPublished
+		case cur == stPublished || cur == stNodePublish || cur == stNodeUnpub:
+			step, during, after = iso.unpublish, stNodeUnpub, stVolReady
+		default: // VOL_READY, NODE_STAGE, NODE_UNSTAGE toward CREATED
+			if !node.StageUnstage {
+				if err := iso.setState(v, stNodeReady); err != nil {
+					return err
+				}
+				continue
+			}
+			step, during, after = iso.unstage, stNodeUnstage, stNodeReady
+		}
+		if err := iso.setState(v, during); err != nil {
+			return err
+		}
+		if err := step(ctx, node, v); err != nil {
+			return err
+		}
+		if err := iso.setState(v, after); err != nil {
+			return err
+		}
+	}
+}
+
+// readState finds out a reconstructed volume's state from the mount table.
+func (iso *Isolator) readState(v *volume) error {
+	state := stNodeReady
+	if ok, _ := mount.IsMountPoint(v.cp.StagingPath); ok {
+		state = stVolReady
+	}
+	if ok, _ := mount.IsMountPoint(v.cp.TargetPath); ok {
+		state = stPublished
+	}
+	return iso.setState(v, state)
+}
+
+func (iso *Isolator) clearError(v *volume) error {
+	if v.cp.LastError == "" {
+		return nil
+	}
+	return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastError = "" })
+}
+
+// teardownDirs removes a torn-down volume's mount directories (never
+// across a mount point) and forgets it.
+func (iso *Isolator) teardownDirs(v *volume) error {
+	if err := mount.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
+		return fmt.Errorf("volume %s: %w", v.key, err)
+	}
+	return iso.forgetVolume(v)
+}
+
+func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
+	if err := os.MkdirAll(v.cp.StagingPath, 0o750); err != nil {
+		return fmt.Errorf("volume %s: creating staging path: %w", v.key, err)
+	}
+	static := v.cp.StaticProvisioning
+	secrets, err := iso.resolveSecrets(static.GetNodeStageSecrets())
+	if err != nil {
+		return fmt.Errorf("volume %s: node_stage_secrets: %w", v.key, err)
+	}
+	return iso.call(ctx, v, "NodeStageVolume", func(ctx context.Context) error {
+		_, err := node.Client.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+			VolumeId:          v.key.id,
+			StagingTargetPath: v.cp.StagingPath,
+			VolumeCapability:  static.GetVolumeCapability(),
+			Secrets:           secrets,
+			VolumeContext:     static.GetVolumeContext(),
+		})
+		return err
+	})
+}
+
+func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
+	static := v.cp.StaticProvisioning
+	p, err := iso.cfg.Plugins.Lookup(v.key.plugin)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(v.cp.TargetPath), 0o750); err != nil {
+		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
+	}
+	if !p.TargetPathExists {
+		// The CO creates the target (CSI): a directory, or a file for a
+		// block volume's device node.
+		if static.GetVolumeCapability().GetBlock() != nil {
+			f, err := os.OpenFile(v.cp.TargetPath, os.O_CREATE|os.O_RDONLY, 0o640)
+			if err != nil {
+				return fmt.Errorf("volume %s: creating target file: %w", v.key, err)
+			}
+			f.Close()
+		} else if err := os.Mkdir(v.cp.TargetPath, 0o750); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("volume %s: creating target: %w", v.key, err)
+		}
+	}
+	secrets, err := iso.resolveSecrets(static.GetNodePublishSecrets())
+	if err != nil {
+		return fmt.Errorf("volume %s: node_publish_secrets: %w", v.key, err)
+	}
+	req := &csi.NodePublishVolumeRequest{
+		VolumeId:         v.key.id,
+		TargetPath:       v.cp.TargetPath,
+		VolumeCapability: static.GetVolumeCapability(),
+		Readonly:         v.cp.Readonly,
+		Secrets:          secrets,
+		VolumeContext:    static.GetVolumeContext(),
+	}
+	if node.StageUnstage {
+		req.StagingTargetPath = v.cp.StagingPath
+	}
+	if err := iso.call(ctx, v, "NodePublishVolume", func(ctx context.Context) error {
+		_, err := node.Client.NodePublishVolume(ctx, req)
+		return err
+	}); err != nil {
+		return err
+	}
+	// A plugin that says it published but mounted nothing would have
+	// containers write to the agent's own disk.
+	if ok, err := mount.IsMountPoint(v.cp.TargetPath); err != nil || !ok {
+		return fmt.Errorf("volume %s: plugin %s reported NodePublishVolume success but nothing is mounted at %s", v.key, v.key.plugin, v.cp.TargetPath)
+	}
+	return nil
+}
+
+func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error {
+	return iso.call(ctx, v, "NodeUnpublishVolume", func(ctx context.Context) error {
+		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: v.cp.TargetPath})
+		return err
+	})
+}
+
+func (iso *Isolator) unstage(ctx context.Context, node Node, v *volume) error {
+	return iso.call(ctx, v, "NodeUnstageVolume", func(ctx context.Context) error {
+		_, err := node.Client.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.key.id, StagingTargetPath: v.cp.StagingPath})
+		return err
+	})
+}
+
+// call runs one node RPC within the RPC timeout, retrying with jittered
+// exponential backoff on Unavailable, DeadlineExceeded, ResourceExhausted
+// and Aborted; any other code (InvalidArgument, NotFound,
+// FailedPrecondition, Unimplemented, ...) fails at once.
+func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+	defer cancel()
+	pause := retryBase
+	for attempt := 1; ; attempt++ {
+		err := f(ctx)
+		iso.cfg.CrashPoint("rpc " + rpc)
+		if err == nil {
+			iso.log.Debug("node RPC done", "rpc", rpc, "volume", v.key.String(), "attempt", attempt)
+			return nil
+		}
+		code := status.Code(err)
+		retryable := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.ResourceExhausted || code == codes.Aborted
+		wrapped := &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
+		if !retryable || ctx.Err() != nil {
+			return wrapped
+		}
+		d := pause + rand.N(pause/2+1)
+		iso.log.Warn("node RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", code.String(), "retry_in", d)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return wrapped
+		case <-t.C:
+		}
+		pause = min(pause*2, retryMax)
+	}
+}
+
+// rpcError is a plugin's error, which keeps its gRPC code.
+type rpcError struct {
+	plugin, rpc, volume string
+	err                 error
+}
+
+func (e *rpcError) Error() string {
+	return fmt.Sprintf("plugin %s: %s of volume %s: %s", e.plugin, e.rpc, e.volume, status.Convert(e.err).Message())
+}
+
+func (e *rpcError) Unwrap() error { return e.err }
+
+// Code is the plugin's status code.
+func (e *rpcError) Code() codes.Code { return status.Code(e.err) }
+
+// RPCCode returns the status code of a plugin error inside err, if any.
+func RPCCode(err error) (codes.Code, bool) {
+	var re *rpcError
+	if errors.As(err, &re) {
+		return re.Code(), true
+	}
+	return codes.OK, false
+}

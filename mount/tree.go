@@ -1,0 +1,218 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cyphar/filepath-securejoin/pathrs-lite/procfs"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// ErrMounted is returned (wrapped) by RemoveEmptyTree when something is
+// mounted at or below the directory it was asked to remove.
+var ErrMounted = errors.New("mounted")
+
+// ErrNotEmpty is returned (wrapped) by RemoveEmptyTree for an entry that is
+// neither a directory nor an empty regular file.
+var ErrNotEmpty = errors.New("holds something other than empty directories and empty files")
+
+// maxStackedMounts bounds UnmountAll: a path with more mounts than this on it
+// is being mounted on faster than it is unmounted, and is reported busy.
+const maxStackedMounts = 1024
+
+// UnmountAll removes every mount at target: the mounts stacked on it one
+// after the other, and the submounts of each (a recursive bind, as BindInto
+// makes, keeps the source's submounts, and umount2 refuses a mount with
+// submounts with EBUSY). It stops when nothing is mounted at target any more
+// (EINVAL, ENOENT), so it is idempotent: a missing path or a plain directory
+// is done at once.
+//
+// Like Unmount, it never follows a symlink in the last component of target
+// (a symlink there is not a mount point: done), never detaches lazily, and
+// retries EBUSY with bounded backoff while ctx lasts. Only on EBUSY does it
+// read the mount table, to find the submounts below target, which it
+// unmounts deepest first before trying target again.
+func UnmountAll(ctx context.Context, target string) error {
+	for range maxStackedMounts {
+		ok, err := unmountTop(ctx, target, true)
+		if err != nil || !ok {
+			return err
+		}
+	}
+	return fmt.Errorf("unmount %s: %w: still mounted after %d unmounts", target, ErrBusy, maxStackedMounts)
+}
+
+// unmountBelow unmounts the mounts strictly below target, last mounted
+// first, and reports whether it unmounted any.
+func unmountBelow(ctx context.Context, target string) (bool, error) {
+	mp, err := canonical(target)
+	if err != nil {
+		return false, err
+	}
+	ms, err := List(mountinfo.PrefixFilter(mp))
+	if err != nil {
+		return false, err
+	}
+	cleared := false
+	for i := len(ms) - 1; i >= 0; i-- {
+		if ms[i].Mountpoint == mp {
+			continue
+		}
+		// A mount hidden under a stacked one is not reachable by its
+		// path: that unmount is EINVAL, skipped.
+		ok, err := unmountTop(ctx, ms[i].Mountpoint, true)
+		if err != nil {
+			return false, err
+		}
+		cleared = cleared || ok
+	}
+	return cleared, nil
+}
+
+// MountsUnder returns the mount points at dir or below it, in mount-table
+// order, each once (mounts stacked on one mount point are listed once). It
+// reads the table once, through a prefix filter on dir's canonical path. A
+// dir that does not exist has none.
+//
+// It sees only the caller's mount namespace: mounts made inside a
+// container's own namespace are not listed.
+func MountsUnder(dir string) ([]string, error) {
+	mp, err := canonical(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ms, err := List(mountinfo.PrefixFilter(mp))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	seen := make(map[string]bool, len(ms))
+	for _, m := range ms {
+		if !seen[m.Mountpoint] {
+			seen[m.Mountpoint] = true
+			out = append(out, m.Mountpoint)
+		}
+	}
+	return out, nil
+}
+
+// RemoveEmptyTree removes dir and everything below it, bottom up, provided
+// that all of it is directories and empty regular files (such as the
+// targets ResolveInRoot creates). It never deletes recursively across a mount
+// point and never deletes data:
+//
+//   - If anything is mounted at or below dir (MountsUnder), it removes
+//     nothing and fails with ErrMounted, naming the mounts.
+//   - It walks with directory handles, one entry at a time (unlinkat on the
+//     parent's handle: no path is looked up twice, no symlink is followed).
+//     Descending into a directory that became a mount point since the check
+//     fails with EXDEV (openat2 RESOLVE_NO_XDEV); removing one fails with
+//     EBUSY. Both are reported as ErrMounted.
+//   - Any entry that is not a directory or an empty regular file (data,
+//     symlinks, device nodes, sockets) stops it with ErrNotEmpty, naming the
+//     entry. What was already removed stays removed (it was empty).
+//
+// A dir that does not exist is already removed. dir itself must be a
+// directory, not a symlink to one.
+func RemoveEmptyTree(dir string) error {
+	if err := removeEmptyTree(filepath.Clean(dir)); err != nil {
+		return fmt.Errorf("remove tree %s: %w", dir, err)
+	}
+	return nil
+}
+
+func removeEmptyTree(dir string) error {
+	top, err := os.OpenFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer top.Close()
+	canon, err := procfs.ProcSelfFdReadlink(top)
+	if err != nil {
+		return fmt.Errorf("read path of %s: %w", dir, err)
+	}
+	mounts, err := MountsUnder(canon)
+	if err != nil {
+		return err
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("%w: %s", ErrMounted, strings.Join(mounts, ", "))
+	}
+	if err := removeChildren(top, dir); err != nil {
+		return err
+	}
+	// rmdir does not follow a symlink in the last component either.
+	if err := unix.Rmdir(dir); err != nil {
+		return removeErr(dir, err)
+	}
+	return nil
+}
+
+// removeChildren removes the entries of the directory d (named path).
+func removeChildren(d *os.File, path string) error {
+	entries, err := d.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	dfd := int(d.Fd())
+	for _, e := range entries {
+		name, p := e.Name(), filepath.Join(path, e.Name())
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return &os.PathError{Op: "stat", Path: p, Err: err}
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			fd, err := unix.Openat2(dfd, name, &unix.OpenHow{
+				Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV,
+			})
+			if errors.Is(err, unix.EXDEV) {
+				return fmt.Errorf("%w: %s", ErrMounted, p)
+			}
+			if err != nil {
+				return &os.PathError{Op: "open", Path: p, Err: err}
+			}
+			sub := os.NewFile(uintptr(fd), p)
+			err = removeChildren(sub, p)
+			sub.Close()
+			if err != nil {
+				return err
+			}
+			if err := unix.Unlinkat(dfd, name, unix.AT_REMOVEDIR); err != nil {
+				return removeErr(p, err)
+			}
+		case unix.S_IFREG:
+			if st.Size != 0 {
+				return fmt.Errorf("%s: regular file of %d bytes: %w", p, st.Size, ErrNotEmpty)
+			}
+			if err := unix.Unlinkat(dfd, name, 0); err != nil {
+				return removeErr(p, err)
+			}
+		default:
+			return fmt.Errorf("%s: %s: %w", p, fileType(st.Mode), ErrNotEmpty)
+		}
+	}
+	return nil
+}
+
+func removeErr(path string, err error) error {
+	switch {
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("%w: %s", ErrMounted, path)
+	case errors.Is(err, unix.ENOTEMPTY), errors.Is(err, unix.EEXIST):
+		return fmt.Errorf("%s: %w (something was added meanwhile)", path, ErrNotEmpty)
+	}
+	return &os.PathError{Op: "remove", Path: path, Err: err}
+}
