@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -54,12 +56,19 @@ func apiError(socket string, err error) string {
 	return fmt.Sprintf("%s: %s", st.Code(), st.Message())
 }
 
+// printJSON writes m as indented JSON with the proto field names
+// (snake_case, as in Mesos's JSON) and stable spacing.
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(w, string(b))
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = out.WriteTo(w)
 	return err
 }
 
