@@ -117,7 +117,8 @@ type Agent struct {
 	fileErrors []*pluginconfig.FileError
 }
 
-// New checks cfg and makes an Agent; Run starts it.
+// New checks cfg, loads the volume checkpoints and makes an Agent; Run
+// starts it.
 func New(cfg Config) (*Agent, error) {
 	cfg.setDefaults()
 	for name, dir := range map[string]string{"--work-dir": cfg.WorkDir, "--runtime-dir": cfg.RuntimeDir, "--csi-plugin-config-dir": cfg.ConfigDir} {
@@ -128,7 +129,16 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("node id is empty: set --node-id or MESOS_AGENT_ID")
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}, nil
+	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
+	iso, err := isolator.New(isolator.Config{
+		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
+		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.iso = iso
+	return a, nil
 }
 
 // Run serves until ctx ends, then shuts down gracefully: the API stops
@@ -146,13 +156,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer unlock()
 	a.limits = newLimiter(a.log)
-	a.iso, err = isolator.New(isolator.Config{
-		WorkDir: a.cfg.WorkDir, SecretsDir: a.cfg.SecretsDir, Plugins: plugins{a},
-		RPCTimeout: a.cfg.RPCTimeout, Logger: a.log, CrashPoint: a.cfg.CrashPoint,
-	})
-	if err != nil {
-		return err
-	}
 
 	lis, err := a.listen()
 	if err != nil {

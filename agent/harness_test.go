@@ -107,20 +107,37 @@ func (h *harness) start(cfg Config) {
 	h.a, h.cancel, h.done = a, cancel, make(chan error, 1)
 	go func() { h.done <- a.Run(ctx) }()
 	h.t.Cleanup(h.stop)
+	h.waitAPI()
 }
 
-// stop shuts the agent down and kills every plugin process it left (the
-// agent leaves them for its successor on purpose).
+// waitAPI waits for the agent's API socket.
+func (h *harness) waitAPI() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	// The agent makes the directory too; it must exist to be watched.
+	if err := os.MkdirAll(filepath.Dir(h.a.cfg.APISocket), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := waitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// stop shuts the agent down for good: it cleans up every container left
+// (so a failed test leaks no mount), then kills every plugin process the
+// agent left running (it leaves them for its successor on purpose).
 func (h *harness) stop() {
 	if h.cancel == nil {
 		return
 	}
-	plugins, _ := h.a.snapshot()
-	h.cancel()
-	h.cancel = nil
-	if err := <-h.done; err != nil {
-		h.t.Errorf("agent Run: %v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if resp := h.a.iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+		h.t.Errorf("cleaning up at the end of the test: %v", resp.Failed)
 	}
+	plugins, _ := h.a.snapshot()
+	h.halt()
 	for _, p := range plugins {
 		for _, in := range p.Instances {
 			if in.Pid != 0 {
@@ -128,6 +145,30 @@ func (h *harness) stop() {
 			}
 		}
 	}
+}
+
+// halt stops the agent as SIGTERM would: plugins, mounts and checkpoints
+// stay for the next agent.
+func (h *harness) halt() {
+	h.cancel()
+	h.cancel = nil
+	if err := <-h.done; err != nil {
+		h.t.Errorf("agent Run: %v", err)
+	}
+}
+
+// restart halts the agent and starts a new one on the same directories.
+func (h *harness) restart(cfg Config) {
+	h.t.Helper()
+	h.halt()
+	a, err := New(cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.a, h.cancel, h.done = a, cancel, make(chan error, 1)
+	go func() { h.done <- a.Run(ctx) }()
+	h.waitAPI()
 }
 
 // killAndWait kills a process group and waits for its leader to exit.

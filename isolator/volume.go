@@ -280,18 +280,28 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 	return nil
 }
 
+// unpublish and unstage take NotFound as done: the plugin has no such
+// volume, so it has nothing mounted (and removing the directories
+// afterwards still refuses to cross a mount point, should it be wrong).
 func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error {
 	return iso.call(ctx, v, "NodeUnpublishVolume", func(ctx context.Context) error {
 		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: v.cp.TargetPath})
-		return err
+		return notFoundIsDone(err)
 	})
 }
 
 func (iso *Isolator) unstage(ctx context.Context, node Node, v *volume) error {
 	return iso.call(ctx, v, "NodeUnstageVolume", func(ctx context.Context) error {
 		_, err := node.Client.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.key.id, StagingTargetPath: v.cp.StagingPath})
-		return err
+		return notFoundIsDone(err)
 	})
+}
+
+func notFoundIsDone(err error) error {
+	if status.Code(err) == codes.NotFound {
+		return nil
+	}
+	return err
 }
 
 // call runs one node RPC within the RPC timeout, retrying with jittered

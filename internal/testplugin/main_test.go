@@ -449,6 +449,8 @@ func TestPlugin(t *testing.T) {
 			{"tcp endpoint", []string{"CSI_ENDPOINT=tcp://127.0.0.1:1"}, nil},
 			{"unknown flag", nil, []string{"--no-such-flag"}},
 			{"negative count", nil, []string{"--probe-not-ready", "-1"}},
+			{"secret without a value", nil, []string{"--require-stage-secret", "key"}},
+			{"secret given twice", nil, []string{"--require-publish-secret", "k=1", "--require-publish-secret", "k=2"}},
 			{"not a socket in the way", []string{"CSI_ENDPOINT=unix://" + notSocket}, nil},
 		} {
 			t.Run(c.name, func(t *testing.T) {
@@ -471,13 +473,34 @@ func TestPlugin(t *testing.T) {
 		testNodeVolumes(t, bin)
 	})
 
+	t.Run("lie publish", func(t *testing.T) {
+		t.Parallel()
+		testLiePublish(t, bin)
+	})
+
+	for name, test := range map[string]func(*testing.T, string){
+		"required secrets": testSecrets,
+		"fail files":       testFailFiles,
+		"targets":          testTargets,
+		"block volumes":    testBlock,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if os.Geteuid() != 0 {
+				t.Skip("staging and publishing bind-mount directories, which needs root")
+			}
+			t.Parallel()
+			test(t, bin)
+		})
+	}
+
 	t.Run("help", func(t *testing.T) {
 		t.Parallel()
 		p := start(t, bin, "", nil, "--help")
 		if code := p.wait(t); code != 0 {
 			t.Errorf("exit status %d, want 0", code)
 		}
-		for _, flag := range []string{"-start-delay", "-crash-after", "-exit-immediately", "-probe-not-ready", "-probe-fail", "-probe-hang", "-probe-fail-file", "-hang-info", "-reclaim", "-controller", "-name", "-data-dir"} {
+		for _, flag := range []string{"-start-delay", "-crash-after", "-exit-immediately", "-probe-not-ready", "-probe-fail", "-probe-hang", "-probe-fail-file", "-hang-info", "-reclaim", "-controller", "-name", "-data-dir",
+			"-require-stage-secret", "-require-publish-secret", "-fail-stage-file", "-fail-publish-file", "-lie-publish"} {
 			if !strings.Contains(p.stderr.String(), flag) {
 				t.Errorf("--help does not document %s", flag)
 			}
