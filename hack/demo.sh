@@ -64,6 +64,28 @@ sock="$work/run/agent.sock"
 $agent plugins --api-socket "$sock" --wait 30s
 $agent plugins --api-socket "$sock" loop.csi.csiagent.io
 
+step "a container gets the volume: csi-agent prepare (stage, publish, bind-mount into its sandbox)"
+mkdir -p "$work/sandbox1" "$work/sandbox2"
+cat >"$work/volumes.json" <<JSON
+[{"container_path": "data", "mode": "RW",
+  "source": {"type": "CSI_VOLUME", "csi_volume": {"plugin_name": "loop.csi.csiagent.io",
+    "static_provisioning": {"volume_id": "demo-vol",
+      "volume_capability": {"mount": {"fs_type": "ext4"}, "access_mode": {"mode": "SINGLE_NODE_MULTI_WRITER"}}}}}}]
+JSON
+$agent prepare --api-socket "$sock" --container demo-1 --volumes "$work/volumes.json" --sandbox "$work/sandbox1"
+echo "written by demo-1 at $(date -u +%T)" >"$work/sandbox1/data/hello.txt"
+$agent volumes --api-socket "$sock"
+$agent containers --api-socket "$sock"
+
+step "the container ends: csi-agent cleanup unmounts, unpublishes and unstages (last user gone)"
+$agent cleanup --api-socket "$sock" --container demo-1
+$agent volumes --api-socket "$sock"
+echo "mounts left under the work dir: $(grep -c "$work" /proc/self/mountinfo || true)"
+
+step "a second container reads what the first wrote"
+$agent prepare --api-socket "$sock" --container demo-2 --volumes "$work/volumes.json" --sandbox "$work/sandbox2" >/dev/null
+cat "$work/sandbox2/data/hello.txt"
+
 step "live config: a bad file is reported, nothing running changes"
 echo '{"type": "oops"' >"$work/conf/oops.json"
 $agent plugins --api-socket "$sock" --wait 10s
@@ -80,6 +102,11 @@ $agent plugins --api-socket "$sock" --wait 30s
 after=$($agent plugins --api-socket "$sock" --output json | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' | head -1)
 echo "plugin pid before: $before, after: $after"
 [[ $before == "$after" ]] || { echo "demo: the plugin was restarted instead of adopted" >&2; exit 1; }
+
+step "after the restart the container still has its volume; cleanup works"
+cat "$work/sandbox2/data/hello.txt"
+$agent cleanup --api-socket "$sock" --container demo-2
+$agent volumes --api-socket "$sock"
 
 step "SIGTERM: the agent stops cleanly (exit 0)"
 kill -TERM "$agent_pid"

@@ -107,6 +107,8 @@ type Isolator struct {
 	volumes map[volumeKey]*volume
 	// containers likewise caches container checkpoints.
 	containers map[string]*container
+	// reclaiming holds the cancel of each running reclaim.
+	reclaiming map[volumeKey]context.CancelFunc
 	// recovered is closed when the first recovery pass has run.
 	recovered chan struct{}
 }
@@ -138,6 +140,7 @@ func New(cfg Config) (*Isolator, error) {
 		bootID:     strings.TrimSpace(string(b)),
 		volumes:    map[volumeKey]*volume{},
 		containers: map[string]*container{},
+		reclaiming: map[volumeKey]context.CancelFunc{},
 		recovered:  make(chan struct{}),
 	}
 	if err := iso.load(); err != nil {

@@ -94,6 +94,7 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 // release removes container id from the volume's users; the last user
 // going tears the volume down (unpublish, unstage, forget).
 func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) error {
+	iso.cancelReclaim(key, id)
 	return iso.withVolume(ctx, key, func(v *volume) error {
 		if v == nil {
 			return nil

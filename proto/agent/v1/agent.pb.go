@@ -15,6 +15,7 @@ import (
 	csi "github.com/container-storage-interface/spec/lib/go/csi"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -377,7 +378,7 @@ func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerStatus_Phase.Descriptor instead.
 func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
 }
 
 // Volume is Mesos's Volume (include/mesos/mesos.proto, Mesos 1.11), the
@@ -1022,12 +1023,15 @@ type VolumeStatus struct {
 	State      VolumeStatus_State     `protobuf:"varint,3,opt,name=state,proto3,enum=csiagent.agent.v1.VolumeStatus_State" json:"state,omitempty"`
 	StateSince *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=state_since,json=stateSince,proto3" json:"state_since,omitempty"`
 	// Containers using the volume: its reference count.
-	Containers    []string `protobuf:"bytes,5,rep,name=containers,proto3" json:"containers,omitempty"`
-	StagingPath   string   `protobuf:"bytes,6,opt,name=staging_path,json=stagingPath,proto3" json:"staging_path,omitempty"`
-	TargetPath    string   `protobuf:"bytes,7,opt,name=target_path,json=targetPath,proto3" json:"target_path,omitempty"`
-	Block         bool     `protobuf:"varint,8,opt,name=block,proto3" json:"block,omitempty"`
-	Readonly      bool     `protobuf:"varint,9,opt,name=readonly,proto3" json:"readonly,omitempty"`
-	LastError     string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	Containers  []string `protobuf:"bytes,5,rep,name=containers,proto3" json:"containers,omitempty"`
+	StagingPath string   `protobuf:"bytes,6,opt,name=staging_path,json=stagingPath,proto3" json:"staging_path,omitempty"`
+	TargetPath  string   `protobuf:"bytes,7,opt,name=target_path,json=targetPath,proto3" json:"target_path,omitempty"`
+	Block       bool     `protobuf:"varint,8,opt,name=block,proto3" json:"block,omitempty"`
+	Readonly    bool     `protobuf:"varint,9,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	LastError   string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// When the next scheduled reclaim is due (unset: not scheduled).
+	NextReclaim   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
+	LastReclaim   *ReclaimResult         `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1132,6 +1136,401 @@ func (x *VolumeStatus) GetLastError() string {
 	return ""
 }
 
+func (x *VolumeStatus) GetNextReclaim() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextReclaim
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetLastReclaim() *ReclaimResult {
+	if x != nil {
+		return x.LastReclaim
+	}
+	return nil
+}
+
+// ReclaimResult is one NodeReclaimSpace (or ControllerReclaimSpace) call.
+type ReclaimResult struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Start    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	Duration *durationpb.Duration   `protobuf:"bytes,2,opt,name=duration,proto3" json:"duration,omitempty"`
+	// "ok", or the error.
+	Outcome string `protobuf:"bytes,3,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// Bytes in use before and after, as the plugin reports them (-1:
+	// not reported).
+	PreUsage  int64 `protobuf:"varint,4,opt,name=pre_usage,json=preUsage,proto3" json:"pre_usage,omitempty"`
+	PostUsage int64 `protobuf:"varint,5,opt,name=post_usage,json=postUsage,proto3" json:"post_usage,omitempty"`
+	// pre_usage - post_usage; negative when usage grew, reported as such.
+	BytesReclaimed int64 `protobuf:"varint,6,opt,name=bytes_reclaimed,json=bytesReclaimed,proto3" json:"bytes_reclaimed,omitempty"`
+	// The plugin's status code name when it failed, e.g. "Aborted".
+	Code          string `protobuf:"bytes,7,opt,name=code,proto3" json:"code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReclaimResult) Reset() {
+	*x = ReclaimResult{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimResult) ProtoMessage() {}
+
+func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimResult.ProtoReflect.Descriptor instead.
+func (*ReclaimResult) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReclaimResult) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *ReclaimResult) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *ReclaimResult) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ReclaimResult) GetPreUsage() int64 {
+	if x != nil {
+		return x.PreUsage
+	}
+	return 0
+}
+
+func (x *ReclaimResult) GetPostUsage() int64 {
+	if x != nil {
+		return x.PostUsage
+	}
+	return 0
+}
+
+func (x *ReclaimResult) GetBytesReclaimed() int64 {
+	if x != nil {
+		return x.BytesReclaimed
+	}
+	return 0
+}
+
+func (x *ReclaimResult) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+type ReclaimSpaceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Target:
+	//
+	//	*ReclaimSpaceRequest_Volume
+	//	*ReclaimSpaceRequest_ContainerId
+	//	*ReclaimSpaceRequest_All
+	Target isReclaimSpaceRequest_Target `protobuf_oneof:"target"`
+	// Call ControllerReclaimSpace for volume (not published here).
+	Offline       bool `protobuf:"varint,4,opt,name=offline,proto3" json:"offline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReclaimSpaceRequest) Reset() {
+	*x = ReclaimSpaceRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimSpaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimSpaceRequest) ProtoMessage() {}
+
+func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimSpaceRequest.ProtoReflect.Descriptor instead.
+func (*ReclaimSpaceRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReclaimSpaceRequest) GetTarget() isReclaimSpaceRequest_Target {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceRequest) GetVolume() *VolumeRef {
+	if x != nil {
+		if x, ok := x.Target.(*ReclaimSpaceRequest_Volume); ok {
+			return x.Volume
+		}
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceRequest) GetContainerId() string {
+	if x != nil {
+		if x, ok := x.Target.(*ReclaimSpaceRequest_ContainerId); ok {
+			return x.ContainerId
+		}
+	}
+	return ""
+}
+
+func (x *ReclaimSpaceRequest) GetAll() bool {
+	if x != nil {
+		if x, ok := x.Target.(*ReclaimSpaceRequest_All); ok {
+			return x.All
+		}
+	}
+	return false
+}
+
+func (x *ReclaimSpaceRequest) GetOffline() bool {
+	if x != nil {
+		return x.Offline
+	}
+	return false
+}
+
+type isReclaimSpaceRequest_Target interface {
+	isReclaimSpaceRequest_Target()
+}
+
+type ReclaimSpaceRequest_Volume struct {
+	// plugin_name/volume_id of one volume.
+	Volume *VolumeRef `protobuf:"bytes,1,opt,name=volume,proto3,oneof"`
+}
+
+type ReclaimSpaceRequest_ContainerId struct {
+	// Every volume of a container.
+	ContainerId string `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3,oneof"`
+}
+
+type ReclaimSpaceRequest_All struct {
+	// Every published volume.
+	All bool `protobuf:"varint,3,opt,name=all,proto3,oneof"`
+}
+
+func (*ReclaimSpaceRequest_Volume) isReclaimSpaceRequest_Target() {}
+
+func (*ReclaimSpaceRequest_ContainerId) isReclaimSpaceRequest_Target() {}
+
+func (*ReclaimSpaceRequest_All) isReclaimSpaceRequest_Target() {}
+
+type VolumeRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PluginName    string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	VolumeId      string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeRef) Reset() {
+	*x = VolumeRef{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeRef) ProtoMessage() {}
+
+func (x *VolumeRef) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
+func (*VolumeRef) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *VolumeRef) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *VolumeRef) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type ReclaimSpaceProgress struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Volume *VolumeRef             `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	Result *ReclaimResult         `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// Set on the last message.
+	Summary       *ReclaimSummary `protobuf:"bytes,3,opt,name=summary,proto3" json:"summary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReclaimSpaceProgress) Reset() {
+	*x = ReclaimSpaceProgress{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimSpaceProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimSpaceProgress) ProtoMessage() {}
+
+func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimSpaceProgress.ProtoReflect.Descriptor instead.
+func (*ReclaimSpaceProgress) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReclaimSpaceProgress) GetVolume() *VolumeRef {
+	if x != nil {
+		return x.Volume
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceProgress) GetResult() *ReclaimResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceProgress) GetSummary() *ReclaimSummary {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+type ReclaimSummary struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Volumes       int32                  `protobuf:"varint,1,opt,name=volumes,proto3" json:"volumes,omitempty"`
+	BytesFreed    int64                  `protobuf:"varint,2,opt,name=bytes_freed,json=bytesFreed,proto3" json:"bytes_freed,omitempty"`
+	Failures      int32                  `protobuf:"varint,3,opt,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReclaimSummary) Reset() {
+	*x = ReclaimSummary{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimSummary) ProtoMessage() {}
+
+func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimSummary.ProtoReflect.Descriptor instead.
+func (*ReclaimSummary) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReclaimSummary) GetVolumes() int32 {
+	if x != nil {
+		return x.Volumes
+	}
+	return 0
+}
+
+func (x *ReclaimSummary) GetBytesFreed() int64 {
+	if x != nil {
+		return x.BytesFreed
+	}
+	return 0
+}
+
+func (x *ReclaimSummary) GetFailures() int32 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
 type ListContainersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1140,7 +1539,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1551,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1564,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type ListContainersResponse struct {
@@ -1177,7 +1576,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1588,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1601,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
@@ -1225,7 +1624,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1237,7 +1636,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1250,7 +1649,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ContainerStatus) GetContainerId() string {
@@ -1297,7 +1696,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1708,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1721,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReconcileRequest) GetLiveContainerIds() []string {
@@ -1344,7 +1743,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1356,7 +1755,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1369,7 +1768,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReconcileResponse) GetCleanedUp() []string {
@@ -1394,7 +1793,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1805,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1818,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 type ListPluginsResponse struct {
@@ -1433,7 +1832,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +1844,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +1857,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -1485,7 +1884,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1896,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1909,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -1529,7 +1928,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1940,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1953,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -1574,7 +1973,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1985,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1998,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -1631,13 +2030,14 @@ type Plugin struct {
 	ConfigError string `protobuf:"bytes,6,opt,name=config_error,json=configError,proto3" json:"config_error,omitempty"`
 	// One per container (managed) or endpoint (unmanaged).
 	Instances     []*PluginInstance `protobuf:"bytes,7,rep,name=instances,proto3" json:"instances,omitempty"`
+	Reclaim       *ReclaimTotals    `protobuf:"bytes,8,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +2049,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +2062,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Plugin) GetType() string {
@@ -1714,6 +2114,100 @@ func (x *Plugin) GetInstances() []*PluginInstance {
 	return nil
 }
 
+func (x *Plugin) GetReclaim() *ReclaimTotals {
+	if x != nil {
+		return x.Reclaim
+	}
+	return nil
+}
+
+// ReclaimTotals sums a plugin's reclaims since the agent started.
+type ReclaimTotals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when reclaim is disabled (interval 0) or the plugin answered
+	// Unimplemented (until its config or process changes).
+	Scheduled      bool   `protobuf:"varint,1,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
+	Reason         string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Runs           int64  `protobuf:"varint,3,opt,name=runs,proto3" json:"runs,omitempty"`
+	Failures       int64  `protobuf:"varint,4,opt,name=failures,proto3" json:"failures,omitempty"`
+	BytesReclaimed int64  `protobuf:"varint,5,opt,name=bytes_reclaimed,json=bytesReclaimed,proto3" json:"bytes_reclaimed,omitempty"`
+	LastError      string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReclaimTotals) Reset() {
+	*x = ReclaimTotals{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimTotals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimTotals) ProtoMessage() {}
+
+func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
+func (*ReclaimTotals) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReclaimTotals) GetScheduled() bool {
+	if x != nil {
+		return x.Scheduled
+	}
+	return false
+}
+
+func (x *ReclaimTotals) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReclaimTotals) GetRuns() int64 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
+func (x *ReclaimTotals) GetFailures() int64 {
+	if x != nil {
+		return x.Failures
+	}
+	return 0
+}
+
+func (x *ReclaimTotals) GetBytesReclaimed() int64 {
+	if x != nil {
+		return x.BytesReclaimed
+	}
+	return 0
+}
+
+func (x *ReclaimTotals) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 // PluginInstance is one process (managed) or endpoint (unmanaged).
 type PluginInstance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1751,7 +2245,7 @@ type PluginInstance struct {
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +2257,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +2270,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -1894,7 +2388,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2400,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2440,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2452,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2491,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2503,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2530,7 @@ var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\x03\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.agent.v1.Volume.ModeR\x04mode\x128\n" +
@@ -2112,7 +2606,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fCleanupResponse\"\x14\n" +
 	"\x12ListVolumesRequest\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xc7\x04\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xcb\x05\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2130,7 +2624,9 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\breadonly\x18\t \x01(\bR\breadonly\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\n" +
-	" \x01(\tR\tlastError\"\xc9\x01\n" +
+	" \x01(\tR\tlastError\x12=\n" +
+	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
@@ -2145,7 +2641,35 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\fNODE_UNSTAGE\x10\b\x12\x10\n" +
 	"\fNODE_PUBLISH\x10\t\x12\x12\n" +
 	"\x0eNODE_UNPUBLISH\x10\n" +
-	"\"\x17\n" +
+	"\"\x8b\x02\n" +
+	"\rReclaimResult\x120\n" +
+	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
+	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
+	"\aoutcome\x18\x03 \x01(\tR\aoutcome\x12\x1b\n" +
+	"\tpre_usage\x18\x04 \x01(\x03R\bpreUsage\x12\x1d\n" +
+	"\n" +
+	"post_usage\x18\x05 \x01(\x03R\tpostUsage\x12'\n" +
+	"\x0fbytes_reclaimed\x18\x06 \x01(\x03R\x0ebytesReclaimed\x12\x12\n" +
+	"\x04code\x18\a \x01(\tR\x04code\"\xaa\x01\n" +
+	"\x13ReclaimSpaceRequest\x126\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.csiagent.agent.v1.VolumeRefH\x00R\x06volume\x12#\n" +
+	"\fcontainer_id\x18\x02 \x01(\tH\x00R\vcontainerId\x12\x12\n" +
+	"\x03all\x18\x03 \x01(\bH\x00R\x03all\x12\x18\n" +
+	"\aoffline\x18\x04 \x01(\bR\aofflineB\b\n" +
+	"\x06target\"I\n" +
+	"\tVolumeRef\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\"\xc3\x01\n" +
+	"\x14ReclaimSpaceProgress\x124\n" +
+	"\x06volume\x18\x01 \x01(\v2\x1c.csiagent.agent.v1.VolumeRefR\x06volume\x128\n" +
+	"\x06result\x18\x02 \x01(\v2 .csiagent.agent.v1.ReclaimResultR\x06result\x12;\n" +
+	"\asummary\x18\x03 \x01(\v2!.csiagent.agent.v1.ReclaimSummaryR\asummary\"g\n" +
+	"\x0eReclaimSummary\x12\x18\n" +
+	"\avolumes\x18\x01 \x01(\x05R\avolumes\x12\x1f\n" +
+	"\vbytes_freed\x18\x02 \x01(\x03R\n" +
+	"bytesFreed\x12\x1a\n" +
+	"\bfailures\x18\x03 \x01(\x05R\bfailures\"\x17\n" +
 	"\x15ListContainersRequest\"\\\n" +
 	"\x16ListContainersResponse\x12B\n" +
 	"\n" +
@@ -2182,7 +2706,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x06plugin\x18\x01 \x01(\v2\x19.csiagent.agent.v1.PluginR\x06plugin\"7\n" +
 	"\vConfigError\x12\x12\n" +
 	"\x04file\x18\x01 \x01(\tR\x04file\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\x85\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xc1\x02\n" +
 	"\x06Plugin\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -2191,7 +2715,16 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\amanaged\x18\x04 \x01(\bR\amanaged\x124\n" +
 	"\x05state\x18\x05 \x01(\x0e2\x1e.csiagent.agent.v1.PluginStateR\x05state\x12!\n" +
 	"\fconfig_error\x18\x06 \x01(\tR\vconfigError\x12?\n" +
-	"\tinstances\x18\a \x03(\v2!.csiagent.agent.v1.PluginInstanceR\tinstances\"\xc5\x04\n" +
+	"\tinstances\x18\a \x03(\v2!.csiagent.agent.v1.PluginInstanceR\tinstances\x12:\n" +
+	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xbd\x01\n" +
+	"\rReclaimTotals\x12\x1c\n" +
+	"\tscheduled\x18\x01 \x01(\bR\tscheduled\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04runs\x18\x03 \x01(\x03R\x04runs\x12\x1a\n" +
+	"\bfailures\x18\x04 \x01(\x03R\bfailures\x12'\n" +
+	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\"\xc5\x04\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
@@ -2219,7 +2752,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x12\x18\n" +
 	"\x14PLUGIN_STATE_BACKOFF\x10\x04\x12\x18\n" +
-	"\x14PLUGIN_STATE_STOPPED\x10\x052\xef\x05\n" +
+	"\x14PLUGIN_STATE_STOPPED\x10\x052\xd4\x06\n" +
 	"\x05Agent\x12^\n" +
 	"\vListPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x00\x12X\n" +
 	"\tGetPlugin\x12#.csiagent.agent.v1.GetPluginRequest\x1a$.csiagent.agent.v1.GetPluginResponse\"\x00\x12a\n" +
@@ -2228,7 +2761,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\aCleanup\x12!.csiagent.agent.v1.CleanupRequest\x1a\".csiagent.agent.v1.CleanupResponse\"\x00\x12^\n" +
 	"\vListVolumes\x12%.csiagent.agent.v1.ListVolumesRequest\x1a&.csiagent.agent.v1.ListVolumesResponse\"\x00\x12g\n" +
 	"\x0eListContainers\x12(.csiagent.agent.v1.ListContainersRequest\x1a).csiagent.agent.v1.ListContainersResponse\"\x00\x12X\n" +
-	"\tReconcile\x12#.csiagent.agent.v1.ReconcileRequest\x1a$.csiagent.agent.v1.ReconcileResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\tReconcile\x12#.csiagent.agent.v1.ReconcileRequest\x1a$.csiagent.agent.v1.ReconcileResponse\"\x00\x12c\n" +
+	"\fReclaimSpace\x12&.csiagent.agent.v1.ReclaimSpaceRequest\x1a'.csiagent.agent.v1.ReclaimSpaceProgress\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2243,7 +2777,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),               // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),               // 1: csiagent.agent.v1.Volume.Mode
@@ -2263,81 +2797,99 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(*ListVolumesRequest)(nil),     // 15: csiagent.agent.v1.ListVolumesRequest
 	(*ListVolumesResponse)(nil),    // 16: csiagent.agent.v1.ListVolumesResponse
 	(*VolumeStatus)(nil),           // 17: csiagent.agent.v1.VolumeStatus
-	(*ListContainersRequest)(nil),  // 18: csiagent.agent.v1.ListContainersRequest
-	(*ListContainersResponse)(nil), // 19: csiagent.agent.v1.ListContainersResponse
-	(*ContainerStatus)(nil),        // 20: csiagent.agent.v1.ContainerStatus
-	(*ReconcileRequest)(nil),       // 21: csiagent.agent.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 22: csiagent.agent.v1.ReconcileResponse
-	(*ListPluginsRequest)(nil),     // 23: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),    // 24: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),       // 25: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),      // 26: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),            // 27: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                 // 28: csiagent.agent.v1.Plugin
-	(*PluginInstance)(nil),         // 29: csiagent.agent.v1.PluginInstance
-	(*Volume_Source)(nil),          // 30: csiagent.agent.v1.Volume.Source
-	nil,                            // 31: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                            // 32: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                            // 33: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),       // 34: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),           // 35: csiagent.agent.v1.Secret.Value
-	nil,                            // 36: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	(*csi.VolumeCapability)(nil),   // 37: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
+	(*ReclaimResult)(nil),          // 18: csiagent.agent.v1.ReclaimResult
+	(*ReclaimSpaceRequest)(nil),    // 19: csiagent.agent.v1.ReclaimSpaceRequest
+	(*VolumeRef)(nil),              // 20: csiagent.agent.v1.VolumeRef
+	(*ReclaimSpaceProgress)(nil),   // 21: csiagent.agent.v1.ReclaimSpaceProgress
+	(*ReclaimSummary)(nil),         // 22: csiagent.agent.v1.ReclaimSummary
+	(*ListContainersRequest)(nil),  // 23: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil), // 24: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),        // 25: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),       // 26: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 27: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),     // 28: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),    // 29: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),       // 30: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),      // 31: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),            // 32: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                 // 33: csiagent.agent.v1.Plugin
+	(*ReclaimTotals)(nil),          // 34: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),         // 35: csiagent.agent.v1.PluginInstance
+	(*Volume_Source)(nil),          // 36: csiagent.agent.v1.Volume.Source
+	nil,                            // 37: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                            // 38: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                            // 39: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	(*Secret_Reference)(nil),       // 40: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),           // 41: csiagent.agent.v1.Secret.Value
+	nil,                            // 42: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	(*csi.VolumeCapability)(nil),   // 43: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 45: google.protobuf.Duration
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	30, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	36, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	8,  // 2: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	37, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	31, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	32, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	33, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	43, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	37, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	38, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	39, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
 	3,  // 7: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	34, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	35, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	40, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	41, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
 	6,  // 10: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
 	12, // 11: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	17, // 12: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 13: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	38, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	20, // 15: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 16: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	12, // 17: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	36, // 18: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	28, // 19: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	27, // 20: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	28, // 21: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 22: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	29, // 23: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	0,  // 24: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	38, // 25: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	38, // 26: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 27: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	7,  // 28: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	9,  // 29: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	9,  // 30: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	23, // 31: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	25, // 32: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	23, // 33: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	10, // 34: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	13, // 35: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	15, // 36: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	18, // 37: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	21, // 38: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	24, // 39: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	26, // 40: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	24, // 41: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // 42: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	14, // 43: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	16, // 44: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	19, // 45: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	22, // 46: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	44, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	44, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	18, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	44, // 17: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	45, // 18: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	20, // 19: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	20, // 20: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	18, // 21: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	22, // 22: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	25, // 23: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 24: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	12, // 25: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	42, // 26: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	33, // 27: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	32, // 28: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	33, // 29: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 30: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	35, // 31: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	34, // 32: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	0,  // 33: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	44, // 34: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	44, // 35: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 36: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	7,  // 37: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	9,  // 38: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	9,  // 39: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	28, // 40: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	30, // 41: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	28, // 42: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	10, // 43: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	13, // 44: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	15, // 45: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	23, // 46: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	26, // 47: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	19, // 48: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	29, // 49: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	31, // 50: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	29, // 51: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	11, // 52: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	14, // 53: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	16, // 54: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	24, // 55: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	27, // 56: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	21, // 57: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	49, // [49:58] is the sub-list for method output_type
+	40, // [40:49] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -2345,13 +2897,18 @@ func file_proto_agent_v1_agent_proto_init() {
 	if File_proto_agent_v1_agent_proto != nil {
 		return
 	}
+	file_proto_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+		(*ReclaimSpaceRequest_Volume)(nil),
+		(*ReclaimSpaceRequest_ContainerId)(nil),
+		(*ReclaimSpaceRequest_All)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   31,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Agent_ListVolumes_FullMethodName    = "/csiagent.agent.v1.Agent/ListVolumes"
 	Agent_ListContainers_FullMethodName = "/csiagent.agent.v1.Agent/ListContainers"
 	Agent_Reconcile_FullMethodName      = "/csiagent.agent.v1.Agent/Reconcile"
+	Agent_ReclaimSpace_FullMethodName   = "/csiagent.agent.v1.Agent/ReclaimSpace"
 )
 
 // AgentClient is the client API for Agent service.
@@ -68,6 +69,12 @@ type AgentClient interface {
 	// whose runtime never called Cleanup (crashed, or ended while the agent
 	// was down).
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
+	// ReclaimSpace runs csi-addons NodeReclaimSpace now on published
+	// volumes (one, a container's, or all), through the same path, caps and
+	// retry policy as the schedule, streaming one message per volume as it
+	// finishes. With offline, it calls ControllerReclaimSpace on the
+	// plugin's controller for a volume not published on this host.
+	ReclaimSpace(ctx context.Context, in *ReclaimSpaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReclaimSpaceProgress], error)
 }
 
 type agentClient struct {
@@ -167,6 +174,25 @@ func (c *agentClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts 
 	return out, nil
 }
 
+func (c *agentClient) ReclaimSpace(ctx context.Context, in *ReclaimSpaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReclaimSpaceProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[1], Agent_ReclaimSpace_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReclaimSpaceRequest, ReclaimSpaceProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ReclaimSpaceClient = grpc.ServerStreamingClient[ReclaimSpaceProgress]
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -201,6 +227,12 @@ type AgentServer interface {
 	// whose runtime never called Cleanup (crashed, or ended while the agent
 	// was down).
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
+	// ReclaimSpace runs csi-addons NodeReclaimSpace now on published
+	// volumes (one, a container's, or all), through the same path, caps and
+	// retry policy as the schedule, streaming one message per volume as it
+	// finishes. With offline, it calls ControllerReclaimSpace on the
+	// plugin's controller for a volume not published on this host.
+	ReclaimSpace(*ReclaimSpaceRequest, grpc.ServerStreamingServer[ReclaimSpaceProgress]) error
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -234,6 +266,9 @@ func (UnimplementedAgentServer) ListContainers(context.Context, *ListContainersR
 }
 func (UnimplementedAgentServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
+}
+func (UnimplementedAgentServer) ReclaimSpace(*ReclaimSpaceRequest, grpc.ServerStreamingServer[ReclaimSpaceProgress]) error {
+	return status.Error(codes.Unimplemented, "method ReclaimSpace not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -393,6 +428,17 @@ func _Agent_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ReclaimSpace_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReclaimSpaceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).ReclaimSpace(m, &grpc.GenericServerStream[ReclaimSpaceRequest, ReclaimSpaceProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_ReclaimSpaceServer = grpc.ServerStreamingServer[ReclaimSpaceProgress]
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -433,6 +479,11 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchPlugins",
 			Handler:       _Agent_WatchPlugins_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReclaimSpace",
+			Handler:       _Agent_ReclaimSpace_Handler,
 			ServerStreams: true,
 		},
 	},

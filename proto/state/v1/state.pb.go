@@ -44,8 +44,12 @@ type VolumeCheckpoint struct {
 	// The boot the mounts were made in; another boot means they are gone.
 	BootId string `protobuf:"bytes,8,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	// Containers using the volume, sorted: the reference count.
-	Users         []string `protobuf:"bytes,9,rep,name=users,proto3" json:"users,omitempty"`
-	LastError     string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	Users     []string `protobuf:"bytes,9,rep,name=users,proto3" json:"users,omitempty"`
+	LastError string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// The reclaim schedule's next run (survives restarts: no cycle is
+	// skipped or repeated) and the last result.
+	NextReclaim   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
+	LastReclaim   *v1.ReclaimResult      `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +154,20 @@ func (x *VolumeCheckpoint) GetLastError() string {
 	return ""
 }
 
+func (x *VolumeCheckpoint) GetNextReclaim() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextReclaim
+	}
+	return nil
+}
+
+func (x *VolumeCheckpoint) GetLastReclaim() *v1.ReclaimResult {
+	if x != nil {
+		return x.LastReclaim
+	}
+	return nil
+}
+
 // ContainerCheckpoint is <work>/isolators/volume/csi/<container id>/volumes.state.
 type ContainerCheckpoint struct {
 	state       protoimpl.MessageState   `protogen:"open.v1"`
@@ -232,7 +250,7 @@ var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xb3\x03\n" +
+	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xb7\x04\n" +
 	"\x10VolumeCheckpoint\x12;\n" +
 	"\x05state\x18\x01 \x01(\x0e2%.csiagent.agent.v1.VolumeStatus.StateR\x05state\x12;\n" +
 	"\vstate_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -248,7 +266,9 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x05users\x18\t \x03(\tR\x05users\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\n" +
-	" \x01(\tR\tlastError\"\x8f\x02\n" +
+	" \x01(\tR\tlastError\x12=\n" +
+	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\x8f\x02\n" +
 	"\x13ContainerCheckpoint\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
 	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x12;\n" +
@@ -276,22 +296,25 @@ var file_proto_state_v1_state_proto_goTypes = []any{
 	(v1.VolumeStatus_State)(0),    // 2: csiagent.agent.v1.VolumeStatus.State
 	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 	(*v1.StaticProvisioning)(nil), // 4: csiagent.agent.v1.StaticProvisioning
-	(v1.ContainerStatus_Phase)(0), // 5: csiagent.agent.v1.ContainerStatus.Phase
-	(*v1.PrepareRequest)(nil),     // 6: csiagent.agent.v1.PrepareRequest
-	(*v1.ContainerMount)(nil),     // 7: csiagent.agent.v1.ContainerMount
+	(*v1.ReclaimResult)(nil),      // 5: csiagent.agent.v1.ReclaimResult
+	(v1.ContainerStatus_Phase)(0), // 6: csiagent.agent.v1.ContainerStatus.Phase
+	(*v1.PrepareRequest)(nil),     // 7: csiagent.agent.v1.PrepareRequest
+	(*v1.ContainerMount)(nil),     // 8: csiagent.agent.v1.ContainerMount
 }
 var file_proto_state_v1_state_proto_depIdxs = []int32{
 	2, // 0: csiagent.state.v1.VolumeCheckpoint.state:type_name -> csiagent.agent.v1.VolumeStatus.State
 	3, // 1: csiagent.state.v1.VolumeCheckpoint.state_since:type_name -> google.protobuf.Timestamp
 	4, // 2: csiagent.state.v1.VolumeCheckpoint.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	5, // 3: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	6, // 4: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.agent.v1.PrepareRequest
-	7, // 5: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3, // 3: csiagent.state.v1.VolumeCheckpoint.next_reclaim:type_name -> google.protobuf.Timestamp
+	5, // 4: csiagent.state.v1.VolumeCheckpoint.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	6, // 5: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	7, // 6: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.agent.v1.PrepareRequest
+	8, // 7: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_proto_state_v1_state_proto_init() }

@@ -1,0 +1,174 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/reclaimspace"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// ErrNotPublished: the volume is not (or no longer) published here.
+var ErrNotPublished = errors.New("volume is not published")
+
+// ReclaimNode is the csi-addons call the isolator makes on a plugin.
+type ReclaimNode interface {
+	NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error)
+}
+
+// ReclaimController is the offline csi-addons call.
+type ReclaimController interface {
+	ControllerReclaimSpace(ctx context.Context, in *reclaimspace.ControllerReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.ControllerReclaimSpaceResponse, error)
+}
+
+// PublishedVolume is a published volume and its reclaim schedule.
+type PublishedVolume struct {
+	Plugin, ID  string
+	NextReclaim time.Time
+}
+
+// Published lists the published volumes.
+func (iso *Isolator) Published() []PublishedVolume {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	out := make([]PublishedVolume, 0, len(iso.volumes))
+	for k, v := range iso.volumes {
+		if v.cp.GetState() != stPublished {
+			continue
+		}
+		pv := PublishedVolume{Plugin: k.plugin, ID: k.id}
+		if n := v.cp.GetNextReclaim(); n != nil {
+			pv.NextReclaim = n.AsTime()
+		}
+		out = append(out, pv)
+	}
+	return out
+}
+
+// ScheduleReclaim persists a volume's next reclaim time.
+func (iso *Isolator) ScheduleReclaim(ctx context.Context, plugin, id string, next time.Time) error {
+	return iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
+		if v == nil {
+			return ErrNotPublished
+		}
+		return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.NextReclaim = timestamppb.New(next) })
+	})
+}
+
+// ReclaimSpace calls NodeReclaimSpace on a published volume with its lock
+// held, so it never overlaps a prepare, a cleanup or another reclaim of
+// the volume; the cleanup that removes the volume's last user cancels it.
+// The result is kept with the volume. The error is the plugin's status
+// error (its code drives the caller's retry policy), or wraps
+// ErrNotPublished.
+func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugin, id string) (*agentv1.ReclaimResult, error) {
+	key := volumeKey{plugin, id}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	iso.mu.Lock()
+	iso.reclaiming[key] = cancel
+	iso.mu.Unlock()
+	defer func() {
+		iso.mu.Lock()
+		delete(iso.reclaiming, key)
+		iso.mu.Unlock()
+	}()
+	var res *agentv1.ReclaimResult
+	var callErr error
+	err := iso.withVolume(ctx, key, func(v *volume) error {
+		if v == nil || v.cp.GetState() != stPublished {
+			return fmt.Errorf("volume %s: %w", key, ErrNotPublished)
+		}
+		static := v.cp.GetStaticProvisioning()
+		secrets, err := iso.resolveSecrets(static.GetNodeStageSecrets())
+		if err != nil {
+			return fmt.Errorf("volume %s: node_stage_secrets: %w", key, err)
+		}
+		req := &reclaimspace.NodeReclaimSpaceRequest{
+			VolumeId: id, VolumePath: v.cp.GetTargetPath(), VolumeCapability: static.GetVolumeCapability(), Secrets: secrets,
+		}
+		node, err := iso.cfg.Plugins.Node(ctx, plugin)
+		if err != nil {
+			return err
+		}
+		if node.StageUnstage {
+			req.StagingTargetPath = v.cp.GetStagingPath()
+		}
+		start := time.Now()
+		resp, err := client.NodeReclaimSpace(ctx, req)
+		iso.cfg.CrashPoint("rpc NodeReclaimSpace")
+		res = reclaimResult(start, resp.GetPreUsage().GetUsageBytes(), resp.GetPostUsage().GetUsageBytes(),
+			resp.GetPreUsage() != nil, resp.GetPostUsage() != nil, err)
+		callErr = err
+		return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastReclaim = res })
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, callErr
+}
+
+// ReclaimOffline calls ControllerReclaimSpace for a volume that is not
+// published on this host.
+func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimController, plugin, id string, secrets map[string]string) (*agentv1.ReclaimResult, error) {
+	var res *agentv1.ReclaimResult
+	var callErr error
+	err := iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
+		if v != nil {
+			return fmt.Errorf("%w: volume %s/%s is in use on this host (%s): reclaim it online", ErrPrecondition, plugin, id, v.cp.GetState())
+		}
+		start := time.Now()
+		resp, err := client.ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{VolumeId: id, Secrets: secrets})
+		res = reclaimResult(start, resp.GetPreUsage().GetUsageBytes(), resp.GetPostUsage().GetUsageBytes(),
+			resp.GetPreUsage() != nil, resp.GetPostUsage() != nil, err)
+		callErr = err
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, callErr
+}
+
+func reclaimResult(start time.Time, pre, post int64, hasPre, hasPost bool, err error) *agentv1.ReclaimResult {
+	res := &agentv1.ReclaimResult{
+		Start: timestamppb.New(start), Duration: durationpb.New(time.Since(start)),
+		Outcome: "ok", PreUsage: -1, PostUsage: -1,
+	}
+	if hasPre {
+		res.PreUsage = pre
+	}
+	if hasPost {
+		res.PostUsage = post
+	}
+	if hasPre && hasPost {
+		res.BytesReclaimed = pre - post
+	}
+	if err != nil {
+		st := status.Convert(err)
+		res.Outcome, res.Code = st.Message(), st.Code().String()
+	}
+	return res
+}
+
+// cancelReclaim stops a reclaim running on a volume whose last user is
+// being released, so the cleanup does not wait for it.
+func (iso *Isolator) cancelReclaim(key volumeKey, id string) {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	v := iso.volumes[key]
+	if v == nil || len(v.cp.GetUsers()) != 1 || v.cp.GetUsers()[0] != id {
+		return
+	}
+	if cancel := iso.reclaiming[key]; cancel != nil {
+		cancel()
+	}
+}
