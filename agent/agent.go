@@ -21,6 +21,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/reclaim"
 )
 
 // Defaults of Config.
@@ -66,6 +67,13 @@ type Config struct {
 	// CrashPoint is for crash tests only: see isolator.Config.
 	CrashPoint func(point string)
 
+	// ReclaimDefaults is the reclaim policy of plugins whose config does
+	// not override it; ReclaimMaxConcurrent caps reclaims agent-wide.
+	ReclaimDefaults      reclaim.Policy
+	ReclaimMaxConcurrent int
+	// ReclaimClock is for tests; nil: the real clock.
+	ReclaimClock reclaim.Clock
+
 	Logger *slog.Logger
 }
 
@@ -99,6 +107,15 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.ReclaimDefaults.Timeout <= 0 {
+		c.ReclaimDefaults.Timeout = DefaultReclaimTimeout
+	}
+	if c.ReclaimDefaults.MaxConcurrent <= 0 {
+		c.ReclaimDefaults.MaxConcurrent = DefaultReclaimPluginMax
+	}
+	if c.ReclaimMaxConcurrent <= 0 {
+		c.ReclaimMaxConcurrent = DefaultReclaimMaxConcurrent
+	}
 }
 
 // Agent is the csiagent daemon.
@@ -109,6 +126,8 @@ type Agent struct {
 	limits  *limiter
 	watcher *pluginconfig.Watcher
 	iso     *isolator.Isolator
+	// reclaimer schedules reclaim-space calls on published volumes.
+	reclaimer *reclaim.Scheduler
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
 
@@ -138,6 +157,10 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.iso = iso
+	a.reclaimer = reclaim.New(reclaim.Config{
+		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
+		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
+	})
 	return a, nil
 }
 
@@ -201,7 +224,10 @@ loop:
 				isoStarted = true
 				go func() {
 					defer close(isoDone)
+					var wg sync.WaitGroup
+					wg.Go(func() { a.reclaimer.Run(runCtx) })
 					a.iso.Run(runCtx)
+					wg.Wait()
 				}()
 			}
 		case <-rotate.C:
@@ -306,6 +332,10 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 	a.fileErrors = u.Errors
 	a.mu.Unlock()
 	for _, ev := range u.Events {
+		if ev.Kind == pluginconfig.Added || ev.Kind == pluginconfig.Changed {
+			// A new config may implement reclaim where the old did not.
+			defer a.reclaimer.ResetPlugin(ev.Type)
+		}
 		switch ev.Kind {
 		case pluginconfig.Added:
 			a.log.Info("plugin config added", "plugin", ev.Type, "file", ev.File)
@@ -322,6 +352,7 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 		}
 	}
 	a.changed.notify()
+	a.reclaimer.Poke()
 }
 
 func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit map[int]*handover) {

@@ -24,6 +24,7 @@ import (
 type instance struct {
 	a        *Agent
 	log      *slog.Logger
+	typ      string
 	pluginID string // <type>:<name>
 	services []pluginconfig.Service
 	socket   string
@@ -142,6 +143,9 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 		s.NodeId, s.AddonsServices = disc.nodeID, disc.addons
 	})
 	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)
+	// A new process (or connection) may implement what the last did not.
+	in.a.reclaimer.ResetPlugin(in.typ)
+	in.a.reclaimer.Poke()
 	tick := time.NewTicker(in.a.cfg.ProbeInterval)
 	defer tick.Stop()
 	failures := 0

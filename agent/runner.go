@@ -59,6 +59,7 @@ func (r *runner) newInstance(services []pluginconfig.Service, socket string, i i
 	in := &instance{
 		a:        r.a,
 		log:      r.a.log.With("plugin", r.plugin.Info.Type, "instance", i),
+		typ:      r.plugin.Info.Type,
 		pluginID: r.plugin.Info.Type + ":" + r.plugin.Info.Name,
 		services: append([]pluginconfig.Service(nil), services...),
 		socket:   socket,
@@ -124,7 +125,8 @@ func (r *runner) status(errs []*pluginconfig.FileError) *agentv1.Plugin {
 	info := r.plugin.Info
 	p := &agentv1.Plugin{
 		Type: info.Type, Name: info.Name, ConfigFile: r.plugin.File, Managed: info.Managed(),
-		State: agentv1.PluginState_PLUGIN_STATE_READY,
+		State:   agentv1.PluginState_PLUGIN_STATE_READY,
+		Reclaim: r.a.reclaimTotals(info.Type),
 	}
 	for _, fe := range errs {
 		if fe.File == r.plugin.File {

@@ -82,7 +82,8 @@ type liveNode struct {
 	typ string
 }
 
-func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
+// conn is the plugin's node connection once it is ready.
+func (n liveNode) conn(ctx context.Context) (*grpc.ClientConn, error) {
 	in, err := n.a.readyNode(ctx, n.typ)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
@@ -92,6 +93,14 @@ func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
 	in.mu.Unlock()
 	if conn == nil {
 		return nil, status.Errorf(codes.Unavailable, "plugin %s is restarting", n.typ)
+	}
+	return conn, nil
+}
+
+func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
+	conn, err := n.conn(ctx)
+	if err != nil {
+		return nil, err
 	}
 	return csi.NewNodeClient(conn), nil
 }
@@ -158,11 +167,14 @@ func toStatus(err error) error {
 
 func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
 	resp, err := s.a.iso.Prepare(ctx, req)
+	s.a.reclaimer.Poke()
 	return resp, toStatus(err)
 }
 
 func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
-	if err := s.a.iso.Cleanup(ctx, req.GetContainerId()); err != nil {
+	err := s.a.iso.Cleanup(ctx, req.GetContainerId())
+	s.a.reclaimer.Poke()
+	if err != nil {
 		return nil, toStatus(err)
 	}
 	return &agentv1.CleanupResponse{}, nil
@@ -182,5 +194,7 @@ func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest
 			return nil, toStatus(err)
 		}
 	}
-	return s.a.iso.Reconcile(ctx, req.GetLiveContainerIds()), nil
+	resp := s.a.iso.Reconcile(ctx, req.GetLiveContainerIds())
+	s.a.reclaimer.Poke()
+	return resp, nil
 }

@@ -39,6 +39,7 @@ func commands() map[string]command {
 		"volumes":      {"list the volumes the agent tracks", runVolumes},
 		"containers":   {"list the containers that have volumes", runContainers},
 		"reconcile":    {"clean up every container not in --live", runReconcile},
+		"reclaim":      {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},
 		"serve":        {"run the agent daemon", runServe},
 		"version":      {"print the version", runVersion},
 	}

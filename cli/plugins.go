@@ -170,6 +170,14 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 	kv("Managed", fmt.Sprint(p.GetManaged()))
 	kv("State", stateName(p.GetState()))
 	kv("Config error", p.GetConfigError())
+	if rc := p.GetReclaim(); rc != nil {
+		sched := "scheduled"
+		if !rc.GetScheduled() {
+			sched = "not scheduled: " + rc.GetReason()
+		}
+		kv("Reclaim", fmt.Sprintf("%s; %d run(s), %d failure(s), %s freed", sched, rc.GetRuns(), rc.GetFailures(), bytesHuman(rc.GetBytesReclaimed())))
+		kv("Reclaim last error", rc.GetLastError())
+	}
 	for i, in := range p.GetInstances() {
 		fmt.Fprintf(tw, "Instance %d:\t\n", i)
 		kv("  Services", strings.Join(in.GetServices(), ", "))

@@ -32,6 +32,10 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", agent.DefaultProbeInterval, "period of health probes of ready plugins")
 	fs.StringVar(&cfg.SecretsDir, "secrets-dir", "", "directory for volumes' REFERENCE secrets: name is a file of JSON key/values in it")
 	fs.DurationVar(&cfg.RPCTimeout, "node-rpc-timeout", isolator.DefaultRPCTimeout, "deadline of each node RPC step (stage, publish, ...), retries included")
+	fs.DurationVar(&cfg.ReclaimDefaults.Interval, "reclaim-interval", agent.DefaultReclaimInterval, "default interval between two reclaims of a volume (0 disables); a plugin's config may override it")
+	fs.DurationVar(&cfg.ReclaimDefaults.Timeout, "reclaim-timeout", agent.DefaultReclaimTimeout, "default deadline of one NodeReclaimSpace call")
+	fs.IntVar(&cfg.ReclaimDefaults.MaxConcurrent, "reclaim-max-concurrent-per-plugin", agent.DefaultReclaimPluginMax, "default cap on one plugin's concurrent reclaims")
+	fs.IntVar(&cfg.ReclaimMaxConcurrent, "reclaim-max-concurrent", agent.DefaultReclaimMaxConcurrent, "cap on concurrent reclaims agent-wide")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	if code, done := e.parseFlags(fs, args, ""); done {
 		return code

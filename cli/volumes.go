@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -121,12 +123,118 @@ func runVolumes(ctx context.Context, e *env, args []string) int {
 			return printJSON(e.stdout, resp)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tTARGET\tERROR")
+		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tLAST RECLAIM\tNEXT RECLAIM\tTARGET\tERROR")
 		for _, v := range resp.GetVolumes() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
-				orDash(strings.Join(v.GetContainers(), ",")), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+			next := "-"
+			if v.GetNextReclaim() != nil {
+				next = v.GetNextReclaim().AsTime().Local().Format(time.DateTime)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+				orDash(strings.Join(v.GetContainers(), ",")), reclaimCell(v.GetLastReclaim()), next, v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
 		}
 		return tw.Flush()
+	})
+}
+
+// reclaimCell summarises a reclaim result: when, and bytes freed or why
+// not.
+func reclaimCell(r *agentv1.ReclaimResult) string {
+	if r == nil {
+		return "-"
+	}
+	when := r.GetStart().AsTime().Local().Format(time.DateTime)
+	if r.GetCode() != "" {
+		return when + " " + r.GetCode()
+	}
+	if r.GetPreUsage() < 0 || r.GetPostUsage() < 0 {
+		return when + " ok"
+	}
+	return when + " freed " + bytesHuman(r.GetBytesReclaimed())
+}
+
+// bytesHuman prints a byte count in binary units, keeping the sign.
+func bytesHuman(n int64) string {
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%s%d B", sign, n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%s%.1f %ciB", sign, float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func runReclaim(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("reclaim", flag.ContinueOnError)
+	volume := fs.String("volume", "", "reclaim this volume id")
+	plugin := fs.String("plugin", "", "the volume's plugin type (needed when the id is ambiguous, and with --offline)")
+	containerID := fs.String("container", "", "reclaim every volume of this container")
+	all := fs.Bool("all", false, "reclaim every published volume")
+	offline := fs.Bool("offline", false, "call ControllerReclaimSpace for --plugin/--volume, a volume not published on this host")
+	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+		req := &agentv1.ReclaimSpaceRequest{Offline: *offline}
+		n := 0
+		if *volume != "" {
+			n++
+			req.Target = &agentv1.ReclaimSpaceRequest_Volume{Volume: &agentv1.VolumeRef{PluginName: *plugin, VolumeId: *volume}}
+		}
+		if *containerID != "" {
+			n++
+			req.Target = &agentv1.ReclaimSpaceRequest_ContainerId{ContainerId: *containerID}
+		}
+		if *all {
+			n++
+			req.Target = &agentv1.ReclaimSpaceRequest_All{All: true}
+		}
+		switch {
+		case n != 1:
+			return usageError("name exactly one of --volume, --container or --all")
+		case *offline && (*volume == "" || *plugin == ""):
+			return usageError("--offline needs --plugin and --volume")
+		}
+		stream, err := client.ReclaimSpace(ctx, req)
+		if err != nil {
+			return err
+		}
+		for {
+			msg, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				if err := printJSON(e.stdout, msg); err != nil {
+					return err
+				}
+				continue
+			}
+			if s := msg.GetSummary(); s != nil {
+				fmt.Fprintf(e.stdout, "%d volume(s), %s freed, %d failure(s)\n", s.GetVolumes(), bytesHuman(s.GetBytesFreed()), s.GetFailures())
+				if s.GetFailures() > 0 {
+					return fmt.Errorf("%d reclaim(s) failed", s.GetFailures())
+				}
+				continue
+			}
+			r := msg.GetResult()
+			line := fmt.Sprintf("%s/%s: ", msg.GetVolume().GetPluginName(), msg.GetVolume().GetVolumeId())
+			switch {
+			case r.GetCode() != "":
+				line += r.GetCode() + ": " + r.GetOutcome()
+			case r.GetPreUsage() >= 0 && r.GetPostUsage() >= 0:
+				line += fmt.Sprintf("freed %s (%s -> %s in use)", bytesHuman(r.GetBytesReclaimed()), bytesHuman(r.GetPreUsage()), bytesHuman(r.GetPostUsage()))
+			default:
+				line += "ok (the plugin reported no usage)"
+			}
+			fmt.Fprintln(e.stdout, line)
+		}
 	})
 }
 

@@ -1,0 +1,288 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/reclaimspace"
+	"github.com/csiagent/csiagent/reclaim"
+)
+
+// Reclaim defaults (agent-wide; a plugin's config may override them).
+const (
+	DefaultReclaimInterval      = 7 * 24 * time.Hour
+	DefaultReclaimTimeout       = 10 * time.Minute
+	DefaultReclaimMaxConcurrent = 2
+	// DefaultReclaimPluginMax is the default per-plugin cap.
+	DefaultReclaimPluginMax = 1
+	nodeReclaimService      = "reclaimspace.ReclaimSpaceNode"
+	controllerReclaimSvc    = "reclaimspace.ReclaimSpaceController"
+)
+
+// reclaimPolicy is a plugin's reclaim policy: its config's overrides on
+// the agent's defaults.
+func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
+	p := a.cfg.ReclaimDefaults
+	a.mu.Lock()
+	r := a.plugins[typ]
+	a.mu.Unlock()
+	if r == nil {
+		return reclaim.Policy{}
+	}
+	if s := r.plugin.Info.Settings; s != nil && s.ReclaimSpace != nil {
+		o := s.ReclaimSpace
+		if o.Interval != nil {
+			p.Interval = time.Duration(*o.Interval)
+		}
+		if o.Timeout != nil {
+			p.Timeout = time.Duration(*o.Timeout)
+		}
+		if o.MaxConcurrent != nil {
+			p.MaxConcurrent = *o.MaxConcurrent
+		}
+	}
+	return p
+}
+
+// reclaimTarget lets the scheduler reclaim the isolator's volumes.
+type reclaimTarget struct{ a *Agent }
+
+var _ reclaim.Target = reclaimTarget{}
+
+// Volumes lists published volumes of plugins that offer the node reclaim
+// service (as discovered when they became ready).
+func (t reclaimTarget) Volumes() []reclaim.Volume {
+	var out []reclaim.Volume
+	offers := map[string]bool{}
+	for _, pv := range t.a.iso.Published() {
+		ok, seen := offers[pv.Plugin]
+		if !seen {
+			ok = t.a.pluginOffers(pv.Plugin, nodeReclaimService)
+			offers[pv.Plugin] = ok
+		}
+		if ok {
+			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: pv.NextReclaim})
+		}
+	}
+	return out
+}
+
+func (t reclaimTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
+	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{a: t.a, typ: plugin}, plugin, id)
+	if errors.Is(err, isolator.ErrNotPublished) {
+		return reclaim.Result{}, fmt.Errorf("%w: %w", reclaim.ErrNotPublished, err)
+	}
+	if res == nil {
+		return reclaim.Result{}, err
+	}
+	return reclaim.Result{
+		Start: res.GetStart().AsTime(), Duration: res.GetDuration().AsDuration(),
+		PreUsage: res.GetPreUsage(), PostUsage: res.GetPostUsage(),
+	}, err
+}
+
+func (t reclaimTarget) Schedule(plugin, id string, next time.Time) error {
+	return t.a.iso.ScheduleReclaim(context.Background(), plugin, id, next)
+}
+
+// pluginOffers reports whether a plugin's ready instance answers service.
+func (a *Agent) pluginOffers(typ, service string) bool {
+	a.mu.Lock()
+	r := a.plugins[typ]
+	a.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	for _, in := range r.instances {
+		if slices.Contains(in.snapshot().AddonsServices, service) {
+			return true
+		}
+	}
+	return false
+}
+
+// liveReclaim calls NodeReclaimSpace on the plugin's current connection.
+type liveReclaim struct {
+	a   *Agent
+	typ string
+}
+
+func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
+	c, err := liveNode(l).conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return reclaimspace.NewReclaimSpaceNodeClient(c).NodeReclaimSpace(ctx, in, opts...)
+}
+
+// controllerConn waits for the instance serving the controller service.
+func (a *Agent) controllerConn(ctx context.Context, typ string) (*grpc.ClientConn, error) {
+	for {
+		changed := a.changed.wait()
+		a.mu.Lock()
+		r := a.plugins[typ]
+		a.mu.Unlock()
+		if r == nil {
+			return nil, status.Errorf(codes.NotFound, "Unknown CSI plugin '%s'", typ)
+		}
+		var ctrl *instance
+		for _, in := range r.instances {
+			if slices.Contains(in.services, pluginconfig.ControllerService) {
+				ctrl = in
+			}
+		}
+		if ctrl == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "plugin %s has no CONTROLLER_SERVICE", typ)
+		}
+		ctrl.mu.Lock()
+		conn := ctrl.conn
+		ctrl.mu.Unlock()
+		if conn != nil {
+			return conn, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, status.Errorf(codes.Unavailable, "plugin %s's controller is not ready", typ)
+		}
+	}
+}
+
+// reclaimTotals reports a plugin's reclaim schedule and totals.
+func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
+	if a.reclaimer == nil {
+		return nil
+	}
+	t := a.reclaimer.Totals(typ)
+	out := &agentv1.ReclaimTotals{Scheduled: true, Runs: t.Runs, Failures: t.Failures, BytesReclaimed: t.BytesFreed}
+	if t.LastError != nil {
+		out.LastError = t.LastError.Error()
+	}
+	switch {
+	case a.reclaimPolicy(typ).Interval == 0:
+		out.Scheduled, out.Reason = false, "disabled (interval 0)"
+	case a.reclaimer.Unsupported(typ):
+		out.Scheduled, out.Reason = false, "the plugin answered Unimplemented; retried when its config or process changes"
+	case !a.pluginOffers(typ, nodeReclaimService):
+		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
+	}
+	return out
+}
+
+// ReclaimSpace runs reclaims now and streams their results.
+func (s *apiServer) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
+	ctx := stream.Context()
+	if req.GetOffline() {
+		return s.reclaimOffline(ctx, req, stream)
+	}
+	var vols []reclaim.Volume
+	published := reclaimTarget{s.a}.Volumes()
+	switch t := req.GetTarget().(type) {
+	case *agentv1.ReclaimSpaceRequest_All:
+		vols = published
+	case *agentv1.ReclaimSpaceRequest_Volume:
+		ref := t.Volume
+		for _, v := range published {
+			if v.ID == ref.GetVolumeId() && (ref.GetPluginName() == "" || v.Plugin == ref.GetPluginName()) {
+				vols = append(vols, v)
+			}
+		}
+		if len(vols) == 0 {
+			return status.Errorf(codes.NotFound, "volume %q is not published on this host by a plugin that offers %s", ref.GetVolumeId(), nodeReclaimService)
+		}
+		if len(vols) > 1 {
+			return status.Errorf(codes.InvalidArgument, "volume id %q is published by several plugins; name the plugin", ref.GetVolumeId())
+		}
+	case *agentv1.ReclaimSpaceRequest_ContainerId:
+		var keys []isolator.PublishedVolume
+		for _, c := range s.a.iso.ListContainers() {
+			if c.GetContainerId() == t.ContainerId {
+				for _, m := range c.GetMounts() {
+					keys = append(keys, isolator.PublishedVolume{Plugin: m.GetPluginName(), ID: m.GetVolumeId()})
+				}
+			}
+		}
+		if len(keys) == 0 {
+			return status.Errorf(codes.NotFound, "container %q has no volumes", t.ContainerId)
+		}
+		for _, v := range published {
+			if slices.ContainsFunc(keys, func(k isolator.PublishedVolume) bool { return k.Plugin == v.Plugin && k.ID == v.ID }) {
+				vols = append(vols, v)
+			}
+		}
+	default:
+		return status.Error(codes.InvalidArgument, "name a volume, a container, or all")
+	}
+	var mu sync.Mutex
+	var sendErr error
+	summary := s.a.reclaimer.RunNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if sendErr == nil {
+			sendErr = stream.Send(&agentv1.ReclaimSpaceProgress{
+				Volume: &agentv1.VolumeRef{PluginName: v.Plugin, VolumeId: v.ID},
+				Result: s.lastReclaim(v, r, err),
+			})
+		}
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: &agentv1.ReclaimSummary{
+		Volumes: int32(summary.Volumes), BytesFreed: summary.BytesFreed, Failures: int32(summary.Failures),
+	}})
+}
+
+// lastReclaim is the result the isolator recorded for the volume, or one
+// made from the scheduler's view when none was recorded (e.g. the volume
+// was not published any more).
+func (s *apiServer) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
+	for _, vs := range s.a.iso.ListVolumes() {
+		if vs.GetPluginName() == v.Plugin && vs.GetVolumeId() == v.ID && vs.GetLastReclaim() != nil {
+			return proto.Clone(vs.GetLastReclaim()).(*agentv1.ReclaimResult)
+		}
+	}
+	res := &agentv1.ReclaimResult{Outcome: "ok", PreUsage: r.PreUsage, PostUsage: r.PostUsage}
+	if err != nil {
+		res.Outcome, res.Code = status.Convert(err).Message(), status.Code(err).String()
+	}
+	return res
+}
+
+func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
+	ref := req.GetVolume()
+	if ref.GetPluginName() == "" || ref.GetVolumeId() == "" {
+		return status.Error(codes.InvalidArgument, "offline reclaim needs the plugin and the volume id")
+	}
+	if !s.a.pluginOffers(ref.GetPluginName(), controllerReclaimSvc) {
+		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
+	}
+	conn, err := s.a.controllerConn(ctx, ref.GetPluginName())
+	if err != nil {
+		return err
+	}
+	res, err := s.a.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), nil)
+	if res == nil {
+		return toStatus(err)
+	}
+	if err := stream.Send(&agentv1.ReclaimSpaceProgress{Volume: ref, Result: res}); err != nil {
+		return err
+	}
+	sum := &agentv1.ReclaimSummary{Volumes: 1, BytesFreed: res.GetBytesReclaimed()}
+	if err != nil {
+		sum.Failures = 1
+	}
+	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: sum})
+}
