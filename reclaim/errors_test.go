@@ -1,0 +1,227 @@
+package reclaim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/reclaim/reclaimtest"
+)
+
+var ok = reclaim.Result{PreUsage: 1000, PostUsage: 900}
+
+// fails answers err for the first n calls of a volume (n < 0: always),
+// then success.
+func fails(n int, err error) func(*fakeTarget, string, string, int) (reclaim.Result, error) {
+	return func(_ *fakeTarget, _, _ string, i int) (reclaim.Result, error) {
+		if n < 0 || i < n {
+			return reclaim.Result{}, err
+		}
+		return ok, nil
+	}
+}
+
+// gone unpublishes the volume and answers err.
+func gone(err error) func(*fakeTarget, string, string, int) (reclaim.Result, error) {
+	return func(f *fakeTarget, p, id string, _ int) (reclaim.Result, error) {
+		f.remove(p, id)
+		return reclaim.Result{}, err
+	}
+}
+
+func secs(ss ...float64) []time.Duration {
+	out := make([]time.Duration, len(ss))
+	for i, s := range ss {
+		out[i] = time.Duration(s * float64(time.Second))
+	}
+	return out
+}
+
+// TestErrorRecovery runs one volume for three cycles against scripted
+// answers and checks when it was called, what was persisted and counted.
+func TestErrorRecovery(t *testing.T) {
+	const p, id = "plugin", "vol"
+	st := func(c codes.Code) error { return status.Error(c, c.String()) }
+	tests := []struct {
+		name   string
+		iv     time.Duration
+		script func(*fakeTarget, string, string, int) (reclaim.Result, error)
+		// calls, relative to the first slot
+		want []time.Duration
+		// finished cycles (each persists the next slot), failed ones
+		cycles, failures int64
+		wantCode         codes.Code
+		unsupported      bool
+	}{
+		{"success", 10 * time.Second, nil, secs(0, 10, 20), 3, 0, codes.OK, false},
+		{"aborted twice then success: backoff 1s, 2s", 10 * time.Second, fails(2, st(codes.Aborted)),
+			secs(0, 1, 3, 10, 20), 3, 0, codes.OK, false},
+		{"aborted always: retries bounded by the interval", 10 * time.Second, fails(-1, st(codes.Aborted)),
+			secs(0, 1, 3, 7, 10, 11, 13, 17, 20, 21, 23, 27), 3, 3, codes.Aborted, false},
+		{"aborted always: retries bounded by attempts", time.Minute, fails(-1, st(codes.Aborted)),
+			secs(0, 1, 3, 7, 15, 60, 61, 63, 67, 75, 120, 121, 123, 127, 135), 3, 3, codes.Aborted, false},
+		{"not found, volume gone: dropped silently", 10 * time.Second, gone(st(codes.NotFound)),
+			secs(0), 0, 0, codes.OK, false},
+		{"not found, still published: bounded retries, then next cycle", 10 * time.Second, fails(-1, st(codes.NotFound)),
+			secs(0, 1, 3, 7, 10, 11, 13, 17, 20, 21, 23, 27), 3, 3, codes.NotFound, false},
+		{"not found once, still published", 10 * time.Second, fails(1, st(codes.NotFound)),
+			secs(0, 1, 10, 20), 3, 0, codes.OK, false},
+		{"invalid argument: no retry", 10 * time.Second, fails(-1, st(codes.InvalidArgument)),
+			secs(0, 10, 20), 3, 3, codes.InvalidArgument, false},
+		{"unauthenticated: no retry", 10 * time.Second, fails(-1, st(codes.Unauthenticated)),
+			secs(0, 10, 20), 3, 3, codes.Unauthenticated, false},
+		{"unknown: next cycle", 10 * time.Second, fails(1, st(codes.Unknown)),
+			secs(0, 10, 20), 3, 1, codes.Unknown, false},
+		{"deadline exceeded: next cycle", 10 * time.Second, fails(-1, st(codes.DeadlineExceeded)),
+			secs(0, 10, 20), 3, 3, codes.DeadlineExceeded, false},
+		{"unavailable: next cycle", 10 * time.Second, fails(-1, st(codes.Unavailable)),
+			secs(0, 10, 20), 3, 3, codes.Unavailable, false},
+		{"plain error: next cycle", 10 * time.Second, fails(-1, errors.New("boom")),
+			secs(0, 10, 20), 3, 3, codes.Unknown, false},
+		{"not published: dropped silently", 10 * time.Second, gone(fmt.Errorf("reclaim: %w", reclaim.ErrNotPublished)),
+			secs(0), 0, 0, codes.OK, false},
+		{"unimplemented: plugin unsupported, no more calls", 10 * time.Second, fails(-1, st(codes.Unimplemented)),
+			secs(0), 1, 1, codes.Unimplemented, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := reclaimtest.NewClock(t0)
+			f := newTarget(clock)
+			f.script = tc.script
+			f.add(p, id, time.Time{})
+			slot := slotAfter(t0, tc.iv, p, id)
+			h := start(t, clock, f, reclaim.Config{Policy: policy(tc.iv, 1)})
+			h.driveTo(slot.Add(3*tc.iv - time.Second)) // three cycles, all their retries
+
+			var got []time.Duration
+			for _, c := range f.Calls(false) {
+				got = append(got, c.at.Sub(slot))
+				if c.timeout <= 0 || c.timeout > time.Minute {
+					t.Errorf("call at %v: %v left before its deadline, want (0, 1m]: the policy's timeout", c.at.Sub(slot), c.timeout)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("calls at %v, want %v", got, tc.want)
+			}
+
+			wantSched := []time.Time{slot} // first seen
+			for c := range tc.cycles {
+				wantSched = append(wantSched, slot.Add(time.Duration(c+1)*tc.iv))
+			}
+			if got := f.Schedules(vkey{p, id}); !slices.EqualFunc(got, wantSched, time.Time.Equal) {
+				t.Errorf("Schedule calls %v, want %v", got, wantSched)
+			}
+
+			tot := h.s.Totals(p)
+			if tot.Runs != tc.cycles || tot.Failures != tc.failures {
+				t.Errorf("Totals: %d runs, %d failures; want %d, %d", tot.Runs, tot.Failures, tc.cycles, tc.failures)
+			}
+			if want := 100 * (tc.cycles - tc.failures); tot.BytesFreed != want {
+				t.Errorf("Totals: %d bytes freed, want %d", tot.BytesFreed, want)
+			}
+			if tc.wantCode == codes.OK && tot.LastError != nil {
+				t.Errorf("Totals.LastError = %v, want nil", tot.LastError)
+			}
+			if tc.wantCode != codes.OK && status.Code(tot.LastError) != tc.wantCode {
+				t.Errorf("Totals.LastError = %v, want code %v", tot.LastError, tc.wantCode)
+			}
+			if got := h.s.Unsupported(p); got != tc.unsupported {
+				t.Errorf("Unsupported = %v, want %v", got, tc.unsupported)
+			}
+		})
+	}
+}
+
+// TestUnsupportedUntilReset: Unimplemented stops one plugin's volumes, not
+// the others', until ResetPlugin; then they run again from their next
+// slots.
+func TestUnsupportedUntilReset(t *testing.T) {
+	const iv = 10 * time.Second
+	clock := reclaimtest.NewClock(t0)
+	f := newTarget(clock)
+	implemented := false
+	f.script = func(f *fakeTarget, p, _ string, _ int) (reclaim.Result, error) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if p == "old" && !implemented {
+			return reclaim.Result{}, status.Error(codes.Unimplemented, "unknown service reclaimspace.ReclaimSpaceNode")
+		}
+		return ok, nil
+	}
+	for _, k := range []vkey{{"old", "a"}, {"old", "b"}, {"other", "c"}} {
+		f.add(k.plugin, k.id, time.Time{})
+	}
+	h := start(t, clock, f, reclaim.Config{Policy: policy(iv, 1)})
+	h.driveTo(t0.Add(3 * iv))
+
+	count := func(calls []call, plugin string) (n int) {
+		for _, c := range calls {
+			if c.plugin == plugin {
+				n++
+			}
+		}
+		return n
+	}
+	calls := f.Calls(false)
+	if n := count(calls, "old"); n != 1 {
+		t.Errorf("%d calls to the unsupported plugin, want 1", n)
+	}
+	if n := count(calls, "other"); n != 3 {
+		t.Errorf("%d calls to the other plugin, want 3 (one per cycle)", n)
+	}
+	if !h.s.Unsupported("old") || h.s.Unsupported("other") {
+		t.Fatalf("Unsupported: old %v, other %v", h.s.Unsupported("old"), h.s.Unsupported("other"))
+	}
+
+	// The plugin is upgraded.
+	f.mu.Lock()
+	implemented = true
+	f.mu.Unlock()
+	resetAt := clock.Now()
+	h.s.ResetPlugin("old")
+	if h.s.Unsupported("old") {
+		t.Error("Unsupported after ResetPlugin")
+	}
+	h.settle()
+	if n := len(f.Calls(false)); n != len(calls) {
+		t.Errorf("ResetPlugin ran %d calls at once; want the volumes at their next slots", n-len(calls))
+	}
+	h.driveTo(resetAt.Add(2 * iv))
+	for _, id := range []string{"a", "b"} {
+		var got []time.Time
+		for _, c := range f.Calls(true) {
+			if c.vkey == (vkey{"old", id}) {
+				got = append(got, c.at)
+			}
+		}
+		first := slotAfter(resetAt, iv, "old", id)
+		want := []time.Time{first, first.Add(iv)}
+		if !slices.EqualFunc(got, want, time.Time.Equal) {
+			t.Errorf("old/%s after reset ran at %v, want %v", id, got, want)
+		}
+	}
+}
+
+// TestUnsupportedCleared: Unsupported means the last call said
+// Unimplemented, whichever path made it.
+func TestUnsupportedCleared(t *testing.T) {
+	clock := reclaimtest.NewClock(t0)
+	f := newTarget(clock)
+	f.add("p", "v", time.Time{})
+	f.script = fails(1, status.Error(codes.Unimplemented, "no"))
+	s := reclaim.New(reclaim.Config{Target: f, Clock: clock})
+	vols := []reclaim.Volume{{Plugin: "p", ID: "v"}}
+	if sum := s.RunNow(context.Background(), vols, nil); sum.Failures != 1 || !s.Unsupported("p") {
+		t.Fatalf("after Unimplemented: %+v, Unsupported %v", sum, s.Unsupported("p"))
+	}
+	if sum := s.RunNow(context.Background(), vols, nil); sum.Volumes != 1 || s.Unsupported("p") {
+		t.Fatalf("after a success: %+v, Unsupported %v", sum, s.Unsupported("p"))
+	}
+}

@@ -1,0 +1,120 @@
+package reclaim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// verdict is what to do after a call.
+type verdict int
+
+const (
+	done      verdict = iota // success: the run is over
+	failed                   // the run is over; try again next cycle
+	retry                    // call again at the returned time, in this cycle
+	dropped                  // the volume is not published: forget it silently
+	cancelled                // the caller's ctx ended: nothing is recorded
+)
+
+// outcome applies the recovery table of csi-addons' NodeReclaimSpace to one
+// call's result, counts finished runs in the plugin's Totals and marks the
+// plugin Unsupported. attempt counts the calls made for this run, this one
+// included; no retry is made at or after cycleEnd (zero: no such bound).
+// It is the one place where both the periodic runs and RunNow decide.
+//
+//	nil                            success
+//	ctx ended                      cancelled, not counted
+//	wraps ErrNotPublished          dropped, not counted
+//	NotFound, volume gone          dropped, not counted (checked in Volumes())
+//	NotFound, still published      retry with backoff (bounded), then failure
+//	Aborted                        retry with backoff (bounded), then failure
+//	Unimplemented                  failure; plugin Unsupported
+//	InvalidArgument, Unauthenticated,
+//	Unknown, DeadlineExceeded, ... failure, no retry: next cycle
+func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, err error, attempt int, cycleEnd time.Time) (verdict, time.Time, error) {
+	log := s.log.With("plugin", plugin, "volume", id)
+	if err == nil {
+		freed, known := res.freed()
+		s.mu.Lock()
+		ps := s.pluginLocked(plugin)
+		ps.totals.Runs++
+		if known {
+			ps.totals.BytesFreed += freed
+		}
+		wasUnsupported := ps.unsupported
+		if wasUnsupported {
+			s.supportedLocked(plugin, s.clock.Now())
+		}
+		s.mu.Unlock()
+		if wasUnsupported {
+			s.Poke()
+		}
+		log.Debug("reclaim: space reclaimed", "attempt", attempt, "pre_usage", res.PreUsage, "post_usage", res.PostUsage, "duration", res.Duration)
+		return done, time.Time{}, nil
+	}
+	if ctx.Err() != nil {
+		return cancelled, time.Time{}, err
+	}
+	if errors.Is(err, ErrNotPublished) {
+		log.Debug("reclaim: volume no longer published", "error", err)
+		return dropped, time.Time{}, err
+	}
+
+	code := status.Code(err)
+	switch code {
+	case codes.Unimplemented:
+		s.mu.Lock()
+		s.pluginLocked(plugin).unsupported = true
+		s.mu.Unlock()
+		log.Info("reclaim: the plugin does not implement NodeReclaimSpace; its volumes are not scheduled until it changes", "error", err)
+	case codes.NotFound:
+		if !s.published(plugin, id) {
+			log.Debug("reclaim: volume no longer published", "error", err)
+			return dropped, time.Time{}, fmt.Errorf("%w: %w", ErrNotPublished, err)
+		}
+		fallthrough
+	case codes.Aborted:
+		if at, ok := retryAt(s.clock.Now(), attempt, cycleEnd); ok {
+			log.Debug("reclaim: will retry", "code", code, "attempt", attempt, "at", at, "error", err)
+			return retry, at, err
+		}
+	}
+
+	s.mu.Lock()
+	t := &s.pluginLocked(plugin).totals
+	t.Runs++
+	t.Failures++
+	t.LastError = err
+	s.mu.Unlock()
+	log.Warn("reclaim: failed", "code", code, "attempts", attempt, "error", err)
+	return failed, time.Time{}, err
+}
+
+// retryAt returns when to make call attempt+1: RetryBase doubled per call
+// made, while fewer than RetryMaxAttempts calls were made and before
+// cycleEnd.
+func retryAt(now time.Time, attempt int, cycleEnd time.Time) (time.Time, bool) {
+	if attempt >= RetryMaxAttempts {
+		return time.Time{}, false
+	}
+	at := now.Add(RetryBase << (attempt - 1))
+	if !cycleEnd.IsZero() && !at.Before(cycleEnd) {
+		return time.Time{}, false
+	}
+	return at, true
+}
+
+// published reports whether Target.Volumes() lists the volume.
+func (s *Scheduler) published(plugin, id string) bool {
+	for _, v := range s.target.Volumes() {
+		if v.Plugin == plugin && v.ID == id {
+			return true
+		}
+	}
+	return false
+}

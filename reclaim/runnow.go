@@ -1,0 +1,88 @@
+package reclaim
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// RunNow reclaims the given volumes now, through the same caps and the
+// same recovery as the periodic runs (Unimplemented marks the plugin
+// Unsupported, a success clears the mark), and blocks until every volume is
+// done or ctx ends. progress, if not nil, is called once per volume (one
+// call at a time) with the final result or error; an error wraps
+// ErrNotPublished when the volume is not published. RunNow does not move
+// the volumes' periodic slots. It works whether Run is running or not.
+func (s *Scheduler) RunNow(ctx context.Context, vols []Volume, progress func(Volume, Result, error)) Summary {
+	var (
+		mu  sync.Mutex
+		sum Summary
+		wg  sync.WaitGroup
+	)
+	for _, v := range vols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := s.runOnce(ctx, v)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				sum.Failures++
+			} else {
+				sum.Volumes++
+				if freed, ok := res.freed(); ok {
+					sum.BytesFreed += freed
+				}
+			}
+			if progress != nil {
+				progress(v, res, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return sum
+}
+
+// runOnce is one on-demand run of a volume, retries included. Retries are
+// bounded by RetryMaxAttempts and, when the plugin is scheduled, by one
+// interval.
+func (s *Scheduler) runOnce(ctx context.Context, v Volume) (Result, error) {
+	pol := s.policy(v.Plugin)
+	var end time.Time
+	if pol.Interval > 0 {
+		end = s.clock.Now().Add(pol.Interval)
+	}
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+		if err := s.acquire(ctx, v.Plugin); err != nil {
+			return Result{}, err
+		}
+		res, err := s.call(ctx, v.Plugin, v.ID, pol.Timeout)
+		s.release(v.Plugin)
+		verdict, at, err := s.outcome(ctx, v.Plugin, v.ID, res, err, attempt, end)
+		switch verdict {
+		case done:
+			return res, nil
+		case retry:
+			if err := s.sleepUntil(ctx, at); err != nil {
+				return Result{}, err
+			}
+		default:
+			return Result{}, err
+		}
+	}
+}
+
+// sleepUntil waits on the clock until t or until ctx ends.
+func (s *Scheduler) sleepUntil(ctx context.Context, t time.Time) error {
+	timer := s.clock.NewTimer(t.Sub(s.clock.Now()))
+	defer timer.Stop()
+	select {
+	case <-timer.C():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
