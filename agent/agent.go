@@ -151,7 +151,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
-		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
+		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.changed.notify,
 	})
 	if err != nil {
 		return nil, err

@@ -220,6 +220,7 @@ func (h *harness) waitPlugin(typ string, what string, cond func(p *agentv1.Plugi
 				last = p
 			}
 		}
+		// typ "" waits on any change, for conditions on other state.
 		if cond(last) {
 			return last
 		}

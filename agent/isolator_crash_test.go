@@ -148,7 +148,10 @@ type crashAgent struct {
 func startCrashAgent(t *testing.T, h *harness, typ string, env ...string) *crashAgent {
 	t.Helper()
 	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", h.confDir, "--work-dir", h.work,
-		"--runtime-dir", h.run, "--node-id", "node-1", "--plugin-probe-interval", "100ms", "--log-level", "info")
+		"--runtime-dir", h.run, "--node-id", "node-1", "--plugin-probe-interval", "100ms", "--log-level", "info",
+		// Scheduled reclaims checkpoint volumes at times of their own,
+		// which would make the crash points' order vary.
+		"--reclaim-interval", "0")
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "CSIAGENT_TEST_CRASH_") {
 			cmd.Env = append(cmd.Env, kv)
@@ -182,7 +185,9 @@ func startCrashAgent(t *testing.T, h *harness, typ string, env ...string) *crash
 	}
 	ca.conn = conn
 	ca.client = agentv1.NewAgentClient(conn)
-	stream, err := ca.client.WatchPlugins(ctx, &agentv1.ListPluginsRequest{})
+	// The socket exists from bind(2), a moment before listen(2): wait for
+	// the connection.
+	stream, err := ca.client.WatchPlugins(ctx, &agentv1.ListPluginsRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
 	}

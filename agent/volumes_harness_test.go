@@ -33,10 +33,15 @@ func (h *harness) loopPlugin(typ string) string {
 	return pool
 }
 
-// createVolume pre-provisions a sparse volume with the real CLI.
+// createVolume pre-provisions a sparse 64 MiB volume with the real CLI.
 func createVolume(t *testing.T, pool, name string) {
 	t.Helper()
-	out, err := exec.Command(bins.loop, "create-volume", "--pool", pool, "--name", name, "--size", "64MiB").CombinedOutput()
+	createVolumeSize(t, pool, name, "64MiB")
+}
+
+func createVolumeSize(t *testing.T, pool, name, size string) {
+	t.Helper()
+	out, err := exec.Command(bins.loop, "create-volume", "--pool", pool, "--name", name, "--size", size).CombinedOutput()
 	if err != nil {
 		t.Fatalf("create-volume %s: %v\n%s", name, err, out)
 	}

@@ -87,6 +87,9 @@ type Config struct {
 	// ResyncInterval: DefaultResyncInterval when 0.
 	ResyncInterval time.Duration
 	Logger         *slog.Logger
+	// OnChange, when set, is called after every change of a volume or a
+	// container (checkpoints, reclaims starting and ending).
+	OnChange func()
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
 	CrashPoint func(point string)
@@ -107,8 +110,10 @@ type Isolator struct {
 	volumes map[volumeKey]*volume
 	// containers likewise caches container checkpoints.
 	containers map[string]*container
-	// reclaiming holds the cancel of each running reclaim.
-	reclaiming map[volumeKey]context.CancelFunc
+	// reclaiming holds the cancel of each reclaim running or waiting for
+	// its volume's lock; reclaimActive the volumes whose reclaim RPC runs.
+	reclaiming    map[volumeKey]context.CancelFunc
+	reclaimActive map[volumeKey]bool
 	// recovered is closed when the first recovery pass has run.
 	recovered chan struct{}
 }
@@ -127,6 +132,9 @@ func New(cfg Config) (*Isolator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.OnChange == nil {
+		cfg.OnChange = func() {}
+	}
 	if cfg.CrashPoint == nil {
 		cfg.CrashPoint = func(string) {}
 	}
@@ -135,13 +143,14 @@ func New(cfg Config) (*Isolator, error) {
 		return nil, fmt.Errorf("reading boot id: %w", err)
 	}
 	iso := &Isolator{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		bootID:     strings.TrimSpace(string(b)),
-		volumes:    map[volumeKey]*volume{},
-		containers: map[string]*container{},
-		reclaiming: map[volumeKey]context.CancelFunc{},
-		recovered:  make(chan struct{}),
+		cfg:           cfg,
+		log:           cfg.Logger,
+		bootID:        strings.TrimSpace(string(b)),
+		volumes:       map[volumeKey]*volume{},
+		containers:    map[string]*container{},
+		reclaiming:    map[volumeKey]context.CancelFunc{},
+		reclaimActive: map[volumeKey]bool{},
+		recovered:     make(chan struct{}),
 	}
 	if err := iso.load(); err != nil {
 		return nil, err

@@ -236,7 +236,7 @@ func (iso *Isolator) ListVolumes() []*agentv1.VolumeStatus {
 			PluginName: v.key.plugin, VolumeId: v.key.id, State: cp.GetState(), StateSince: cp.GetStateSince(),
 			Containers: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
-			NextReclaim: cp.GetNextReclaim(), LastReclaim: cp.GetLastReclaim(),
+			NextReclaim: cp.GetNextReclaim(), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -102,8 +102,10 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 		if node.StageUnstage {
 			req.StagingTargetPath = v.cp.GetStagingPath()
 		}
+		iso.setReclaimActive(key, true)
 		start := time.Now()
 		resp, err := client.NodeReclaimSpace(ctx, req)
+		iso.setReclaimActive(key, false)
 		iso.cfg.CrashPoint("rpc NodeReclaimSpace")
 		res = reclaimResult(start, resp.GetPreUsage().GetUsageBytes(), resp.GetPostUsage().GetUsageBytes(),
 			resp.GetPreUsage() != nil, resp.GetPostUsage() != nil, err)
@@ -171,4 +173,15 @@ func (iso *Isolator) cancelReclaim(key volumeKey, id string) {
 	if cancel := iso.reclaiming[key]; cancel != nil {
 		cancel()
 	}
+}
+
+func (iso *Isolator) setReclaimActive(key volumeKey, on bool) {
+	iso.mu.Lock()
+	if on {
+		iso.reclaimActive[key] = true
+	} else {
+		delete(iso.reclaimActive, key)
+	}
+	iso.mu.Unlock()
+	iso.cfg.OnChange()
 }

@@ -22,7 +22,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if false && c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+			if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
 				if err := iso.cleanupLocked(ctx, c); err != nil {
 					iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
 				}

@@ -109,6 +109,7 @@ func (iso *Isolator) updateVolume(v *volume, mutate func(cp *statev1.VolumeCheck
 	v.cp = cp
 	iso.volumes[v.key] = v
 	iso.mu.Unlock()
+	iso.cfg.OnChange()
 	iso.cfg.CrashPoint("checkpoint volume " + cp.State.String())
 	return nil
 }
@@ -129,6 +130,7 @@ func (iso *Isolator) forgetVolume(v *volume) error {
 	iso.mu.Lock()
 	delete(iso.volumes, v.key)
 	iso.mu.Unlock()
+	iso.cfg.OnChange()
 	iso.cfg.CrashPoint("checkpoint volume removed")
 	return nil
 }
@@ -145,6 +147,7 @@ func (iso *Isolator) updateContainer(c *container, mutate func(cp *statev1.Conta
 	c.cp = cp
 	iso.containers[c.id] = c
 	iso.mu.Unlock()
+	iso.cfg.OnChange()
 	iso.cfg.CrashPoint("checkpoint container " + cp.Phase.String())
 	return nil
 }
@@ -163,6 +166,7 @@ func (iso *Isolator) forgetContainer(c *container) error {
 	iso.mu.Lock()
 	delete(iso.containers, c.id)
 	iso.mu.Unlock()
+	iso.cfg.OnChange()
 	iso.cfg.CrashPoint("checkpoint container removed")
 	return nil
 }

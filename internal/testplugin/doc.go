@@ -89,6 +89,7 @@
 //	--probe-hang         Probe blocks until its context ends (or the plugin stops)
 //	--probe-fail-file F  Probe fails with Unavailable while file F exists (toggle at run time)
 //	--hang-info          GetPluginInfo blocks until its context ends (or the plugin stops)
+//	--reclaim-hang       NodeReclaimSpace of a named volume blocks until its context ends
 //
 // Probe checks them in this order: --probe-hang, --probe-fail,
 // --probe-fail-file, --probe-not-ready.

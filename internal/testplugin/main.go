@@ -56,6 +56,7 @@ type config struct {
 	probeHang       bool
 	probeFailFile   string
 	hangInfo        bool
+	reclaimHang     bool
 	// requireStageSecrets and requirePublishSecrets map each key to
 	// the value the call's secrets must hold.
 	requireStageSecrets   map[string]string
@@ -115,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.probeHang, "probe-hang", false, "Probe blocks until its context ends")
 	fs.StringVar(&c.probeFailFile, "probe-fail-file", "", "Probe fails with Unavailable while `FILE` exists")
 	fs.BoolVar(&c.hangInfo, "hang-info", false, "GetPluginInfo blocks until its context ends")
+	fs.BoolVar(&c.reclaimHang, "reclaim-hang", false, "NodeReclaimSpace (of a named volume) blocks until its context ends")
 	fs.Var(stageSecrets, "require-stage-secret", "NodeStageVolume fails with Unauthenticated unless its secrets map `KEY=VALUE` (repeatable)")
 	fs.Var(publishSecrets, "require-publish-secret", "NodePublishVolume fails with Unauthenticated unless its secrets map `KEY=VALUE` (repeatable)")
 	fs.StringVar(&c.failStageFile, "fail-stage-file", "", "NodeStageVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")

@@ -145,9 +145,12 @@ func (p *plugin) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // reclaimedBytes is what NodeReclaimSpace reports as freed.
 const reclaimedBytes = 1 << 20
 
-func (p *plugin) NodeReclaimSpace(_ context.Context, req *reclaimspace.NodeReclaimSpaceRequest) (*reclaimspace.NodeReclaimSpaceResponse, error) {
+func (p *plugin) NodeReclaimSpace(ctx context.Context, req *reclaimspace.NodeReclaimSpaceRequest) (*reclaimspace.NodeReclaimSpaceResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	}
+	if p.cfg.reclaimHang {
+		return nil, p.hang(ctx, "--reclaim-hang")
 	}
 	return &reclaimspace.NodeReclaimSpaceResponse{
 		PreUsage:  &reclaimspace.StorageConsumption{UsageBytes: reclaimedBytes},

@@ -1030,8 +1030,10 @@ type VolumeStatus struct {
 	Readonly    bool     `protobuf:"varint,9,opt,name=readonly,proto3" json:"readonly,omitempty"`
 	LastError   string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// When the next scheduled reclaim is due (unset: not scheduled).
-	NextReclaim   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
-	LastReclaim   *ReclaimResult         `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
+	NextReclaim *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
+	LastReclaim *ReclaimResult         `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
+	// A NodeReclaimSpace call is running on the volume now.
+	Reclaiming    bool `protobuf:"varint,13,opt,name=reclaiming,proto3" json:"reclaiming,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1148,6 +1150,13 @@ func (x *VolumeStatus) GetLastReclaim() *ReclaimResult {
 		return x.LastReclaim
 	}
 	return nil
+}
+
+func (x *VolumeStatus) GetReclaiming() bool {
+	if x != nil {
+		return x.Reclaiming
+	}
+	return false
 }
 
 // ReclaimResult is one NodeReclaimSpace (or ControllerReclaimSpace) call.
@@ -2606,7 +2615,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fCleanupResponse\"\x14\n" +
 	"\x12ListVolumesRequest\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xcb\x05\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xeb\x05\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2626,7 +2635,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12=\n" +
 	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
-	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\xc9\x01\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12\x1e\n" +
+	"\n" +
+	"reclaiming\x18\r \x01(\bR\n" +
+	"reclaiming\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
