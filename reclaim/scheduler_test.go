@@ -89,6 +89,7 @@ func TestStaggering(t *testing.T) {
 			for _, n := range buckets {
 				busiest = max(busiest, n)
 			}
+			t.Logf("busiest second: %d runs; max in flight %d, per plugin %v", busiest, maxAll, maxPer)
 			if busiest > 2*nvol/int(iv/time.Second) {
 				t.Errorf("busiest second holds %d runs, want runs spread over the interval: %v", busiest, buckets)
 			}
