@@ -21,7 +21,10 @@ import (
 
 func apiClient(t *testing.T, socket string) agentv1.AgentClient {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// WaitForReady: the socket file exists a moment before the agent
+	// accepts on it.
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -765,7 +765,11 @@ func TestCorruptCheckpoint(t *testing.T) {
 		h.start(cfg)
 		h.waitPlugin(typ, "ready", ready)
 		h.waitRecovered()
-		aside := globOne(t, file+".corrupt-*")
+		rel, err := filepath.Rel(h.work, file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		aside := globOne(t, filepath.Join(h.work, "corrupt", strings.ReplaceAll(rel, "/", "_")+".*"))
 		if b, err := os.ReadFile(aside); err != nil || string(b) != garbage {
 			t.Errorf("%s holds %q (%v), want the corrupt content", aside, b, err)
 		}

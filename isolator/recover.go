@@ -156,29 +156,36 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 }
 
 // removeOrphanDirs removes volume directories under the default mount
-// roots that no checkpoint claims, when nothing is mounted in them.
+// roots that no checkpoint claims, when nothing is mounted in them. Each
+// is removed under its volume's lock, so a Prepare creating it meanwhile
+// is not undercut.
 func (iso *Isolator) removeOrphanDirs() {
-	claimed := map[string]bool{}
-	iso.mu.Lock()
-	for _, v := range iso.volumes {
-		claimed[filepath.Dir(v.cp.GetTargetPath())] = true
-		claimed[v.dir] = true
-	}
-	iso.mu.Unlock()
 	for _, pattern := range []string{
 		filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "mounts", "*"),
 		filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes", "*"),
 	} {
 		dirs, _ := filepath.Glob(pattern)
 		for _, d := range dirs {
-			if claimed[d] {
+			id, err := decodeVolumeID(filepath.Base(d))
+			if err != nil {
 				continue
 			}
-			if err := mount.RemoveEmptyTree(d); err != nil {
-				iso.log.Warn("leaving an unclaimed volume directory", "dir", d, "error", err)
+			key := volumeKey{filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(d)))), id}
+			unlock, ok := iso.volumeLocks.tryLock(key.String())
+			if !ok {
 				continue
 			}
-			iso.log.Info("removed an unclaimed volume directory", "dir", d)
+			iso.mu.Lock()
+			claimed := iso.volumes[key] != nil
+			iso.mu.Unlock()
+			if !claimed {
+				if err := mount.RemoveEmptyTree(d); err != nil {
+					iso.log.Warn("leaving an unclaimed volume directory", "dir", d, "error", err)
+				} else {
+					iso.log.Info("removed an unclaimed volume directory", "dir", d)
+				}
+			}
+			unlock()
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -221,11 +222,21 @@ func readCheckpoint(path string, m proto.Message) error {
 	return protojson.Unmarshal(b, m)
 }
 
-// moveAside renames a corrupt checkpoint out of the way, keeping it for
-// inspection, and returns its new name.
+// moveAside moves a corrupt checkpoint out of the way, into
+// <work>/corrupt/, keeping it for inspection, and returns its new name.
+// Out of the checkpoint directories, it does not keep them from being
+// removed.
 func (iso *Isolator) moveAside(path string, cause error) string {
-	aside := fmt.Sprintf("%s.corrupt-%d", path, time.Now().Unix())
-	if err := os.Rename(path, aside); err != nil {
+	dir := filepath.Join(iso.cfg.WorkDir, "corrupt")
+	rel, err := filepath.Rel(iso.cfg.WorkDir, path)
+	if err != nil {
+		rel = filepath.Base(path)
+	}
+	aside := filepath.Join(dir, fmt.Sprintf("%s.%d", strings.ReplaceAll(rel, string(filepath.Separator), "_"), time.Now().UnixNano()))
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		err = os.Rename(path, aside)
+	}
+	if err != nil {
 		iso.log.Error("corrupt checkpoint; cannot move it aside", "file", path, "error", err, "cause", cause)
 		return path
 	}
