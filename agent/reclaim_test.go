@@ -35,6 +35,8 @@ func writeAndDelete(t *testing.T, dir string, mib int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An open file would keep the volume busy for the cleanup.
+	defer f.Close()
 	buf := make([]byte, 1<<20)
 	for i := range buf {
 		buf[i] = byte(i*7 + 1)
@@ -47,7 +49,6 @@ func writeAndDelete(t *testing.T, dir string, mib int) {
 	if err := f.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
 	if err := os.Remove(filepath.Join(dir, "junk")); err != nil {
 		t.Fatal(err)
 	}

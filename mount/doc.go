@@ -1,8 +1,9 @@
 // Package mount is a small Linux layer over mount(2), umount2(2), the mount
 // table and the filesystem ioctls that csiagent needs: mounting a block device,
 // bind mounts (optionally read-only), safe bind mounts into a container's
-// root filesystem, idempotent unmounts, mount-table lookups, removal of empty
-// mount directories, FITRIM and FIFREEZE/FITHAW.
+// root filesystem, also inside the container's own mount namespace,
+// idempotent unmounts, mount-table lookups, removal of empty mount
+// directories, FITRIM and FIFREEZE/FITHAW.
 //
 // The package holds no state: every function acts on the kernel directly and
 // is safe for concurrent use. Callers serialize operations on the same path
@@ -16,9 +17,11 @@
 //   - [Unmount] is idempotent: a missing path or a path that is not a mount
 //     point counts as done (ENOENT, EINVAL). EBUSY is retried a bounded
 //     number of times, then reported with [ErrBusy]. It never detaches lazily.
-//   - [Lookup], [IsMountPoint] and [List] read /proc/self/mountinfo through a
-//     filter, in one pass. Paths are resolved (symlinks, "..") first, because
-//     the mount table only holds canonical paths.
+//   - [Lookup], [IsMountPoint] and [List] read the calling thread's
+//     mountinfo through a filter, in one pass, via pathrs-lite's private
+//     procfs handle (never the /proc a container's namespace shows). Paths
+//     are resolved (symlinks, "..") first, because the mount table only
+//     holds canonical paths.
 //   - [ResolveInRoot] then [BindInto] put a volume at a path chosen by an
 //     untrusted party (a container_path inside a container's rootfs).
 //     ResolveInRoot resolves it as if the rootfs were "/" (openat2
@@ -33,6 +36,23 @@
 //     not move the mount, and a read-only bind is never writable. The bind is
 //     recursive: submounts of the source come along (read-only too).
 //     Record the returned host path: it is what to unmount later.
+//     BindInto is [CloneTree] (open_tree clone, read-only at once when
+//     asked) then [MoveTree] (kind check, move_mount onto the handle).
+//   - [InNamespace] runs a function on a throwaway OS thread that has
+//     entered the mount namespace of a process (unshare(CLONE_FS), then
+//     setns on /proc/<pid>/ns/mnt, whose inode is checked against the one
+//     [MountNamespace] recorded, so a reused pid is refused with
+//     [ErrWrongNamespace]); a gone process is [ErrNoProcess]. The thread is
+//     never unlocked, so Go ends it with the goroutine, and it is never the
+//     main thread; the caller's goroutine and thread are untouched. This is
+//     how a volume reaches a container whose "/" is private: [CloneTree] on
+//     the host (the source is a host path), then, inside InNamespace,
+//     [ResolveInRoot] and [MoveTree] (the target must be in the thread's
+//     namespace; a handle resolved on the host is refused, EINVAL). Inside,
+//     [UnmountAll], [List] and [RemoveEmptyTree] act on the container's
+//     mounts. Paths inside are the namespace's: before pivot_root (an OCI
+//     createRuntime hook) the rootfs is at its host path, after it (a
+//     running container) the root is the container's and so are the paths.
 //   - [UnmountAll] takes away everything at a path: stacked mounts and the
 //     submounts a recursive bind brought (umount2 refuses a mount with
 //     submounts with EBUSY). Idempotent, never follows a symlink in the last
@@ -67,10 +87,23 @@
 // unmount ([UnmountAll] is idempotent), only to decide whether a directory
 // may be deleted, and do not delete mount directories any other way than
 // [RemoveEmptyTree]: a directory holding data (a volume.state file, say) is
-// refused, by design. [MountsUnder] sees the caller's mount namespace only:
-// mounts made inside a container's own namespace are not in it.
+// refused, by design. [MountsUnder] sees the calling thread's mount namespace
+// only: mounts made inside a container's own namespace are not in it, unless
+// it is called inside [InNamespace].
 //
-// ResolveInRoot needs openat2 (Linux 5.6), BindInto mount_setattr (5.12).
+// Do not mount into a container from the host when the container has its own
+// mount namespace: the host's mounts under a private "/" never reach it. Do
+// not resolve a target on the host and move a tree onto it inside
+// [InNamespace] (refused), nor resolve it inside and use it on the host.
+// Close a [CloneTree] descriptor as soon as [MoveTree] has succeeded: while
+// it is open the mount stays busy (umount gets EBUSY), and a second
+// MoveTree of it would move the attached mount again. Inside [InNamespace]
+// do not start goroutines for namespace work: only f's own goroutine is in
+// the namespace.
+//
+// ResolveInRoot needs openat2 (Linux 5.6), BindInto, CloneTree and MoveTree
+// mount_setattr (5.12), InNamespace a procfs with subset=pid (5.8) for its
+// procfs lookups to stay independent of the container's /proc.
 //
 // Everything here needs CAP_SYS_ADMIN except the read-only lookups.
 package mount

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 
@@ -379,7 +378,8 @@ func fileType(mode uint32) string {
 
 // BindInto bind-mounts source onto the file or directory that target (a
 // handle from ResolveInRoot) refers to, with the new mount API, so nothing is
-// looked up by name between the resolution and the mount:
+// looked up by name between the resolution and the mount. It is CloneTree
+// then MoveTree:
 //
 //  1. open_tree(source, OPEN_TREE_CLONE|AT_RECURSIVE) makes a detached copy
 //     of the mount tree at source, submounts included (like mount --rbind;
@@ -397,6 +397,10 @@ func fileType(mode uint32) string {
 // (ErrKind otherwise). Stacking on an existing mount is allowed, as with
 // mount(2). On any error nothing is left mounted: the detached copy is
 // dropped when its descriptor is closed.
+//
+// source and target must be in the caller's mount namespace. To bind into
+// another one (a container's), call CloneTree here and MoveTree inside
+// InNamespace.
 func BindInto(source string, target *os.File, readOnly bool) error {
 	if err := bindInto(source, target, readOnly); err != nil {
 		return fmt.Errorf("bind %s into %s: %w", source, target.Name(), err)
@@ -405,35 +409,12 @@ func BindInto(source string, target *os.File, readOnly bool) error {
 }
 
 func bindInto(source string, target *os.File, readOnly bool) error {
-	defer runtime.KeepAlive(target)
-	targetFD := int(target.Fd())
-	tree, err := unix.OpenTree(unix.AT_FDCWD, source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	tree, err := cloneTree(source, readOnly)
 	if err != nil {
-		return fmt.Errorf("open_tree: %w", err)
+		return err
 	}
-	// After a successful move_mount closing the descriptor leaves the mount
+	// After a successful move closing the descriptor leaves the mount
 	// alone; before, it unmounts the detached copy.
-	defer unix.Close(tree)
-
-	var src, dst unix.Stat_t
-	if err := unix.Fstat(tree, &src); err != nil {
-		return fmt.Errorf("fstat source: %w", err)
-	}
-	if err := unix.Fstat(targetFD, &dst); err != nil {
-		return fmt.Errorf("fstat target: %w", err)
-	}
-	srcDir, dstDir := src.Mode&unix.S_IFMT == unix.S_IFDIR, dst.Mode&unix.S_IFMT == unix.S_IFDIR
-	if srcDir != dstDir {
-		return fmt.Errorf("%w: cannot bind a %s onto a %s", ErrKind, fileType(src.Mode), fileType(dst.Mode))
-	}
-	if readOnly {
-		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
-		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-			return fmt.Errorf("mount_setattr read-only: %w", err)
-		}
-	}
-	if err := unix.MoveMount(tree, "", targetFD, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("move_mount: %w", err)
-	}
-	return nil
+	defer tree.Close()
+	return moveTree(tree, target)
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	pathrs "github.com/cyphar/filepath-securejoin/pathrs-lite"
+	"github.com/cyphar/filepath-securejoin/pathrs-lite/procfs"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
@@ -181,16 +183,44 @@ func IsMountPoint(path string) (bool, error) {
 	return ok, err
 }
 
-// List returns the entries of the current mount table that filter keeps, in
-// table order (parents before the mounts stacked on them), reading the table
-// once. A nil filter keeps everything; filters compare against canonical
-// paths (see Canonical).
+// List returns the entries of the calling thread's mount table that filter
+// keeps, in table order (parents before the mounts stacked on them), reading
+// the table once. A nil filter keeps everything; filters compare against
+// canonical paths (see Canonical).
+//
+// The table is the thread's mountinfo read through pathrs-lite's procfs
+// handle (a private procfs instance of the agent's pid namespace), never
+// through the /proc the thread's mount namespace shows: inside InNamespace
+// that is the container's, which may be missing, of another pid namespace
+// (no thread-self for the agent there) or anything the container mounted.
 func List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
-	ms, err := mountinfo.GetMounts(filter)
+	ms, err := readMountTable(filter)
 	if err != nil {
 		return nil, fmt.Errorf("read mount table: %w", err)
 	}
 	return ms, nil
+}
+
+func readMountTable(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
+	proc, err := procfs.OpenProcRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer proc.Close()
+	// Locks the goroutine to its thread until closeThread.
+	h, closeThread, err := proc.OpenThreadSelf("mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer closeThread()
+	defer h.Close()
+	// h is an O_PATH handle; reopen it (through the same procfs) to read.
+	f, err := pathrs.Reopen(h, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return mountinfo.GetMountsFromReader(f, filter)
 }
 
 // Canonical returns path the way the mount table spells it: absolute, clean,

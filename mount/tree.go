@@ -79,8 +79,8 @@ func unmountBelow(ctx context.Context, target string) (bool, error) {
 // reads the table once, through a prefix filter on dir's canonical path. A
 // dir that does not exist has none.
 //
-// It sees only the caller's mount namespace: mounts made inside a
-// container's own namespace are not listed.
+// It sees only the calling thread's mount namespace: mounts made inside a
+// container's own namespace are not listed, unless it runs in InNamespace.
 func MountsUnder(dir string) ([]string, error) {
 	mp, err := canonical(dir)
 	if errors.Is(err, os.ErrNotExist) {
