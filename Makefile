@@ -18,7 +18,7 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc)
+deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)
 	bash hack/install-deps.sh
 
 test: deps ## run every test (root tests included when run as root) and a short fuzz

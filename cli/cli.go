@@ -40,6 +40,7 @@ func commands() map[string]command {
 		"containers":   {"list the containers that have volumes", runContainers},
 		"reconcile":    {"clean up every container not in --live", runReconcile},
 		"reclaim":      {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},
+		"oci-hook":     {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
 		"serve":        {"run the agent daemon", runServe},
 		"version":      {"print the version", runVersion},
 	}

@@ -12,6 +12,8 @@ declare -A want=(
 	[losetup]=util-linux
 	[blkid]=util-linux
 	[protoc]=protobuf-compiler
+	[runc]=runc
+	[systemd-analyze]=systemd
 )
 missing=()
 for cmd in "${!want[@]}"; do
@@ -20,6 +22,8 @@ for cmd in "${!want[@]}"; do
 	fi
 done
 [[ -f /usr/include/google/protobuf/descriptor.proto ]] || missing+=(libprotobuf-dev)
+# The OCI tests' containers run a static busybox.
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing+=(busybox-static)
 ((${#missing[@]})) || exit 0
 
 mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)

@@ -85,33 +85,124 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 
 func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []plannedMount, uid, gid int) error {
 	req := c.cp.GetRequest()
+	if pid := int(req.GetPid()); pid != 0 {
+		ns, err := mount.MountNamespace(pid)
+		if err != nil {
+			return fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
+		}
+		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.MountNamespace = ns }); err != nil {
+			return err
+		}
+	}
 	for _, pm := range plan {
 		vcp, err := iso.acquire(ctx, pm, c.id)
 		if err != nil {
 			return err
 		}
-		target, hostPath, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
-		if err != nil {
-			return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
-		}
-		m := &agentv1.ContainerMount{
-			PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
-			HostPath: vcp.GetTargetPath(), MountPoint: hostPath, Readonly: pm.readonly,
-		}
-		// Record the mount point before mounting: a crash in between
-		// must know what to unmount.
-		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = append(cp.Mounts, m) }); err != nil {
-			target.Close()
+		if err := iso.mountFor(c, pm, vcp.GetTargetPath(), uid, gid); err != nil {
 			return err
 		}
-		err = mount.BindInto(vcp.GetTargetPath(), target, pm.readonly)
-		target.Close()
+	}
+	return nil
+}
+
+// mountFor mounts a published volume at the container's mount point: on
+// the host, or inside the container's mount namespace for a request with
+// a pid. The mount point is checkpointed before the mount is made, so that
+// a crash in between knows what to unmount.
+func (iso *Isolator) mountFor(c *container, pm plannedMount, source string, uid, gid int) error {
+	req := c.cp.GetRequest()
+	record := func(mountPoint string) error {
+		m := &agentv1.ContainerMount{
+			PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
+			HostPath: source, MountPoint: mountPoint, Readonly: pm.readonly,
+		}
+		return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = append(cp.Mounts, m) })
+	}
+	invalid := func(err error) error {
+		return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
+	}
+	if req.GetPid() == 0 {
+		target, mountPoint, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		if err != nil {
+			return invalid(err)
+		}
+		defer target.Close()
+		if err := record(mountPoint); err != nil {
+			return err
+		}
+		err = mount.BindInto(source, target, pm.readonly)
 		iso.cfg.CrashPoint("bind")
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", pm.key, err)
 		}
+		return nil
+	}
+	// In the container's namespace: resolve (creating the mount point) to
+	// learn the path to record, then resolve again and move a clone of
+	// the volume, made on the host, onto it. Both resolutions stay inside
+	// the rootfs.
+	var mountPoint string
+	err := c.inNamespace(func() error {
+		target, p, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		if err == nil {
+			target.Close()
+			mountPoint = p
+		}
+		return err
+	})
+	if err != nil {
+		return invalid(err)
+	}
+	if err := record(mountPoint); err != nil {
+		return err
+	}
+	tree, err := mount.CloneTree(source, pm.readonly)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", pm.key, err)
+	}
+	defer tree.Close()
+	err = c.inNamespace(func() error {
+		target, _, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		if err != nil {
+			return err
+		}
+		defer target.Close()
+		return mount.MoveTree(tree, target)
+	})
+	iso.cfg.CrashPoint("bind")
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", pm.key, err)
 	}
 	return nil
+}
+
+// inNamespace runs f in the mount namespace of the container's process.
+func (c *container) inNamespace(f func() error) error {
+	return mount.InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
+}
+
+// unmountFor removes a container's mount. For a container with a pid the
+// mount lives in its namespace: when that is gone (the container ended),
+// so is the mount; while it lives, the mount is removed there, at the
+// rootfs path before pivot_root or the container path after it.
+func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) error {
+	if c.cp.GetRequest().GetPid() == 0 {
+		return mount.UnmountAll(ctx, m.GetMountPoint())
+	}
+	err := c.inNamespace(func() error {
+		path := m.GetMountPoint()
+		if root := c.cp.GetRequest().GetRootfs(); root != "" {
+			if _, err := os.Lstat(root); err != nil {
+				path = filepath.Join("/", strings.TrimPrefix(path, root))
+			}
+		}
+		return mount.UnmountAll(ctx, path)
+	})
+	if errors.Is(err, mount.ErrNoProcess) || errors.Is(err, mount.ErrWrongNamespace) {
+		return nil
+	}
+	return err
 }
 
 // resolveMountPoint finds (creating what is missing) a container's mount
@@ -164,7 +255,7 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 	}
 	var errs []error
 	for _, m := range c.cp.GetMounts() {
-		if err := mount.UnmountAll(ctx, m.GetMountPoint()); err != nil {
+		if err := iso.unmountFor(ctx, c, m); err != nil {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
 		}
 		iso.cfg.CrashPoint("unbind")

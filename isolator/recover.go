@@ -122,7 +122,9 @@ func (iso *Isolator) recoverVolume(v *volume) {
 // remount restores a prepared container's mounts that are missing (after
 // a reboot, or if someone unmounted them).
 func (iso *Isolator) remount(ctx context.Context, c *container) {
-	if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+	// A container with a pid has its mounts in its own namespace: they
+	// live and die with it, whatever the agent does.
+	if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED || c.cp.GetRequest().GetPid() != 0 {
 		return
 	}
 	req := c.cp.GetRequest()

@@ -653,7 +653,12 @@ type PrepareRequest struct {
 	Sandbox string `protobuf:"bytes,4,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	// The user the container runs as; directories created for mount points
 	// are given to it.
-	User          string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	// The pid of a process in the container's mount namespace (an OCI
+	// createRuntime hook's state.pid). When set, mounts are made inside that
+	// namespace, where the rootfs is still at its host path (before
+	// pivot_root); mounts made on the host would not reach the container.
+	Pid           int32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -721,6 +726,13 @@ func (x *PrepareRequest) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *PrepareRequest) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
 }
 
 type PrepareResponse struct {
@@ -2592,13 +2604,14 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\xae\x01\n" +
+	"\x05VALUE\x10\x02\"\xc0\x01\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.agent.v1.VolumeR\avolumes\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x18\n" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
-	"\x04user\x18\x05 \x01(\tR\x04user\"L\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
+	"\x03pid\x18\x06 \x01(\x05R\x03pid\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
 	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xcf\x01\n" +
 	"\x0eContainerMount\x12\x1f\n" +

@@ -174,11 +174,14 @@ type ContainerCheckpoint struct {
 	ContainerId string                   `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
 	Phase       v1.ContainerStatus_Phase `protobuf:"varint,2,opt,name=phase,proto3,enum=csiagent.agent.v1.ContainerStatus_Phase" json:"phase,omitempty"`
 	// The request, secrets included, as received; compared on a repeat.
-	Request       *v1.PrepareRequest   `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
-	Mounts        []*v1.ContainerMount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	LastError     string               `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Request   *v1.PrepareRequest   `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
+	Mounts    []*v1.ContainerMount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	LastError string               `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// For requests with a pid: the inode of the container's mount namespace,
+	// to tell it from a later process that reuses the pid.
+	MountNamespace uint64 `protobuf:"varint,6,opt,name=mount_namespace,json=mountNamespace,proto3" json:"mount_namespace,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ContainerCheckpoint) Reset() {
@@ -246,6 +249,13 @@ func (x *ContainerCheckpoint) GetLastError() string {
 	return ""
 }
 
+func (x *ContainerCheckpoint) GetMountNamespace() uint64 {
+	if x != nil {
+		return x.MountNamespace
+	}
+	return 0
+}
+
 var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
@@ -268,14 +278,15 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12=\n" +
 	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
-	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\x8f\x02\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\xb8\x02\n" +
 	"\x13ContainerCheckpoint\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
 	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x12;\n" +
 	"\arequest\x18\x03 \x01(\v2!.csiagent.agent.v1.PrepareRequestR\arequest\x129\n" +
 	"\x06mounts\x18\x04 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x05 \x01(\tR\tlastErrorB5Z3github.com/csiagent/csiagent/proto/state/v1;statev1b\x06proto3"
+	"last_error\x18\x05 \x01(\tR\tlastError\x12'\n" +
+	"\x0fmount_namespace\x18\x06 \x01(\x04R\x0emountNamespaceB5Z3github.com/csiagent/csiagent/proto/state/v1;statev1b\x06proto3"
 
 var (
 	file_proto_state_v1_state_proto_rawDescOnce sync.Once

@@ -1,0 +1,128 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/isolator"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// VolumesAnnotation is the OCI annotation that lists a container's CSI
+// volumes: a JSON list of Mesos Volume objects.
+const VolumesAnnotation = "csi.csiagent.io/volumes"
+
+// DefaultHookTimeout bounds a hook's whole run, waiting for the agent
+// included.
+const DefaultHookTimeout = 60 * time.Second
+
+// ociState is the container state a runtime passes to hooks on stdin.
+type ociState struct {
+	ID          string            `json:"id"`
+	Pid         int               `json:"pid"`
+	Bundle      string            `json:"bundle"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// runOCIHook is csi-agent oci-hook create-runtime|poststop. It prints one
+// line on stderr and exits 1 on failure, which makes runc fail the
+// container's start (createRuntime) cleanly.
+func runOCIHook(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("oci-hook", flag.ContinueOnError)
+	socket := apiSocketFlag(fs)
+	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
+	if code, done := e.parseFlags(fs, args, "create-runtime|poststop"); done {
+		return code
+	}
+	if fs.NArg() != 1 || (fs.Arg(0) != "create-runtime" && fs.Arg(0) != "poststop") {
+		fmt.Fprintln(e.stderr, "csi-agent oci-hook: expected create-runtime or poststop")
+		return ExitUsage
+	}
+	stage := fs.Arg(0)
+	fail := func(err error) int {
+		fmt.Fprintf(e.stderr, "csi-agent oci-hook %s: %v\n", stage, err)
+		return ExitProblem
+	}
+	var st ociState
+	if err := json.NewDecoder(io.LimitReader(os.Stdin, 1<<20)).Decode(&st); err != nil {
+		return fail(fmt.Errorf("reading the container state from stdin: %w", err))
+	}
+	raw, ok := st.Annotations[VolumesAnnotation]
+	if !ok {
+		return ExitOK // no CSI volumes: nothing to do
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	client, closeConn, err := dialAgent(*socket)
+	if err != nil {
+		return fail(err)
+	}
+	defer closeConn()
+	// Hooks may run while the agent restarts: wait for it, within the
+	// timeout.
+	wait := grpc.WaitForReady(true)
+	if stage == "poststop" {
+		if _, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: st.ID}, wait); err != nil {
+			return fail(hookError(*socket, err))
+		}
+		return ExitOK
+	}
+	vols, err := isolator.ParseVolumes([]byte(raw))
+	if err != nil {
+		return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+	}
+	rootfs, err := bundleRootfs(st.Bundle)
+	if err != nil {
+		return fail(err)
+	}
+	_, err = client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: rootfs, Pid: int32(st.Pid)}, wait)
+	if err != nil {
+		return fail(hookError(*socket, err))
+	}
+	return ExitOK
+}
+
+func hookError(socket string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		return fmt.Errorf("no answer from the agent at %s in time: %s", socket, status.Convert(err).Message())
+	}
+	return errors.New(apiError(socket, err))
+}
+
+// bundleRootfs reads root.path from the bundle's config.json; a relative
+// path is relative to the bundle.
+func bundleRootfs(bundle string) (string, error) {
+	if !filepath.IsAbs(bundle) {
+		return "", fmt.Errorf("bundle %q is not an absolute path", bundle)
+	}
+	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", fmt.Errorf("reading the bundle's config.json: %w", err)
+	}
+	var cfg struct {
+		Root struct {
+			Path string `json:"path"`
+		} `json:"root"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return "", fmt.Errorf("parsing %s: %w", filepath.Join(bundle, "config.json"), err)
+	}
+	if cfg.Root.Path == "" {
+		return "", errors.New("the bundle's config.json has no root.path")
+	}
+	if filepath.IsAbs(cfg.Root.Path) {
+		return filepath.Clean(cfg.Root.Path), nil
+	}
+	return filepath.Join(bundle, cfg.Root.Path), nil
+}
