@@ -9,7 +9,11 @@ STATICCHECK_VERSION := v0.8.2
 FUZZTIME     ?= 10s
 BINARIES     := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
-.PHONY: help build test test-unit fuzz lint proto check-proto demo deps clean
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+UNITDIR      ?= /etc/systemd/system
+
+.PHONY: help build install test fuzz lint proto check-proto demo deps clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -17,6 +21,14 @@ help: ## list the targets
 build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
+
+install: build ## install the binaries to $(PREFIX)/bin and the systemd unit to $(UNITDIR) (DESTDIR honoured)
+	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
+	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
+	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
+	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)$(UNITDIR)/csi-agent.service
+	install -d -m 0755 $(DESTDIR)/etc/csi-agent/plugins.d
+	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
 deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)
 	bash hack/install-deps.sh

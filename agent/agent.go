@@ -74,6 +74,10 @@ type Config struct {
 	// ReclaimClock is for tests; nil: the real clock.
 	ReclaimClock reclaim.Clock
 
+	// MetricsAddress, when set, is the host:port where Run serves
+	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
+	MetricsAddress string
+
 	Logger *slog.Logger
 }
 
@@ -130,6 +134,8 @@ type Agent struct {
 	reclaimer *reclaim.Scheduler
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
+	// metrics is the agent's Prometheus registry (metrics.go).
+	metrics *metrics
 
 	mu         sync.Mutex
 	plugins    map[string]*runner
@@ -148,7 +154,13 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("node id is empty: set --node-id or MESOS_AGENT_ID")
 	}
+	if cfg.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(cfg.MetricsAddress); err != nil {
+			return nil, fmt.Errorf("--metrics-address %q: %w", cfg.MetricsAddress, err)
+		}
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
+	a.metrics = newMetrics(a)
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
 		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.changed.notify,
@@ -180,6 +192,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer unlock()
 	a.limits = newLimiter(a.log)
 
+	// Metrics listen first: with the API socket up, MetricsAddr is set.
+	stopMetrics, err := a.startMetrics()
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+
 	lis, err := a.listen()
 	if err != nil {
 		return err
@@ -195,12 +214,24 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.watcher = w
 
-	srv := grpc.NewServer(grpc.Creds(peerCredentials{}), grpc.ChainUnaryInterceptor(a.authorize), grpc.ChainStreamInterceptor(a.authorizeStream))
+	srv := grpc.NewServer(grpc.Creds(peerCredentials{}),
+		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
+		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
+	agentv1.RegisterControllerServer(srv, &controllerServer{a: a})
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
 
+	sd := newSDNotifier(a)
+	sd.send("STATUS=recovering volumes and starting plugins")
+	var watchdog <-chan time.Time
+	if sd.watchdog > 0 {
+		t := time.NewTicker(sd.watchdog)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	recovered := a.iso.Recovered()
 	rotate := time.NewTicker(logRotateInterval)
 	defer rotate.Stop()
 	isoDone := make(chan struct{})
@@ -232,9 +263,18 @@ loop:
 			}
 		case <-rotate.C:
 			a.rotateLogs()
+		case <-recovered:
+			// Serving, and every checkpoint recovered: ready.
+			recovered = nil
+			a.log.Info("recovery done; ready")
+			sd.ready()
+		case <-watchdog:
+			// Fed from this loop, so a wedged agent stops feeding it.
+			sd.alive()
 		}
 	}
 	a.log.Info("csi-agent shutting down")
+	sd.stopping()
 	close(a.stopping)
 	a.stopAPI(srv)
 	cancel()

@@ -77,9 +77,11 @@ func waitForSocket(ctx context.Context, path string, abort <-chan struct{}) erro
 }
 
 // dial makes a client connection to a plugin's unix socket. It connects
-// lazily; calls fail fast (no WaitForReady) while nothing listens.
-func dial(socket string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// lazily; calls fail fast (no WaitForReady) while nothing listens. Every
+// call on it is counted in m under the plugin type typ.
+func dial(socket, typ string, m *metrics) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(m.clientInterceptor(typ)))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", socket, err)
 	}

@@ -184,7 +184,7 @@ func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (*g
 	if err := waitForSocket(ctx, in.socket, exited); err != nil {
 		return nil, nil, in.withExit(err, exited)
 	}
-	conn, err := dial(in.socket)
+	conn, err := dial(in.socket, in.typ, in.a.metrics)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -29,15 +29,24 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			}
 		})
 	}
+	// A plugin that is not ready holds up its own volumes only, and only
+	// once per pass: the next pass retries them.
+	down := map[string]bool{}
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated
 		if len(v.cp.Users) > 0 {
 			want = stPublished
 		}
-		if v.cp.State == want && v.cp.LastError == "" {
+		if (v.cp.State == want && v.cp.LastError == "") || down[v.key.plugin] {
 			return
 		}
-		if err := iso.converge(ctx, v, want); err != nil {
+		vctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+		err := iso.converge(vctx, v, want)
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownPlugin) {
+				down[v.key.plugin] = true
+			}
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})

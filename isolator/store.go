@@ -233,7 +233,8 @@ func (iso *Isolator) moveAside(path string, cause error) string {
 		rel = filepath.Base(path)
 	}
 	aside := filepath.Join(dir, fmt.Sprintf("%s.%d", strings.ReplaceAll(rel, string(filepath.Separator), "_"), time.Now().UnixNano()))
-	if err := os.MkdirAll(dir, 0o700); err == nil {
+	err = os.MkdirAll(dir, 0o700)
+	if err == nil {
 		err = os.Rename(path, aside)
 	}
 	if err != nil {
