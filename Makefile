@@ -53,7 +53,7 @@ proto: ## regenerate the Go code of every .proto under proto/ (pinned generators
 check-proto: ## fail if the checked-in generated code differs from a regeneration
 	bash hack/check-proto.sh
 
-demo: build ## build, then show what csiagent does so far on a fresh machine
+demo: build deps ## build, then run csiagent end to end on this machine (as root)
 	bash hack/demo.sh
 
 clean: ## remove build outputs
