@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 	"slices"
 	"strconv"
 	"strings"
@@ -315,5 +316,32 @@ func Detach(dev Device, backing string) error {
 	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("detach %s: LOOP_CLR_FD: %w", dev.Path, err)
 	}
-	return nil
+	// With the device still open (by us, at least), LOOP_CLR_FD only
+	// marks it for clearing at the last close, and recent kernels clear it
+	// asynchronously after that. Callers (unstage, then delete) need it
+	// gone: wait for the unbinding, bounded.
+	f.Close() // the deferred Close is then a no-op
+	return waitUnbound(dev)
+}
+
+// unbindTimeout bounds the wait for the kernel to release a loop device.
+const unbindTimeout = 5 * time.Second
+
+// waitUnbound waits until dev has no backing file (its sysfs "loop"
+// directory is gone; reading it does not hold the device open). The kernel
+// signals nothing for it, so it checks with a backoff from 1 ms.
+func waitUnbound(dev Device) error {
+	backing := filepath.Join(sysBlock, filepath.Base(dev.Path), "loop", "backing_file")
+	deadline := time.Now().Add(unbindTimeout)
+	pause := time.Millisecond
+	for {
+		if _, err := os.Stat(backing); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("detach %s: still bound after %v", dev.Path, unbindTimeout)
+		}
+		time.Sleep(pause)
+		pause = min(pause*2, 50*time.Millisecond)
+	}
 }
