@@ -127,37 +127,11 @@ func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.Node
 	return reclaimspace.NewReclaimSpaceNodeClient(c).NodeReclaimSpace(ctx, in, opts...)
 }
 
-// controllerConn waits for the instance serving the controller service.
+// controllerConn waits for the plugin's controller service to be ready;
+// errors are status errors.
 func (a *Agent) controllerConn(ctx context.Context, typ string) (*grpc.ClientConn, error) {
-	for {
-		changed := a.changed.wait()
-		a.mu.Lock()
-		r := a.plugins[typ]
-		a.mu.Unlock()
-		if r == nil {
-			return nil, status.Errorf(codes.NotFound, "Unknown CSI plugin '%s'", typ)
-		}
-		var ctrl *instance
-		for _, in := range r.instances {
-			if slices.Contains(in.services, pluginconfig.ControllerService) {
-				ctrl = in
-			}
-		}
-		if ctrl == nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "plugin %s has no CONTROLLER_SERVICE", typ)
-		}
-		ctrl.mu.Lock()
-		conn := ctrl.conn
-		ctrl.mu.Unlock()
-		if conn != nil {
-			return conn, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, status.Errorf(codes.Unavailable, "plugin %s's controller is not ready", typ)
-		}
-	}
+	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
+	return conn, toStatus(err)
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -34,7 +35,7 @@ func (p plugins) Lookup(typ string) (isolator.Plugin, error) {
 }
 
 func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
-	in, err := p.a.readyNode(ctx, typ)
+	in, _, err := p.a.readyInstance(ctx, typ, pluginconfig.NodeService)
 	if err != nil {
 		return isolator.Node{}, err
 	}
@@ -42,26 +43,34 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
 }
 
-// readyNode waits until the instance serving the plugin's node service is
-// ready, woken by status changes.
-func (a *Agent) readyNode(ctx context.Context, typ string) (*instance, error) {
+// readyInstance waits, woken by status changes, until the plugin's
+// instance serving svc is ready, and returns it with its connection.
+// Errors wrap isolator.ErrUnknownPlugin, ErrPrecondition (no instance
+// serves svc) or ErrUnavailable (not ready when ctx ended).
+func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.Service) (*instance, *grpc.ClientConn, error) {
 	for {
 		changed := a.changed.wait()
 		a.mu.Lock()
 		r := a.plugins[typ]
 		a.mu.Unlock()
 		if r == nil {
-			return nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
+			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
 		}
-		var node *instance
-		for _, in := range r.instances {
-			if slices.Contains(in.services, pluginconfig.NodeService) {
-				node = in
+		var in *instance
+		for _, cand := range r.instances {
+			if slices.Contains(cand.services, svc) {
+				in = cand
 			}
 		}
-		s := node.snapshot()
-		if s.State == agentv1.PluginState_PLUGIN_STATE_READY {
-			return node, nil
+		if in == nil {
+			return nil, nil, fmt.Errorf("%w: plugin %s has no %s", isolator.ErrPrecondition, typ, svc)
+		}
+		s := in.snapshot()
+		in.mu.Lock()
+		conn := in.conn
+		in.mu.Unlock()
+		if s.State == agentv1.PluginState_PLUGIN_STATE_READY && conn != nil {
+			return in, conn, nil
 		}
 		select {
 		case <-changed:
@@ -70,7 +79,7 @@ func (a *Agent) readyNode(ctx context.Context, typ string) (*instance, error) {
 			if s.LastError != "" {
 				why += ": " + s.LastError
 			}
-			return nil, fmt.Errorf("%w: plugin %s is not ready (%s)", isolator.ErrUnavailable, typ, why)
+			return nil, nil, fmt.Errorf("%w: plugin %s is not ready (%s)", isolator.ErrUnavailable, typ, why)
 		}
 	}
 }
@@ -84,15 +93,10 @@ type liveNode struct {
 
 // conn is the plugin's node connection once it is ready.
 func (n liveNode) conn(ctx context.Context) (*grpc.ClientConn, error) {
-	in, err := n.a.readyNode(ctx, n.typ)
+	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
 	if err != nil {
+		// A status error: the isolator's retry policy reads its code.
 		return nil, status.Error(codes.Unavailable, err.Error())
-	}
-	in.mu.Lock()
-	conn := in.conn
-	in.mu.Unlock()
-	if conn == nil {
-		return nil, status.Errorf(codes.Unavailable, "plugin %s is restarting", n.typ)
 	}
 	return conn, nil
 }
@@ -157,6 +161,9 @@ func toStatus(err error) error {
 		code = codes.NotFound
 	case errors.Is(err, isolator.ErrUnavailable):
 		code = codes.Unavailable
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// The work dir is full: a checkpoint could not be written.
+		code = codes.ResourceExhausted
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
