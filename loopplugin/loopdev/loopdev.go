@@ -318,30 +318,28 @@ func Detach(dev Device, backing string) error {
 	}
 	// With the device still open (by us, at least), LOOP_CLR_FD only
 	// marks it for clearing at the last close, and recent kernels clear it
-	// asynchronously after that. Callers (unstage, then delete) need it
-	// gone: wait for the unbinding, bounded.
+	// asynchronously after that. Callers (unstage, then delete) want it
+	// gone: give the kernel a moment. Someone else holding it open keeps
+	// it bound until they close it, which is still a detach.
 	f.Close() // the deferred Close is then a no-op
-	return waitUnbound(dev)
+	waitUnbound(dev)
+	return nil
 }
 
-// unbindTimeout bounds the wait for the kernel to release a loop device.
-const unbindTimeout = 5 * time.Second
+// unbindWait bounds the wait for the kernel to release a loop device.
+const unbindWait = time.Second
 
-// waitUnbound waits until dev has no backing file (its sysfs "loop"
-// directory is gone; reading it does not hold the device open). The kernel
-// signals nothing for it, so it checks with a backoff from 1 ms.
-func waitUnbound(dev Device) error {
+// waitUnbound waits, at most unbindWait, until dev has no backing file
+// (its sysfs "loop" directory is gone; reading it does not hold the device
+// open). The kernel signals nothing for it, so it checks with a backoff
+// from 1 ms.
+func waitUnbound(dev Device) {
 	backing := filepath.Join(sysBlock, filepath.Base(dev.Path), "loop", "backing_file")
-	deadline := time.Now().Add(unbindTimeout)
-	pause := time.Millisecond
-	for {
+	deadline := time.Now().Add(unbindWait)
+	for pause := time.Millisecond; time.Now().Before(deadline); pause = min(pause*2, 50*time.Millisecond) {
 		if _, err := os.Stat(backing); errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("detach %s: still bound after %v", dev.Path, unbindTimeout)
+			return
 		}
 		time.Sleep(pause)
-		pause = min(pause*2, 50*time.Millisecond)
 	}
 }
