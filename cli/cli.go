@@ -32,17 +32,20 @@ type env struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"check-config": {"validate a plugin config directory and list its plugins", runCheckConfig},
-		"plugins":      {"list the agent's plugins, or show one", runPlugins},
-		"prepare":      {"give a container its CSI volumes", runPrepare},
-		"cleanup":      {"take a container's CSI volumes away", runCleanup},
-		"volumes":      {"list the volumes the agent tracks", runVolumes},
-		"containers":   {"list the containers that have volumes", runContainers},
-		"reconcile":    {"clean up every container not in --live", runReconcile},
-		"reclaim":      {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},
-		"oci-hook":     {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
-		"serve":        {"run the agent daemon", runServe},
-		"version":      {"print the version", runVersion},
+		"check-config":   {"validate a plugin config directory and list its plugins", runCheckConfig},
+		"plugins":        {"list the agent's plugins, or show one", runPlugins},
+		"prepare":        {"give a container its CSI volumes", runPrepare},
+		"cleanup":        {"take a container's CSI volumes away", runCleanup},
+		"volumes":        {"list the volumes the agent tracks", runVolumes},
+		"containers":     {"list the containers that have volumes", runContainers},
+		"reconcile":      {"clean up every container not in --live", runReconcile},
+		"reclaim":        {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},
+		"group":          {"csi-addons volume groups: create, modify, delete, get, list", runGroup},
+		"replication":    {"csi-addons replication: enable, disable, promote, demote, resync, info", runReplication},
+		"group-snapshot": {"CSI group snapshots: create, get, delete", runGroupSnapshot},
+		"oci-hook":       {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
+		"serve":          {"run the agent daemon", runServe},
+		"version":        {"print the version", runVersion},
 	}
 }
 

@@ -1,0 +1,642 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/volumegroup"
+)
+
+// Controller commands: group, replication, group-snapshot. The agent does
+// the retrying (the specs' recovery tables); these commands print its
+// progress on stderr as it streams it, and the result on stdout.
+
+// ctrlGrace is added to the operation's --timeout for the CLI's own
+// deadline, so that the agent's timeout, with its better message, fires
+// first.
+const ctrlGrace = 30 * time.Second
+
+// subcommand is one verb of a command group.
+type subcommand struct {
+	summary string
+	run     func(ctx context.Context, e *env, name string, args []string) int
+}
+
+// dispatch runs the subcommand args[0] of the command group parent.
+func dispatch(ctx context.Context, e *env, parent, summary string, subs map[string]subcommand, args []string) int {
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "usage: csi-agent %s SUBCOMMAND [flags]\n\n%s\n\nsubcommands:\n", parent, summary)
+		for _, n := range slices.Sorted(maps.Keys(subs)) {
+			fmt.Fprintf(w, "  %-9s %s\n", n, subs[n].summary)
+		}
+		fmt.Fprintf(w, "\nRun 'csi-agent %s SUBCOMMAND -h' for its flags.\n", parent)
+	}
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) == 0 {
+			usage(e.stderr)
+			return ExitUsage
+		}
+		usage(e.stdout)
+		return ExitOK
+	}
+	sub, ok := subs[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "csi-agent %s: unknown subcommand %q\n", parent, args[0])
+		usage(e.stderr)
+		return ExitUsage
+	}
+	return sub.run(ctx, e, parent+" "+args[0], args[1:])
+}
+
+// ctrlFlags are the flags every controller command has.
+type ctrlFlags struct {
+	socket, output, plugin, secretsFile *string
+	maxAttempts                         *uint
+	backoff, maxBackoff, timeout        *time.Duration
+}
+
+func addCtrlFlags(fs *flag.FlagSet) *ctrlFlags {
+	return &ctrlFlags{
+		socket:      apiSocketFlag(fs),
+		output:      outputFlag(fs),
+		plugin:      fs.String("plugin", "", "the plugin's type, as 'csi-agent plugins' lists it (required)"),
+		secretsFile: fs.String("secrets-file", "", "JSON file with an object of strings passed to the plugin as the request's secrets (never logged)"),
+		maxAttempts: fs.Uint("max-attempts", 5, "calls of an RPC in all for errors the spec says to retry (1: no retries; at most 100)"),
+		backoff:     fs.Duration("backoff", 500*time.Millisecond, "wait after the first failed call; doubles after each"),
+		maxBackoff:  fs.Duration("max-backoff", 30*time.Second, "longest wait between calls"),
+		timeout:     fs.Duration("timeout", 10*time.Minute, "bounds the whole operation, retries and waits for readiness included"),
+	}
+}
+
+// ctrlCall is what a controller command's body gets.
+type ctrlCall struct {
+	e       *env
+	name    string // e.g. "group create"
+	output  string
+	plugin  string
+	secrets map[string]string
+	retry   *agentv1.RetryPolicy
+}
+
+// withController parses a controller command's flags, checks the common
+// ones, reads the secrets, connects to the agent and runs call.
+func withController(ctx context.Context, e *env, fs *flag.FlagSet, args []string,
+	call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) int {
+	f := addCtrlFlags(fs)
+	if code, done := e.parseFlags(fs, args, ""); done {
+		return code
+	}
+	fail := func(code int, err error) int {
+		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+		return code
+	}
+	if fs.NArg() > 0 {
+		return fail(ExitUsage, fmt.Errorf("unexpected arguments %q: every value is given by a flag (see -h)", fs.Args()))
+	}
+	if err := checkOutput(*f.output); err != nil {
+		return fail(ExitUsage, err)
+	}
+	if *f.plugin == "" {
+		return fail(ExitUsage, errors.New("--plugin is required: the plugin's type, as 'csi-agent plugins' lists it"))
+	}
+	switch {
+	case *f.maxAttempts < 1 || *f.maxAttempts > 100:
+		return fail(ExitUsage, fmt.Errorf("--max-attempts %d: between 1 and 100", *f.maxAttempts))
+	case *f.backoff < 10*time.Millisecond:
+		return fail(ExitUsage, fmt.Errorf("--backoff %v: at least 10ms", *f.backoff))
+	case *f.maxBackoff < *f.backoff:
+		return fail(ExitUsage, fmt.Errorf("--max-backoff %v: less than --backoff %v", *f.maxBackoff, *f.backoff))
+	case *f.timeout <= 0 || *f.timeout > 24*time.Hour:
+		return fail(ExitUsage, fmt.Errorf("--timeout %v: more than 0 and at most 24h", *f.timeout))
+	}
+	var secrets map[string]string
+	if *f.secretsFile != "" {
+		s, err := readSecrets(*f.secretsFile)
+		if err != nil {
+			return fail(ExitUsage, err)
+		}
+		secrets = s
+	}
+	c := &ctrlCall{e: e, name: fs.Name(), output: *f.output, plugin: *f.plugin, secrets: secrets, retry: &agentv1.RetryPolicy{
+		MaxAttempts: uint32(*f.maxAttempts), InitialBackoff: durationpb.New(*f.backoff),
+		MaxBackoff: durationpb.New(*f.maxBackoff), Timeout: durationpb.New(*f.timeout),
+	}}
+	conn, err := grpc.NewClient("unix://"+*f.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fail(ExitProblem, fmt.Errorf("connecting to the agent at %s: %w", *f.socket, err))
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, *f.timeout+ctrlGrace)
+	defer cancel()
+	if err := call(ctx, agentv1.NewControllerClient(conn), c); err != nil {
+		var usage usageError
+		if errors.As(err, &usage) {
+			return fail(ExitUsage, err)
+		}
+		fmt.Fprintf(e.stderr, "csi-agent %s: %s\n", fs.Name(), apiError(*f.socket, err))
+		return ExitProblem
+	}
+	return ExitOK
+}
+
+// readSecrets reads a --secrets-file: a JSON object of strings.
+func readSecrets(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--secrets-file: %w", err)
+	}
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		// The decoder's error never quotes values, so no secret leaks.
+		return nil, fmt.Errorf("--secrets-file %s: must be a JSON object whose values are strings: %v", path, err)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("--secrets-file %s: must be a JSON object whose values are strings, not null", path)
+	}
+	return m, nil
+}
+
+// paramsFlag collects repeated --param KEY=VALUE flags.
+type paramsFlag map[string]string
+
+func (p paramsFlag) String() string {
+	var kv []string
+	for _, k := range slices.Sorted(maps.Keys(p)) {
+		kv = append(kv, k+"="+p[k])
+	}
+	return strings.Join(kv, ",")
+}
+
+func (p paramsFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("%q: want KEY=VALUE", s)
+	}
+	if _, dup := p[k]; dup {
+		return fmt.Errorf("%q: key %q given twice", s, k)
+	}
+	p[k] = v
+	return nil
+}
+
+func paramFlag(fs *flag.FlagSet, what string) paramsFlag {
+	p := paramsFlag{}
+	fs.Var(p, "param", what+" (KEY=VALUE, repeatable)")
+	return p
+}
+
+// params is p, or nil when empty.
+func (p paramsFlag) params() map[string]string {
+	if len(p) == 0 {
+		return nil
+	}
+	return p
+}
+
+// splitIDs splits a comma-separated list of ids.
+func splitIDs(flagName, s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var ids []string
+	for _, id := range strings.Split(s, ",") {
+		id = strings.TrimSpace(id)
+		if id == "" {
+			return nil, usageError(fmt.Sprintf("--%s %q: an empty id", flagName, s))
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// progressed is a reply message of the controller API.
+type progressed[R any] interface {
+	*R
+	GetProgress() *agentv1.Progress
+}
+
+// follow reads an operation's stream, printing its progress on stderr,
+// and returns its result.
+func follow[R any, P progressed[R]](c *ctrlCall, stream grpc.ServerStreamingClient[R], err error) (*R, error) {
+	if err != nil {
+		return nil, err
+	}
+	var result *R
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			if result == nil {
+				return nil, errors.New("the agent ended the operation without a result")
+			}
+			return result, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if p := P(msg).GetProgress(); p != nil {
+			fmt.Fprintf(c.e.stderr, "csi-agent %s: %s\n", c.name, progressLine(p))
+			continue
+		}
+		result = msg
+	}
+}
+
+// progressLine is one progress message for people.
+func progressLine(p *agentv1.Progress) string {
+	rpc := p.GetRpc()
+	if i := strings.LastIndexByte(rpc, '/'); i >= 0 {
+		rpc = rpc[i+1:]
+	}
+	in := p.GetRetryIn().AsDuration().Round(time.Millisecond)
+	switch p.GetKind() {
+	case agentv1.Progress_RETRY:
+		line := fmt.Sprintf("%s failed (call %d of %d): %s: %s; calling again in %v", rpc, p.GetAttempt(), p.GetMaxAttempts(), p.GetCode(), oneLine(p.GetMessage()), in)
+		if p.GetHint() != "" {
+			line += " — " + p.GetHint()
+		}
+		return line
+	case agentv1.Progress_NOT_READY:
+		return fmt.Sprintf("%s (call %d); calling %s again in %v", p.GetMessage(), p.GetAttempt(), rpc, in)
+	case agentv1.Progress_RESTART:
+		return fmt.Sprintf("%s: %s: %s — %s", rpc, p.GetCode(), oneLine(p.GetMessage()), p.GetHint())
+	default:
+		return p.GetMessage()
+	}
+}
+
+// Volume groups.
+
+func runGroup(ctx context.Context, e *env, args []string) int {
+	return dispatch(ctx, e, "group", "Manage csi-addons volume groups on a plugin's controller (volumegroup.Controller).", map[string]subcommand{
+		"create": {"create a volume group (idempotent by --name)", runGroupCreate},
+		"modify": {"set a volume group's members", runGroupModify},
+		"delete": {"delete a volume group and the volumes in it", runGroupDelete},
+		"get":    {"show a volume group", runGroupGet},
+		"list":   {"list volume groups (every page, or one with --page)", runGroupList},
+	}, args)
+}
+
+func runGroupCreate(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	groupName := fs.String("name", "", "the group's name; repeating a create with the same name is safe (required)")
+	volumes := fs.String("volumes", "", "comma-separated ids of existing volumes to put in the group")
+	params := paramFlag(fs, "plugin parameter")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *groupName == "" {
+			return usageError("--name is required")
+		}
+		ids, err := splitIDs("volumes", *volumes)
+		if err != nil {
+			return err
+		}
+		stream, err := client.CreateVolumeGroup(ctx, &agentv1.CreateVolumeGroupRequest{
+			PluginName: c.plugin, Name: *groupName, Parameters: params.params(), VolumeIds: ids, Secrets: c.secrets, Retry: c.retry,
+		})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		return c.printGroups(res, res.GetVolumeGroup())
+	})
+}
+
+func runGroupModify(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	id := fs.String("id", "", "the volume group id (required)")
+	volumes := fs.String("volumes", "", "comma-separated ids of every volume the group is to have: others are removed")
+	removeAll := fs.Bool("remove-all", false, "remove every volume from the group (instead of --volumes)")
+	params := paramFlag(fs, "plugin parameter")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		ids, err := splitIDs("volumes", *volumes)
+		switch {
+		case err != nil:
+			return err
+		case *id == "":
+			return usageError("--id is required")
+		case len(ids) == 0 && !*removeAll:
+			return usageError("give --volumes (the members afterwards) or --remove-all")
+		case len(ids) > 0 && *removeAll:
+			return usageError("--volumes and --remove-all exclude each other")
+		}
+		stream, err := client.ModifyVolumeGroup(ctx, &agentv1.ModifyVolumeGroupRequest{
+			PluginName: c.plugin, VolumeGroupId: *id, VolumeIds: ids, RemoveAll: *removeAll, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry,
+		})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		return c.printGroups(res, res.GetVolumeGroup())
+	})
+}
+
+func runGroupDelete(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	id := fs.String("id", "", "the volume group id (required)")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *id == "" {
+			return usageError("--id is required")
+		}
+		stream, err := client.DeleteVolumeGroup(ctx, &agentv1.DeleteVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		if c.output == "json" {
+			return printJSON(c.e.stdout, res)
+		}
+		fmt.Fprintf(c.e.stdout, "volume group %s deleted\n", *id)
+		return nil
+	})
+}
+
+func runGroupGet(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	id := fs.String("id", "", "the volume group id (required)")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *id == "" {
+			return usageError("--id is required")
+		}
+		stream, err := client.GetVolumeGroup(ctx, &agentv1.GetVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		return c.printGroups(res, res.GetVolumeGroup())
+	})
+}
+
+func runGroupList(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	maxEntries := fs.Int("max-entries", 0, "page size asked of the plugin (0: the plugin decides)")
+	token := fs.String("starting-token", "", "start at this page token (from an earlier --page listing)")
+	page := fs.Bool("page", false, "list one page only and print the next page's token")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *maxEntries < 0 || *maxEntries > 1<<31-1 {
+			return usageError(fmt.Sprintf("--max-entries %d: must not be negative", *maxEntries))
+		}
+		stream, err := client.ListVolumeGroups(ctx, &agentv1.ListVolumeGroupsRequest{
+			PluginName: c.plugin, MaxEntries: int32(*maxEntries), StartingToken: *token, AllPages: !*page, Secrets: c.secrets, Retry: c.retry,
+		})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		if err := c.printGroups(res, res.GetVolumeGroups()...); err != nil || c.output == "json" {
+			return err
+		}
+		if res.GetNextToken() != "" {
+			fmt.Fprintf(c.e.stdout, "next page: --starting-token %s\n", res.GetNextToken())
+		}
+		return nil
+	})
+}
+
+// printGroups prints volume groups as a table, or reply as JSON.
+func (c *ctrlCall) printGroups(reply proto.Message, groups ...*volumegroup.VolumeGroup) error {
+	if c.output == "json" {
+		return printJSON(c.e.stdout, reply)
+	}
+	tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME GROUP\tVOLUMES\tCONTEXT")
+	for _, g := range groups {
+		var vols []string
+		for _, v := range g.GetVolumes() {
+			vols = append(vols, v.GetVolumeId())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", g.GetVolumeGroupId(), orDash(strings.Join(vols, ",")), orDash(paramsFlag(g.GetVolumeGroupContext()).String()))
+	}
+	return tw.Flush()
+}
+
+// Replication.
+
+// replicationVerb is one replication subcommand.
+type replicationVerb struct {
+	force, wait, params bool
+	// call is the API method, e.g. agentv1.ControllerClient.PromoteVolume.
+	call func(agentv1.ControllerClient, context.Context, *agentv1.ReplicationRequest, ...grpc.CallOption) (grpc.ServerStreamingClient[agentv1.ReplicationReply], error)
+	done string // past tense for the table output
+}
+
+func runReplication(ctx context.Context, e *env, args []string) int {
+	verb := func(v replicationVerb) func(ctx context.Context, e *env, name string, args []string) int {
+		return func(ctx context.Context, e *env, name string, args []string) int {
+			return runReplicationVerb(ctx, e, name, args, v)
+		}
+	}
+	return dispatch(ctx, e, "replication", "Run csi-addons replication on a plugin's controller (replication.Controller) for a volume or a volume group.", map[string]subcommand{
+		"enable":  {"enable replication", verb(replicationVerb{params: true, done: "replication enabled", call: agentv1.ControllerClient.EnableReplication})},
+		"disable": {"disable replication", verb(replicationVerb{params: true, done: "replication disabled", call: agentv1.ControllerClient.DisableReplication})},
+		"promote": {"promote to primary", verb(replicationVerb{params: true, force: true, done: "promoted", call: agentv1.ControllerClient.PromoteVolume})},
+		"demote":  {"demote to secondary", verb(replicationVerb{params: true, force: true, done: "demoted", call: agentv1.ControllerClient.DemoteVolume})},
+		"resync":  {"resync, waiting until ready (unless --no-wait)", verb(replicationVerb{params: true, force: true, wait: true, done: "resynced", call: agentv1.ControllerClient.ResyncVolume})},
+		"info":    {"show the last sync: time, duration, bytes", verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo})},
+	}, args)
+}
+
+func runReplicationVerb(ctx context.Context, e *env, name string, args []string, v replicationVerb) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	volume := fs.String("volume", "", "the volume id (this or --group is required)")
+	group := fs.String("group", "", "the volume group id (this or --volume is required)")
+	replicationID := fs.String("replication-id", "", "which replication of the volume, for plugins that keep several")
+	var force, noWait *bool
+	var params paramsFlag
+	if v.force {
+		force = fs.Bool("force", false, "force the operation (the plugin decides what that means)")
+	}
+	if v.wait {
+		noWait = fs.Bool("no-wait", false, "return after the first successful call even if the volume is not ready yet")
+	}
+	if v.params {
+		params = paramFlag(fs, "plugin parameter")
+	}
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		req := &agentv1.ReplicationRequest{PluginName: c.plugin, ReplicationId: *replicationID, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry}
+		what := ""
+		switch {
+		case (*volume == "") == (*group == ""):
+			return usageError("give exactly one of --volume and --group")
+		case *volume != "":
+			req.Source, what = &agentv1.ReplicationRequest_VolumeId{VolumeId: *volume}, "volume "+*volume
+		default:
+			req.Source, what = &agentv1.ReplicationRequest_VolumeGroupId{VolumeGroupId: *group}, "volume group "+*group
+		}
+		if force != nil {
+			req.Force = *force
+		}
+		if noWait != nil {
+			req.NoWait = *noWait
+		}
+		stream, err := v.call(client, ctx, req)
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		if c.output == "json" {
+			return printJSON(c.e.stdout, res)
+		}
+		switch {
+		case res.GetInfo() != nil:
+			in := res.GetInfo()
+			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SOURCE\tLAST SYNC\tDURATION\tBYTES")
+			last, dur, bytes := "-", "-", "-"
+			if in.GetLastSyncTime() != nil {
+				last = in.GetLastSyncTime().AsTime().Local().Format(time.DateTime)
+			}
+			if in.GetLastSyncDuration() != nil {
+				dur = in.GetLastSyncDuration().AsDuration().String()
+			}
+			if in.GetLastSyncBytes() > 0 {
+				bytes = bytesHuman(in.GetLastSyncBytes())
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", what, last, dur, bytes)
+			return tw.Flush()
+		case v.wait && !res.GetReady():
+			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with 'csi-agent %s' without --no-wait)\n", what, name)
+		default:
+			fmt.Fprintf(c.e.stdout, "%s: %s\n", what, v.done)
+		}
+		return nil
+	})
+}
+
+// Group snapshots.
+
+func runGroupSnapshot(ctx context.Context, e *env, args []string) int {
+	return dispatch(ctx, e, "group-snapshot", "Take CSI group snapshots on a plugin's controller (csi.v1.GroupController): crash-consistent snapshots of several volumes at once.", map[string]subcommand{
+		"create": {"snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", runGroupSnapshotCreate},
+		"get":    {"show a group snapshot", runGroupSnapshotGet},
+		"delete": {"delete a group snapshot and its snapshots", runGroupSnapshotDelete},
+	}, args)
+}
+
+func runGroupSnapshotCreate(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	snapName := fs.String("name", "", "the group snapshot's name; repeating a create with the same name is safe (required)")
+	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (required)")
+	noWait := fs.Bool("no-wait", false, "return once the snapshot is cut, even if not ready to use yet")
+	params := paramFlag(fs, "plugin parameter")
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		ids, err := splitIDs("volumes", *volumes)
+		switch {
+		case err != nil:
+			return err
+		case *snapName == "" || len(ids) == 0:
+			return usageError("--name and --volumes are required")
+		}
+		stream, err := client.CreateGroupSnapshot(ctx, &agentv1.CreateGroupSnapshotRequest{
+			PluginName: c.plugin, Name: *snapName, SourceVolumeIds: ids, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry, NoWait: *noWait,
+		})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		return c.printGroupSnapshot(res, res.GetGroupSnapshot())
+	})
+}
+
+// snapshotRefFlags are get's and delete's flags.
+func snapshotRefFlags(fs *flag.FlagSet) (id, snapshotIDs *string) {
+	return fs.String("id", "", "the group snapshot id (required)"),
+		fs.String("snapshot-ids", "", "comma-separated ids of the group's snapshots, as create printed them (required by CSI)")
+}
+
+func checkSnapshotRef(id, snapshotIDs string) ([]string, error) {
+	ids, err := splitIDs("snapshot-ids", snapshotIDs)
+	switch {
+	case err != nil:
+		return nil, err
+	case id == "" || len(ids) == 0:
+		return nil, usageError("--id and --snapshot-ids are required")
+	}
+	return ids, nil
+}
+
+func runGroupSnapshotGet(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	id, snapshotIDs := snapshotRefFlags(fs)
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		ids, err := checkSnapshotRef(*id, *snapshotIDs)
+		if err != nil {
+			return err
+		}
+		stream, err := client.GetGroupSnapshot(ctx, &agentv1.GetGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		return c.printGroupSnapshot(res, res.GetGroupSnapshot())
+	})
+}
+
+func runGroupSnapshotDelete(ctx context.Context, e *env, name string, args []string) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	id, snapshotIDs := snapshotRefFlags(fs)
+	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		ids, err := checkSnapshotRef(*id, *snapshotIDs)
+		if err != nil {
+			return err
+		}
+		stream, err := client.DeleteGroupSnapshot(ctx, &agentv1.DeleteGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		if c.output == "json" {
+			return printJSON(c.e.stdout, res)
+		}
+		fmt.Fprintf(c.e.stdout, "group snapshot %s deleted\n", *id)
+		return nil
+	})
+}
+
+// printGroupSnapshot prints a group snapshot and its snapshots as tables,
+// or reply as JSON.
+func (c *ctrlCall) printGroupSnapshot(reply proto.Message, gs *csi.VolumeGroupSnapshot) error {
+	if c.output == "json" {
+		return printJSON(c.e.stdout, reply)
+	}
+	created := "-"
+	if gs.GetCreationTime() != nil {
+		created = gs.GetCreationTime().AsTime().Local().Format(time.DateTime)
+	}
+	tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP SNAPSHOT\tREADY\tCREATED\tSNAPSHOTS")
+	fmt.Fprintf(tw, "%s\t%t\t%s\t%d\n", gs.GetGroupSnapshotId(), gs.GetReadyToUse(), created, len(gs.GetSnapshots()))
+	fmt.Fprintln(tw, "")
+	fmt.Fprintln(tw, "SNAPSHOT\tSOURCE VOLUME\tSIZE\tREADY")
+	var ids []string
+	for _, s := range gs.GetSnapshots() {
+		size := "-"
+		if s.GetSizeBytes() > 0 {
+			size = bytesHuman(s.GetSizeBytes())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\n", s.GetSnapshotId(), s.GetSourceVolumeId(), size, s.GetReadyToUse())
+		ids = append(ids, s.GetSnapshotId())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		fmt.Fprintf(c.e.stdout, "\nget or delete it with: --id %s --snapshot-ids %s\n", gs.GetGroupSnapshotId(), strings.Join(ids, ","))
+	}
+	return nil
+}
