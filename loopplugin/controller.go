@@ -2,6 +2,7 @@ package loopplugin
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -29,6 +30,10 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}},
@@ -67,14 +72,17 @@ func fits(size int64, r *csi.CapacityRange) bool {
 	return size >= r.GetRequiredBytes() && (r.GetLimitBytes() == 0 || size <= r.GetLimitBytes())
 }
 
-func csiVolume(v Volume) *csi.Volume {
-	return &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Size}
+func csiVolume(v Volume, src *contentSource) *csi.Volume {
+	return &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Size, ContentSource: csiContentSource(src)}
 }
 
 // CreateVolume makes a sparse image named after the request's name (the
-// name is the volume id). Creating an existing volume again succeeds if its
-// size fits the request, else fails with AlreadyExists. Volumes are thin:
-// the pool's free space is not reserved.
+// name is the volume id): blank, or a copy of a snapshot or of another
+// volume (a clone; the source is frozen while copied if it is staged).
+// Without a capacity range a copy gets its source's size. Creating an
+// existing volume again succeeds if its size fits the request and its
+// content source is the requested one, else fails with AlreadyExists.
+// Volumes are thin: the pool's free space is not reserved.
 func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	id := req.GetName()
 	if id == "" {
@@ -91,31 +99,62 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 			return nil, err
 		}
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, invalidf("volume_content_source is not supported: volumes start blank")
+	src, err := parseContentSource(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
 	size, err := volumeSize(req.GetCapacityRange())
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	lockIDs := []string{id}
+	if src != nil && src.VolumeID != "" {
+		lockIDs = append(lockIDs, src.VolumeID)
+	}
+	unlock, err := s.p.locks.lockAll(ctx, lockIDs...)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, created, err := s.p.pool.Create(id, size)
+	if v, err := s.p.pool.Get(id); err == nil {
+		have, err := s.p.pool.contentSourceOf(id)
+		if err != nil {
+			return nil, err
+		}
+		if !fits(v.Size, req.GetCapacityRange()) {
+			return nil, incompatiblef("volume %s exists with %d bytes, outside the requested range [%d, %d]",
+				id, v.Size, req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes())
+		}
+		if !sameSource(have, src) {
+			return nil, incompatiblef("volume %s exists with another content source", id)
+		}
+		return &csi.CreateVolumeResponse{Volume: csiVolume(v, have)}, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	var v Volume
+	if src == nil {
+		v, _, err = s.p.pool.Create(id, size)
+	} else {
+		v, err = s.p.createFrom(ctx, id, req.GetCapacityRange(), src)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if !created && !fits(v.Size, req.GetCapacityRange()) {
-		return nil, incompatiblef("volume %s exists with %d bytes, outside the requested range [%d, %d]",
-			id, v.Size, req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes())
+	return &csi.CreateVolumeResponse{Volume: csiVolume(v, src)}, nil
+}
+
+func sameSource(a, b *contentSource) bool {
+	if a == nil || b == nil {
+		return a == b
 	}
-	return &csi.CreateVolumeResponse{Volume: csiVolume(v)}, nil
+	return *a == *b
 }
 
 // DeleteVolume removes the image. Unknown volumes are already deleted;
-// staged ones (attached to a loop device) are in use: FailedPrecondition.
+// staged ones (attached to a loop device) are in use, members of a volume
+// group must leave it first and replicated ones need replication disabled:
+// FailedPrecondition. Snapshots of the volume are independent and stay.
 func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := requireVolumeID(id); err != nil {
@@ -126,6 +165,13 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 		return nil, err
 	}
 	defer unlock()
+	// Membership is checked and the image removed under the groups lock,
+	// so a concurrent ModifyVolumeGroupMembership cannot add it meanwhile.
+	unlockGroups, err := s.p.locks.lock(ctx, groupsLockKey)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockGroups()
 	if err := s.p.pool.Delete(id); err != nil {
 		return nil, err
 	}
@@ -183,7 +229,7 @@ func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumes
 	}
 	resp := &csi.ListVolumesResponse{}
 	for _, v := range vols[start:end] {
-		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: csiVolume(v)})
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: csiVolume(v, nil)})
 	}
 	if end < len(vols) {
 		resp.NextToken = strconv.Itoa(end)

@@ -1,5 +1,6 @@
-// Package loopplugin is a complete CSI plugin (Identity, Controller and Node
-// services, plus the csi-addons ReclaimSpace services) whose volumes are
+// Package loopplugin is a complete CSI plugin (Identity, Controller,
+// GroupController and Node services, plus the csi-addons ReclaimSpace,
+// VolumeGroup and Replication services) whose volumes are
 // sparse image files in a pool directory, attached to loop devices on the
 // node that serves them. It is csiagent's reference plugin: the agent's
 // tests and demo run against it, and it doubles as a small, real plugin for
@@ -21,20 +22,44 @@
 // through the loop device's discard support; ControllerReclaimSpace does the
 // same offline with e2fsck -E discard.
 //
+// # Snapshots, clones and group snapshots
+//
+// A snapshot is a full, independent copy of a volume's image in the pool
+// (.csi-loop/snapshots/): a reflink (FICLONE) where the pool's filesystem
+// shares extents, else a sparse copy that reads only data extents
+// (SEEK_DATA/SEEK_HOLE) and skips zero blocks. A staged volume's filesystem
+// is frozen (FIFREEZE) for the copy; the thaw runs from its own goroutine
+// when the copy returns or at the freeze deadline (freezeTimeout
+// parameter, DefaultFreezeTimeout), whichever is first, so a failed or
+// stuck copy never leaves a filesystem frozen. The GroupController's
+// CreateVolumeGroupSnapshot freezes all members together, copies them all,
+// thaws them: write-order consistent across the group. CreateVolume from a
+// snapshot (or from a volume: a clone) copies the image back.
+//
+// # Volume groups and replication
+//
+// csi-addons volume groups are records in the pool: membership and
+// parameters; deleting a group deletes its members. csi-addons
+// replication copies a volume to a second pool (Config.ReplicaPool) and
+// keeps it in step with syncs that write only the blocks that differ; see
+// replication.go for when syncs happen and what the roles allow.
+//
 // # State
 //
-// The plugin keeps no state of its own, neither in memory nor on disk. Every
-// call reads what it needs from the kernel: the loop device backed by the
-// image (matched by device and inode), the mount table at the staging and
-// target paths. A plugin killed at any point and started again therefore
-// answers every later call as if it had never stopped, and an operator's
-// losetup and findmnt show the whole truth.
+// The plugin keeps no state in memory. Every call reads what it needs from
+// the kernel: the loop device backed by the image (matched by device and
+// inode), the mount table at the staging and target paths. Groups,
+// snapshots, replication roles and restored volumes' content sources are
+// records in the pool under .csi-loop/, each written atomically (temporary
+// file, fsync, rename, fsync of the directory). A plugin killed at any point
+// and started again therefore answers every later call as if it had never
+// stopped, and an operator's losetup and findmnt show the whole truth.
 //
 // # Concurrency and errors
 //
 // Calls on one volume run one at a time (a per-volume lock; CSI calls wait
-// for it within their deadline, ReclaimSpace calls fail at once with
-// Aborted), calls on different volumes run in parallel. Two plugin
+// for it within their deadline, ReclaimSpace and replication calls fail at
+// once with Aborted), calls on different volumes run in parallel. Two plugin
 // processes must not serve the same pool. Internally, errors wrap the
 // classes in errors.go; the gRPC interceptor installed by NewServer is the
 // only place that chooses status codes, following the CSI spec and the
@@ -43,7 +68,11 @@
 // # When not to use it
 //
 // The volumes live on one node: multi-node access modes are refused, and
-// there is no controller publish, snapshot, clone or expansion. It needs
-// root (CAP_SYS_ADMIN) for loop devices and mounts; only the pool functions
-// work without.
+// there is no controller publish or expansion. Snapshots and replicas are
+// full copies: cheap only where the pool's filesystem reflinks, and a
+// freeze lasts as long as the copy. Members staged for block access cannot
+// be quiesced, so they are refused in group snapshots and replication
+// syncs. The replica pool must be on this host (a mounted filesystem is
+// fine). It needs root (CAP_SYS_ADMIN) for loop devices, mounts and
+// FIFREEZE; the pool functions and the metadata calls work without.
 package loopplugin

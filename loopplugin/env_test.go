@@ -20,6 +20,8 @@ import (
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
+	rep "github.com/csiagent/csiagent/proto/replication"
+	vg "github.com/csiagent/csiagent/proto/volumegroup"
 )
 
 func needRoot(t *testing.T) {
@@ -36,9 +38,12 @@ type testEnv struct {
 	p               *Plugin
 	id              csi.IdentityClient
 	ctrl            csi.ControllerClient
+	group           csi.GroupControllerClient
 	node            csi.NodeClient
 	rsNode          rs.ReclaimSpaceNodeClient
 	rsCtrl          rs.ReclaimSpaceControllerClient
+	vg              vg.ControllerClient
+	rep             rep.ControllerClient
 }
 
 type tWriter struct{ t *testing.T }
@@ -53,20 +58,53 @@ func (w tWriter) Write(b []byte) (int, error) {
 // a pool file is left, removing them so later tests are not affected.
 func newEnv(t *testing.T, logLevel slog.Level) *testEnv {
 	t.Helper()
+	dir := testDir(t)
+	pool := filepath.Join(dir, "pool")
+	if err := os.Mkdir(pool, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return startEnv(t, logLevel, dir, pool, "")
+}
+
+// newReplicaPair starts two plugins in one directory: a serves pool "a"
+// with replica pool "b", and b serves "b" with replica "a": the two sides
+// of replicated volumes.
+func newReplicaPair(t *testing.T, logLevel slog.Level) (a, b *testEnv) {
+	t.Helper()
+	dir := testDir(t)
+	pa, pb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for _, p := range []string{pa, pb} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return startEnv(t, logLevel, dir, pa, pb), startEnv(t, logLevel, dir, pb, pa)
+}
+
+// testDir returns a canonical temporary directory that is checked for
+// leaked mounts and loop devices when the test ends.
+func testDir(t *testing.T) string {
+	t.Helper()
 	dir, err := mount.Canonical(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &testEnv{dir: dir, pool: filepath.Join(dir, "pool"), sock: filepath.Join(dir, "csi.sock")}
-	if err := os.Mkdir(e.pool, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { checkNoLeaks(t, dir, e.pool) })
+	t.Cleanup(func() { checkNoLeaks(t, dir, dir) })
+	return dir
+}
 
+// startEnv serves a plugin on pool (with an optional replica pool) on a
+// socket in dir.
+func startEnv(t *testing.T, logLevel slog.Level, dir, pool, replica string) *testEnv {
+	t.Helper()
+	e := &testEnv{dir: dir, pool: pool, sock: filepath.Join(dir, filepath.Base(pool)+".sock")}
+	var err error
 	e.p, err = New(Config{
-		Pool:   e.pool,
-		NodeID: "node-1",
-		Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: logLevel})),
+		Pool:        e.pool,
+		ReplicaPool: replica,
+		NodeID:      "node-1",
+		Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: logLevel})).
+			With("plugin", filepath.Base(pool)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +128,9 @@ func newEnv(t *testing.T, logLevel slog.Level) *testEnv {
 	}
 	t.Cleanup(func() { conn.Close() })
 	e.id, e.ctrl, e.node = csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+	e.group = csi.NewGroupControllerClient(conn)
 	e.rsNode, e.rsCtrl = rs.NewReclaimSpaceNodeClient(conn), rs.NewReclaimSpaceControllerClient(conn)
+	e.vg, e.rep = vg.NewControllerClient(conn), rep.NewControllerClient(conn)
 	return e
 }
 

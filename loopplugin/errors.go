@@ -35,6 +35,12 @@ var (
 	ErrInvalidToken = errors.New("invalid starting token")
 	// ErrNoSpace: the pool's filesystem is full (ResourceExhausted).
 	ErrNoSpace = errors.New("pool out of space")
+	// ErrLimit: a limit of the plugin is reached, such as the number of
+	// volumes in a group (ResourceExhausted).
+	ErrLimit = errors.New("limit reached")
+	// ErrUnimplemented: the call is not available in this configuration,
+	// such as replication without a replica pool (Unimplemented).
+	ErrUnimplemented = errors.New("not available")
 )
 
 func invalidf(format string, a ...any) error {
@@ -76,8 +82,10 @@ func toStatus(err error) error {
 		code = codes.Aborted
 	case errors.Is(err, ErrOutOfRange):
 		code = codes.OutOfRange
-	case errors.Is(err, ErrNoSpace):
+	case errors.Is(err, ErrNoSpace), errors.Is(err, ErrLimit):
 		code = codes.ResourceExhausted
+	case errors.Is(err, ErrUnimplemented):
+		code = codes.Unimplemented
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
@@ -92,4 +100,16 @@ func outOfRangef(format string, a ...any) error {
 
 func invalidTokenf(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, a...))
+}
+
+func limitf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrLimit, fmt.Sprintf(format, a...))
+}
+
+func unimplementedf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrUnimplemented, fmt.Sprintf(format, a...))
+}
+
+func busyf(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrBusy, fmt.Sprintf(format, a...))
 }

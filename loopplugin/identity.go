@@ -20,11 +20,16 @@ func (s *identityServer) GetPluginInfo(context.Context, *csi.GetPluginInfoReques
 }
 
 func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{
-		Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
-			Type: csi.PluginCapability_Service_CONTROLLER_SERVICE,
-		}},
-	}}}, nil
+	var caps []*csi.PluginCapability
+	for _, t := range []csi.PluginCapability_Service_Type{
+		csi.PluginCapability_Service_CONTROLLER_SERVICE,
+		csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE,
+	} {
+		caps = append(caps, &csi.PluginCapability{
+			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}},
+		})
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 // Probe reports ready while the pool directory is reachable.

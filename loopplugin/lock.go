@@ -3,6 +3,7 @@ package loopplugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -72,3 +73,34 @@ func (l *volumeLocks) tryLock(id string) (unlock func(), err error) {
 		return nil, fmt.Errorf("%w: another operation on volume %s is in flight", ErrBusy, id)
 	}
 }
+
+// lockAll waits for the locks of all ids, taken in sorted order so that two
+// callers locking overlapping sets cannot deadlock. Duplicates count once.
+// The returned function releases them all.
+func (l *volumeLocks) lockAll(ctx context.Context, ids ...string) (unlock func(), err error) {
+	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
+	var held []func()
+	release := func() {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i]()
+		}
+	}
+	for _, id := range ids {
+		u, err := l.lock(ctx, id)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		held = append(held, u)
+	}
+	return release, nil
+}
+
+// Lock keys other than volume ids start with a NUL byte, which no volume id
+// contains. Lock order: volume locks (sorted) first, then the groups lock;
+// snapshot and group snapshot locks are only ever tried (tryLock), never
+// waited for, so they cannot take part in a deadlock.
+const groupsLockKey = "\x00groups"
+
+func snapshotLockKey(id string) string      { return "\x00snapshot/" + id }
+func groupSnapshotLockKey(id string) string { return "\x00group-snapshot/" + id }

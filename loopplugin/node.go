@@ -46,7 +46,8 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 // access, mounts its filesystem (made first if the volume is blank) at the
 // staging path; for block access it bind-mounts the device node onto
 // <staging>/device. Staging again with a compatible capability succeeds;
-// an incompatible one is AlreadyExists.
+// an incompatible one is AlreadyExists. A replication secondary cannot be
+// staged (FailedPrecondition): it is written only by syncs.
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	if err := requireVolumeID(id); err != nil {
@@ -67,6 +68,11 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	vol, err := s.p.pool.Get(id)
 	if err != nil {
 		return nil, err
+	}
+	if r, err := s.p.pool.replication(id); err != nil {
+		return nil, err
+	} else if r != nil && r.Role == roleSecondary {
+		return nil, preconditionf("volume %s is a replication secondary (its primary is in %s): promote it before staging", id, r.Peer)
 	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, fmt.Errorf("create staging path: %w", err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
+	"github.com/csiagent/csiagent/proto/replication"
+	"github.com/csiagent/csiagent/proto/volumegroup"
 )
 
 // DefaultName is the plugin name GetPluginInfo reports unless configured.
@@ -48,23 +51,43 @@ type Config struct {
 	// Name and Version are what GetPluginInfo reports; DefaultName and
 	// Version if empty.
 	Name, Version string
+	// ReplicaPool is the pool directory replicated volumes are copied to
+	// (csi-addons replication). Optional: without it the replication
+	// calls are Unimplemented. It must be another existing directory.
+	ReplicaPool string
 	// Logger receives the plugin's logs; slog.Default() if nil.
 	Logger *slog.Logger
 }
 
-// Plugin is the CSI loop plugin: identity, controller and node services and
-// the csi-addons ReclaimSpace services, over the volumes of one pool.
+// Plugin is the CSI loop plugin: identity, controller (with snapshots and
+// clones), group controller and node services, and the csi-addons
+// ReclaimSpace, VolumeGroup and Replication services, over the volumes of
+// one pool.
 //
-// It keeps no state of its own: which volume is attached, staged or
+// It keeps no state in memory: which volume is attached, staged or
 // published is read from the kernel (loop devices' backing files and the
-// mount table) on every call, so a restarted plugin carries on where the
+// mount table) on every call, and groups, snapshots and replication state
+// are records in the pool, so a restarted plugin carries on where the
 // previous one stopped.
 type Plugin struct {
 	name, version, nodeID string
 	pool                  *Pool
+	replica               *Pool // nil without a replica pool
 	log                   *slog.Logger
 	locks                 *volumeLocks
 	tools                 tools
+	// replicationTick is how often the replication scheduler runs.
+	replicationTick time.Duration
+	// hooks are for tests; zero in production.
+	hooks testHooks
+}
+
+// testHooks let tests inject failures at points that are otherwise hard to
+// reach.
+type testHooks struct {
+	// beforeSnapshotCopy runs before each member image is copied, while
+	// the members are frozen; an error fails the snapshot.
+	beforeSnapshotCopy atomic.Pointer[func(ctx context.Context, volumeID string) error]
 }
 
 // New checks cfg and returns a plugin.
@@ -88,26 +111,41 @@ func New(cfg Config) (*Plugin, error) {
 	if err != nil {
 		return nil, err
 	}
+	var replica *Pool
+	if cfg.ReplicaPool != "" {
+		if replica, err = OpenPool(cfg.ReplicaPool); err != nil {
+			return nil, fmt.Errorf("replica %w", err)
+		}
+		if replica.Dir() == pool.Dir() {
+			return nil, fmt.Errorf("%w: the replica pool must be another directory than the pool", ErrInvalid)
+		}
+	}
 	return &Plugin{
-		name:    cfg.Name,
-		version: cfg.Version,
-		nodeID:  cfg.NodeID,
-		pool:    pool,
-		log:     cfg.Logger,
-		locks:   newVolumeLocks(),
-		tools:   findTools(),
+		name:            cfg.Name,
+		version:         cfg.Version,
+		nodeID:          cfg.NodeID,
+		pool:            pool,
+		replica:         replica,
+		log:             cfg.Logger,
+		locks:           newVolumeLocks(),
+		tools:           findTools(),
+		replicationTick: defaultReplicationTick,
 	}, nil
 }
 
-// Register registers the plugin's services on s: CSI Identity, Controller
-// and Node, and csi-addons ReclaimSpaceController and ReclaimSpaceNode. Use
+// Register registers the plugin's services on s: CSI Identity, Controller,
+// GroupController and Node, and csi-addons ReclaimSpaceController,
+// ReclaimSpaceNode, VolumeGroup Controller and Replication Controller. Use
 // NewServer unless s already maps errors through the plugin's interceptor.
 func (p *Plugin) Register(s grpc.ServiceRegistrar) {
 	csi.RegisterIdentityServer(s, &identityServer{p: p})
 	csi.RegisterControllerServer(s, &controllerServer{p: p})
+	csi.RegisterGroupControllerServer(s, &groupControllerServer{p: p})
 	csi.RegisterNodeServer(s, &nodeServer{p: p})
 	reclaimspace.RegisterReclaimSpaceControllerServer(s, &reclaimControllerServer{p: p})
 	reclaimspace.RegisterReclaimSpaceNodeServer(s, &reclaimNodeServer{p: p})
+	volumegroup.RegisterControllerServer(s, &volumeGroupServer{p: p})
+	replication.RegisterControllerServer(s, &replicationServer{p: p})
 }
 
 // NewServer returns a gRPC server with the plugin's services registered and
@@ -175,7 +213,15 @@ func (p *Plugin) Serve(ctx context.Context, endpoint string) error {
 	srv := p.NewServer()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	p.log.Info("serving", "endpoint", path, "pool", p.pool.Dir(), "node_id", p.nodeID,
+	schedCtx, stopSched := context.WithCancel(ctx)
+	schedDone := make(chan struct{})
+	go func() { defer close(schedDone); p.runReplication(schedCtx) }()
+	defer func() { stopSched(); <-schedDone }()
+	replica := ""
+	if p.replica != nil {
+		replica = p.replica.Dir()
+	}
+	p.log.Info("serving", "endpoint", path, "pool", p.pool.Dir(), "replica_pool", replica, "node_id", p.nodeID,
 		"name", p.name, "version", p.version, "fs_types", strings.Join(p.tools.fsTypes(), ","))
 	select {
 	case err := <-served:

@@ -82,6 +82,14 @@ func (p *Pool) Get(id string) (Volume, error) {
 // fsync, rename without replacing, fsync of the directory), so a crash
 // leaves either no volume or a complete one.
 func (p *Pool) Create(id string, size int64) (vol Volume, created bool, err error) {
+	return p.create(id, size, nil, nil)
+}
+
+// create is Create for a volume with content: fill writes it into the
+// temporary file (which it may leave shorter than size, never longer)
+// before the image appears, and src, recorded before that, says where the
+// content came from (nil for a blank volume).
+func (p *Pool) create(id string, size int64, src *contentSource, fill func(*os.File) error) (vol Volume, created bool, err error) {
 	if err := ValidateVolumeID(id); err != nil {
 		return Volume{}, false, err
 	}
@@ -103,6 +111,11 @@ func (p *Pool) Create(id string, size int64) (vol Volume, created bool, err erro
 			os.Remove(tmp.Name())
 		}
 	}()
+	if fill != nil {
+		if err := fill(tmp); err != nil {
+			return Volume{}, false, fmt.Errorf("create volume %s: %w", id, err)
+		}
+	}
 	if err := tmp.Truncate(size); err != nil {
 		if errors.Is(err, unix.EFBIG) {
 			return Volume{}, false, fmt.Errorf("%w: create volume %s: %w", ErrOutOfRange, id, err)
@@ -113,6 +126,16 @@ func (p *Pool) Create(id string, size int64) (vol Volume, created bool, err erro
 		return Volume{}, false, fmt.Errorf("create volume %s: %w", id, err)
 	}
 	if err := tmp.Close(); err != nil {
+		return Volume{}, false, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	// The record goes first: a crash before the rename leaves a record
+	// without an image, which the next create of the id replaces.
+	if src != nil {
+		err = p.writeRecord(metaVolumes, id, volumeRecord{ContentSource: src})
+	} else {
+		err = p.removeRecord(metaVolumes, id)
+	}
+	if err != nil {
 		return Volume{}, false, fmt.Errorf("create volume %s: %w", id, err)
 	}
 	path := p.path(id)
@@ -134,11 +157,32 @@ func (p *Pool) Create(id string, size int64) (vol Volume, created bool, err erro
 
 // Delete removes the volume's image. A volume that does not exist is already
 // deleted. A volume whose image is attached to a loop device (staged) is in
-// use: Delete refuses with ErrPrecondition.
+// use, a member of a volume group must leave it first, and a replicated
+// volume needs replication disabled first: Delete refuses these with
+// ErrPrecondition.
 func (p *Pool) Delete(id string) error {
+	if err := ValidateVolumeID(id); err != nil {
+		return err
+	}
+	if g, err := p.groupOf(id); err != nil {
+		return err
+	} else if g != "" {
+		return preconditionf("volume %s is a member of volume group %s: remove it from the group first", id, g)
+	}
+	var rep replicationRecord
+	if err := p.readRecord(metaReplication, id, &rep); err == nil {
+		return preconditionf("volume %s is replicated (%s): disable replication first", id, rep.Role)
+	} else if !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return p.remove(id)
+}
+
+// remove deletes the image unless it is attached, and its record.
+func (p *Pool) remove(id string) error {
 	v, err := p.Get(id)
 	if errors.Is(err, ErrNotFound) {
-		return nil
+		return p.removeRecord(metaVolumes, id)
 	}
 	if err != nil {
 		return err
@@ -154,7 +198,33 @@ func (p *Pool) Delete(id string) error {
 	if err := syncDir(p.dir); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
+	if err := p.removeRecord(metaVolumes, id); err != nil {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
 	return nil
+}
+
+// contentSource is where a volume's initial content came from.
+type contentSource struct {
+	SnapshotID string `json:"snapshot_id,omitempty"`
+	VolumeID   string `json:"volume_id,omitempty"`
+}
+
+// volumeRecord is what the pool records about a volume besides its image.
+type volumeRecord struct {
+	ContentSource *contentSource `json:"content_source,omitempty"`
+}
+
+// contentSourceOf returns the volume's content source, nil for a blank
+// volume.
+func (p *Pool) contentSourceOf(id string) (*contentSource, error) {
+	var r volumeRecord
+	if err := p.readRecord(metaVolumes, id, &r); errors.Is(err, ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return r.ContentSource, nil
 }
 
 // List returns the pool's volumes ordered by id. Files that are not volume

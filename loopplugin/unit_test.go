@@ -475,11 +475,29 @@ func TestControllerAndErrorCodes(t *testing.T) {
 				CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20}})
 			return err
 		}, codes.AlreadyExists},
-		{"create: content source", func() error {
-			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "s", VolumeCapabilities: []*csi.VolumeCapability{c},
+		{"create: clone", func() error {
+			resp, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "s", VolumeCapabilities: []*csi.VolumeCapability{c},
 				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "v0"}}}})
+			if err == nil && resp.GetVolume().GetContentSource().GetVolume().GetVolumeId() != "v0" {
+				return fmt.Errorf("content source = %v", resp.GetVolume().GetContentSource())
+			}
+			return err
+		}, codes.OK},
+		{"create: clone of an unknown volume", func() error {
+			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "s2", VolumeCapabilities: []*csi.VolumeCapability{c},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "ghost"}}}})
+			return err
+		}, codes.NotFound},
+		{"create: empty content source", func() error {
+			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "s2", VolumeCapabilities: []*csi.VolumeCapability{c},
+				VolumeContentSource: &csi.VolumeContentSource{}})
 			return err
 		}, codes.InvalidArgument},
+		{"create: existing blank volume as a clone", func() error {
+			_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v0", VolumeCapabilities: []*csi.VolumeCapability{c},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "s"}}}})
+			return err
+		}, codes.AlreadyExists},
 		{"delete: traversal", func() error {
 			_, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: "../pool/v0"})
 			return err

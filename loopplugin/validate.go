@@ -25,22 +25,35 @@ const DefaultFSType = "ext4"
 // nothing else: non-empty, at most MaxVolumeIDLength bytes, no path
 // separator, no "..", no leading dot (the pool's temporary files start with
 // one), no control characters.
-func ValidateVolumeID(id string) error {
+func ValidateVolumeID(id string) error { return validateID("volume id", id) }
+
+// validateID applies ValidateVolumeID's rules to the id of any object kept
+// in the pool (volume groups, snapshots, group snapshots): what names them
+// are file names too.
+func validateID(what, id string) error {
 	switch {
 	case id == "":
-		return invalidf("volume id is empty")
+		return invalidf("%s is empty", what)
 	case len(id) > MaxVolumeIDLength:
-		return invalidf("volume id is %d bytes long, the limit is %d", len(id), MaxVolumeIDLength)
+		return invalidf("%s is %d bytes long, the limit is %d", what, len(id), MaxVolumeIDLength)
 	case strings.ContainsRune(id, '/'):
-		return invalidf("volume id %q contains a path separator", id)
+		return invalidf("%s %q contains a path separator", what, id)
 	case strings.Contains(id, ".."):
-		return invalidf("volume id %q contains \"..\"", id)
+		return invalidf("%s %q contains \"..\"", what, id)
 	case strings.HasPrefix(id, "."):
-		return invalidf("volume id %q starts with a dot", id)
+		return invalidf("%s %q starts with a dot", what, id)
 	case strings.IndexFunc(id, unicode.IsControl) >= 0:
-		return invalidf("volume id %q contains a control character", id)
+		return invalidf("%s %q contains a control character", what, id)
 	}
 	return nil
+}
+
+// requireID validates a required id field of a request.
+func requireID(field, id string) error {
+	if id == "" {
+		return invalidf("%s is required", field)
+	}
+	return validateID(field, id)
 }
 
 // requireVolumeID validates the volume_id field of a request.

@@ -46,6 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		endpoint := fs.String("endpoint", os.Getenv("CSI_ENDPOINT"), "unix socket to serve on: unix:///path or a path (default $CSI_ENDPOINT)")
 		fs.StringVar(&cfg.NodeID, "node-id", "", "node id for NodeGetInfo (default $MESOS_AGENT_ID, else the host name)")
 		fs.StringVar(&cfg.Name, "name", loopplugin.DefaultName, "plugin name for GetPluginInfo")
+		fs.StringVar(&cfg.ReplicaPool, "replica-pool", "", "pool directory replicated volumes are copied to (csi-addons replication; optional)")
 		version := fs.Bool("version", false, "print the version and exit")
 		if err = parse(fs, args); err != nil {
 			break

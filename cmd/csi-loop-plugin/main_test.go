@@ -26,6 +26,7 @@ import (
 	"github.com/csiagent/csiagent/loopplugin"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
+	"github.com/csiagent/csiagent/proto/replication"
 )
 
 // pluginBin is the csi-loop-plugin binary built by TestMain: the tests run
@@ -377,4 +378,52 @@ func readVolume(t *testing.T, target string, block bool, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestServeReplicaPool: with --replica-pool the served plugin advertises
+// the group controller and replicates a volume into the replica pool;
+// a replica pool that does not exist is refused at start.
+func TestServeReplicaPool(t *testing.T) {
+	dir := testDir(t)
+	pool, replica, sock := filepath.Join(dir, "pool"), filepath.Join(dir, "replica"), filepath.Join(dir, "csi.sock")
+	for _, p := range []string{pool, replica} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := runCLI(t, "--endpoint", sock, "--pool", pool, "--replica-pool", filepath.Join(dir, "missing")); err == nil {
+		t.Error("started with a missing replica pool")
+	}
+	if out, err := runCLI(t, "create-volume", "--pool", pool, "--name", "rv", "--size", "8MiB"); err != nil {
+		t.Fatalf("create-volume: %q, %v", out, err)
+	}
+	startPlugin(t, "--endpoint", "unix://"+sock, "--pool", pool, "--replica-pool", replica, "--node-id", "n1")
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	caps, err := csi.NewIdentityClient(conn).GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := false
+	for _, c := range caps.GetCapabilities() {
+		group = group || c.GetService().GetType() == csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE
+	}
+	if !group {
+		t.Errorf("capabilities %v lack GROUP_CONTROLLER_SERVICE", caps)
+	}
+	r := replication.NewControllerClient(conn)
+	if _, err := r.EnableVolumeReplication(ctx, &replication.EnableVolumeReplicationRequest{VolumeId: "rv"}); err != nil {
+		t.Fatalf("EnableVolumeReplication: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(replica, "rv.img")); err != nil || fi.Size() != 8<<20 {
+		t.Errorf("replica image: %v, %v", fi, err)
+	}
+	info, err := r.GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{VolumeId: "rv"})
+	if err != nil || info.GetLastSyncTime() == nil {
+		t.Errorf("GetVolumeReplicationInfo = %v, %v", info, err)
+	}
 }
