@@ -6,14 +6,17 @@ VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo
 LDFLAGS      := -X github.com/csiagent/csiagent/internal/version.Version=$(VERSION)
 TOOLS_BIN    := $(CURDIR)/.tools/bin
 STATICCHECK_VERSION := v0.8.2
-FUZZTIME     ?= 10s
+FUZZTIME     ?= 3s
+DURATION     ?= 10m
+SOAK_TIMEOUT ?= 3h
+SOAK_LOG     ?= /tmp/csiagent-soak.log
 BINARIES     := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
 PREFIX       ?= /usr/local
 DESTDIR      ?=
 UNITDIR      ?= /etc/systemd/system
 
-.PHONY: help build install test fuzz lint proto check-proto demo deps clean
+.PHONY: help build install test bench fuzz soak lint proto check-proto demo deps clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -33,12 +36,26 @@ install: build ## install the binaries to $(PREFIX)/bin and the systemd unit to 
 deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)
 	bash hack/install-deps.sh
 
-test: deps ## run every test (root tests included when run as root) and a short fuzz
+test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
 	$(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 
-fuzz: ## run each fuzz target for FUZZTIME (default 10s)
-	$(GO) test -run='^$$' -fuzz='^FuzzParse$$' -fuzztime=$(FUZZTIME) ./pluginconfig
+bench: ## (root) run the performance benchmarks at full size (~3 min), print the table and write bench/results.md; see docs/benchmarks.md
+	$(GO) test -count=1 -v -timeout 30m ./bench -args -full -out $(CURDIR)/bench/results.md
+
+fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME each (default 3s)
+	@set -e; for file in $$(grep -rlE --include='*_test.go' --exclude-dir=.tools --exclude-dir=.git '^func Fuzz[A-Za-z0-9_]*\(' . | sort); do \
+		dir=$$(dirname $$file); \
+		for fn in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$file); do \
+			echo "fuzz: $$dir $$fn for $(FUZZTIME)"; \
+			$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$dir; \
+		done; \
+	done
+
+soak: deps ## (root) random prepares/cleanups/reclaims with agent and plugin SIGKILLs on loop volumes for DURATION (default 10m); prints its figures, full log in SOAK_LOG
+	@echo "soak: $(DURATION), full log in $(SOAK_LOG)"
+	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./agent >$(SOAK_LOG) 2>&1; rc=$$?; \
+		grep -E '^soak: |invariant violation|^(--- |ok|FAIL)' $(SOAK_LOG); exit $$rc
 
 lint: ## gofmt, go vet and staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi

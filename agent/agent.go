@@ -34,6 +34,10 @@ const (
 	DefaultLogMaxBytes = 10 << 20
 	// DefaultLogKeep rotated files are kept per log.
 	DefaultLogKeep = 3
+	// MaxAPIMessageSize caps a request to the agent API (gRPC's default,
+	// set explicitly): a bigger one is refused with ResourceExhausted
+	// before it is decoded.
+	MaxAPIMessageSize = 4 << 20
 	// logRotateInterval is how often plugin logs are checked for size.
 	logRotateInterval = 30 * time.Second
 )
@@ -66,6 +70,8 @@ type Config struct {
 	RPCTimeout time.Duration
 	// CrashPoint is for crash tests only: see isolator.Config.
 	CrashPoint func(point string)
+	// BootID is for reboot tests only: see isolator.Config.
+	BootID string
 
 	// ReclaimDefaults is the reclaim policy of plugins whose config does
 	// not override it; ReclaimMaxConcurrent caps reclaims agent-wide.
@@ -77,6 +83,10 @@ type Config struct {
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
 	MetricsAddress string
+	// DebugAddress, when set, is the host:port where Run serves
+	// net/http/pprof at /debug/pprof/ (off by default: profiles reveal
+	// internals; bind it to localhost).
+	DebugAddress string
 
 	Logger *slog.Logger
 }
@@ -159,11 +169,17 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--metrics-address %q: %w", cfg.MetricsAddress, err)
 		}
 	}
+	if cfg.DebugAddress != "" {
+		if _, _, err := net.SplitHostPort(cfg.DebugAddress); err != nil {
+			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
+		}
+	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
 	a.metrics = newMetrics(a)
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
 		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.changed.notify,
+		BootID: cfg.BootID,
 	})
 	if err != nil {
 		return nil, err
@@ -198,6 +214,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopMetrics()
+	stopDebug, err := a.startDebug()
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
 
 	lis, err := a.listen()
 	if err != nil {
@@ -214,7 +235,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.watcher = w
 
-	srv := grpc.NewServer(grpc.Creds(peerCredentials{}),
+	srv := grpc.NewServer(grpc.Creds(peerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})

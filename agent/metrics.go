@@ -84,6 +84,14 @@ func newMetrics(a *Agent) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration,
 		newStateCollector(a),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "csi_agent_checkpoint_writes_total",
+			Help: "Durable checkpoint writes (temp file, fsync, rename, fsync directory) of volumes and containers.",
+		}, func() float64 { w, _ := a.iso.CheckpointStats(); return float64(w) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "csi_agent_checkpoint_fsyncs_total",
+			Help: "fsync calls made by checkpoint writes; concurrent writes to one directory share its fsync.",
+		}, func() float64 { _, f := a.iso.CheckpointStats(); return float64(f) }),
 	)
 	return m
 }

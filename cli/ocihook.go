@@ -54,9 +54,9 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "csi-agent oci-hook %s: %v\n", stage, err)
 		return ExitProblem
 	}
-	var st ociState
-	if err := json.NewDecoder(io.LimitReader(os.Stdin, 1<<20)).Decode(&st); err != nil {
-		return fail(fmt.Errorf("reading the container state from stdin: %w", err))
+	st, err := readOCIState(os.Stdin)
+	if err != nil {
+		return fail(err)
 	}
 	raw, ok := st.Annotations[VolumesAnnotation]
 	if !ok {
@@ -91,6 +91,18 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 		return fail(hookError(*socket, err))
 	}
 	return ExitOK
+}
+
+// maxOCIState bounds the container state a hook reads from stdin.
+const maxOCIState = 1 << 20
+
+// readOCIState decodes the container state a runtime passes on stdin.
+func readOCIState(r io.Reader) (ociState, error) {
+	var st ociState
+	if err := json.NewDecoder(io.LimitReader(r, maxOCIState)).Decode(&st); err != nil {
+		return ociState{}, fmt.Errorf("reading the container state from stdin: %w", err)
+	}
+	return st, nil
 }
 
 func hookError(socket string, err error) error {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
 )
 
 const (
@@ -93,6 +95,10 @@ type Config struct {
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
 	CrashPoint func(point string)
+	// BootID, for reboot tests only, replaces the kernel's boot id
+	// (/proc/sys/kernel/random/boot_id) when set: a value other than the
+	// one in the checkpoints makes recovery treat the host as rebooted.
+	BootID string
 }
 
 // Isolator prepares and cleans up containers' CSI volumes.
@@ -100,6 +106,9 @@ type Isolator struct {
 	cfg    Config
 	log    *slog.Logger
 	bootID string
+
+	// commit writes checkpoints, sharing directory fsyncs.
+	commit atomicfile.Committer
 
 	volumeLocks    keyedMutex
 	containerLocks keyedMutex
@@ -138,14 +147,18 @@ func New(cfg Config) (*Isolator, error) {
 	if cfg.CrashPoint == nil {
 		cfg.CrashPoint = func(string) {}
 	}
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return nil, fmt.Errorf("reading boot id: %w", err)
+	bootID := cfg.BootID
+	if bootID == "" {
+		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			return nil, fmt.Errorf("reading boot id: %w", err)
+		}
+		bootID = strings.TrimSpace(string(b))
 	}
 	iso := &Isolator{
 		cfg:           cfg,
 		log:           cfg.Logger,
-		bootID:        strings.TrimSpace(string(b)),
+		bootID:        bootID,
 		volumes:       map[volumeKey]*volume{},
 		containers:    map[string]*container{},
 		reclaiming:    map[volumeKey]context.CancelFunc{},

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 
@@ -94,17 +95,42 @@ func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []pla
 			return err
 		}
 	}
-	for _, pm := range plan {
-		vcp, err := iso.acquire(ctx, pm, c.id)
+	// The volumes are acquired (staged, published) concurrently: each
+	// under its own lock, one lock at a time, so no order can deadlock;
+	// their checkpoints are in different files, whose fsyncs the
+	// filesystem commits together. The container's mounts then follow in
+	// request order.
+	vcps := make([]*statev1.VolumeCheckpoint, len(plan))
+	errs := make([]error, len(plan))
+	if len(plan) == 1 {
+		vcps[0], errs[0] = iso.acquire(ctx, plan[0], c.id)
+	} else {
+		sem := make(chan struct{}, maxParallelAcquire)
+		var wg sync.WaitGroup
+		for i, pm := range plan {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				vcps[i], errs[i] = iso.acquire(ctx, pm, c.id)
+			})
+		}
+		wg.Wait()
+	}
+	for _, err := range errs {
 		if err != nil {
 			return err
 		}
-		if err := iso.mountFor(c, pm, vcp.GetTargetPath(), uid, gid); err != nil {
+	}
+	for i, pm := range plan {
+		if err := iso.mountFor(c, pm, vcps[i].GetTargetPath(), uid, gid); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// maxParallelAcquire caps the volumes of one Prepare acquired at once.
+const maxParallelAcquire = 8
 
 // mountFor mounts a published volume at the container's mount point: on
 // the host, or inside the container's mount namespace for a request with
@@ -264,10 +290,27 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 		// Every volume the request named: a prepare interrupted after
 		// acquiring a volume but before recording its mount still holds
 		// it.
-		for _, v := range c.cp.GetRequest().GetVolumes() {
+		// Concurrently, as in prepareMounts.
+		vols := c.cp.GetRequest().GetVolumes()
+		rerrs := make([]error, len(vols))
+		sem := make(chan struct{}, maxParallelAcquire)
+		var wg sync.WaitGroup
+		for i, v := range vols {
 			csiVol := v.GetSource().GetCsiVolume()
 			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
-			if err := iso.release(ctx, key, c.id); err != nil {
+			if len(vols) == 1 {
+				rerrs[i] = iso.release(ctx, key, c.id)
+				continue
+			}
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				rerrs[i] = iso.release(ctx, key, c.id)
+			})
+		}
+		wg.Wait()
+		for _, err := range rerrs {
+			if err != nil {
 				errs = append(errs, err)
 			}
 		}

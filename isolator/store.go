@@ -78,8 +78,18 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticPr
 var marshal = protojson.MarshalOptions{UseProtoNames: true, Multiline: true}
 
 // writeCheckpoint durably replaces a checkpoint file (0600, directory
-// 0700): temp file, fsync, rename, fsync directory.
+// 0700): temp file, fsync, rename, fsync directory (shared with concurrent
+// writes to the same directory: see atomicfile.Committer).
+func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) error {
+	return writeCheckpointWith(&iso.commit, dir, name, m)
+}
+
+// writeCheckpoint is writeCheckpoint without fsync sharing or counting.
 func writeCheckpoint(dir, name string, m proto.Message) error {
+	return writeCheckpointWith(&atomicfile.Committer{}, dir, name, m)
+}
+
+func writeCheckpointWith(c *atomicfile.Committer, dir, name string, m proto.Message) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpointing: %w", err)
 	}
@@ -87,7 +97,7 @@ func writeCheckpoint(dir, name string, m proto.Message) error {
 	if err != nil {
 		return fmt.Errorf("checkpointing: %w", err)
 	}
-	if err := atomicfile.Write(filepath.Join(dir, name), b, 0o600); err != nil {
+	if err := c.Write(filepath.Join(dir, name), b, 0o600); err != nil {
 		return fmt.Errorf("checkpointing: %w", err)
 	}
 	return nil
@@ -103,7 +113,7 @@ func (iso *Isolator) updateVolume(v *volume, mutate func(cp *statev1.VolumeCheck
 	if cp.State != before {
 		cp.StateSince = timestamppb.Now()
 	}
-	if err := writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
+	if err := iso.writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
 	iso.mu.Lock()
@@ -141,7 +151,7 @@ func (iso *Isolator) forgetVolume(v *volume) error {
 func (iso *Isolator) updateContainer(c *container, mutate func(cp *statev1.ContainerCheckpoint)) error {
 	cp := proto.Clone(c.cp).(*statev1.ContainerCheckpoint)
 	mutate(cp)
-	if err := writeCheckpoint(c.dir, containerStateFile, cp); err != nil {
+	if err := iso.writeCheckpoint(c.dir, containerStateFile, cp); err != nil {
 		return fmt.Errorf("container %s: %w", c.id, err)
 	}
 	iso.mu.Lock()
@@ -277,4 +287,10 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 		}
 	}
 	return cp
+}
+
+// CheckpointStats reports the durable checkpoint writes made since start
+// and the fsyncs they cost.
+func (iso *Isolator) CheckpointStats() (writes, fsyncs uint64) {
+	return iso.commit.Stats()
 }

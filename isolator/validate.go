@@ -71,8 +71,21 @@ func encodeVolumeID(id string) string {
 	return b.String()
 }
 
-// decodeVolumeID reverses encodeVolumeID.
+// decodeVolumeID reverses encodeVolumeID. Only the canonical encoding is
+// accepted (lower-case hex, "%41" for "A", a leading "." are not): each id
+// has exactly one directory, so two directories can never claim one volume.
 func decodeVolumeID(s string) (string, error) {
+	id, err := decodeVolumeIDLoose(s)
+	if err != nil {
+		return "", err
+	}
+	if encodeVolumeID(id) != s {
+		return "", fmt.Errorf("%q is not the canonical percent-encoding of a volume id", s)
+	}
+	return id, nil
+}
+
+func decodeVolumeIDLoose(s string) (string, error) {
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		if s[i] != '%' {
@@ -113,6 +126,9 @@ func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
 			return fmt.Errorf("%w: volumes[%d]: %s", ErrInvalid, i, fmt.Sprintf(format, args...))
 		}
 		if t := v.GetSource().GetType(); t != agentv1.Volume_Source_CSI_VOLUME {
+			if agentv1.Volume_Source_Type_name[int32(t)] == "" {
+				return nil, field("source.type %d is not a Mesos volume source type; csi-agent handles CSI_VOLUME volumes only", int32(t))
+			}
 			return nil, field("source.type is %s; csi-agent handles CSI_VOLUME volumes only", t)
 		}
 		csiVol := v.GetSource().GetCsiVolume()
@@ -141,6 +157,9 @@ func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
 		if capability == nil || capability.GetAccessMode() == nil || capability.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_UNKNOWN {
 			return nil, field("static_provisioning.volume_capability with an access_mode is required")
 		}
+		if m := capability.GetAccessMode().GetMode(); csi.VolumeCapability_AccessMode_Mode_name[int32(m)] == "" {
+			return nil, field("static_provisioning.volume_capability.access_mode.mode %d is not a CSI access mode", int32(m))
+		}
 		if capability.GetBlock() == nil && capability.GetMount() == nil {
 			return nil, field("static_provisioning.volume_capability needs an access type: \"mount\" or \"block\"")
 		}
@@ -149,8 +168,10 @@ func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
 		case agentv1.Volume_RW:
 		case agentv1.Volume_RO:
 			readonly = true
-		default:
+		case agentv1.Volume_MODE_UNKNOWN:
 			return nil, field("mode is required: RW or RO")
+		default:
+			return nil, field("mode %d is not RW or RO", int32(v.GetMode()))
 		}
 		if readOnlyAccess(capability) && !readonly {
 			return nil, fmt.Errorf("%w: Cannot use the read-only volume '%s' in read-write mode", ErrInvalid, id)

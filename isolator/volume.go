@@ -127,15 +127,38 @@ func (iso *Isolator) converge(ctx context.Context, v *volume, want vstate) error
 	return err
 }
 
-func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) error {
+func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) (err error) {
 	if v.cp.State == stUnknown {
 		if err := iso.readState(v); err != nil {
 			return err
 		}
 	}
+	// The stable state an RPC reached is checkpointed together with what
+	// follows, not on its own: the next step's transitional state (which
+	// implies it: NODE_PUBLISH is written only once staged), the final
+	// PUBLISHED, or the checkpoint's removal. A crash before that leaves
+	// the transitional state of the RPC that did succeed, which recovery
+	// retries (node calls are idempotent), exactly as a crash just before
+	// the stable checkpoint always did. One durable write per step saved.
+	var reached vstate
+	pending := false
+	defer func() {
+		if err != nil && pending {
+			if serr := iso.setState(v, reached); serr != nil {
+				iso.log.Error("checkpointing volume state", "volume", v.key.String(), "error", serr)
+			}
+		}
+	}()
 	for {
 		cur := v.cp.State
+		if pending {
+			cur = reached
+		}
 		if want == stPublished && cur == stPublished {
+			if pending {
+				pending = false
+				return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+			}
 			return iso.clearError(v)
 		}
 		if want == stCreated && (cur == stCreated || cur == stNodeReady) {
@@ -150,6 +173,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		switch {
 		case want == stPublished && (cur == stCreated || cur == stNodeReady || cur == stNodeStage || cur == stNodeUnstage):
 			if !node.StageUnstage {
+				pending = false
 				if err := iso.setState(v, stVolReady); err != nil {
 					return err
 				}
@@ -162,6 +186,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 			step, during, after = iso.unpublish, stNodeUnpub, stVolReady
 		default: // VOL_READY, NODE_STAGE, NODE_UNSTAGE toward CREATED
 			if !node.StageUnstage {
+				pending = false
 				if err := iso.setState(v, stNodeReady); err != nil {
 					return err
 				}
@@ -169,15 +194,14 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 			}
 			step, during, after = iso.unstage, stNodeUnstage, stNodeReady
 		}
+		pending = false
 		if err := iso.setState(v, during); err != nil {
 			return err
 		}
 		if err := step(ctx, node, v); err != nil {
 			return err
 		}
-		if err := iso.setState(v, after); err != nil {
-			return err
-		}
+		reached, pending = after, true
 	}
 }
 

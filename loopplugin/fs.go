@@ -179,7 +179,11 @@ func (p *Plugin) prepareFS(ctx context.Context, vol Volume, dev *os.File, devPat
 		return preconditionf("mkfs.%s not found in $PATH or %s", fsType, strings.Join(toolDirs(), ":"))
 	}
 	p.log.Info("formatting blank volume", "volume", vol.ID, "device", devPath, "fs_type", fsType)
-	if err := run(ctx, mkfsTimeout, mkfs, "-q", devPath); err != nil {
+	// mkfs runs to completion (within mkfsTimeout) even when the caller
+	// goes away: killed half-way it would leave data that is not a
+	// filesystem, which every later stage refuses to format, so a CO that
+	// crashed or timed out during the first stage would lose the volume.
+	if err := run(context.WithoutCancel(ctx), mkfsTimeout, mkfs, "-q", devPath); err != nil {
 		return fmt.Errorf("format volume %s: %w", vol.ID, err)
 	}
 	return nil

@@ -152,8 +152,12 @@ func unmountTop(ctx context.Context, target string, submounts bool) (bool, error
 
 // Lookup returns the topmost mount whose mount point is path, and whether
 // there is one. A path that does not exist is not a mount point. It reads the
-// mount table once.
+// mount table once, and not at all when path is not a mount point (one
+// statx of path and of its parent tells).
 func Lookup(path string) (*mountinfo.Info, bool, error) {
+	if mounted, ok, err := mountedAt(path); ok && err == nil && !mounted {
+		return nil, false, nil
+	}
 	mp, err := canonical(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
@@ -177,8 +181,14 @@ func Lookup(path string) (*mountinfo.Info, bool, error) {
 }
 
 // IsMountPoint reports whether something is mounted at path. A path that
-// does not exist is not a mount point.
+// does not exist is not a mount point. It compares the mount ids (statx
+// STATX_MNT_ID) of path and of its parent: O(1), no mount table read, so it
+// belongs on hot paths; only a kernel without mount ids (before 5.8) has it
+// read the table.
 func IsMountPoint(path string) (bool, error) {
+	if mounted, ok, err := mountedAt(path); ok {
+		return mounted, err
+	}
 	_, ok, err := Lookup(path)
 	return ok, err
 }

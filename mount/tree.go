@@ -142,12 +142,8 @@ func removeEmptyTree(dir string) error {
 	if err != nil {
 		return fmt.Errorf("read path of %s: %w", dir, err)
 	}
-	mounts, err := MountsUnder(canon)
-	if err != nil {
+	if err := checkNothingMounted(top, canon); err != nil {
 		return err
-	}
-	if len(mounts) > 0 {
-		return fmt.Errorf("%w: %s", ErrMounted, strings.Join(mounts, ", "))
 	}
 	if err := removeChildren(top, dir); err != nil {
 		return err
@@ -155,6 +151,44 @@ func removeEmptyTree(dir string) error {
 	// rmdir does not follow a symlink in the last component either.
 	if err := unix.Rmdir(dir); err != nil {
 		return removeErr(dir, err)
+	}
+	return nil
+}
+
+// checkNothingMounted fails with ErrMounted, naming the mounts, when
+// anything is mounted at or below the directory top (canonical path
+// canon). It walks the (small) tree with one statx per entry, comparing
+// mount ids; only a kernel without mount ids has it read the mount table.
+func checkNothingMounted(top *os.File, canon string) error {
+	var mounts []string
+	dev, err := mountIDAt(int(top.Fd()), "")
+	if err == nil {
+		if m, ok, merr := mountedAt(canon); merr != nil {
+			return merr
+		} else if ok && m {
+			mounts = append(mounts, canon)
+		} else {
+			below, werr := mountedBelow(top, canon, dev)
+			if werr != nil {
+				return werr
+			}
+			if below != "" {
+				mounts = append(mounts, below)
+			}
+		}
+		// top's offset was moved by the walk: removeChildren reads it again.
+		if _, err := top.Seek(0, 0); err != nil {
+			return err
+		}
+	} else if errors.Is(err, errNoMountID) {
+		if mounts, err = MountsUnder(canon); err != nil {
+			return err
+		}
+	} else {
+		return err
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("%w: %s", ErrMounted, strings.Join(mounts, ", "))
 	}
 	return nil
 }

@@ -75,6 +75,16 @@
 //	--fail-publish-file F               the same for NodePublishVolume
 //	--lie-publish                       NodePublishVolume succeeds without mounting
 //	                                    or creating anything
+//	--publish-misbehave-file F          while F exists, NodePublishVolume (after the
+//	                                    request, --fail-publish-file and secret
+//	                                    checks) misbehaves as F says: "hang" blocks
+//	                                    until the call's context ends; "lie" succeeds
+//	                                    without mounting; "die" publishes, removes F
+//	                                    and exits with status 3 without answering;
+//	                                    "oversized" publishes and answers with a
+//	                                    5 MiB message (over gRPC's 4 MiB default
+//	                                    limit); "malformed" publishes and answers
+//	                                    with bytes that are not a valid message
 //
 // Secret values are never logged: stderr shows the keys of the secrets each
 // call got, and the argv on stdout shows --require-*-secret as KEY=***.

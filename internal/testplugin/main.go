@@ -64,6 +64,7 @@ type config struct {
 	failStageFile         string
 	failPublishFile       string
 	liePublish            bool
+	publishMisbehaveFile  string
 }
 
 // secretsFlag collects repeated KEY=VALUE arguments into m. A key given
@@ -122,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.failStageFile, "fail-stage-file", "", "NodeStageVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
 	fs.StringVar(&c.failPublishFile, "fail-publish-file", "", "NodePublishVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
 	fs.BoolVar(&c.liePublish, "lie-publish", false, "NodePublishVolume reports success without mounting anything")
+	fs.StringVar(&c.publishMisbehaveFile, "publish-misbehave-file", "", "while `FILE` exists, NodePublishVolume misbehaves as it says: hang, die, oversized, malformed or lie")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: CSI_ENDPOINT=unix:///path testplugin [flags] [args...]\n\n"+
 			"A deliberately misbehaving CSI plugin for csiagent's tests. On start it prints a JSON line\n"+
@@ -197,7 +199,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 
 	p := newPlugin(cfg, logger)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(p.logRPC))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(p.logRPC), grpc.ForceServerCodecV2(p.codec))
 	csi.RegisterIdentityServer(srv, p)
 	csi.RegisterNodeServer(srv, p)
 	if cfg.controller {

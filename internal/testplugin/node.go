@@ -230,7 +230,7 @@ func (p *plugin) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
-func (p *plugin) NodePublishVolume(_ context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	unlock, err := p.begin("NodePublishVolume", req.GetVolumeId())
 	if err != nil {
 		return nil, err
@@ -258,6 +258,16 @@ func (p *plugin) NodePublishVolume(_ context.Context, req *csi.NodePublishVolume
 		p.logger.Printf("NodePublishVolume: reporting success without mounting anything on %s (--lie-publish)", target)
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
+	misbehave, err := p.publishMisbehaviour()
+	if err != nil {
+		return nil, err
+	}
+	if answered, err := p.misbehaveBeforePublish(ctx, misbehave, target); answered {
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
 	if mounted, err := isMountOf(staging, dir); err != nil {
 		return nil, err
 	} else if !mounted {
@@ -280,7 +290,9 @@ func (p *plugin) NodePublishVolume(_ context.Context, req *csi.NodePublishVolume
 		}
 		return nil, err
 	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	resp := &csi.NodePublishVolumeResponse{}
+	p.misbehaveAfterPublish(misbehave, resp)
+	return resp, nil
 }
 
 func (p *plugin) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {

@@ -33,6 +33,8 @@ type plugin struct {
 	// stopping is closed when the plugin stops: calls that hang on
 	// purpose then fail with Unavailable, so that GracefulStop returns.
 	stopping chan struct{}
+	// codec writes the responses --publish-misbehave-file poisons.
+	codec    *poisonCodec
 	stopOnce sync.Once
 	// volumes refuses concurrent node calls on one volume id.
 	volumes keyedMutex
@@ -56,6 +58,7 @@ func newPlugin(cfg config, logger *log.Logger) *plugin {
 		nodeID:   nodeID,
 		stopping: make(chan struct{}),
 		volumes:  keyedMutex{held: map[string]bool{}},
+		codec:    newPoisonCodec(),
 	}
 }
 

@@ -1,0 +1,499 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+const (
+	loopType = "loop.csiagent.io"
+	fastType = "test.csi.csiagent.io"
+)
+
+// TestFloors measures what the kernel costs on this machine: a durable
+// checkpoint, a bind mount, an unmount, a gRPC round trip.
+func TestFloors(t *testing.T) {
+	n := size(50, 500)
+	dir := diskDir(t)
+	start := time.Now()
+	for i := range n {
+		if err := atomicfile.Write(filepath.Join(dir, "f"), []byte(fmt.Sprintf(`{"n": %d}`, i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	durable := time.Since(start) / time.Duration(n)
+
+	tmp := privateTmpfs(t)
+	src := filepath.Join(tmp, "src")
+	mkdirs(t, src)
+	var bindT, umountT time.Duration
+	for i := range n {
+		dst := filepath.Join(tmp, fmt.Sprint("d", i))
+		mkdirs(t, dst)
+		s := time.Now()
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		bindT += time.Since(s)
+		s = time.Now()
+		if err := unix.Unmount(dst, 0); err != nil {
+			t.Fatal(err)
+		}
+		umountT += time.Since(s)
+	}
+
+	sock := filepath.Join(tmp, "p.sock")
+	startPlugin(t, sock, bins.test)
+	c := csi.NewIdentityClient(dial(t, sock))
+	ctx := ctxT(t)
+	_, _ = c.Probe(ctx, &csi.ProbeRequest{})
+	s := time.Now()
+	for range n {
+		if _, err := c.Probe(ctx, &csi.ProbeRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rtt := time.Since(s) / time.Duration(n)
+	report(t, result{name: "floor: durable checkpoint (write, fsync, rename, fsync dir)", figure: ms(durable), baseline: "-", ratio: "-", target: "~0.6 ms", pass: true})
+	report(t, result{name: "floor: bind mount / unmount", figure: fmt.Sprintf("%.1f µs / %.1f µs", float64(bindT)/float64(n)/1e3, float64(umountT)/float64(n)/1e3), baseline: "-", ratio: "-", target: "~20 µs / ~15 µs", pass: true})
+	report(t, result{name: "floor: gRPC round trip (unix socket)", figure: fmt.Sprintf("%.1f µs", float64(rtt)/1e3), baseline: "-", ratio: "-", target: "tens of µs", pass: true})
+}
+
+// TestOverhead: Prepare + Cleanup of one volume through the agent against
+// the same work done directly on the same csi-loop-plugin process,
+// interleaved A B A B.
+func TestOverhead(t *testing.T) {
+	rounds := size(3, 30)
+	base := diskDir(t)
+	pool := filepath.Join(base, "pool")
+	mkdirs(t, pool)
+	if out, err := exec.Command(bins.loop, "create-volume", "--pool", pool, "--name", "vol1", "--size", "64MiB").CombinedOutput(); err != nil {
+		t.Fatalf("create-volume: %v\n%s", err, out)
+	}
+	sock := filepath.Join(base, "loop.sock")
+	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1")
+	ap := startAgent(t, agentOpts{work: filepath.Join(base, "work"), configs: map[string]string{"loop.json": unmanagedConfig(loopType, sock, "")}})
+	waitPluginReady(t, ap, loopType)
+	node := csi.NewNodeClient(dial(t, sock))
+	ctx := ctxT(t)
+
+	direct := filepath.Join(base, "direct")
+	staging, target := filepath.Join(direct, "staging"), filepath.Join(direct, "target")
+	sandbox := filepath.Join(base, "sandbox")
+	ctrPath := filepath.Join(sandbox, "data")
+	mkdirs(t, staging, sandbox)
+	viaAgent := func(i int) time.Duration {
+		id := fmt.Sprint("c", i)
+		s := time.Now()
+		if _, err := ap.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: id, Sandbox: sandbox, Volumes: []*agentv1.Volume{mountVolume(loopType, "vol1", "data")}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ap.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: id}); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(s)
+	}
+	directly := func() time.Duration {
+		s := time.Now()
+		if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "vol1", StagingTargetPath: staging, VolumeCapability: mountCap()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(target, 0o750); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+		if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "vol1", StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap()}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(ctrPath, 0o755); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+		if err := unix.Mount(target, ctrPath, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Unmount(ctrPath, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol1", TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: "vol1", StagingTargetPath: staging}); err != nil {
+			t.Fatal(err)
+		}
+		return time.Since(s)
+	}
+	// Warm up both (the first stage formats the volume).
+	viaAgent(-1)
+	directly()
+	var a, b []time.Duration
+	var ratios []float64
+	for i := range rounds {
+		da := viaAgent(i)
+		db := directly()
+		a, b = append(a, da), append(b, db)
+		ratios = append(ratios, float64(da)/float64(db))
+	}
+	r := medianF(ratios)
+	report(t, result{name: "1. overhead: Prepare+Cleanup, 1 volume, csi-loop-plugin", figure: ms(median(a)) + " (median)", baseline: ms(median(b)) + " direct", ratio: fmt.Sprintf("%.3f (median of %d pairs)", r, rounds), target: "≤ 1.10", pass: r <= 1.10})
+}
+
+func waitPluginReady(t *testing.T, ap *agentProc, typ string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := ap.api.ListPlugins(context.Background(), &agentv1.ListPluginsRequest{})
+		if err == nil {
+			for _, p := range resp.GetPlugins() {
+				if p.GetType() == typ && p.GetState() == agentv1.PluginState_PLUGIN_STATE_READY {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin %s not ready: %v %v", typ, resp, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// fastSetup runs the test plugin with --data-dir on tmpfs (bind mounts of
+// directories: the plugin costs next to nothing) and an agent using it, its
+// checkpoints on the disk.
+type fastSetup struct {
+	base, tmp, data, sock string
+	ap                    *agentProc
+}
+
+func newFast(t *testing.T, extraAgentArgs ...string) *fastSetup {
+	t.Helper()
+	f := &fastSetup{base: diskDir(t), tmp: privateTmpfs(t)}
+	f.data = filepath.Join(f.tmp, "data")
+	f.sock = filepath.Join(f.tmp, "fast.sock")
+	mkdirs(t, f.data)
+	startPlugin(t, f.sock, bins.test, "--data-dir", f.data, "--reclaim")
+	f.ap = startAgent(t, agentOpts{work: filepath.Join(f.base, "work"), extraArgs: extraAgentArgs,
+		configs: map[string]string{"fast.json": unmanagedConfig(fastType, f.sock, filepath.Join(f.tmp, "mounts"))}})
+	waitPluginReady(t, f.ap, fastType)
+	return f
+}
+
+// TestThroughput: 1,000 volumes in 100 containers, 16 concurrent Prepare
+// calls, then every Cleanup, on the fast plugin, checkpoints durable.
+func TestThroughput(t *testing.T) {
+	containers := size(10, 100)
+	const perContainer, concurrency = 10, 16
+	f := newFast(t)
+	ctx := ctxT(t)
+	sb := filepath.Join(f.tmp, "sandboxes")
+	reqs := make([]*agentv1.PrepareRequest, containers)
+	for c := range containers {
+		req := &agentv1.PrepareRequest{ContainerId: fmt.Sprint("ctr-", c), Sandbox: filepath.Join(sb, fmt.Sprint(c))}
+		mkdirs(t, req.Sandbox)
+		for v := range perContainer {
+			req.Volumes = append(req.Volumes, mountVolume(fastType, fmt.Sprintf("v-%d-%d", c, v), fmt.Sprint("vol", v)))
+		}
+		reqs[c] = req
+	}
+	parallel := func(f func(req *agentv1.PrepareRequest) error) time.Duration {
+		work := make(chan *agentv1.PrepareRequest)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var firstErr error
+		start := time.Now()
+		for range concurrency {
+			wg.Go(func() {
+				for req := range work {
+					if err := f(req); err != nil {
+						mu.Lock()
+						firstErr = err
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		for _, r := range reqs {
+			work <- r
+		}
+		close(work)
+		wg.Wait()
+		if firstErr != nil {
+			t.Fatal(firstErr)
+		}
+		return time.Since(start)
+	}
+	f0 := f.ap.metric(t, "csi_agent_checkpoint_fsyncs_total")
+	prep := parallel(func(req *agentv1.PrepareRequest) error {
+		_, err := f.ap.api.Prepare(ctx, req)
+		return err
+	})
+	f1 := f.ap.metric(t, "csi_agent_checkpoint_fsyncs_total")
+	clean := parallel(func(req *agentv1.PrepareRequest) error {
+		_, err := f.ap.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: req.ContainerId})
+		return err
+	})
+	f2 := f.ap.metric(t, "csi_agent_checkpoint_fsyncs_total")
+	vols := float64(containers * perContainer)
+	fsyncs := func(a, b float64) string {
+		if a < 0 || b < 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.1f", (b-a)/vols)
+	}
+	// The full-size targets, whatever the size (a smoke run only checks
+	// that the benchmark works).
+	limit := time.Second
+	report(t, result{name: fmt.Sprintf("2. throughput: Prepare %d volumes (%d containers, 16 concurrent), fast plugin", int(vols), containers),
+		figure: fmt.Sprintf("%.3f s, %.0f volumes/s, %s fsyncs/volume", prep.Seconds(), vols/prep.Seconds(), fsyncs(f0, f1)), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.1f s", limit.Seconds()), pass: prep <= limit})
+	report(t, result{name: fmt.Sprintf("2. throughput: Cleanup %d volumes", int(vols)),
+		figure: fmt.Sprintf("%.3f s, %.0f volumes/s, %s fsyncs/volume", clean.Seconds(), vols/clean.Seconds(), fsyncs(f1, f2)), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.1f s", limit.Seconds()), pass: clean <= limit})
+}
+
+// TestMountScale: Prepare latency with 10,000 unrelated mounts on the host
+// against an empty table (the same agent, the same run).
+func TestMountScale(t *testing.T) {
+	n := size(3, 15)
+	mounts := size(500, 10000)
+	f := newFast(t)
+	ctx := ctxT(t)
+	sb := filepath.Join(f.tmp, "sandbox")
+	mkdirs(t, sb)
+	i := 0
+	measure := func() []time.Duration {
+		var out []time.Duration
+		for range n {
+			i++
+			id := fmt.Sprint("c", i)
+			s := time.Now()
+			if _, err := f.ap.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: id, Sandbox: sb, Volumes: []*agentv1.Volume{mountVolume(fastType, fmt.Sprint("v", i), "data")}}); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, time.Since(s))
+			if _, err := f.ap.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	measure() // warm up
+	empty := measure()
+	// The unrelated mounts: binds under a private tmpfs of their own.
+	other := privateTmpfs(t)
+	src := filepath.Join(other, "src")
+	mkdirs(t, src)
+	for j := range mounts {
+		d := filepath.Join(other, fmt.Sprint(j))
+		mkdirs(t, d)
+		if err := unix.Mount(src, d, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loaded := measure()
+	r := float64(median(loaded)) / float64(median(empty))
+	report(t, result{name: fmt.Sprintf("3. mount-table scale: Prepare latency, %d unrelated mounts", mounts), figure: ms(median(loaded)), baseline: ms(median(empty)) + " empty table", ratio: fmt.Sprintf("%.2f", r), target: "≤ 1.2", pass: r <= 1.2})
+}
+
+// TestRecoveryAndIdle: agent start with 10,000 published volumes
+// checkpointed (state built directly: checkpoints written by the test,
+// the plugin's and the container mounts made as bind mounts), to READY=1;
+// its RSS; then its CPU use over 60 s with reclaim enabled.
+func TestRecoveryAndIdle(t *testing.T) {
+	vols := size(200, 10000)
+	idle := time.Duration(size(3, 60)) * time.Second
+	const perContainer = 10
+	base, tmp := diskDir(t), privateTmpfs(t)
+	work := filepath.Join(base, "work")
+	data, mountRoot, sb := filepath.Join(tmp, "data"), filepath.Join(tmp, "mounts"), filepath.Join(tmp, "sandboxes")
+	sock := filepath.Join(tmp, "fast.sock")
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootID := string(boot[:len(boot)-1])
+	marshal := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}
+	now := timestamppb.Now()
+	bind := func(src, dst string) {
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setup := time.Now()
+	for c := 0; c*perContainer < vols; c++ {
+		cid := fmt.Sprint("ctr-", c)
+		req := &agentv1.PrepareRequest{ContainerId: cid, Sandbox: filepath.Join(sb, cid)}
+		ccp := &statev1.ContainerCheckpoint{ContainerId: cid, Request: req, Phase: agentv1.ContainerStatus_PREPARED}
+		for v := range perContainer {
+			id := fmt.Sprintf("v-%d-%d", c, v)
+			vol := mountVolume(fastType, id, fmt.Sprint("vol", v))
+			req.Volumes = append(req.Volumes, vol)
+			staging, target := filepath.Join(mountRoot, id, "staging"), filepath.Join(mountRoot, id, "target")
+			mp := filepath.Join(req.Sandbox, fmt.Sprint("vol", v))
+			mkdirs(t, filepath.Join(data, id), staging, target, mp)
+			bind(filepath.Join(data, id), staging)
+			bind(staging, target)
+			bind(target, mp)
+			vcp := &statev1.VolumeCheckpoint{
+				State: agentv1.VolumeStatus_PUBLISHED, StateSince: now, PluginName: fastType,
+				StaticProvisioning: vol.Source.CsiVolume.StaticProvisioning, StagingPath: staging, TargetPath: target,
+				BootId: bootID, Users: []string{cid},
+			}
+			b, _ := marshal.Marshal(vcp)
+			vdir := filepath.Join(work, "csi", fastType, "default", "volumes", id)
+			mkdirs(t, vdir)
+			if err := os.WriteFile(filepath.Join(vdir, "volume.state"), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ccp.Mounts = append(ccp.Mounts, &agentv1.ContainerMount{PluginName: fastType, VolumeId: id, ContainerPath: vol.ContainerPath, HostPath: target, MountPoint: mp})
+		}
+		b, _ := marshal.Marshal(ccp)
+		cdir := filepath.Join(work, "isolators", "volume", "csi", cid)
+		mkdirs(t, cdir)
+		if err := os.WriteFile(filepath.Join(cdir, "volumes.state"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unix.Sync()
+	t.Logf("built %d published volumes (%d mounts) in %v", vols, 3*vols, time.Since(setup))
+	// The plugin owns the data dir's records; it is not called for
+	// volumes that are where they should be.
+	mkdirs(t, data)
+	startPlugin(t, sock, bins.test, "--data-dir", data, "--reclaim")
+	// Drop the page cache: a start after boot reads the checkpoints from disk.
+	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+	ap := startAgent(t, agentOpts{work: work, configs: map[string]string{"fast.json": unmanagedConfig(fastType, sock, mountRoot)}})
+	pid := ap.cmd.Process.Pid
+	rssReady := procStatus(t, pid, "VmRSS")
+	resp, err := ap.api.ListVolumes(context.Background(), &agentv1.ListVolumesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	for _, v := range resp.GetVolumes() {
+		if v.GetState() != agentv1.VolumeStatus_PUBLISHED || v.GetLastError() != "" {
+			bad++
+		}
+	}
+	if len(resp.GetVolumes()) != vols || bad > 0 {
+		t.Errorf("after recovery: %d volumes, %d not PUBLISHED or with an error", len(resp.GetVolumes()), bad)
+	}
+	limit := time.Second
+	report(t, result{name: fmt.Sprintf("4. recovery: start to READY=1 with %d published volumes", vols), figure: fmt.Sprintf("%.3f s", ap.ready.Seconds()), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.2f s", limit.Seconds()), pass: ap.ready <= limit})
+
+	// Idle: let the start-up work end (the reclaim scheduler persists each
+	// volume's first slot), then measure.
+	waitQuiet(t, pid)
+	rss := procStatus(t, pid, "VmRSS")
+	rssLimit := int64(100 << 20)
+	report(t, result{name: fmt.Sprintf("4. RSS at %d published volumes", vols), figure: fmt.Sprintf("%.1f MiB (%.1f MiB at READY)", float64(rss)/(1<<20), float64(rssReady)/(1<<20)), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %d MiB", rssLimit>>20), pass: rss <= rssLimit})
+	c0 := cpuTime(t, pid)
+	s := time.Now()
+	time.Sleep(idle)
+	used := cpuTime(t, pid) - c0
+	pct := 100 * float64(used) / float64(time.Since(s))
+	report(t, result{name: fmt.Sprintf("5. idle: agent CPU over %v, %d published volumes, reclaim on", idle, vols), figure: fmt.Sprintf("%.2f %% of a core (%v)", pct, used), baseline: "-", ratio: "-", target: "≤ 1 %", pass: pct <= 1})
+	ap.stop(t)
+}
+
+// waitQuiet waits until the process used under 1% CPU for a second (at
+// most 2 minutes): its start-up work is over.
+func waitQuiet(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		c0 := cpuTime(t, pid)
+		time.Sleep(time.Second)
+		if cpuTime(t, pid)-c0 <= 10*time.Millisecond {
+			return
+		}
+	}
+	t.Log("the agent did not go quiet within 2 minutes")
+}
+
+// TestReclaim: csi-agent reclaim --volume on a volume with 256 MiB freed
+// against fstrim on the same mount, the data re-written between runs.
+func TestReclaim(t *testing.T) {
+	rounds := size(1, 5)
+	freeMiB := size(16, 256)
+	base := diskDir(t)
+	pool := filepath.Join(base, "pool")
+	mkdirs(t, pool)
+	if out, err := exec.Command(bins.loop, "create-volume", "--pool", pool, "--name", "rvol", "--size", "1GiB").CombinedOutput(); err != nil {
+		t.Fatalf("create-volume: %v\n%s", err, out)
+	}
+	sock := filepath.Join(base, "loop.sock")
+	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1")
+	ap := startAgent(t, agentOpts{work: filepath.Join(base, "work"), configs: map[string]string{"loop.json": unmanagedConfig(loopType, sock, "")}})
+	waitPluginReady(t, ap, loopType)
+	ctx := ctxT(t)
+	sandbox := filepath.Join(base, "sandbox")
+	mkdirs(t, sandbox)
+	resp, err := ap.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: "r", Sandbox: sandbox, Volumes: []*agentv1.Volume{mountVolume(loopType, "rvol", "data")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ap.api.Cleanup(context.Background(), &agentv1.CleanupRequest{ContainerId: "r"}) })
+	mp := resp.GetMounts()[0].GetMountPoint()
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + 1)
+	}
+	fill := func() {
+		p := filepath.Join(mp, "junk")
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range freeMiB {
+			if _, err := f.Write(chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		unix.Sync()
+	}
+	run := func(name string, args ...string) time.Duration {
+		s := time.Now()
+		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return time.Since(s)
+	}
+	agentRun := func() time.Duration {
+		fill()
+		return run(bins.agent, "reclaim", "--api-socket", ap.socket, "--volume", "rvol")
+	}
+	trimRun := func() time.Duration {
+		fill()
+		return run("fstrim", mp)
+	}
+	agentRun()
+	trimRun()
+	var a, b []time.Duration
+	var ratios []float64
+	for range rounds {
+		da, db := agentRun(), trimRun()
+		a, b = append(a, da), append(b, db)
+		ratios = append(ratios, float64(da)/float64(db))
+	}
+	r := medianF(ratios)
+	report(t, result{name: fmt.Sprintf("6. reclaim: csi-agent reclaim --volume, %d MiB freed", freeMiB), figure: ms(median(a)), baseline: ms(median(b)) + " fstrim", ratio: fmt.Sprintf("%.2f (median of %d pairs)", r, rounds), target: "≤ 1.2", pass: r <= 1.2})
+}
