@@ -369,7 +369,13 @@ func (in *instance) stopProcess(ctx context.Context) {
 			in.log.Warn("cleaning up after plugin process", "error", err)
 		}
 	}
-	in.update(func(s *agentv1.PluginInstance) { s.Pid = 0 })
+	in.update(func(s *agentv1.PluginInstance) {
+		// No process, so not ready: never report READY with pid 0.
+		s.Pid = 0
+		if s.State == agentv1.PluginState_PLUGIN_STATE_READY {
+			s.State = agentv1.PluginState_PLUGIN_STATE_UNAVAILABLE
+		}
+	})
 }
 
 // release hands the live process over (for a config roll) and forgets it.

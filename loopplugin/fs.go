@@ -168,7 +168,11 @@ func (p *Plugin) prepareFS(ctx context.Context, vol Volume, dev *os.File, devPat
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", vol.ID, err)
 	}
-	if data {
+	// A format record says the data is a mkfs of ours that did not finish
+	// (the plugin was killed): formatting again loses nothing.
+	var rec formatRecord
+	interrupted := p.pool.readRecord(formattingKind, vol.ID, &rec) == nil
+	if data && !interrupted {
 		return preconditionf("volume %s holds data that is not a known filesystem; refusing to format it", vol.ID)
 	}
 	if readOnly {
@@ -178,13 +182,40 @@ func (p *Plugin) prepareFS(ctx context.Context, vol Volume, dev *os.File, devPat
 	if mkfs == "" {
 		return preconditionf("mkfs.%s not found in $PATH or %s", fsType, strings.Join(toolDirs(), ":"))
 	}
-	p.log.Info("formatting blank volume", "volume", vol.ID, "device", devPath, "fs_type", fsType)
+	if err := p.pool.writeRecord(formattingKind, vol.ID, formatRecord{FSType: fsType}); err != nil {
+		return fmt.Errorf("format volume %s: %w", vol.ID, err)
+	}
+	args := []string{"-q", devPath}
+	if interrupted {
+		// What the killed mkfs left may look like a filesystem to mkfs.
+		args = []string{forceFlag(fsType), "-q", devPath}
+		p.log.Warn("formatting again after an interrupted format", "volume", vol.ID, "device", devPath, "fs_type", fsType)
+	} else {
+		p.log.Info("formatting blank volume", "volume", vol.ID, "device", devPath, "fs_type", fsType)
+	}
 	// mkfs runs to completion (within mkfsTimeout) even when the caller
-	// goes away: killed half-way it would leave data that is not a
-	// filesystem, which every later stage refuses to format, so a CO that
-	// crashed or timed out during the first stage would lose the volume.
-	if err := run(context.WithoutCancel(ctx), mkfsTimeout, mkfs, "-q", devPath); err != nil {
+	// goes away; if the plugin itself is killed, the record above lets
+	// the next stage format again.
+	if err := run(context.WithoutCancel(ctx), mkfsTimeout, mkfs, args...); err != nil {
+		return fmt.Errorf("format volume %s: %w", vol.ID, err)
+	}
+	if err := p.pool.removeRecord(formattingKind, vol.ID); err != nil {
 		return fmt.Errorf("format volume %s: %w", vol.ID, err)
 	}
 	return nil
+}
+
+// formattingKind records a mkfs under way, until it has finished.
+const formattingKind = "formatting"
+
+type formatRecord struct {
+	FSType string `json:"fs_type"`
+}
+
+// forceFlag makes mkfs overwrite what looks like an existing filesystem.
+func forceFlag(fsType string) string {
+	if fsType == "xfs" {
+		return "-f"
+	}
+	return "-F"
 }

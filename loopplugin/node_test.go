@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +330,52 @@ func TestReaderOnlyStage(t *testing.T) {
 	}
 	e.unpublish(t, id, target)
 	e.unstage(t, id, staging)
+}
+
+// TestInterruptedFormat: a volume whose first mkfs was killed half-way
+// holds data that is no filesystem. With the plugin's format record (left
+// by the killed mkfs) the next stage formats it again; without one, the
+// data is someone else's and the stage refuses to touch it.
+func TestInterruptedFormat(t *testing.T) {
+	needRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	ctx := context.Background()
+	snw := csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	for _, tc := range []struct {
+		name       string
+		withRecord bool
+		want       codes.Code
+	}{
+		{"our interrupted mkfs", true, codes.OK},
+		{"foreign data", false, codes.FailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := e.createVolume(t, "fmt-"+strings.ReplaceAll(tc.name, " ", "-"), 32<<20)
+			// What a killed mkfs leaves: some blocks written, no superblock.
+			img := filepath.Join(e.pool, id+".img")
+			f, err := os.OpenFile(img, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 64<<10), 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			if tc.withRecord {
+				if err := e.p.pool.writeRecord(formattingKind, id, formatRecord{FSType: "ext4"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			staging := filepath.Join(e.dir, "staging-"+id)
+			_, err = e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap("", snw)})
+			wantCode(t, err, tc.want)
+			if tc.want != codes.OK {
+				return
+			}
+			if err := e.p.pool.readRecord(formattingKind, id, &formatRecord{}); !errors.Is(err, ErrNotFound) {
+				t.Errorf("format record left after a finished mkfs: %v", err)
+			}
+			e.unstage(t, id, staging)
+		})
+	}
 }

@@ -182,7 +182,7 @@ func (p *Pool) Delete(id string) error {
 func (p *Pool) remove(id string) error {
 	v, err := p.Get(id)
 	if errors.Is(err, ErrNotFound) {
-		return p.removeRecord(metaVolumes, id)
+		return errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id))
 	}
 	if err != nil {
 		return err
@@ -198,7 +198,7 @@ func (p *Pool) remove(id string) error {
 	if err := syncDir(p.dir); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
-	if err := p.removeRecord(metaVolumes, id); err != nil {
+	if err := errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id)); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
 	return nil
