@@ -121,7 +121,7 @@ func TestCopyReflink(t *testing.T) {
 	needRoot(t)
 	mkfs := lookTool("mkfs.xfs")
 	if mkfs == "" {
-		t.Skip("mkfs.xfs not installed")
+		t.Fatal("mkfs.xfs is not installed: make deps installs xfsprogs")
 	}
 	dir := testDir(t)
 	img := filepath.Join(dir, "xfs.img")

@@ -62,7 +62,7 @@ func countRecords(t *testing.T, path string) int {
 func e2fsckClean(t *testing.T, e *testEnv, img string) {
 	t.Helper()
 	if e.p.tools.e2fsck == "" {
-		t.Skip("e2fsck not installed")
+		t.Fatal("e2fsck is not installed: make deps installs e2fsprogs")
 	}
 	out, err := exec.Command(e.p.tools.e2fsck, "-fn", img).CombinedOutput()
 	if err != nil {

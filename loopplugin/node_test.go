@@ -46,7 +46,7 @@ func TestMountLifecycle(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, slog.LevelInfo)
 			if tc.fsType == "xfs" && e.p.tools.mkfs["xfs"] == "" {
-				t.Skip("mkfs.xfs not installed")
+				t.Fatal("mkfs.xfs is not installed: make deps installs xfsprogs")
 			}
 			want := tc.fsType
 			if want == "" {

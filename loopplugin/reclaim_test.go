@@ -81,7 +81,7 @@ func TestNodeReclaimSpace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, slog.LevelInfo)
 			if e.p.tools.mkfs[tc.fsType] == "" {
-				t.Skipf("mkfs.%s not installed", tc.fsType)
+				t.Fatalf("mkfs.%s is not installed: make deps installs it", tc.fsType)
 			}
 			ctx := context.Background()
 			id := e.createVolume(t, "reclaim", 384<<20)
@@ -199,7 +199,7 @@ func TestControllerReclaimSpace(t *testing.T) {
 		t.Run(fsType, func(t *testing.T) {
 			e := newEnv(t, slog.LevelInfo)
 			if e.p.tools.mkfs[fsType] == "" {
-				t.Skipf("mkfs.%s not installed", fsType)
+				t.Fatalf("mkfs.%s is not installed: make deps installs it", fsType)
 			}
 			ctx := context.Background()
 			id := e.createVolume(t, "offline", 384<<20)

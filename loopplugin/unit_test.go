@@ -311,7 +311,7 @@ func TestDetectFS(t *testing.T) {
 			if fs != "" {
 				mkfs := tl.mkfs[fs]
 				if mkfs == "" {
-					t.Skipf("mkfs.%s not installed", fs)
+					t.Fatalf("mkfs.%s is not installed: make deps installs it", fs)
 				}
 				force := "-F" // mke2fs: a regular file is fine
 				if fs == "xfs" {

@@ -256,7 +256,7 @@ func TestTrimAndFreeze(t *testing.T) {
 	needRoot(t)
 	mkfs, err := exec.LookPath("mkfs.ext4")
 	if err != nil {
-		t.Skip("needs mkfs.ext4 (e2fsprogs)")
+		t.Fatal("mkfs.ext4 is not installed: make deps installs e2fsprogs")
 	}
 	base := tempDir(t)
 	img, mnt := filepath.Join(base, "fs.img"), filepath.Join(base, "mnt")
