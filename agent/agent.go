@@ -277,7 +277,15 @@ loop:
 				go func() {
 					defer close(isoDone)
 					var wg sync.WaitGroup
-					wg.Go(func() { a.reclaimer.Run(runCtx) })
+					wg.Go(func() {
+						// Reclaims wait for recovery: they would only compete
+						// with it for volume locks and the disk.
+						select {
+						case <-a.iso.Recovered():
+							a.reclaimer.Run(runCtx)
+						case <-runCtx.Done():
+						}
+					})
 					a.iso.Run(runCtx)
 					wg.Wait()
 				}()

@@ -6,7 +6,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -189,20 +192,21 @@ func (iso *Isolator) load() error {
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
-	for _, f := range files {
-		cp := &statev1.ContainerCheckpoint{}
-		if err := readCheckpoint(f, cp); err != nil {
-			iso.moveAside(f, err)
+	cps, errs := readCheckpoints(files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
+	for i, f := range files {
+		if errs[i] != nil {
+			iso.moveAside(f, errs[i])
 			continue
 		}
 		id := filepath.Base(filepath.Dir(f))
-		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cp}
+		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cps[i]}
 	}
 	files, err = filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes", "*", volumeStateFile))
 	if err != nil {
 		return fmt.Errorf("loading volume checkpoints: %w", err)
 	}
-	for _, f := range files {
+	vcps, errs := readCheckpoints(files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
+	for i, f := range files {
 		dir := filepath.Dir(f)
 		id, err := decodeVolumeID(filepath.Base(dir))
 		if err != nil {
@@ -211,14 +215,32 @@ func (iso *Isolator) load() error {
 		}
 		pluginType := filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(dir))))
 		key := volumeKey{pluginType, id}
-		cp := &statev1.VolumeCheckpoint{}
-		if err := readCheckpoint(f, cp); err != nil {
-			aside := iso.moveAside(f, err)
+		cp := vcps[i]
+		if errs[i] != nil {
+			aside := iso.moveAside(f, errs[i])
 			cp = iso.reconstruct(key, dir, aside)
 		}
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
 	}
 	return nil
+}
+
+// readCheckpoints reads and decodes files in parallel (thousands of
+// checkpoints at start-up: the reads and the decoding are the cost).
+func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error) {
+	out, errs := make([]T, len(files)), make([]error, len(files))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0)*2, len(files)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
+				out[i] = mk()
+				errs[i] = readCheckpoint(files[i], out[i])
+			}
+		})
+	}
+	wg.Wait()
+	return out, errs
 }
 
 func readCheckpoint(path string, m proto.Message) error {
