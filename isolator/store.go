@@ -78,8 +78,6 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticPr
 	}
 }
 
-var marshal = protojson.MarshalOptions{UseProtoNames: true, Multiline: true}
-
 // writeCheckpoint durably replaces a checkpoint file (0600, directory
 // 0700): temp file, fsync, rename, fsync directory (shared with concurrent
 // writes to the same directory: see atomicfile.Committer).
@@ -96,7 +94,7 @@ func writeCheckpointWith(c *atomicfile.Committer, dir, name string, m proto.Mess
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpointing: %w", err)
 	}
-	b, err := marshal.Marshal(m)
+	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("checkpointing: %w", err)
 	}

@@ -205,8 +205,8 @@ func FuzzPrepareRequest(f *testing.F) {
 // cannot read aside, and answer ListVolumes and ListContainers. Whatever
 // decodes must survive a write and a re-read unchanged.
 func FuzzCheckpointDecode(f *testing.F) {
-	vcp, _ := marshal.Marshal(&statev1.VolumeCheckpoint{State: agentv1.VolumeStatus_PUBLISHED, PluginName: "loop", Users: []string{"c1"}, StagingPath: "/s", TargetPath: "/t", BootId: "b"})
-	ccp, _ := marshal.Marshal(&statev1.ContainerCheckpoint{ContainerId: "c1", Phase: agentv1.ContainerStatus_PREPARED})
+	vcp, _ := protojson.Marshal(&statev1.VolumeCheckpoint{State: agentv1.VolumeStatus_PUBLISHED, PluginName: "loop", Users: []string{"c1"}, StagingPath: "/s", TargetPath: "/t", BootId: "b"})
+	ccp, _ := protojson.Marshal(&statev1.ContainerCheckpoint{ContainerId: "c1", Phase: agentv1.ContainerStatus_PREPARED})
 	for _, s := range [][]byte{vcp, ccp, []byte(`{"state": "PUBL`), {}, []byte("null"), []byte(`{"users":[null]}`),
 		[]byte(`{"state": 99, "users": ["../x"]}`), []byte(`{"request": {"volumes": [{"source": {}}]}}`), []byte("\x00\xff")} {
 		f.Add(s, s)
