@@ -233,9 +233,11 @@ func TestRunNowSharesCaps(t *testing.T) {
 	}
 
 	clock.Advance(time.Minute) // the periodic call ends
-	eventually(t, "RunNow's call", func() bool {
+	eventually(t, "RunNow's call, waiting on the clock", func() bool {
 		cur := f.Current()
-		return len(cur) == 1 && cur[0] == (vkey{"q", "x"})
+		// In flight is not enough: the call must have set its timer
+		// before the clock moves, or the advance passes it by.
+		return len(cur) == 1 && cur[0] == (vkey{"q", "x"}) && f.parkedCalls() == 1
 	})
 	clock.Advance(time.Minute)
 	if sum, _ := r.result(); sum.Volumes != 1 {
