@@ -430,8 +430,9 @@ func (s *Scheduler) supportedLocked(plugin string, now time.Time) {
 func (s *Scheduler) policy(plugin string) Policy {
 	s.mu.Lock()
 	if ps := s.pluginLocked(plugin); ps.known {
+		p := ps.policy // read under the lock: another RunNow may be setting it
 		s.mu.Unlock()
-		return ps.policy
+		return p
 	}
 	s.mu.Unlock()
 	p := s.readPolicy(plugin)
