@@ -114,7 +114,8 @@ func (n liveNode) NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	return c.NodeStageVolume(ctx, in, opts...)
+	resp, err := c.NodeStageVolume(ctx, in, opts...)
+	return resp, connGone(ctx, err)
 }
 
 func (n liveNode) NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error) {
@@ -122,7 +123,8 @@ func (n liveNode) NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolu
 	if err != nil {
 		return nil, err
 	}
-	return c.NodeUnstageVolume(ctx, in, opts...)
+	resp, err := c.NodeUnstageVolume(ctx, in, opts...)
+	return resp, connGone(ctx, err)
 }
 
 func (n liveNode) NodePublishVolume(ctx context.Context, in *csi.NodePublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
@@ -130,7 +132,8 @@ func (n liveNode) NodePublishVolume(ctx context.Context, in *csi.NodePublishVolu
 	if err != nil {
 		return nil, err
 	}
-	return c.NodePublishVolume(ctx, in, opts...)
+	resp, err := c.NodePublishVolume(ctx, in, opts...)
+	return resp, connGone(ctx, err)
 }
 
 func (n liveNode) NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error) {
@@ -138,7 +141,19 @@ func (n liveNode) NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublish
 	if err != nil {
 		return nil, err
 	}
-	return c.NodeUnpublishVolume(ctx, in, opts...)
+	resp, err := c.NodeUnpublishVolume(ctx, in, opts...)
+	return resp, connGone(ctx, err)
+}
+
+// connGone turns the error of a call cut off by its connection closing
+// (the plugin died and its instance closed the connection) into
+// Unavailable, which the isolator retries on the new connection; Canceled
+// stays Canceled when it is the caller who gave up.
+func connGone(ctx context.Context, err error) error {
+	if status.Code(err) == codes.Canceled && ctx.Err() == nil {
+		return status.Error(codes.Unavailable, status.Convert(err).Message())
+	}
+	return err
 }
 
 // toStatus chooses the status code of an isolator error: a plugin's own
