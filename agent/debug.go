@@ -34,14 +34,21 @@ func (a *Agent) startDebug() (stop func(), err error) {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelError),
 	}
+	a.log.Info("serving pprof", "address", "http://"+lis.Addr().String()+"/debug/pprof/")
+	return a.serveHTTP(srv, lis, "debug"), nil
+}
+
+// serveHTTP serves srv on lis in the background; a serving error after
+// start is logged, not fatal (it must not take volumes down). The stop it
+// returns shuts the server down within the shutdown timeout.
+func (a *Agent) serveHTTP(srv *http.Server, lis net.Listener, what string) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("debug server stopped; the agent goes on without it", "address", lis.Addr().String(), "error", err)
+			a.log.Error(what+" server stopped; the agent goes on without it", "address", lis.Addr().String(), "error", err)
 		}
 	}()
-	a.log.Info("serving pprof", "address", "http://"+lis.Addr().String()+"/debug/pprof/")
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 		defer cancel()
@@ -49,5 +56,5 @@ func (a *Agent) startDebug() (stop func(), err error) {
 			srv.Close()
 		}
 		<-done
-	}, nil
+	}
 }

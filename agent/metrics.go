@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -197,21 +196,10 @@ func (a *Agent) startMetrics() (stop func(), err error) {
 	a.metrics.mu.Lock()
 	a.metrics.addr = lis.Addr()
 	a.metrics.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("metrics server stopped; the agent goes on without it", "address", lis.Addr().String(), "error", err)
-		}
-	}()
 	a.log.Info("serving metrics", "address", "http://"+lis.Addr().String()+"/metrics")
+	stopServer := a.serveHTTP(srv, lis, "metrics")
 	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			srv.Close()
-		}
-		<-done
+		stopServer()
 		a.metrics.mu.Lock()
 		a.metrics.addr = nil
 		a.metrics.mu.Unlock()
