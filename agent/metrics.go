@@ -85,12 +85,16 @@ func newMetrics(a *Agent) *metrics {
 		newStateCollector(a),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_writes_total",
-			Help: "Durable checkpoint writes (temp file, fsync, rename, fsync directory) of volumes and containers.",
-		}, func() float64 { w, _ := a.iso.CheckpointStats(); return float64(w) }),
+			Help: "Checkpoint writes of volumes and containers (temp file, rename: visible at once, durable with the next commit round).",
+		}, func() float64 { w, _, _ := a.iso.CheckpointStats(); return float64(w) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_fsyncs_total",
-			Help: "fsync calls made by checkpoint writes; concurrent writes to one directory share its fsync.",
-		}, func() float64 { _, f := a.iso.CheckpointStats(); return float64(f) }),
+			Help: "fsync calls of checkpoint commit rounds; one round makes every change since the previous one durable.",
+		}, func() float64 { _, f, _ := a.iso.CheckpointStats(); return float64(f) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "csi_agent_checkpoint_pending",
+			Help: "Checkpoint changes (writes, removals) visible but not yet durable.",
+		}, func() float64 { _, _, p := a.iso.CheckpointStats(); return float64(p) }),
 	)
 	return m
 }

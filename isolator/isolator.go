@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
@@ -99,6 +101,9 @@ type Config struct {
 	// (/proc/sys/kernel/random/boot_id) when set: a value other than the
 	// one in the checkpoints makes recovery treat the host as rebooted.
 	BootID string
+	// Fsync, for durability tests only, replaces the fsync of checkpoint
+	// files.
+	Fsync func(path string) error
 }
 
 // Isolator prepares and cleans up containers' CSI volumes.
@@ -107,7 +112,8 @@ type Isolator struct {
 	log    *slog.Logger
 	bootID string
 
-	// commit writes checkpoints, sharing directory fsyncs.
+	// commit writes checkpoints: visible at once, durable in shared
+	// commit rounds.
 	commit atomicfile.Committer
 
 	volumeLocks    keyedMutex
@@ -164,6 +170,7 @@ func New(cfg Config) (*Isolator, error) {
 		reclaiming:    map[volumeKey]context.CancelFunc{},
 		reclaimActive: map[volumeKey]bool{},
 		recovered:     make(chan struct{}),
+		commit:        atomicfile.Committer{Fsync: cfg.Fsync},
 	}
 	if err := iso.load(); err != nil {
 		return nil, err
@@ -175,6 +182,7 @@ func New(cfg Config) (*Isolator, error) {
 // a crash interrupted, republishing after a reboot), then resyncs
 // periodically until ctx ends.
 func (iso *Isolator) Run(ctx context.Context) {
+	iso.syncWorkDir()
 	iso.resync(ctx, true)
 	close(iso.recovered)
 	t := time.NewTicker(iso.cfg.ResyncInterval)
@@ -182,10 +190,37 @@ func (iso *Isolator) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalSyncTimeout)
+			if err := iso.commit.Sync(sctx); err != nil {
+				iso.log.Error("making the last checkpoint changes durable", "error", err)
+			}
+			cancel()
 			return
 		case <-t.C:
 			iso.resync(ctx, false)
 		}
+	}
+}
+
+// finalSyncTimeout bounds the wait, on stop, for the last checkpoint
+// changes to become durable.
+const finalSyncTimeout = 10 * time.Second
+
+// syncWorkDir commits the work directory's filesystem (syncfs): a
+// predecessor that crashed may have left checkpoint changes visible but not
+// yet durable, and operations resumed from them (a cleanup acknowledged
+// once its intent is durable) count on their durability.
+func (iso *Isolator) syncWorkDir() {
+	err := func() error {
+		d, err := os.Open(iso.cfg.WorkDir)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		return unix.Syncfs(int(d.Fd()))
+	}()
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		iso.log.Error("syncing the work directory's filesystem", "dir", iso.cfg.WorkDir, "error", err)
 	}
 }
 

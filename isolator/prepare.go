@@ -68,6 +68,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARING); err != nil {
 		return nil, err
 	}
+	intent := c.written
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
 		iso.log.Warn("prepare failed; rolling back", "container", id, "error", err)
 		// The caller's ctx may be what ended: roll back regardless.
@@ -78,6 +79,9 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		return nil, err
 	}
 	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARED); err != nil {
+		return nil, err
+	}
+	if err := iso.durable(ctx, c, intent); err != nil {
 		return nil, err
 	}
 	iso.log.Info("container prepared", "container", id, "volumes", len(plan))
@@ -250,6 +254,18 @@ func resolveMountPoint(req *agentv1.PrepareRequest, containerPath string, block 
 	return mount.ResolveInRoot(root, containerPath, kind, uid, gid)
 }
 
+// durable waits until a container's intent record (PREPARING, CLEANING),
+// written at the start of the operation, is durable: an operation is
+// acknowledged only then, so after any crash, the host's included,
+// recovery knows of it. Its commit ran while the operation did its work;
+// the records written after it follow with the next commit round.
+func (iso *Isolator) durable(ctx context.Context, c *container, intent uint64) error {
+	if err := iso.commit.Wait(ctx, intent); err != nil {
+		return fmt.Errorf("container %s: %w", c.id, err)
+	}
+	return nil
+}
+
 // Cleanup takes a container's volumes away. An unknown container is
 // already clean.
 func (iso *Isolator) Cleanup(ctx context.Context, id string) error {
@@ -279,6 +295,7 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 			return err
 		}
 	}
+	intent := c.written
 	var errs []error
 	for _, m := range c.cp.GetMounts() {
 		if err := iso.unmountFor(ctx, c, m); err != nil {
@@ -322,6 +339,9 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
 	}
 	if err := iso.forgetContainer(c); err != nil {
+		return err
+	}
+	if err := iso.durable(ctx, c, intent); err != nil {
 		return err
 	}
 	iso.log.Info("container cleaned up", "container", c.id)

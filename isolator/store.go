@@ -3,7 +3,6 @@ package isolator
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -32,6 +30,9 @@ type volume struct {
 	key volumeKey
 	dir string // holds volume.state
 	cp  *statev1.VolumeCheckpoint
+	// pending changes go out with the volume's next checkpoint write
+	// (see acquire and release); the caller holds the volume's lock.
+	pending []func(cp *statev1.VolumeCheckpoint)
 }
 
 // container is one container with volumes.
@@ -39,6 +40,8 @@ type container struct {
 	id  string
 	dir string
 	cp  *statev1.ContainerCheckpoint
+	// written is the committer's number for the last write of cp.
+	written uint64
 }
 
 func (iso *Isolator) containersRoot() string {
@@ -78,45 +81,50 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticPr
 	}
 }
 
-// writeCheckpoint durably replaces a checkpoint file (0600, directory
-// 0700): temp file, fsync, rename, fsync directory (shared with concurrent
-// writes to the same directory: see atomicfile.Committer).
-func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) error {
-	return writeCheckpointWith(&iso.commit, dir, name, m)
-}
-
-// writeCheckpoint is writeCheckpoint without fsync sharing or counting.
-func writeCheckpoint(dir, name string, m proto.Message) error {
-	return writeCheckpointWith(&atomicfile.Committer{}, dir, name, m)
-}
-
-func writeCheckpointWith(c *atomicfile.Committer, dir, name string, m proto.Message) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("checkpointing: %w", err)
+// writeCheckpoint replaces a checkpoint file (0600, directory 0700):
+// visible when it returns, durable with the committer's next round (see
+// atomicfile.Committer). It returns the write's number for Wait.
+func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) (uint64, error) {
+	if err := iso.commit.MkdirAll(dir, 0o700); err != nil {
+		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
+	b, err := marshalCheckpoint(m)
+	if err != nil {
+		return 0, err
+	}
+	n, err := iso.commit.Put(filepath.Join(dir, name), b, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("checkpointing: %w", err)
+	}
+	return n, nil
+}
+
+func marshalCheckpoint(m proto.Message) ([]byte, error) {
 	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(m)
 	if err != nil {
-		return fmt.Errorf("checkpointing: %w", err)
+		return nil, fmt.Errorf("checkpointing: %w", err)
 	}
-	if err := c.Write(filepath.Join(dir, name), b, 0o600); err != nil {
-		return fmt.Errorf("checkpointing: %w", err)
-	}
-	return nil
+	return b, nil
 }
 
-// updateVolume checkpoints a changed copy of a volume's checkpoint, then
-// makes it the one in memory. The caller holds the volume's lock (the only
-// writer); readers of the memory copy hold iso.mu.
+// updateVolume checkpoints a changed copy of a volume's checkpoint (with
+// the volume's pending changes), then makes it the one in memory. The
+// caller holds the volume's lock (the only writer); readers of the memory
+// copy hold iso.mu.
 func (iso *Isolator) updateVolume(v *volume, mutate func(cp *statev1.VolumeCheckpoint)) error {
 	cp := proto.Clone(v.cp).(*statev1.VolumeCheckpoint)
 	before := cp.State
+	for _, p := range v.pending {
+		p(cp)
+	}
 	mutate(cp)
 	if cp.State != before {
 		cp.StateSince = timestamppb.Now()
 	}
-	if err := iso.writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
+	if _, err := iso.writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
+	v.pending = nil
 	iso.mu.Lock()
 	v.cp = cp
 	iso.volumes[v.key] = v
@@ -133,12 +141,13 @@ func (iso *Isolator) setState(v *volume, state vstate) error {
 
 // forgetVolume removes a torn-down volume's checkpoint and directory.
 func (iso *Isolator) forgetVolume(v *volume) error {
-	if err := os.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if _, err := iso.commit.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil {
 		return fmt.Errorf("volume %s: removing checkpoint: %w", v.key, err)
 	}
-	if err := os.Remove(v.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if _, err := iso.commit.Remove(v.dir); err != nil {
 		iso.log.Warn("removing volume checkpoint directory", "volume", v.key.String(), "error", err)
 	}
+	v.pending = nil
 	iso.mu.Lock()
 	delete(iso.volumes, v.key)
 	iso.mu.Unlock()
@@ -152,11 +161,12 @@ func (iso *Isolator) forgetVolume(v *volume) error {
 func (iso *Isolator) updateContainer(c *container, mutate func(cp *statev1.ContainerCheckpoint)) error {
 	cp := proto.Clone(c.cp).(*statev1.ContainerCheckpoint)
 	mutate(cp)
-	if err := iso.writeCheckpoint(c.dir, containerStateFile, cp); err != nil {
+	n, err := iso.writeCheckpoint(c.dir, containerStateFile, cp)
+	if err != nil {
 		return fmt.Errorf("container %s: %w", c.id, err)
 	}
 	iso.mu.Lock()
-	c.cp = cp
+	c.cp, c.written = cp, n
 	iso.containers[c.id] = c
 	iso.mu.Unlock()
 	iso.cfg.OnChange()
@@ -169,10 +179,10 @@ func (iso *Isolator) setPhase(c *container, phase agentv1.ContainerStatus_Phase)
 }
 
 func (iso *Isolator) forgetContainer(c *container) error {
-	if err := os.Remove(filepath.Join(c.dir, containerStateFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if _, err := iso.commit.Remove(filepath.Join(c.dir, containerStateFile)); err != nil {
 		return fmt.Errorf("container %s: removing checkpoint: %w", c.id, err)
 	}
-	if err := os.Remove(c.dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if _, err := iso.commit.Remove(c.dir); err != nil {
 		iso.log.Warn("removing container checkpoint directory", "container", c.id, "error", err)
 	}
 	iso.mu.Lock()
@@ -309,8 +319,8 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 	return cp
 }
 
-// CheckpointStats reports the durable checkpoint writes made since start
-// and the fsyncs they cost.
-func (iso *Isolator) CheckpointStats() (writes, fsyncs uint64) {
+// CheckpointStats reports the checkpoint writes made since start, the
+// fsyncs that made them durable, and the changes not yet durable.
+func (iso *Isolator) CheckpointStats() (writes, fsyncs uint64, pending int64) {
 	return iso.commit.Stats()
 }

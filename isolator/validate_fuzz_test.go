@@ -234,7 +234,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 		}
 		cp := &statev1.VolumeCheckpoint{}
 		if protojson.Unmarshal(volumeState, cp) == nil && len(volumeState) > 0 {
-			if err := writeCheckpoint(vdir, volumeStateFile, cp); err != nil {
+			if _, err := iso.writeCheckpoint(vdir, volumeStateFile, cp); err != nil {
 				t.Fatal(err)
 			}
 			again := &statev1.VolumeCheckpoint{}

@@ -75,20 +75,33 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			return fmt.Errorf("%w: volume %s is in use by %v with a different volume_capability or volume_context", ErrPrecondition, pm.key, v.cp.Users)
 		}
 		if !slices.Contains(v.cp.Users, id) {
-			if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
+			// The new user is recorded with the first checkpoint the
+			// publishing writes (before any RPC), or on its own below if
+			// the volume is published already.
+			v.pending = append(v.pending, func(cp *statev1.VolumeCheckpoint) {
 				cp.Users = append(cp.Users, id)
 				slices.Sort(cp.Users)
-			}); err != nil {
-				return err
-			}
+			})
 		}
+		defer func() { v.pending = nil }()
 		if err := iso.converge(ctx, v, stPublished); err != nil {
+			return err
+		}
+		if err := iso.writePending(v); err != nil {
 			return err
 		}
 		out = v.cp
 		return nil
 	})
 	return out, err
+}
+
+// writePending checkpoints a volume's pending changes, if any.
+func (iso *Isolator) writePending(v *volume) error {
+	if len(v.pending) == 0 {
+		return nil
+	}
+	return iso.updateVolume(v, func(*statev1.VolumeCheckpoint) {})
 }
 
 // release removes container id from the volume's users; the last user
@@ -99,17 +112,23 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 		if v == nil {
 			return nil
 		}
-		if slices.Contains(v.cp.Users, id) {
-			if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
-				cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return u == id })
-			}); err != nil {
-				return err
-			}
-		}
-		if len(v.cp.Users) > 0 {
+		users := slices.DeleteFunc(slices.Clone(v.cp.Users), func(u string) bool { return u == id })
+		if len(users) == len(v.cp.Users) && len(users) > 0 {
 			return nil
 		}
-		return iso.converge(ctx, v, stCreated)
+		drop := func(cp *statev1.VolumeCheckpoint) { cp.Users = users }
+		if len(users) > 0 {
+			return iso.updateVolume(v, drop)
+		}
+		// The last user goes with the first checkpoint of the teardown
+		// (before any RPC); a teardown that fails writes it with its
+		// error, and one that ends removes the checkpoint.
+		v.pending = append(v.pending, drop)
+		defer func() { v.pending = nil }()
+		if err := iso.converge(ctx, v, stCreated); err != nil {
+			return err
+		}
+		return iso.writePending(v)
 	})
 }
 

@@ -1,147 +1,332 @@
-// Package atomicfile writes files so that a reader, or the same process
-// after a crash or power loss, sees either the old content or the new, never
-// a torn mix: temp file in the same directory, fsync, rename, fsync the
-// directory.
+// Package atomicfile replaces files so that a reader, or the same process
+// after a crash, sees either the old content or the new, never a torn mix:
+// temp file in the same directory, rename over the old one.
 //
-// Do not use it for data that may be lost on a crash (logs, caches): the two
-// fsyncs cost about a millisecond.
+// Write also makes the new content durable before it returns (fsync the
+// file, rename, fsync the directory: about a millisecond). A Committer
+// separates the two: its Put is visible at once (what a restarted process
+// needs) and made durable by a background group commit shortly after, one
+// round of fsyncs for every write made meanwhile; Wait blocks until a given
+// write is durable (what must hold across a power loss).
+//
+// Do not use it for data that may be lost on a crash (logs, caches).
 package atomicfile
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Write replaces path with data, durably. The directory must exist.
 func Write(path string, data []byte, perm os.FileMode) error {
-	var c Committer
-	return c.Write(path, data, perm)
+	return write(path, data, perm, syncFile)
 }
 
-// Committer writes files like Write and shares directory fsyncs between
-// concurrent writes (group commit): a write whose rename lands while its
-// directory is being synced joins the next sync of that directory, which
-// starts as soon as the running one ends and serves every write that
-// joined it. Every Write still returns only once its own rename is durable
-// (a sync that started after it). The zero value is ready to use; it also
-// counts writes and fsyncs (Stats).
-type Committer struct {
-	mu   sync.Mutex
-	dirs map[string]*dirSync
-
-	writes, fsyncs atomic.Uint64
-}
-
-// dirSync is one directory's running sync and the one waiting to start.
-type dirSync struct{ running, next *batch }
-
-type batch struct {
-	done chan struct{}
-	err  error
-}
-
-// Stats reports the writes made and the fsyncs (files and directories)
-// they cost.
-func (c *Committer) Stats() (writes, fsyncs uint64) {
-	return c.writes.Load(), c.fsyncs.Load()
-}
-
-// Write replaces path with data, durably. The directory must exist.
-func (c *Committer) Write(path string, data []byte, perm os.FileMode) error {
-	c.writes.Add(1)
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+func write(path string, data []byte, perm os.FileMode, fsync func(string) error) error {
+	tmp, err := writeTemp(path, data, perm)
 	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := tmp.Chmod(perm); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+	if err := fsync(tmp); err != nil {
+		os.Remove(tmp)
+		return err
 	}
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	c.fsyncs.Add(1)
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("replacing %s: %w", path, err)
 	}
-	ok = true
-	return c.syncDir(dir)
+	return fsync(filepath.Dir(path))
 }
 
-// syncDir makes dir's entries durable, sharing the fsync with concurrent
-// callers: a caller arriving while a sync runs joins (or starts) the batch
-// after it, since the running one may have begun before its rename.
-func (c *Committer) syncDir(dir string) error {
-	c.mu.Lock()
-	if c.dirs == nil {
-		c.dirs = map[string]*dirSync{}
-	}
-	d := c.dirs[dir]
-	if d == nil {
-		d = &dirSync{}
-		c.dirs[dir] = d
-	}
-	b := d.next
-	switch {
-	case d.running == nil:
-		b = &batch{done: make(chan struct{})}
-		d.running = b
-	case b != nil:
-		// Joins the waiting batch, whose leader runs it.
-		c.mu.Unlock()
-		<-b.done
-		return b.err
-	default:
-		// Leads the next batch once the running one ends.
-		b = &batch{done: make(chan struct{})}
-		d.next = b
-		prev := d.running
-		c.mu.Unlock()
-		<-prev.done
-		c.mu.Lock()
-		d.next = nil
-		d.running = b
-	}
-	c.mu.Unlock()
-	c.fsyncs.Add(1)
-	b.err = SyncDir(dir)
-	c.mu.Lock()
-	if d.running == b {
-		d.running = nil
-	}
-	if d.running == nil && d.next == nil && c.dirs[dir] == d {
-		delete(c.dirs, dir)
-	}
-	c.mu.Unlock()
-	close(b.done)
-	return b.err
-}
-
-// SyncDir makes a directory's entries (a rename, a removal) durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+// writeTemp writes data to a new temp file beside path and returns its
+// name.
+func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("syncing directory %s: %w", dir, err)
+		return "", fmt.Errorf("writing %s: %w", path, err)
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing directory %s: %w", dir, err)
+	err = nil
+	if perm != 0o600 { // CreateTemp's mode
+		err = tmp.Chmod(perm)
+	}
+	if err == nil {
+		_, err = tmp.Write(data)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("writing %s: %w", path, err)
+	}
+	return tmp.Name(), nil
+}
+
+// syncFile fsyncs a file or a directory (its entries: a rename, a
+// removal) by name.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
 	}
 	return nil
+}
+
+// Committer writes and removes files so that each change is visible when
+// the call returns and durable soon after: a background commit fsyncs
+// every file written and every directory changed since the previous
+// commit, in one round that serves all of them (group commit), and starts
+// again at once while changes keep coming. Each change gets a sequence
+// number; Wait(n) returns once change n is durable. The zero value is
+// ready to use; Close waits for everything to be durable.
+//
+// Changes to one path must not race each other (the caller serialises
+// them, as a checkpoint's lock does).
+type Committer struct {
+	mu       sync.Mutex
+	seq      uint64 // changes made
+	durable  uint64 // every change up to this one is durable
+	files    map[string]content
+	dirs     map[string]bool
+	running  bool          // a commit goroutine runs
+	round    chan struct{} // closed when the current round ends
+	lastErr  error         // the last round's error, if it failed
+	errUpTo  uint64        // the changes that round covered
+	retryIn  time.Duration // pause before retrying a failed round
+	closed   bool
+	writes   atomic.Uint64
+	fsyncs   atomic.Uint64
+	inflight atomic.Int64
+
+	// Fsync, when set, replaces the fsync of a file or directory by name
+	// (tests inject failures and delays).
+	Fsync func(path string) error
+}
+
+// content is a file's latest content, kept until it is durable.
+type content struct {
+	data []byte
+	perm os.FileMode
+}
+
+// retry pauses after a failed commit round: doubling from retryMin.
+const (
+	retryMin = 10 * time.Millisecond
+	retryMax = 5 * time.Second
+)
+
+// ErrClosed is returned for changes made after Close.
+var ErrClosed = errors.New("atomicfile: committer closed")
+
+// Stats reports the writes made, the fsyncs (files and directories) they
+// cost, and the changes not yet durable.
+func (c *Committer) Stats() (writes, fsyncs uint64, pending int64) {
+	return c.writes.Load(), c.fsyncs.Load(), c.inflight.Load()
+}
+
+// MkdirAll is os.MkdirAll whose new directories are committed (their
+// parents' entries) with the next round.
+func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
+	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := c.MkdirAll(parent, perm); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	_, err := c.note("", parent, content{})
+	return err
+}
+
+// Put replaces path with data (its directory must exist). The new content
+// is visible on return; the returned change is durable once Wait says so.
+func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return 0, ErrClosed
+	}
+	tmp, err := writeTemp(path, data, perm)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return 0, fmt.Errorf("replacing %s: %w", path, err)
+	}
+	c.writes.Add(1)
+	return c.note(path, filepath.Dir(path), content{data, perm})
+}
+
+// Remove removes a file or an empty directory; a missing one is not an
+// error. The removal is committed with the next round.
+func (c *Committer) Remove(path string) (uint64, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	c.mu.Lock()
+	delete(c.files, path)
+	c.mu.Unlock()
+	return c.note("", filepath.Dir(path), content{})
+}
+
+// note records a change to commit (a file's new content, a directory's
+// entries) and starts a round if none runs.
+func (c *Committer) note(file, dir string, data content) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+	if c.files == nil {
+		c.files, c.dirs = map[string]content{}, map[string]bool{}
+	}
+	if file != "" {
+		c.files[file] = data
+	}
+	c.dirs[dir] = true
+	c.seq++
+	c.inflight.Add(1)
+	if !c.running {
+		c.running = true
+		c.round = make(chan struct{})
+		go c.commitLoop()
+	}
+	return c.seq, nil
+}
+
+// commitLoop runs rounds while there are changes to commit.
+func (c *Committer) commitLoop() {
+	for {
+		c.mu.Lock()
+		if len(c.dirs) == 0 {
+			c.running = false
+			close(c.round)
+			c.mu.Unlock()
+			return
+		}
+		files, dirs, upTo := c.files, c.dirs, c.seq
+		c.files, c.dirs = map[string]content{}, map[string]bool{}
+		c.mu.Unlock()
+
+		err := c.commit(files, dirs)
+
+		c.mu.Lock()
+		done := c.round
+		c.round = make(chan struct{})
+		var pause time.Duration
+		if err != nil {
+			// Commit them again with the next round: a file whose fsync
+			// failed is written afresh from its content (after a failed
+			// fsync the kernel may have dropped its dirty pages).
+			for f, d := range files {
+				if _, newer := c.files[f]; !newer {
+					c.files[f] = d
+				}
+			}
+			for d := range dirs {
+				c.dirs[d] = true
+			}
+			c.lastErr, c.errUpTo = err, upTo
+			c.retryIn = min(max(2*c.retryIn, retryMin), retryMax)
+			pause = c.retryIn
+		} else {
+			c.inflight.Add(-int64(upTo - c.durable))
+			c.durable, c.lastErr, c.retryIn = upTo, nil, 0
+		}
+		c.mu.Unlock()
+		close(done)
+		if pause > 0 {
+			time.Sleep(pause)
+		}
+	}
+}
+
+// commit makes files and directories durable: each file by fsync, or by
+// a full durable rewrite if that fails; then each directory. A file or
+// directory removed since is skipped (its parent's entry is in dirs).
+func (c *Committer) commit(files map[string]content, dirs map[string]bool) error {
+	var errs []error
+	fsync := c.Fsync
+	if fsync == nil {
+		fsync = syncFile
+	}
+	for f, data := range files {
+		c.fsyncs.Add(1)
+		err := fsync(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			c.fsyncs.Add(2)
+			if werr := write(f, data.data, data.perm, fsync); werr != nil {
+				errs = append(errs, fmt.Errorf("%w; rewriting it: %w", err, werr))
+			}
+		}
+	}
+	for d := range dirs {
+		c.fsyncs.Add(1)
+		if err := fsync(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Wait returns once change n is durable, or with the error of the commit
+// round that failed to make it so (later rounds retry it), or ctx's.
+func (c *Committer) Wait(ctx context.Context, n uint64) error {
+	for {
+		c.mu.Lock()
+		if c.durable >= n {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.lastErr != nil && c.errUpTo >= n {
+			err := c.lastErr
+			c.mu.Unlock()
+			return fmt.Errorf("committing checkpoints: %w", err)
+		}
+		round := c.round
+		c.mu.Unlock()
+		select {
+		case <-round:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Sync waits until every change made so far is durable.
+func (c *Committer) Sync(ctx context.Context) error {
+	c.mu.Lock()
+	n := c.seq
+	c.mu.Unlock()
+	return c.Wait(ctx, n)
+}
+
+// Close refuses further changes and waits until the ones made are
+// durable (or ctx ends).
+func (c *Committer) Close(ctx context.Context) error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return c.Sync(ctx)
 }

@@ -1,9 +1,16 @@
 package atomicfile
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestWriteReopenRead(t *testing.T) {
@@ -32,5 +39,159 @@ func TestWriteMissingDirFailsCleanly(t *testing.T) {
 	err := Write(filepath.Join(t.TempDir(), "nope", "f"), []byte("x"), 0o600)
 	if err == nil {
 		t.Fatal("want an error for a missing directory")
+	}
+}
+
+func TestCommitterPutIsVisibleThenDurable(t *testing.T) {
+	dir := t.TempDir()
+	var c Committer
+	sub := filepath.Join(dir, "a", "b")
+	if err := c.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(sub, "state")
+	var last uint64
+	for _, content := range []string{"one", "two, longer", "3"} {
+		n, err := c.Put(path, []byte(content), 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n <= last {
+			t.Fatalf("change numbers not increasing: %d after %d", n, last)
+		}
+		last = n
+		if got, err := os.ReadFile(path); err != nil || string(got) != content {
+			t.Fatalf("right after Put: read %q, %v; want %q", got, err, content)
+		}
+	}
+	if err := c.Wait(context.Background(), last); err != nil {
+		t.Fatal(err)
+	}
+	writes, fsyncs, pending := c.Stats()
+	if writes != 3 || pending != 0 || fsyncs == 0 {
+		t.Errorf("stats: %d writes, %d fsyncs, %d pending; want 3 writes, some fsyncs, none pending", writes, fsyncs, pending)
+	}
+	entries, _ := os.ReadDir(sub)
+	if len(entries) != 1 {
+		t.Errorf("temp files left behind: %v", entries)
+	}
+	if _, err := c.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Remove(path); err != nil {
+		t.Errorf("removing a missing file: %v", err)
+	}
+	if err := c.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("removed file still there: %v", err)
+	}
+}
+
+// Concurrent writers share commit rounds: far fewer fsyncs than the two
+// per write a synchronous Write costs.
+func TestCommitterGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	var c Committer
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			seq, err := c.Put(filepath.Join(dir, fmt.Sprint(i)), []byte("x"), 0o600)
+			if err == nil {
+				err = c.Wait(context.Background(), seq)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, fsyncs, pending := c.Stats()
+	if pending != 0 {
+		t.Errorf("%d changes pending after every Wait returned", pending)
+	}
+	// Every file is fsynced once; the shared directory once per round.
+	if fsyncs >= 2*n {
+		t.Errorf("%d fsyncs for %d concurrent writes to one directory; want fewer than %d (directory fsyncs shared)", fsyncs, n, 2*n)
+	}
+}
+
+// A failed fsync has the file rewritten from its content within the round;
+// when that fails too, the round's waiters get the error and the next
+// round retries.
+func TestCommitterRetriesAFailedFsync(t *testing.T) {
+	t.Run("rewrite succeeds", func(t *testing.T) { testFailedFsync(t, 1, false) })
+	t.Run("rewrite fails, next round succeeds", func(t *testing.T) { testFailedFsync(t, 2, true) })
+}
+
+func testFailedFsync(t *testing.T, fail int32, waitFails bool) {
+	dir := t.TempDir()
+	failures := atomic.Int32{}
+	failures.Store(fail)
+	c := Committer{Fsync: func(path string) error {
+		if failures.Add(-1) >= 0 {
+			return errors.New("injected EIO")
+		}
+		return syncFile(path)
+	}}
+	path := filepath.Join(dir, "state")
+	n, err := c.Put(path, []byte("content"), 0o640)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Wait(context.Background(), n)
+	if !waitFails {
+		if err != nil {
+			t.Fatalf("Wait = %v; want the rewrite to have made it durable", err)
+		}
+	} else {
+		if err == nil || !strings.Contains(err.Error(), "injected EIO") {
+			t.Fatalf("Wait after a failed fsync and rewrite = %v; want the injected error", err)
+		}
+		// The failed round's error stays until a round covering it
+		// succeeds: wait for the retry rounds.
+		deadline, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for err != nil && deadline.Err() == nil {
+			c.mu.Lock()
+			round := c.round
+			c.mu.Unlock()
+			<-round
+			err = c.Wait(deadline, n)
+		}
+		if err != nil {
+			t.Fatalf("the retry round did not succeed: %v", err)
+		}
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o640 {
+		t.Fatalf("after the rewrite: %v, %v; want mode 0640", st, err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "content" {
+		t.Errorf("content after the rewrite = %q", got)
+	}
+}
+
+func TestCommitterClose(t *testing.T) {
+	dir := t.TempDir()
+	var c Committer
+	if _, err := c.Put(filepath.Join(dir, "a"), []byte("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, pending := c.Stats(); pending != 0 {
+		t.Errorf("%d changes pending after Close", pending)
+	}
+	if _, err := c.Put(filepath.Join(dir, "b"), []byte("b"), 0o600); !errors.Is(err, ErrClosed) {
+		t.Errorf("Put after Close = %v; want ErrClosed", err)
 	}
 }
