@@ -133,95 +133,90 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 }
 
 // converge drives a volume (lock held) to PUBLISHED or, for CREATED, tears
-// it down and forgets it. Each RPC is bracketed by checkpoints: the
-// transitional state before, the stable state after, so an interrupted
-// step is known and retried (CSI node calls are idempotent).
+// it down and forgets it.
+//
+// One checkpoint goes before the node calls: the first call's transitional
+// state (NODE_STAGE, NODE_PUBLISH, NODE_UNPUBLISH, NODE_UNSTAGE). Recovery
+// reads a transitional state as "anywhere between the stable state before
+// and the one wanted" and redoes the whole way from the far end (stage and
+// publish toward PUBLISHED, unpublish and unstage toward CREATED): CSI node
+// calls are idempotent, so a call that had already happened costs a no-op.
+// The state reached is checkpointed after the calls: PUBLISHED, the
+// checkpoint's removal, or, when a call fails, that call's transitional
+// state (it may have acted), with the error.
 func (iso *Isolator) converge(ctx context.Context, v *volume, want vstate) error {
-	err := iso.convergeSteps(ctx, v, want)
-	if err != nil && v.cp.LastError != err.Error() {
-		if serr := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastError = err.Error() }); serr != nil {
+	reached, err := iso.convergeSteps(ctx, v, want)
+	if err != nil && (v.cp.LastError != err.Error() || reached != v.cp.State) {
+		if serr := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = reached, err.Error() }); serr != nil {
 			iso.log.Error("checkpointing volume error", "volume", v.key.String(), "error", serr)
 		}
 	}
 	return err
 }
 
-func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) (err error) {
+// nodeStep is one node call between stable states.
+type nodeStep struct {
+	rpc           func(context.Context, Node, *volume) error
+	during, after vstate
+}
+
+// path lists the node calls from state cur to want (PUBLISHED or CREATED);
+// from a transitional state, the whole way.
+func (iso *Isolator) path(cur, want vstate, stageUnstage bool) []nodeStep {
+	var steps []nodeStep
+	if want == stPublished {
+		if stageUnstage && cur != stVolReady {
+			steps = append(steps, nodeStep{iso.stage, stNodeStage, stVolReady})
+		}
+		return append(steps, nodeStep{iso.publish, stNodePublish, stPublished})
+	}
+	if cur != stVolReady || !stageUnstage {
+		steps = append(steps, nodeStep{iso.unpublish, stNodeUnpub, stVolReady})
+	}
+	if stageUnstage {
+		steps = append(steps, nodeStep{iso.unstage, stNodeUnstage, stNodeReady})
+	}
+	return steps
+}
+
+// convergeSteps does converge's work and returns, when it fails, the state
+// to record with the error.
+func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) (vstate, error) {
 	if v.cp.State == stUnknown {
 		if err := iso.readState(v); err != nil {
-			return err
+			return v.cp.State, err
 		}
 	}
-	// The stable state an RPC reached is checkpointed together with what
-	// follows, not on its own: the next step's transitional state (which
-	// implies it: NODE_PUBLISH is written only once staged), the final
-	// PUBLISHED, or the checkpoint's removal. A crash before that leaves
-	// the transitional state of the RPC that did succeed, which recovery
-	// retries (node calls are idempotent), exactly as a crash just before
-	// the stable checkpoint always did. One durable write per step saved.
+	switch {
+	case want == stPublished && v.cp.State == stPublished:
+		return stPublished, iso.clearError(v)
+	case want == stCreated && (v.cp.State == stCreated || v.cp.State == stNodeReady):
+		return v.cp.State, iso.teardownDirs(v)
+	}
+	node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
+	if err != nil {
+		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, err)
+	}
+	steps := iso.path(v.cp.State, want, node.StageUnstage)
+	if v.cp.State != steps[0].during || len(v.pending) > 0 {
+		if err := iso.setState(v, steps[0].during); err != nil {
+			return v.cp.State, err
+		}
+	}
 	var reached vstate
-	pending := false
-	defer func() {
-		if err != nil && pending {
-			if serr := iso.setState(v, reached); serr != nil {
-				iso.log.Error("checkpointing volume state", "volume", v.key.String(), "error", serr)
-			}
+	for _, s := range steps {
+		if err := s.rpc(ctx, node, v); err != nil {
+			// A failed call may have acted (a plugin that mounted and
+			// then failed to answer): the volume is between the states
+			// before and after it.
+			return s.during, err
 		}
-	}()
-	for {
-		cur := v.cp.State
-		if pending {
-			cur = reached
-		}
-		if want == stPublished && cur == stPublished {
-			if pending {
-				pending = false
-				return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
-			}
-			return iso.clearError(v)
-		}
-		if want == stCreated && (cur == stCreated || cur == stNodeReady) {
-			return iso.teardownDirs(v)
-		}
-		node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
-		if err != nil {
-			return fmt.Errorf("volume %s: %w", v.key, err)
-		}
-		var step func(context.Context, Node, *volume) error
-		var during, after vstate
-		switch {
-		case want == stPublished && (cur == stCreated || cur == stNodeReady || cur == stNodeStage || cur == stNodeUnstage):
-			if !node.StageUnstage {
-				pending = false
-				if err := iso.setState(v, stVolReady); err != nil {
-					return err
-				}
-				continue
-			}
-			step, during, after = iso.stage, stNodeStage, stVolReady
-		case want == stPublished:
-			step, during, after = iso.publish, stNodePublish, stPublished
-		case cur == stPublished || cur == stNodePublish || cur == stNodeUnpub:
-			step, during, after = iso.unpublish, stNodeUnpub, stVolReady
-		default: // VOL_READY, NODE_STAGE, NODE_UNSTAGE toward CREATED
-			if !node.StageUnstage {
-				pending = false
-				if err := iso.setState(v, stNodeReady); err != nil {
-					return err
-				}
-				continue
-			}
-			step, during, after = iso.unstage, stNodeUnstage, stNodeReady
-		}
-		pending = false
-		if err := iso.setState(v, during); err != nil {
-			return err
-		}
-		if err := step(ctx, node, v); err != nil {
-			return err
-		}
-		reached, pending = after, true
+		reached = s.after
 	}
+	if want == stPublished {
+		return reached, iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+	}
+	return reached, iso.teardownDirs(v)
 }
 
 // readState finds out a reconstructed volume's state from the mount table.
