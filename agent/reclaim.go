@@ -73,7 +73,7 @@ func (t reclaimTarget) Volumes() []reclaim.Volume {
 			offers[pv.Plugin] = ok
 		}
 		if ok {
-			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: pv.NextReclaim})
+			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: pv.NextReclaim, Since: pv.Since})
 		}
 	}
 	return out

@@ -33,6 +33,8 @@ type ReclaimController interface {
 type PublishedVolume struct {
 	Plugin, ID  string
 	NextReclaim time.Time
+	// Since is when the volume was published.
+	Since time.Time
 }
 
 // Published lists the published volumes.
@@ -45,6 +47,7 @@ func (iso *Isolator) Published() []PublishedVolume {
 			continue
 		}
 		pv := PublishedVolume{Plugin: k.plugin, ID: k.id}
+		pv.Since = v.cp.GetStateSince().AsTime()
 		if n := v.cp.GetNextReclaim(); n != nil {
 			pv.NextReclaim = n.AsTime()
 		}

@@ -22,7 +22,9 @@
 // persisted Volume.Next, read when the scheduler first sees the volume,
 // means:
 //
-//   - zero (never scheduled): its next slot after now, persisted at once;
+//   - zero (never scheduled): its first slot after Volume.Since (when it
+//     was published), persisted only by that run (it follows from Since);
+//     with Since unknown, its next slot after now, persisted at once;
 //   - in the future, at most one interval away: kept;
 //   - more than one interval away (the interval was shortened): its next
 //     slot after now, persisted;

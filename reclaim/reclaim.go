@@ -54,6 +54,10 @@ type Volume struct {
 	Plugin, ID string
 	// Next is the persisted next run time; zero: never scheduled.
 	Next time.Time
+	// Since is when the volume was published; zero: unknown. A volume
+	// never scheduled runs first at its first slot after Since, which
+	// therefore needs no persisting until that run.
+	Since time.Time
 }
 
 // Result is what one NodeReclaimSpace call reported.

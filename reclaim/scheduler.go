@@ -257,10 +257,13 @@ func (s *Scheduler) rescan(now time.Time) time.Duration {
 				base = e.slot
 			}
 			e.interval = iv
-			e.slot = firstRun(base, now, iv, e.hash)
+			e.slot = firstRun(base, v.Since, now, iv, e.hash)
 			e.due, e.attempts, e.cycleEnd = e.slot, 0, time.Time{}
 		}
-		if e.interval > 0 && !v.Next.Equal(e.slot) {
+		// A never-scheduled volume's first run follows from Since: nothing
+		// to persist until it runs (one write less per new volume).
+		if e.interval > 0 && !v.Next.Equal(e.slot) &&
+			!(v.Next.IsZero() && !v.Since.IsZero() && e.slot.Equal(firstRun(time.Time{}, v.Since, now, e.interval, e.hash))) {
 			persist = append(persist, Volume{Plugin: v.Plugin, ID: v.ID, Next: e.slot})
 		}
 	}

@@ -105,20 +105,23 @@ func TestFirstSchedule(t *testing.T) {
 	slot := slotAfter(t0, iv, p, id)
 	tests := []struct {
 		name         string
-		next         time.Time
+		next, since  time.Time
 		wantPersist  []time.Time // Schedule calls, in order
 		wantFirstRun time.Time
 	}{
-		{"never scheduled: next slot", time.Time{}, []time.Time{slot, slot.Add(iv)}, slot},
-		{"within an interval: kept", t0.Add(3 * time.Second), []time.Time{slotAfter(t0.Add(3*time.Second), iv, p, id)}, t0.Add(3 * time.Second)},
-		{"too far (interval shortened): moved to the next slot", t0.Add(time.Hour), []time.Time{slot, slot.Add(iv)}, slot},
-		{"missed while the agent was down: once at once, then the next slot", t0.Add(-time.Hour), []time.Time{slot}, t0},
+		{"never scheduled, publish time unknown: next slot, persisted at once", time.Time{}, time.Time{}, []time.Time{slot, slot.Add(iv)}, slot},
+		{"never scheduled, published now: next slot, persisted only after its run", time.Time{}, t0, []time.Time{slot.Add(iv)}, slot},
+		{"never scheduled, published an hour ago (slots missed while down): once at once, then the next slot", time.Time{}, t0.Add(-time.Hour), []time.Time{slot}, t0},
+		{"within an interval: kept", t0.Add(3 * time.Second), time.Time{}, []time.Time{slotAfter(t0.Add(3*time.Second), iv, p, id)}, t0.Add(3 * time.Second)},
+		{"too far (interval shortened): moved to the next slot", t0.Add(time.Hour), time.Time{}, []time.Time{slot, slot.Add(iv)}, slot},
+		{"missed while the agent was down: once at once, then the next slot", t0.Add(-time.Hour), time.Time{}, []time.Time{slot}, t0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := reclaimtest.NewClock(t0)
 			f := newTarget(clock)
 			f.add(p, id, tc.next)
+			f.published(p, id, tc.since)
 			h := start(t, clock, f, reclaim.Config{Policy: policy(iv, 1)})
 			h.driveTo(tc.wantFirstRun)
 			var ats []time.Duration
@@ -185,6 +188,7 @@ func TestIntervalZero(t *testing.T) {
 	clock := reclaimtest.NewClock(t0)
 	f := newTarget(clock)
 	f.add("off", "v", time.Time{})
+	f.published("off", "v", t0) // a known publish time must not make interval 0 divide by zero
 	f.add("on", "v", time.Time{})
 	ivOff := time.Duration(0)
 	pol := func(p string) reclaim.Policy {

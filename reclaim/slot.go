@@ -30,12 +30,16 @@ func nextSlot(t time.Time, interval time.Duration, h uint64) time.Time {
 }
 
 // firstRun returns when a volume first seen (or whose interval changed)
-// runs, given its persisted next run time: zero, or more than one interval
-// away (the interval was shortened): its next slot; otherwise the persisted
-// time, even in the past (a run missed while the agent was down runs once,
-// as soon as the caps allow).
-func firstRun(persisted, now time.Time, interval time.Duration, h uint64) time.Time {
-	if persisted.IsZero() || persisted.Sub(now) > interval {
+// runs, given its persisted next run time: zero, its first slot after it
+// was published (since; now if unknown); more than one interval away (the
+// interval was shortened), its next slot; otherwise the persisted time.
+// A time in the past (a run missed while the agent was down) runs once, as
+// soon as the caps allow.
+func firstRun(persisted, since, now time.Time, interval time.Duration, h uint64) time.Time {
+	switch {
+	case persisted.IsZero() && !since.IsZero() && !since.After(now):
+		return nextSlot(since, interval, h)
+	case persisted.IsZero() || persisted.Sub(now) > interval:
 		return nextSlot(now, interval, h)
 	}
 	return persisted

@@ -50,19 +50,22 @@ func TestFirstRun(t *testing.T) {
 	h := uint64(3e9) // slots at ...3 s
 	slot := time.Unix(1_900_000_013, 0)
 	tests := []struct {
-		name      string
-		persisted time.Time
-		want      time.Time
+		name             string
+		persisted, since time.Time
+		want             time.Time
 	}{
-		{"never scheduled: next slot", time.Time{}, slot},
-		{"future within an interval: kept", now.Add(7 * time.Second), now.Add(7 * time.Second)},
-		{"exactly one interval away: kept", now.Add(iv), now.Add(iv)},
-		{"more than an interval away (interval shortened): next slot", now.Add(time.Hour), slot},
-		{"missed while down: kept, runs at once", now.Add(-time.Hour), now.Add(-time.Hour)},
+		{"never scheduled, publish time unknown: next slot", time.Time{}, time.Time{}, slot},
+		{"never scheduled, published just now: next slot", time.Time{}, now, slot},
+		{"never scheduled, published an hour ago (slots missed while down): its first slot after publishing, runs at once", time.Time{}, now.Add(-time.Hour), time.Unix(1_899_996_413, 0)},
+		{"never scheduled, publish time in the future (clock stepped back): next slot", time.Time{}, now.Add(time.Hour), slot},
+		{"future within an interval: kept", now.Add(7 * time.Second), now.Add(-time.Hour), now.Add(7 * time.Second)},
+		{"exactly one interval away: kept", now.Add(iv), time.Time{}, now.Add(iv)},
+		{"more than an interval away (interval shortened): next slot", now.Add(time.Hour), time.Time{}, slot},
+		{"missed while down: kept, runs at once", now.Add(-time.Hour), time.Time{}, now.Add(-time.Hour)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := firstRun(tc.persisted, now, iv, h); !got.Equal(tc.want) {
+			if got := firstRun(tc.persisted, tc.since, now, iv, h); !got.Equal(tc.want) {
 				t.Errorf("firstRun = %v, want %v", got, tc.want)
 			}
 		})

@@ -47,6 +47,7 @@ type fakeTarget struct {
 	mu           sync.Mutex
 	vols         []vkey
 	next         map[vkey]time.Time
+	since        map[vkey]time.Time
 	calls        []call
 	count        map[vkey]int
 	inflight     int
@@ -64,6 +65,7 @@ func newTarget(clock *reclaimtest.Clock) *fakeTarget {
 	return &fakeTarget{
 		clock:        clock,
 		next:         map[vkey]time.Time{},
+		since:        map[vkey]time.Time{},
 		count:        map[vkey]int{},
 		perPlugin:    map[string]int{},
 		maxPerPlugin: map[string]int{},
@@ -82,6 +84,13 @@ func (f *fakeTarget) add(plugin, id string, next time.Time) {
 	f.next[k] = next
 }
 
+// published sets when a volume was published (reclaim.Volume.Since).
+func (f *fakeTarget) published(plugin, id string, since time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.since[vkey{plugin, id}] = since
+}
+
 func (f *fakeTarget) remove(plugin, id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -93,7 +102,7 @@ func (f *fakeTarget) Volumes() []reclaim.Volume {
 	defer f.mu.Unlock()
 	out := make([]reclaim.Volume, 0, len(f.vols))
 	for _, k := range f.vols {
-		out = append(out, reclaim.Volume{Plugin: k.plugin, ID: k.id, Next: f.next[k]})
+		out = append(out, reclaim.Volume{Plugin: k.plugin, ID: k.id, Next: f.next[k], Since: f.since[k]})
 	}
 	return out
 }
