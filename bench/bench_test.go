@@ -192,7 +192,8 @@ func newFast(t *testing.T, extraAgentArgs ...string) *fastSetup {
 }
 
 // TestThroughput: 1,000 volumes in 100 containers, 16 concurrent Prepare
-// calls, then every Cleanup, on the fast plugin, checkpoints durable.
+// calls, then every Cleanup, on the fast plugin; each phase ends once
+// every checkpoint it wrote is durable.
 func TestThroughput(t *testing.T) {
 	containers := size(10, 100)
 	const perContainer, concurrency = 10, 16
@@ -208,7 +209,7 @@ func TestThroughput(t *testing.T) {
 		}
 		reqs[c] = req
 	}
-	parallel := func(f func(req *agentv1.PrepareRequest) error) time.Duration {
+	parallel := func(call func(req *agentv1.PrepareRequest) error) time.Duration {
 		work := make(chan *agentv1.PrepareRequest)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -217,7 +218,7 @@ func TestThroughput(t *testing.T) {
 		for range concurrency {
 			wg.Go(func() {
 				for req := range work {
-					if err := f(req); err != nil {
+					if err := call(req); err != nil {
 						mu.Lock()
 						firstErr = err
 						mu.Unlock()
@@ -232,6 +233,19 @@ func TestThroughput(t *testing.T) {
 		wg.Wait()
 		if firstErr != nil {
 			t.Fatal(firstErr)
+		}
+		// The phase ends when every checkpoint it wrote is durable (the
+		// calls return once their intent records are; the rest follow
+		// in the agent's background commit rounds).
+		for {
+			pending := f.ap.metric(t, "csi_agent_checkpoint_pending")
+			if pending < 0 {
+				t.Fatal("the agent exports no csi_agent_checkpoint_pending")
+			}
+			if pending == 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
 		return time.Since(start)
 	}
