@@ -63,6 +63,8 @@ func runServe(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
 		return ExitUsage
 	}
+	// Before New, which reads every checkpoint.
+	logger.Info("csi-agent starting", "version", version.Version, "pid", os.Getpid())
 	a, err := agent.New(cfg)
 	if err != nil {
 		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
@@ -82,7 +84,6 @@ func runServe(ctx context.Context, e *env, args []string) int {
 			}
 		}
 	}()
-	logger.Info("csi-agent starting", "version", version.Version, "pid", os.Getpid())
 	if err := a.Run(ctx); err != nil {
 		logger.Error("csi-agent stopped", "error", err)
 		return ExitProblem

@@ -3,9 +3,9 @@ package isolator
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -196,12 +196,15 @@ func (iso *Isolator) forgetContainer(c *container) error {
 // load reads every checkpoint. A corrupt file is moved aside and
 // reported; its volume is reconstructed (see reconstruct).
 func (iso *Isolator) load() error {
-	files, err := filepath.Glob(filepath.Join(iso.containersRoot(), "*", containerStateFile))
+	files, err := checkpointFiles([]string{iso.containersRoot()}, containerStateFile)
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
 	cps, errs := readCheckpoints(files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
 	for i, f := range files {
+		if errors.Is(errs[i], fs.ErrNotExist) {
+			continue // a directory without its checkpoint
+		}
 		if errs[i] != nil {
 			iso.moveAside(f, errs[i])
 			continue
@@ -209,12 +212,18 @@ func (iso *Isolator) load() error {
 		id := filepath.Base(filepath.Dir(f))
 		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cps[i]}
 	}
-	files, err = filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes", "*", volumeStateFile))
+	roots, err := filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes"))
+	if err == nil {
+		files, err = checkpointFiles(roots, volumeStateFile)
+	}
 	if err != nil {
 		return fmt.Errorf("loading volume checkpoints: %w", err)
 	}
 	vcps, errs := readCheckpoints(files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
 	for i, f := range files {
+		if errors.Is(errs[i], fs.ErrNotExist) {
+			continue
+		}
 		dir := filepath.Dir(f)
 		id, err := decodeVolumeID(filepath.Base(dir))
 		if err != nil {
@@ -233,13 +242,39 @@ func (iso *Isolator) load() error {
 	return nil
 }
 
-// readCheckpoints reads and decodes files in parallel (thousands of
-// checkpoints at start-up: the reads and the decoding are the cost).
+// checkpointFiles lists root/*/name for each root (a missing root holds
+// none): one directory read per root, no stat per entry (the reads find
+// out which exist).
+func checkpointFiles(roots []string, name string) ([]string, error) {
+	var files []string
+	for _, root := range roots {
+		entries, err := os.ReadDir(root)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			if e.IsDir() {
+				files = append(files, filepath.Join(root, e.Name(), name))
+			}
+		}
+	}
+	return files, nil
+}
+
+// loadWorkers read checkpoints at once: at start, after a reboot, the
+// files are cold and reading them is disk latency, which concurrent reads
+// overlap.
+const loadWorkers = 64
+
+// readCheckpoints reads and decodes files in parallel.
 func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error) {
 	out, errs := make([]T, len(files)), make([]error, len(files))
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0)*2, len(files)) {
+	for range min(loadWorkers, len(files)) {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
 				out[i] = mk()
