@@ -2,6 +2,7 @@ package atomicfile
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -193,5 +195,55 @@ func TestCommitterClose(t *testing.T) {
 	}
 	if _, err := c.Put(filepath.Join(dir, "b"), []byte("b"), 0o600); !errors.Is(err, ErrClosed) {
 		t.Errorf("Put after Close = %v; want ErrClosed", err)
+	}
+}
+
+// InPlace: a file of at most a page is overwritten in place (same inode),
+// shorter content padded with spaces; larger content or a missing file goes
+// through a temp file and a rename.
+func TestCommitterInPlace(t *testing.T) {
+	dir := t.TempDir()
+	c := Committer{InPlace: true}
+	path := filepath.Join(dir, "state.json")
+	inode := func() uint64 {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	put := func(content string) {
+		t.Helper()
+		if _, err := c.Put(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long, short := `{"state": "a long first value"}`, `{"state": "b"}`
+	put(long)
+	first := inode()
+	put(short)
+	if got, _ := os.ReadFile(path); string(got) != short+strings.Repeat(" ", len(long)-len(short)) {
+		t.Errorf("after a shorter overwrite: %q", got)
+	}
+	var v map[string]string
+	if b, _ := os.ReadFile(path); json.Unmarshal(b, &v) != nil || v["state"] != "b" {
+		t.Errorf("padded content does not parse as the new JSON: %v", v)
+	}
+	if inode() != first {
+		t.Error("a small overwrite replaced the file instead of writing it in place")
+	}
+	big := `{"state": "` + strings.Repeat("x", pageSize) + `"}`
+	put(big)
+	if inode() == first {
+		t.Error("content over a page was written in place")
+	}
+	if got, _ := os.ReadFile(path); string(got) != big {
+		t.Error("content over a page not replaced whole")
+	}
+	if err := c.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", st.Mode())
 	}
 }
