@@ -70,9 +70,9 @@ func TestFloors(t *testing.T) {
 		}
 	}
 	rtt := time.Since(s) / time.Duration(n)
-	report(t, result{name: "floor: durable checkpoint (write, fsync, rename, fsync dir)", figure: ms(durable), baseline: "-", ratio: "-", target: "~0.6 ms", pass: true})
-	report(t, result{name: "floor: bind mount / unmount", figure: fmt.Sprintf("%.1f µs / %.1f µs", float64(bindT)/float64(n)/1e3, float64(umountT)/float64(n)/1e3), baseline: "-", ratio: "-", target: "~20 µs / ~15 µs", pass: true})
-	report(t, result{name: "floor: gRPC round trip (unix socket)", figure: fmt.Sprintf("%.1f µs", float64(rtt)/1e3), baseline: "-", ratio: "-", target: "tens of µs", pass: true})
+	report(t, result{name: "floor: durable checkpoint (write, fsync, rename, fsync dir)", figure: ms(durable), baseline: "-", ratio: "-", target: "~0.6 ms (the issue's estimate)", info: true})
+	report(t, result{name: "floor: bind mount / unmount", figure: fmt.Sprintf("%.1f µs / %.1f µs", float64(bindT)/float64(n)/1e3, float64(umountT)/float64(n)/1e3), baseline: "-", ratio: "-", target: "~20 µs / ~15 µs (the issue's estimate)", info: true})
+	report(t, result{name: "floor: gRPC round trip (unix socket)", figure: fmt.Sprintf("%.1f µs", float64(rtt)/1e3), baseline: "-", ratio: "-", target: "tens of µs (the issue's estimate)", info: true})
 }
 
 // TestOverhead: Prepare + Cleanup of one volume through the agent against

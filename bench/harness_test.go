@@ -34,10 +34,22 @@ var (
 // bins are the binaries under test, built once.
 var bins struct{ agent, loop, test string }
 
-// result is one row of the table.
+// result is one row of the table: a benchmark against its target, or
+// (info) a measured floor, which has none.
 type result struct {
 	name, figure, baseline, ratio, target string
-	pass                                  bool
+	pass, info                            bool
+}
+
+// verdict is the result column.
+func (r result) verdict() string {
+	switch {
+	case r.info:
+		return "-"
+	case r.pass:
+		return "pass"
+	}
+	return "**FAIL**"
 }
 
 var results struct {
@@ -50,11 +62,7 @@ func report(t *testing.T, r result) {
 	results.mu.Lock()
 	results.rows = append(results.rows, r)
 	results.mu.Unlock()
-	verdict := "PASS"
-	if !r.pass {
-		verdict = "FAIL"
-	}
-	t.Logf("%s: %s (baseline %s) ratio %s target %s: %s", r.name, r.figure, r.baseline, r.ratio, r.target, verdict)
+	t.Logf("%s: %s (baseline %s) ratio %s target %s: %s", r.name, r.figure, r.baseline, r.ratio, r.target, r.verdict())
 }
 
 func TestMain(m *testing.M) {
@@ -106,11 +114,7 @@ func printTable() {
 	fmt.Fprintln(&b, "| benchmark | figure | baseline (same run) | ratio | target | result |")
 	fmt.Fprintln(&b, "| --- | --- | --- | --- | --- | --- |")
 	for _, r := range results.rows {
-		v := "pass"
-		if !r.pass {
-			v = "**FAIL**"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.figure, r.baseline, r.ratio, r.target, v)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.figure, r.baseline, r.ratio, r.target, r.verdict())
 	}
 	fmt.Print(b.String())
 	if *outFile != "" {
