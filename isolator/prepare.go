@@ -65,6 +65,15 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		dir: filepath.Join(iso.containersRoot(), id),
 		cp:  &statev1.ContainerCheckpoint{ContainerId: id, Request: req},
 	}
+	if pid := int(req.GetPid()); pid != 0 {
+		// Recorded against pid reuse: a mount is removed only from the
+		// namespace it was made in.
+		ns, err := mount.MountNamespace(pid)
+		if err != nil {
+			return nil, fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
+		}
+		c.cp.MountNamespace = ns
+	}
 	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARING); err != nil {
 		return nil, err
 	}
@@ -89,16 +98,6 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 }
 
 func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []plannedMount, uid, gid int) error {
-	req := c.cp.GetRequest()
-	if pid := int(req.GetPid()); pid != 0 {
-		ns, err := mount.MountNamespace(pid)
-		if err != nil {
-			return fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
-		}
-		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.MountNamespace = ns }); err != nil {
-			return err
-		}
-	}
 	// The volumes are acquired (staged, published) concurrently: each
 	// under its own lock, one lock at a time, so no order can deadlock;
 	// their checkpoints are in different files, whose fsyncs the
@@ -125,71 +124,83 @@ func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []pla
 			return err
 		}
 	}
-	for i, pm := range plan {
-		if err := iso.mountFor(c, pm, vcps[i].GetTargetPath(), uid, gid); err != nil {
-			return err
-		}
-	}
-	return nil
+	return iso.mountAll(c, plan, vcps, uid, gid)
 }
 
 // maxParallelAcquire caps the volumes of one Prepare acquired at once.
 const maxParallelAcquire = 8
 
-// mountFor mounts a published volume at the container's mount point: on
-// the host, or inside the container's mount namespace for a request with
-// a pid. The mount point is checkpointed before the mount is made, so that
-// a crash in between knows what to unmount.
-func (iso *Isolator) mountFor(c *container, pm plannedMount, source string, uid, gid int) error {
+// mountAll mounts each published volume at the container's mount point: on
+// the host, or inside the container's mount namespace for a request with a
+// pid. Every mount point is resolved first, inside its root (creating what
+// is missing), then all are checkpointed in one write, then the mounts are
+// made in request order: a crash in between knows what to unmount. A mount
+// that fails leaves the record with the mounts made before it, for the
+// rollback to undo.
+func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
 	req := c.cp.GetRequest()
-	record := func(mountPoint string) error {
-		m := &agentv1.ContainerMount{
+	mounts := make([]*agentv1.ContainerMount, len(plan))
+	targets := make([]*os.File, len(plan)) // host mounts: the resolved mount points
+	defer func() {
+		for _, f := range targets {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	for i, pm := range plan {
+		var mountPoint string
+		var err error
+		if req.GetPid() == 0 {
+			targets[i], mountPoint, err = resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		} else {
+			// Resolved (and created) in the container's namespace to learn
+			// the path to record; resolved again there when mounting.
+			err = c.inNamespace(func() error {
+				target, p, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+				if err == nil {
+					target.Close()
+					mountPoint = p
+				}
+				return err
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
+		}
+		mounts[i] = &agentv1.ContainerMount{
 			PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
-			HostPath: source, MountPoint: mountPoint, Readonly: pm.readonly,
+			HostPath: vcps[i].GetTargetPath(), MountPoint: mountPoint, Readonly: pm.readonly,
 		}
-		return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = append(cp.Mounts, m) })
 	}
-	invalid := func(err error) error {
-		return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
+	if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = mounts }); err != nil {
+		return err
 	}
-	if req.GetPid() == 0 {
-		target, mountPoint, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
-		if err != nil {
-			return invalid(err)
-		}
-		defer target.Close()
-		if err := record(mountPoint); err != nil {
-			return err
-		}
-		err = mount.BindInto(source, target, pm.readonly)
-		iso.cfg.CrashPoint("bind")
-		if err != nil {
+	for i, pm := range plan {
+		if err := iso.mountOne(c, pm, mounts[i], targets[i], uid, gid); err != nil {
+			if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = mounts[:i] }); serr != nil {
+				iso.log.Error("checkpointing the mounts made", "container", c.id, "error", serr)
+			}
 			return fmt.Errorf("volume %s: %w", pm.key, err)
 		}
-		return nil
 	}
-	// In the container's namespace: resolve (creating the mount point) to
-	// learn the path to record, then resolve again and move a clone of
-	// the volume, made on the host, onto it. Both resolutions stay inside
-	// the rootfs.
-	var mountPoint string
-	err := c.inNamespace(func() error {
-		target, p, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
-		if err == nil {
-			target.Close()
-			mountPoint = p
-		}
-		return err
-	})
-	if err != nil {
-		return invalid(err)
-	}
-	if err := record(mountPoint); err != nil {
+	return nil
+}
+
+// mountOne makes one recorded mount: a bind onto the resolved target on
+// the host, or a clone of the volume, made on the host, moved onto the
+// mount point resolved again inside the container's namespace (both
+// resolutions stay inside the rootfs).
+func (iso *Isolator) mountOne(c *container, pm plannedMount, m *agentv1.ContainerMount, target *os.File, uid, gid int) error {
+	if target != nil {
+		err := mount.BindInto(m.GetHostPath(), target, pm.readonly)
+		iso.cfg.CrashPoint("bind")
 		return err
 	}
-	tree, err := mount.CloneTree(source, pm.readonly)
+	req := c.cp.GetRequest()
+	tree, err := mount.CloneTree(m.GetHostPath(), pm.readonly)
 	if err != nil {
-		return fmt.Errorf("volume %s: %w", pm.key, err)
+		return err
 	}
 	defer tree.Close()
 	err = c.inNamespace(func() error {
@@ -201,10 +212,7 @@ func (iso *Isolator) mountFor(c *container, pm plannedMount, source string, uid,
 		return mount.MoveTree(tree, target)
 	})
 	iso.cfg.CrashPoint("bind")
-	if err != nil {
-		return fmt.Errorf("volume %s: %w", pm.key, err)
-	}
-	return nil
+	return err
 }
 
 // inNamespace runs f in the mount namespace of the container's process.
