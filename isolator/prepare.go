@@ -59,7 +59,10 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 			return nil, err
 		}
 	}
-	iso.log.Info("preparing container", "container", id, "request", redact.Value(req))
+	// The whole request (secrets stripped) at debug; a line per volume is
+	// what an operator reads, and a tenth of the cost on the hot path.
+	iso.log.Info("preparing container", "container", id, "volumes", planSummary(plan))
+	iso.log.Debug("prepare request", "container", id, "request", redact.Value(req))
 	c = &container{
 		id:  id,
 		dir: filepath.Join(iso.containersRoot(), id),
@@ -129,6 +132,23 @@ func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []pla
 
 // maxParallelAcquire caps the volumes of one Prepare acquired at once.
 const maxParallelAcquire = 8
+
+// planSummary lists a Prepare's volumes as plugin/volume->container_path
+// (RO|RW).
+func planSummary(plan []plannedMount) string {
+	var b strings.Builder
+	for i, pm := range plan {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		mode := "RW"
+		if pm.readonly {
+			mode = "RO"
+		}
+		fmt.Fprintf(&b, "%s->%s (%s)", pm.key, pm.containerPath, mode)
+	}
+	return b.String()
+}
 
 // mountAll mounts each published volume at the container's mount point: on
 // the host, or inside the container's mount namespace for a request with a
