@@ -96,6 +96,9 @@ func syncFile(path string) error {
 // Changes to one path must not race each other (the caller serialises
 // them, as a checkpoint's lock does).
 type Committer struct {
+	// changing is held shared by Put and Remove while they change a
+	// file, exclusively by a round rewriting one whose fsync failed.
+	changing sync.RWMutex
 	mu       sync.Mutex
 	seq      uint64 // changes made
 	durable  uint64 // every change up to this one is durable
@@ -159,10 +162,14 @@ func overwrite(path string, data []byte) (bool, error) {
 	return true, nil
 }
 
-// content is a file's latest content, kept until it is durable.
+// content is a file's latest content, kept until it is durable, or
+// (removed) its removal.
 type content struct {
-	data []byte
-	perm os.FileMode
+	data    []byte
+	perm    os.FileMode
+	removed bool
+	// rewrite: an earlier round failed to fsync it; write it afresh.
+	rewrite bool
 }
 
 // retry pauses after a failed commit round: doubling from retryMin.
@@ -208,6 +215,8 @@ func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, err
 	if closed {
 		return 0, ErrClosed
 	}
+	c.changing.RLock()
+	defer c.changing.RUnlock()
 	done := false
 	if c.InPlace {
 		var err error
@@ -228,19 +237,18 @@ func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, err
 		dir = filepath.Dir(path)
 	}
 	c.writes.Add(1)
-	return c.note(path, dir, content{data, perm})
+	return c.note(path, dir, content{data: data, perm: perm})
 }
 
 // Remove removes a file or an empty directory; a missing one is not an
 // error. The removal is committed with the next round.
 func (c *Committer) Remove(path string) (uint64, error) {
+	c.changing.RLock()
+	defer c.changing.RUnlock()
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
-	c.mu.Lock()
-	delete(c.files, path)
-	c.mu.Unlock()
-	return c.note("", filepath.Dir(path), content{})
+	return c.note(path, filepath.Dir(path), content{removed: true})
 }
 
 // note records a change to commit (a file's new content, a directory's
@@ -291,11 +299,12 @@ func (c *Committer) commitLoop() {
 		c.round = make(chan struct{})
 		var pause time.Duration
 		if err != nil {
-			// Commit them again with the next round: a file whose fsync
-			// failed is written afresh from its content (after a failed
-			// fsync the kernel may have dropped its dirty pages).
+			// Commit them again with the next round, writing the files
+			// afresh (after a failed fsync the kernel may have dropped
+			// their dirty pages), unless newer content has been put since.
 			for f, d := range files {
-				if _, newer := c.files[f]; !newer {
+				if _, newer := c.files[f]; !newer && !d.removed {
+					d.rewrite = true
 					c.files[f] = d
 				}
 			}
@@ -327,16 +336,26 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 		fsync = syncFile
 	}
 	for f, data := range files {
-		c.fsyncs.Add(1)
-		err := fsync(f)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
+		if data.removed {
+			continue // its directory's fsync commits it
 		}
-		if err != nil {
-			c.fsyncs.Add(2)
-			if werr := write(f, data.data, data.perm, fsync); werr != nil {
-				errs = append(errs, fmt.Errorf("%w; rewriting it: %w", err, werr))
+		var err error
+		if !data.rewrite {
+			c.fsyncs.Add(1)
+			err = fsync(f)
+			if err == nil || errors.Is(err, fs.ErrNotExist) {
+				continue
 			}
+		}
+		// After a failed fsync the kernel may have dropped the file's
+		// dirty pages: write it afresh. If newer content (or a removal)
+		// has been noted since, that goes with the next round, and this
+		// one fails: what it was to commit is not durable.
+		switch rewritten, werr := c.rewrite(f, data, fsync); {
+		case werr != nil:
+			errs = append(errs, errors.Join(err, fmt.Errorf("rewriting it: %w", werr)))
+		case !rewritten:
+			errs = append(errs, err)
 		}
 	}
 	for d := range dirs {
@@ -346,6 +365,22 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// rewrite writes a file afresh, durably, from the content a round had for
+// it, unless newer content (or its removal) has been noted since, and
+// reports whether it did.
+func (c *Committer) rewrite(path string, data content, fsync func(string) error) (bool, error) {
+	c.changing.Lock()
+	defer c.changing.Unlock()
+	c.mu.Lock()
+	_, newer := c.files[path]
+	c.mu.Unlock()
+	if newer {
+		return false, nil
+	}
+	c.fsyncs.Add(2)
+	return true, write(path, data.data, data.perm, fsync)
 }
 
 // Wait returns once change n is durable, or with the error of the commit

@@ -157,20 +157,7 @@ func testFailedFsync(t *testing.T, fail int32, waitFails bool) {
 		if err == nil || !strings.Contains(err.Error(), "injected EIO") {
 			t.Fatalf("Wait after a failed fsync and rewrite = %v; want the injected error", err)
 		}
-		// The failed round's error stays until a round covering it
-		// succeeds: wait for the retry rounds.
-		deadline, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for err != nil && deadline.Err() == nil {
-			c.mu.Lock()
-			round := c.round
-			c.mu.Unlock()
-			<-round
-			err = c.Wait(deadline, n)
-		}
-		if err != nil {
-			t.Fatalf("the retry round did not succeed: %v", err)
-		}
+		waitRetried(t, &c, n)
 	}
 	st, err := os.Stat(path)
 	if err != nil || st.Mode().Perm() != 0o640 {
@@ -245,5 +232,77 @@ func TestCommitterInPlace(t *testing.T) {
 	}
 	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
 		t.Errorf("mode %v, want 0600", st.Mode())
+	}
+}
+
+// A round whose fsync fails rewrites the file from the content it had,
+// but never over newer content put meanwhile, nor over a removal.
+func TestCommitterFailedFsyncKeepsNewerChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		later func(c *Committer, path string) error
+		want  string // "" for absent
+	}{
+		{"newer put", func(c *Committer, path string) error { _, err := c.Put(path, []byte("v2"), 0o600); return err }, "v2"},
+		{"removal", func(c *Committer, path string) error { _, err := c.Remove(path); return err }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "state")
+			inFsync, release := make(chan struct{}), make(chan struct{})
+			var first sync.Once
+			c := &Committer{InPlace: true}
+			c.Fsync = func(p string) error {
+				failed := false
+				first.Do(func() {
+					close(inFsync)
+					<-release
+					failed = true
+				})
+				if failed {
+					return errors.New("injected EIO")
+				}
+				return syncFile(p)
+			}
+			if _, err := c.Put(path, []byte("v1"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			<-inFsync // the round holds v1's fsync
+			if err := tc.later(c, path); err != nil {
+				t.Fatal(err)
+			}
+			close(release) // v1's fsync fails: v1 must not be rewritten
+			c.mu.Lock()
+			n := c.seq
+			c.mu.Unlock()
+			waitRetried(t, c, n)
+			got, err := os.ReadFile(path)
+			switch {
+			case tc.want == "" && !os.IsNotExist(err):
+				t.Errorf("the removed file is back: %q, %v", got, err)
+			case tc.want != "" && string(got) != tc.want:
+				t.Errorf("content %q (%v), want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// waitRetried waits until change n is durable, through failed rounds
+// (whose error Wait reports until a later round succeeds).
+func waitRetried(t *testing.T, c *Committer, n uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		c.mu.Lock()
+		round := c.round
+		c.mu.Unlock()
+		err := c.Wait(ctx, n)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("change %d never became durable: %v", n, err)
+		}
+		<-round // the round that failed, or the retry after it
 	}
 }
