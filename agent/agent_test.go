@@ -287,7 +287,9 @@ func TestReadinessDeadline(t *testing.T) {
 	h := newHarness(t)
 	h.writeConfig("s.json", testPluginConfig("stuck", "--hang-info"))
 	cfg := fastConfig(h)
-	cfg.ReadyTimeout = 500 * time.Millisecond
+	// Long enough for the process to start serving on a loaded machine,
+	// so that the deadline ends the hung GetPluginInfo.
+	cfg.ReadyTimeout = 2 * time.Second
 	h.start(cfg)
 	p := h.waitPlugin("stuck", "past its deadline", func(p *agentv1.Plugin) bool {
 		return p != nil && p.Instances[0].State == agentv1.PluginState_PLUGIN_STATE_BACKOFF

@@ -136,8 +136,10 @@ func (h *harness) stop() {
 	if resp := h.a.iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
 		h.t.Errorf("cleaning up at the end of the test: %v", resp.Failed)
 	}
-	plugins, _ := h.a.snapshot()
+	// After the halt: an instance launched meanwhile (a retry after a
+	// backoff) is in the final snapshot.
 	h.halt()
+	plugins, _ := h.a.snapshot()
 	for _, p := range plugins {
 		for _, in := range p.Instances {
 			if in.Pid != 0 {

@@ -158,6 +158,9 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 // ReclaimSpace runs reclaims now and streams their results.
 func (s *apiServer) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
 	ctx := stream.Context()
+	if err := s.recovered(ctx); err != nil {
+		return err
+	}
 	if req.GetOffline() {
 		return s.reclaimOffline(ctx, req, stream)
 	}

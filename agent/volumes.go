@@ -187,13 +187,32 @@ func toStatus(err error) error {
 	return status.Error(code, err.Error())
 }
 
+// recovered waits until the first recovery pass is done: the plugins are
+// configured and every checkpoint is reconciled. A volume call that
+// arrives at start (the API serves before that) waits rather than fail on
+// a plugin not configured yet.
+func (s *apiServer) recovered(ctx context.Context) error {
+	select {
+	case <-s.a.iso.Recovered():
+		return nil
+	case <-ctx.Done():
+		return status.Errorf(codes.Unavailable, "the agent is still recovering its volumes: %v", ctx.Err())
+	}
+}
+
 func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
+	}
 	resp, err := s.a.iso.Prepare(ctx, req)
 	s.a.reclaimer.Poke()
 	return resp, toStatus(err)
 }
 
 func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
+	}
 	err := s.a.iso.Cleanup(ctx, req.GetContainerId())
 	s.a.reclaimer.Poke()
 	if err != nil {
@@ -215,6 +234,9 @@ func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest
 		if err := isolator.ValidateContainerID(id); err != nil {
 			return nil, toStatus(err)
 		}
+	}
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
 	}
 	resp := s.a.iso.Reconcile(ctx, req.GetLiveContainerIds())
 	s.a.reclaimer.Poke()
