@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -201,4 +202,39 @@ func TestReclaimNotOffered(t *testing.T) {
 	if p.Reclaim == nil || p.Reclaim.Scheduled || !strings.Contains(p.Reclaim.Reason, "does not offer reclaimspace.ReclaimSpaceNode") {
 		t.Errorf("reclaim totals = %v", p.Reclaim)
 	}
+}
+
+// TestFirstReclaimShownNotWritten: a volume never reclaimed has its first
+// run at its slot after it was published; the API shows it, and nothing
+// is written for it (the checkpoint gets next_reclaim from the first run).
+func TestFirstReclaimShownNotWritten(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	h.writeConfig("t.json", testPluginConfig("thin", "--data-dir="+h.dir("plugin-data"), "--reclaim"))
+	cfg := fastConfig(h)
+	cfg.ReclaimDefaults.Interval = time.Hour
+	h.start(cfg)
+	before := time.Now()
+	h.mustPrepare("c", h.dir("sb"), "", volumeSpec{plugin: "thin", id: "v", path: "d"})
+	// The scheduler picks the volume up on its own goroutine, which
+	// announces nothing: poll the API.
+	var v *agentv1.VolumeStatus
+	for deadline := time.Now().Add(waitTimeout); v == nil; time.Sleep(10 * time.Millisecond) {
+		if vs := h.volumes(); len(vs) == 1 && vs[0].NextReclaim != nil {
+			v = vs[0]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("no next reclaim shown: %v", vs)
+		}
+	}
+	if next := v.NextReclaim.AsTime(); !next.After(before) || next.After(before.Add(time.Hour+time.Second)) {
+		t.Errorf("next reclaim %v; want within the hour after %v", next, before)
+	}
+	b, err := os.ReadFile(filepath.Join(h.work, "csi", "thin", "default", "volumes", "v", "volume.state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "next_reclaim") {
+		t.Errorf("the first slot was checkpointed:\n%s", b)
+	}
+	h.mustCleanup("c")
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -222,7 +223,17 @@ func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*
 }
 
 func (s *apiServer) ListVolumes(context.Context, *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
-	return &agentv1.ListVolumesResponse{Volumes: s.a.iso.ListVolumes()}, nil
+	vols := s.a.iso.ListVolumes()
+	for _, v := range vols {
+		// A volume never reclaimed has its first run scheduled but not
+		// checkpointed (it follows from when it was published).
+		if v.NextReclaim == nil {
+			if next, ok := s.a.reclaimer.Next(v.PluginName, v.VolumeId); ok {
+				v.NextReclaim = timestamppb.New(next)
+			}
+		}
+	}
+	return &agentv1.ListVolumesResponse{Volumes: vols}, nil
 }
 
 func (s *apiServer) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {

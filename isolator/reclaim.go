@@ -47,7 +47,9 @@ func (iso *Isolator) Published() []PublishedVolume {
 			continue
 		}
 		pv := PublishedVolume{Plugin: k.plugin, ID: k.id}
-		pv.Since = v.cp.GetStateSince().AsTime()
+		if s := v.cp.GetStateSince(); s != nil {
+			pv.Since = s.AsTime()
+		}
 		if n := v.cp.GetNextReclaim(); n != nil {
 			pv.NextReclaim = n.AsTime()
 		}

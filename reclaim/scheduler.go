@@ -213,6 +213,19 @@ func (s *Scheduler) Totals(plugin string) Totals {
 	return Totals{}
 }
 
+// Next returns when the volume's next scheduled run is due (its slot, or
+// a retry inside the cycle); false if it is not scheduled (unknown, its
+// plugin's interval is 0, or its call runs now).
+func (s *Scheduler) Next(plugin, id string) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[key{plugin, id}]
+	if e == nil || e.interval == 0 || e.running {
+		return time.Time{}, false
+	}
+	return e.due, true
+}
+
 // rescan reads the volumes and their plugins' policies, adds and removes
 // entries, (re)computes the schedule of those whose interval changed and
 // persists the slots the Target does not have. It returns the time until
