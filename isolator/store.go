@@ -88,23 +88,15 @@ func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) (uint64,
 	if err := iso.commit.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
-	b, err := marshalCheckpoint(m)
+	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(m)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
 	n, err := iso.commit.Put(filepath.Join(dir, name), b, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
 	return n, nil
-}
-
-func marshalCheckpoint(m proto.Message) ([]byte, error) {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(m)
-	if err != nil {
-		return nil, fmt.Errorf("checkpointing: %w", err)
-	}
-	return b, nil
 }
 
 // updateVolume checkpoints a changed copy of a volume's checkpoint (with
