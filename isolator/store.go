@@ -85,14 +85,19 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticPr
 // visible when it returns, durable with the committer's next round (see
 // atomicfile.Committer). It returns the write's number for Wait.
 func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) (uint64, error) {
-	if err := iso.commit.MkdirAll(dir, 0o700); err != nil {
-		return 0, fmt.Errorf("checkpointing: %w", err)
-	}
 	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}.Marshal(m)
 	if err != nil {
 		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
-	n, err := iso.commit.Put(filepath.Join(dir, name), b, 0o600)
+	path := filepath.Join(dir, name)
+	n, err := iso.commit.Put(path, b, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		// A new volume or container: its directory is made on the
+		// first write only (no stat on every write).
+		if err = iso.commit.MkdirAll(dir, 0o700); err == nil {
+			n, err = iso.commit.Put(path, b, 0o600)
+		}
+	}
 	if err != nil {
 		return 0, fmt.Errorf("checkpointing: %w", err)
 	}

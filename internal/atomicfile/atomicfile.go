@@ -91,7 +91,7 @@ func syncFile(path string) error {
 // commit, in one round that serves all of them (group commit), and starts
 // again at once while changes keep coming. Each change gets a sequence
 // number; Wait(n) returns once change n is durable. The zero value is
-// ready to use; Close waits for everything to be durable.
+// ready to use.
 //
 // Changes to one path must not race each other (the caller serialises
 // them, as a checkpoint's lock does).
@@ -109,7 +109,6 @@ type Committer struct {
 	lastErr  error         // the last round's error, if it failed
 	errUpTo  uint64        // the changes that round covered
 	retryIn  time.Duration // pause before retrying a failed round
-	closed   bool
 	writes   atomic.Uint64
 	fsyncs   atomic.Uint64
 	inflight atomic.Int64
@@ -178,9 +177,6 @@ const (
 	retryMax = 5 * time.Second
 )
 
-// ErrClosed is returned for changes made after Close.
-var ErrClosed = errors.New("atomicfile: committer closed")
-
 // Stats reports the writes made, the fsyncs (files and directories) they
 // cost, and the changes not yet durable.
 func (c *Committer) Stats() (writes, fsyncs uint64, pending int64) {
@@ -209,12 +205,6 @@ func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
 // Put replaces path with data (its directory must exist). The new content
 // is visible on return; the returned change is durable once Wait says so.
 func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, error) {
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return 0, ErrClosed
-	}
 	c.changing.RLock()
 	defer c.changing.RUnlock()
 	done := false
@@ -256,9 +246,6 @@ func (c *Committer) Remove(path string) (uint64, error) {
 func (c *Committer) note(file, dir string, data content) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return 0, ErrClosed
-	}
 	if c.files == nil {
 		c.files, c.dirs = map[string]content{}, map[string]bool{}
 	}
@@ -413,13 +400,4 @@ func (c *Committer) Sync(ctx context.Context) error {
 	n := c.seq
 	c.mu.Unlock()
 	return c.Wait(ctx, n)
-}
-
-// Close refuses further changes and waits until the ones made are
-// durable (or ctx ends).
-func (c *Committer) Close(ctx context.Context) error {
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
-	return c.Sync(ctx)
 }

@@ -168,23 +168,6 @@ func testFailedFsync(t *testing.T, fail int32, waitFails bool) {
 	}
 }
 
-func TestCommitterClose(t *testing.T) {
-	dir := t.TempDir()
-	var c Committer
-	if _, err := c.Put(filepath.Join(dir, "a"), []byte("a"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, pending := c.Stats(); pending != 0 {
-		t.Errorf("%d changes pending after Close", pending)
-	}
-	if _, err := c.Put(filepath.Join(dir, "b"), []byte("b"), 0o600); !errors.Is(err, ErrClosed) {
-		t.Errorf("Put after Close = %v; want ErrClosed", err)
-	}
-}
-
 // InPlace: a file of at most a page is overwritten in place (same inode),
 // shorter content padded with spaces; larger content or a missing file goes
 // through a temp file and a rename.
