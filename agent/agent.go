@@ -87,6 +87,9 @@ type Config struct {
 	// net/http/pprof at /debug/pprof/ (off by default: profiles reveal
 	// internals; bind it to localhost).
 	DebugAddress string
+	// DockerPluginSocket, when set, is where Run serves Docker's volume
+	// plugin protocol for the named volumes (see package dockerplugin).
+	DockerPluginSocket string
 
 	Logger *slog.Logger
 }
@@ -244,6 +247,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
 
+	stopEngines, err := a.startEngines()
+	if err != nil {
+		srv.Stop()
+		return err
+	}
+
 	sd := newSDNotifier(a)
 	sd.send("STATUS=recovering volumes and starting plugins")
 	var watchdog <-chan time.Time
@@ -306,6 +315,7 @@ loop:
 	sd.stopping()
 	close(a.stopping)
 	a.stopAPI(srv)
+	stopEngines()
 	cancel()
 	if isoStarted {
 		<-isoDone
@@ -342,16 +352,21 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
-	path := a.cfg.APISocket
+	return a.listenUnix(a.cfg.APISocket, "api-socket")
+}
+
+// listenUnix listens on the socket of flag --what: 0600, or 0660 for the
+// API group.
+func (a *Agent) listenUnix(path, what string) (net.Listener, error) {
 	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), maxSocketPath)
+		return nil, fmt.Errorf("--%s %s is %d bytes, longer than the %d a unix socket address holds", what, path, len(path), maxSocketPath)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("creating API socket directory: %w", err)
+		return nil, fmt.Errorf("creating the --%s directory: %w", what, err)
 	}
 	// The runtime-dir lock is held, so a socket left here is stale.
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale API socket: %w", err)
+		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
 	}
 	// Until the chmod below the socket has the umask's mode; connecting
 	// needs write permission, which umask 022 or stricter denies others.
@@ -359,19 +374,19 @@ func (a *Agent) listen() (net.Listener, error) {
 	lis, err := net.Listen("unix", path)
 	unix.Umask(old)
 	if err != nil {
-		return nil, fmt.Errorf("listening on API socket: %w", err)
+		return nil, fmt.Errorf("listening on --%s: %w", what, err)
 	}
 	mode := os.FileMode(0o600)
 	if a.cfg.APIGroup >= 0 {
 		mode = 0o660
 		if err := os.Chown(path, 0, a.cfg.APIGroup); err != nil {
 			lis.Close()
-			return nil, fmt.Errorf("giving API socket to group %d: %w", a.cfg.APIGroup, err)
+			return nil, fmt.Errorf("giving --%s to group %d: %w", what, a.cfg.APIGroup, err)
 		}
 	}
 	if err := os.Chmod(path, mode); err != nil {
 		lis.Close()
-		return nil, fmt.Errorf("setting API socket mode: %w", err)
+		return nil, fmt.Errorf("setting the mode of --%s: %w", what, err)
 	}
 	return lis, nil
 }

@@ -202,6 +202,9 @@ func (s *apiServer) recovered(ctx context.Context) error {
 }
 
 func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	if err := checkNotEngineID(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
@@ -211,6 +214,9 @@ func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*
 }
 
 func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	if err := checkNotEngineID(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
@@ -249,7 +255,14 @@ func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	resp := s.a.iso.Reconcile(ctx, req.GetLiveContainerIds())
+	// The engines' mounts are the engine endpoint's to release.
+	live := req.GetLiveContainerIds()
+	for _, c := range s.a.iso.ListContainers() {
+		if checkNotEngineID(c.GetContainerId()) != nil {
+			live = append(live, c.GetContainerId())
+		}
+	}
+	resp := s.a.iso.Reconcile(ctx, live)
 	s.a.reclaimer.Poke()
 	return resp, nil
 }
