@@ -37,6 +37,7 @@ func commands() map[string]command {
 		"prepare":        {"give a container its CSI volumes", runPrepare},
 		"cleanup":        {"take a container's CSI volumes away", runCleanup},
 		"volumes":        {"list the volumes the agent tracks", runVolumes},
+		"volume":         {"named CSI volumes for container engines: create, rm, inspect, ls", runVolume},
 		"containers":     {"list the containers that have volumes", runContainers},
 		"reconcile":      {"clean up every container not in --live", runReconcile},
 		"reclaim":        {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -38,6 +39,7 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	fs.IntVar(&cfg.ReclaimMaxConcurrent, "reclaim-max-concurrent", agent.DefaultReclaimMaxConcurrent, "cap on concurrent reclaims agent-wide")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
+	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker, Podman and 'csi-agent volume' (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	if code, done := e.parseFlags(fs, args, ""); done {
 		return code
@@ -45,6 +47,12 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	if fs.NArg() != 0 {
 		fmt.Fprintf(e.stderr, "csi-agent serve: unexpected argument %q\n", fs.Arg(0))
 		return ExitUsage
+	}
+	switch cfg.DockerPluginSocket {
+	case "":
+		cfg.DockerPluginSocket = filepath.Join(cfg.RuntimeDir, dockerPluginSocketName)
+	case "none":
+		cfg.DockerPluginSocket = ""
 	}
 	logger, err := newLogger(e, *logFormat, *logLevel)
 	if err != nil {
