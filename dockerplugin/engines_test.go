@@ -1,0 +1,451 @@
+package dockerplugin_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/go-plugins-helpers/volume"
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/csiagent/csiagent/dockerplugin"
+)
+
+// waitTimeout bounds every wait for an expected state.
+const waitTimeout = 30 * time.Second
+
+// image is the test image: a busybox-static rootfs, imported.
+const image = "csiagent-test-busybox"
+
+var (
+	bins struct{ agent, loop string }
+	// dockerHost is the test's own dockerd; dockerSkip says why there is
+	// none.
+	dockerHost, dockerSkip string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "csidp")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	for _, b := range []struct {
+		pkg string
+		out *string
+	}{{"github.com/csiagent/csiagent/cmd/csi-agent", &bins.agent}, {"github.com/csiagent/csiagent/cmd/csi-loop-plugin", &bins.loop}} {
+		*b.out = filepath.Join(dir, filepath.Base(b.pkg))
+		cmd := exec.Command("go", "build", "-o", *b.out, b.pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", b.pkg, err)
+			return 1
+		}
+	}
+	stop := startDockerd(filepath.Join(dir, "docker"))
+	defer stop()
+	return m.Run()
+}
+
+// startDockerd starts a dockerd of the tests' own (own data root, exec
+// root and socket; no network setup) and imports the test image, or sets
+// dockerSkip.
+func startDockerd(dir string) (stop func()) {
+	stop = func() {}
+	if os.Geteuid() != 0 {
+		dockerSkip = "needs root: runs dockerd"
+		return stop
+	}
+	if _, err := exec.LookPath("dockerd"); err != nil {
+		dockerSkip = "dockerd is not installed"
+		return stop
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		dockerSkip = err.Error()
+		return stop
+	}
+	sock := filepath.Join(dir, "docker.sock")
+	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
+	if err != nil {
+		dockerSkip = err.Error()
+		return stop
+	}
+	cmd := exec.Command("dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
+		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "dockerd.pid"), "-H", "unix://"+sock)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		dockerSkip = "dockerd cannot start: " + err.Error()
+		return stop
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(waitTimeout):
+			cmd.Process.Kill()
+			<-exited
+		}
+		logf.Close()
+		// What dockerd left mounted under its roots (it unmounts its own
+		// on a clean stop).
+		if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); err == nil {
+			for i := len(ms) - 1; i >= 0; i-- {
+				syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+			}
+		}
+	}
+	dockerHost = "unix://" + sock
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if out, err := dockerCmd("version"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logf.Name())
+			dockerSkip = fmt.Sprintf("dockerd does not start on this machine: %v: %s\n%s", err, out, tail(log))
+			return stop
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logf.Name())
+			dockerSkip = "dockerd exited at start: " + tail(log)
+			return stop
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	img, err := busyboxTar()
+	if err == nil {
+		c := exec.Command("docker", "-H", dockerHost, "import", "-", image)
+		c.Stdin = bytes.NewReader(img)
+		var out []byte
+		if out, err = c.CombinedOutput(); err != nil {
+			err = fmt.Errorf("docker import: %w: %s", err, out)
+		}
+	}
+	if err != nil {
+		dockerSkip = "cannot make the test image: " + err.Error()
+	}
+	return stop
+}
+
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// busyboxTar is a rootfs of busybox-static and the applets the tests use.
+func busyboxTar() ([]byte, error) {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return nil, fmt.Errorf("busybox-static is not installed: %w", err)
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777})
+	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data))})
+	tw.Write(data)
+	for _, applet := range []string{"sh", "cat", "echo", "sleep", "touch", "ls", "true", "grep"} {
+		tw.WriteHeader(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// dockerCmd runs the docker CLI against the test's dockerd.
+func dockerCmd(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", append([]string{"-H", dockerHost}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func docker(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := dockerCmd(args...)
+	if err != nil {
+		t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// dockerFails runs a docker command that must fail and returns its output.
+func dockerFails(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := dockerCmd(args...)
+	if err == nil {
+		t.Fatalf("docker %s succeeded, want an error\n%s", strings.Join(args, " "), out)
+	}
+	return out
+}
+
+func needDocker(t *testing.T) {
+	t.Helper()
+	if dockerSkip != "" {
+		t.Skip(dockerSkip)
+	}
+}
+
+// env is one agent with a csi-loop-plugin, registered with Docker under
+// a name of its own.
+type env struct {
+	t                          *testing.T
+	dir, pool, conf, work, run string
+	driver                     string
+	socket                     string
+	agent                      *exec.Cmd
+	agentDone                  chan struct{}
+	logs                       *os.File
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	needDocker(t)
+	dir, err := os.MkdirTemp("", "csidp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir, pool: filepath.Join(dir, "pool"), conf: filepath.Join(dir, "conf"),
+		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run")}
+	e.socket = filepath.Join(e.run, "docker-plugin.sock")
+	for _, d := range []string{e.pool, e.conf} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.logs, err = os.Create(filepath.Join(dir, "agent.log")); err != nil {
+		t.Fatal(err)
+	}
+	// An unmanaged plugin, so that the test owns its process.
+	plugSock := filepath.Join(dir, "loop.sock")
+	plugin := exec.Command(bins.loop, "--endpoint", "unix://"+plugSock, "--pool", e.pool, "--node-id", "node-1")
+	plugin.Stderr = e.logs
+	if err := plugin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"type": "loop.test", "endpoints": []any{
+		map[string]string{"csi_service": "NODE_SERVICE", "endpoint": plugSock},
+	}})
+	if err := os.WriteFile(filepath.Join(e.conf, "loop.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	e.driver = "csi-agent-test-" + hex.EncodeToString(rnd[:])
+	spec := filepath.Join("/etc/docker/plugins", e.driver+".spec")
+	if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spec, []byte("unix://"+e.socket+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.stopAgent()
+		plugin.Process.Kill()
+		plugin.Wait()
+		os.Remove(spec)
+		if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); len(ms) > 0 {
+			t.Errorf("left mounted under %s: %v", dir, ms[0].Mountpoint)
+			for i := len(ms) - 1; i >= 0; i-- {
+				syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+			}
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(e.logs.Name())
+			t.Logf("agent and plugin log:\n%s", tail(log))
+		}
+		e.logs.Close()
+		os.RemoveAll(dir)
+	})
+	e.startAgent()
+	return e
+}
+
+// startAgent runs csi-agent serve and waits for its plugin socket.
+func (e *env) startAgent() {
+	e.t.Helper()
+	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", e.conf, "--work-dir", e.work, "--runtime-dir", e.run)
+	cmd.Stdout, cmd.Stderr = e.logs, e.logs
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.agent, e.agentDone = cmd, make(chan struct{})
+	done := e.agentDone
+	go func() { cmd.Wait(); close(done) }()
+	c := dockerplugin.NewClient(e.socket)
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.List(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the agent's plugin socket does not answer: %v", err)
+		}
+		select {
+		case <-done:
+			e.t.Fatal("csi-agent serve exited at start")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stopAgent stops the agent with SIGTERM (a no-op if it is not running).
+func (e *env) stopAgent() { e.signalAgent(syscall.SIGTERM) }
+
+func (e *env) killAgent() { e.signalAgent(syscall.SIGKILL) }
+
+func (e *env) signalAgent(sig syscall.Signal) {
+	if e.agent == nil {
+		return
+	}
+	e.agent.Process.Signal(sig)
+	select {
+	case <-e.agentDone:
+	case <-time.After(waitTimeout):
+		e.t.Errorf("the agent did not stop on %v", sig)
+		e.agent.Process.Kill()
+		<-e.agentDone
+	}
+	e.agent = nil
+}
+
+// cli runs csi-agent volume ... against this agent.
+func (e *env) cli(args ...string) (string, error) {
+	args = append(args, "--socket", e.socket)
+	out, err := exec.Command(bins.agent, append([]string{"volume"}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (e *env) inspect(name string) *volume.Volume {
+	e.t.Helper()
+	out, err := e.cli("inspect", name)
+	if err != nil {
+		e.t.Fatalf("csi-agent volume inspect %s: %v\n%s", name, err, out)
+	}
+	v := &volume.Volume{}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		e.t.Fatalf("inspect output: %v\n%s", err, out)
+	}
+	return v
+}
+
+// loopVolume pre-provisions a loop volume and returns its image.
+func (e *env) loopVolume(id string) string {
+	e.t.Helper()
+	out, err := exec.Command(bins.loop, "create-volume", "--pool", e.pool, "--name", id, "--size", "32MiB").CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("create-volume: %v\n%s", err, out)
+	}
+	return filepath.Join(e.pool, id+".img")
+}
+
+// container runs a detached container that sleeps, removed at the end.
+func (e *env) container(args ...string) string {
+	e.t.Helper()
+	id := docker(e.t, append(append([]string{"run", "-d", "--network", "none"}, args...), image, "sleep", "600")...)
+	e.t.Cleanup(func() { dockerCmd("rm", "-f", id) })
+	return id
+}
+
+// mountsOf is the number of engine mounts inspect reports.
+func mountsOf(v *volume.Volume) int {
+	m, _ := v.Status["mounts"].([]any)
+	return len(m)
+}
+
+// publishedUnder lists the mounts of the agent's work dir (publish targets
+// and engine binds).
+func (e *env) publishedUnder() []*mountinfo.Info {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(e.work))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ms
+}
+
+// debugfsCat reads a file of an unmounted ext4 image.
+func debugfsCat(t *testing.T, img, path string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", "cat "+path, img).Output()
+	if err != nil {
+		t.Fatalf("debugfs cat %s: %v", path, err)
+	}
+	return string(out)
+}
+
+func TestDockerNamedVolume(t *testing.T) {
+	e := newEnv(t)
+	img := e.loopVolume("vol1")
+	if out := docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "fs_type=ext4", "data"); out != "data" {
+		t.Fatalf("docker volume create said %q", out)
+	}
+	if out := docker(t, "volume", "ls", "--format", "{{.Driver}} {{.Name}}"); !strings.Contains(out, e.driver+" data") {
+		t.Errorf("docker volume ls does not list the volume:\n%s", out)
+	}
+	writer := e.container("-v", "data:/data")
+	docker(t, "exec", writer, "sh", "-c", "echo hello > /data/f")
+	reader := e.container("-v", "data:/data:ro")
+	if out := docker(t, "exec", reader, "cat", "/data/f"); out != "hello" {
+		t.Errorf("the second container reads %q, want hello", out)
+	}
+	if out := dockerFails(t, "exec", reader, "touch", "/data/g"); !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing through :ro: %s, want Read-only file system", out)
+	}
+	v := e.inspect("data")
+	if mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" || v.Status["containers"] != float64(2) {
+		t.Errorf("with two containers, inspect says %v, want 2 mounts of a PUBLISHED volume with 2 users", v.Status)
+	}
+	if out := dockerFails(t, "volume", "rm", "data"); !strings.Contains(out, "in use") {
+		t.Errorf("docker volume rm of a volume in use: %s", out)
+	}
+	docker(t, "rm", "-f", writer)
+	if v := e.inspect("data"); mountsOf(v) != 1 {
+		t.Errorf("with one container left, inspect says %v", v.Status)
+	}
+	docker(t, "rm", "-f", reader)
+	if v := e.inspect("data"); mountsOf(v) != 0 || v.Status["state"] != "NOT_PUBLISHED" {
+		t.Errorf("after the last container, inspect says %v, want no mounts, NOT_PUBLISHED", v.Status)
+	}
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the last container, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hello\n" {
+		t.Errorf("the loop image holds %q, want hello", got)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.work, "engine-mounts")); len(ents) != 0 {
+		t.Errorf("engine mount directories left: %v", ents)
+	}
+	docker(t, "volume", "rm", "data")
+	if out, err := e.cli("ls"); err != nil || strings.Contains(out, "data") {
+		t.Errorf("csi-agent volume ls after docker volume rm: %v\n%s", err, out)
+	}
+}
