@@ -449,3 +449,71 @@ func TestDockerNamedVolume(t *testing.T) {
 		t.Errorf("csi-agent volume ls after docker volume rm: %v\n%s", err, out)
 	}
 }
+
+func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
+	e := newEnv(t)
+	img := e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	c := e.container("-v", "data:/data")
+	docker(t, "exec", c, "sh", "-c", "echo one > /data/f")
+	e.killAgent()
+	// The container keeps its volume while no agent runs.
+	docker(t, "exec", c, "sh", "-c", "echo two >> /data/f")
+	e.startAgent()
+	if v := e.inspect("data"); mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
+		t.Errorf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
+	}
+	docker(t, "exec", c, "sh", "-c", "echo three >> /data/f")
+	docker(t, "stop", "-t", "1", c)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after docker stop, still mounted: %s", ms[0].Mountpoint)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 0 {
+		t.Errorf("after docker stop, inspect says %v", v.Status)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "one\ntwo\nthree\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+}
+
+func TestDockerBadInput(t *testing.T) {
+	e := newEnv(t)
+	e.loopVolume("vol1")
+	// Something mounted, which no bad call may disturb.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "good")
+	c := e.container("-v", "good:/data")
+	long := strings.Repeat("x", 10000)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "size=1G", "bad"}, `unknown option "size"`},
+		{[]string{"--opt", "volume_id=v", "bad"}, "option plugin is required"},
+		{[]string{"--opt", "plugin=loop.test", "bad"}, "option volume_id is required"},
+		{[]string{"--opt", "plugin=nope", "--opt", "volume_id=v", "bad"}, "option plugin=nope"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=" + long, "bad"}, "option volume_id is 10000 bytes"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "a..b/c"}, "a..b/c"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", long[:300]}, "longer than 128"},
+	} {
+		out := dockerFails(t, append([]string{"volume", "create", "-d", e.driver}, tc.args...)...)
+		if !strings.Contains(out, tc.want) || len(out) > 2000 {
+			t.Errorf("docker volume create %.80v: %.300s\nwant an error containing %q", tc.args, out, tc.want)
+		}
+	}
+	// A volume id the plugin does not know: the Mount fails, and leaves
+	// no directory behind.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=missing", "ghost")
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "ghost:/data", image, "true"); !strings.Contains(out, "missing") {
+		t.Errorf("mounting a volume the plugin does not have: %s", out)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.work, "engine-mounts")); len(ents) != 2 {
+		t.Errorf("engine mount entries %v, want the good volume's directory and record only", ents)
+	}
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "block=true", "raw")
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "raw:/data", image, "true"); !strings.Contains(out, "block volume") {
+		t.Errorf("mounting a block volume: %s", out)
+	}
+	if out := docker(t, "exec", c, "sh", "-c", "echo ok > /data/f && cat /data/f"); out != "ok" {
+		t.Errorf("the mounted volume after the bad calls: %q", out)
+	}
+}

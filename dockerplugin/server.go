@@ -415,7 +415,11 @@ func (s *Server) Handler(timeout time.Duration) http.Handler {
 				return
 			}
 			res, err := f(ctx, body)
-			if err != nil {
+			switch {
+			case errors.Is(err, namedvol.ErrNotFound):
+				// Engines ask for volumes of other drivers.
+				s.log.Debug("volume plugin call failed", "call", path, "error", err)
+			case err != nil:
 				s.log.Warn("volume plugin call failed", "call", path, "error", err)
 			}
 			reply(w, res, err)
