@@ -55,7 +55,7 @@ func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
 }
 
 func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return nil }
-func (f *fakeBackend) CheckPlugin(string) error            { return nil }
+func (f *fakeBackend) CheckPlugin(string) error             { return nil }
 
 func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
 	t.Helper()
