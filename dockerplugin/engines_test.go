@@ -33,6 +33,9 @@ var (
 	// dockerHost is the test's own dockerd; dockerSkip says why there is
 	// none.
 	dockerHost, dockerSkip string
+	// podmanRoot holds the podman storage with the test image imported;
+	// podmanSkip says why there is none.
+	podmanRoot, podmanSkip string
 )
 
 func TestMain(m *testing.M) {
@@ -60,6 +63,8 @@ func testMain(m *testing.M) int {
 	}
 	stop := startDockerd(filepath.Join(dir, "docker"))
 	defer stop()
+	setUpPodman(filepath.Join(dir, "podman"))
+	defer podmanCleanUp()
 	return m.Run()
 }
 
@@ -227,6 +232,11 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	needDocker(t)
+	return newEnvFor(t)
+}
+
+func newEnvFor(t *testing.T) *env {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "csidp")
 	if err != nil {
 		t.Fatal(err)
@@ -515,5 +525,139 @@ func TestDockerBadInput(t *testing.T) {
 	}
 	if out := docker(t, "exec", c, "sh", "-c", "echo ok > /data/f && cat /data/f"); out != "ok" {
 		t.Errorf("the mounted volume after the bad calls: %q", out)
+	}
+}
+
+// setUpPodman imports the test image into podman storage of the tests'
+// own, or sets podmanSkip.
+func setUpPodman(dir string) {
+	switch {
+	case os.Geteuid() != 0:
+		podmanSkip = "needs root: runs podman containers"
+		return
+	case func() bool { _, err := exec.LookPath("podman"); return err != nil }():
+		podmanSkip = "podman is not installed"
+		return
+	}
+	podmanRoot = dir
+	img, err := busyboxTar()
+	if err != nil {
+		podmanSkip = "cannot make the test image: " + err.Error()
+		return
+	}
+	conf := filepath.Join(dir, "containers.conf")
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		err = os.WriteFile(conf, []byte(podmanConf), 0o600)
+	}
+	if err != nil {
+		podmanSkip = err.Error()
+		return
+	}
+	c := podmanCommand(conf, "import", "-", image)
+	c.Stdin = bytes.NewReader(img)
+	if out, err := c.CombinedOutput(); err != nil {
+		podmanSkip = fmt.Sprintf("podman does not work on this machine: import: %v: %s", err, tail(out))
+	}
+}
+
+// podmanCleanUp unmounts what podman's storage left mounted.
+func podmanCleanUp() {
+	if podmanRoot == "" {
+		return
+	}
+	podmanCommand(filepath.Join(podmanRoot, "containers.conf"), "system", "reset", "--force").Run()
+	if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(podmanRoot)); err == nil {
+		for i := len(ms) - 1; i >= 0; i-- {
+			syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+		}
+	}
+}
+
+// podmanConf is the tests' containers.conf: runc (crun fails on hybrid
+// cgroups), cgroupfs; volume plugins are added per test.
+const podmanConf = `[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+`
+
+// podmanCommand runs podman on the tests' storage with the config conf.
+func podmanCommand(conf string, args ...string) *exec.Cmd {
+	c := exec.Command("podman", append([]string{"--root", filepath.Join(podmanRoot, "root"), "--runroot", filepath.Join(podmanRoot, "runroot"),
+		"--tmpdir", filepath.Join(podmanRoot, "tmp")}, args...)...)
+	c.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	return c
+}
+
+// podman runs a podman command with this test's config, which names the
+// agent's socket as the volume plugin e.driver.
+func (e *env) podman(args ...string) (string, error) {
+	conf := filepath.Join(e.dir, "containers.conf")
+	if _, err := os.Stat(conf); err != nil {
+		c := podmanConf + "\n[engine.volume_plugins]\n" + e.driver + " = \"" + e.socket + "\"\n"
+		if err := os.WriteFile(conf, []byte(c), 0o600); err != nil {
+			return "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	c := podmanCommand(conf, args...)
+	c = exec.CommandContext(ctx, c.Path, c.Args[1:]...)
+	c.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	out, err := c.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (e *env) mustPodman(args ...string) string {
+	e.t.Helper()
+	out, err := e.podman(args...)
+	if err != nil {
+		e.t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// podmanRunArgs start a container as this host allows.
+var podmanRunArgs = []string{"run", "--network", "none", "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=1024:4096"}
+
+func newPodmanEnv(t *testing.T) *env {
+	t.Helper()
+	if podmanSkip != "" {
+		t.Skip(podmanSkip)
+	}
+	return newEnvFor(t)
+}
+
+func TestPodmanNamedVolume(t *testing.T) {
+	e := newPodmanEnv(t)
+	img := e.loopVolume("vol1")
+	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "data")
+	writer := e.mustPodman(append(podmanRunArgs, "-d", "-v", "data:/data", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", writer) })
+	e.mustPodman("exec", writer, "sh", "-c", "echo hello > /data/f")
+	reader := e.mustPodman(append(podmanRunArgs, "-d", "-v", "data:/data:ro", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", reader) })
+	if out := e.mustPodman("exec", reader, "cat", "/data/f"); out != "hello" {
+		t.Errorf("the second container reads %q, want hello", out)
+	}
+	if out, err := e.podman("exec", reader, "touch", "/data/g"); err == nil || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing through :ro: %v %s, want Read-only file system", err, out)
+	}
+	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || mountsOf(v) != 1 {
+		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume (Podman mounts it once for both)", v.Status)
+	}
+	if out, err := e.podman("volume", "rm", "data"); err == nil || !strings.Contains(out, "being used") {
+		t.Errorf("podman volume rm of a volume in use: %v %s", err, out)
+	}
+	e.mustPodman("rm", "-f", "-t", "0", writer, reader)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the last container, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hello\n" {
+		t.Errorf("the loop image holds %q, want hello", got)
+	}
+	e.mustPodman("volume", "rm", "data")
+	if _, err := os.Stat(filepath.Join(e.work, "named-volumes", "data.json")); err == nil {
+		t.Error("podman volume rm left the definition")
 	}
 }
