@@ -30,12 +30,15 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-install: build ## install the binaries to $(PREFIX)/bin and the systemd unit to $(UNITDIR) (DESTDIR honoured)
+install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(UNITDIR), the Podman/CRI-O hook and the Docker plugin spec (DESTDIR honoured)
 	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
 	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
 	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)$(UNITDIR)/csi-agent.service
 	install -d -m 0755 $(DESTDIR)/etc/csi-agent/plugins.d
+	install -D -m 0644 deploy/oci-hooks.d/csi-agent.json $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
+	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
+	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec
 	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
 deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)

@@ -44,7 +44,7 @@ func runVolume(ctx context.Context, e *env, args []string) int {
 // flags) and runs call with a client of the agent's plugin socket.
 func withVolumes(ctx context.Context, e *env, fs *flag.FlagSet, args []string, wantName bool,
 	call func(ctx context.Context, c *dockerplugin.Client, name string) error) int {
-	socket := fs.String("socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), "the agent's --docker-plugin-socket")
+	socket := fs.String("docker-plugin-socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), "the socket of the agent's serve --docker-plugin-socket")
 	usage := ""
 	if wantName {
 		usage = "NAME"
@@ -157,7 +157,8 @@ func runVolumeList(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(tw, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
 		for _, v := range vols {
 			mounts, _ := v.Status["mounts"].([]any)
-			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%d\n", v.Name, v.Status[namedvol.KeyPlugin], v.Status[namedvol.KeyVolumeID], v.Status["state"], len(mounts))
+			opts, _ := v.Status[dockerplugin.StatusOptions].(map[string]any)
+			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%d\n", v.Name, opts[namedvol.KeyPlugin], opts[namedvol.KeyVolumeID], v.Status["state"], len(mounts))
 		}
 		return tw.Flush()
 	})

@@ -9,12 +9,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/agent"
+	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -23,6 +26,11 @@ import (
 // volumes: a JSON list of Mesos Volume objects.
 const VolumesAnnotation = "csi.csiagent.io/volumes"
 
+// MountsAnnotation lists a container's named volumes as
+// NAME:/path[:ro][;NAME:/path[:ro]...]: no JSON, so that it survives
+// engines that parse annotation values as CSV (podman run --annotation).
+const MountsAnnotation = "csi.csiagent.io/mounts"
+
 // DefaultHookTimeout bounds a hook's whole run, waiting for the agent
 // included.
 const DefaultHookTimeout = 60 * time.Second
@@ -30,6 +38,7 @@ const DefaultHookTimeout = 60 * time.Second
 // ociState is the container state a runtime passes to hooks on stdin.
 type ociState struct {
 	ID          string            `json:"id"`
+	Status      string            `json:"status"`
 	Pid         int               `json:"pid"`
 	Bundle      string            `json:"bundle"`
 	Annotations map[string]string `json:"annotations"`
@@ -42,11 +51,12 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("oci-hook", flag.ContinueOnError)
 	socket := apiSocketFlag(fs)
 	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
-	if code, done := e.parseFlags(fs, args, "create-runtime|poststop"); done {
+	pluginSocket := fs.String("docker-plugin-socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), "the agent's --docker-plugin-socket, where the named volumes of "+MountsAnnotation+" are looked up")
+	if code, done := e.parseFlags(fs, args, "[create-runtime|poststop]"); done {
 		return code
 	}
-	if fs.NArg() != 1 || (fs.Arg(0) != "create-runtime" && fs.Arg(0) != "poststop") {
-		fmt.Fprintln(e.stderr, "csi-agent oci-hook: expected create-runtime or poststop")
+	if fs.NArg() > 1 || (fs.NArg() == 1 && fs.Arg(0) != "create-runtime" && fs.Arg(0) != "poststop") {
+		fmt.Fprintln(e.stderr, "csi-agent oci-hook: expected create-runtime, poststop, or nothing (the stage follows from the container's status)")
 		return ExitUsage
 	}
 	stage := fs.Arg(0)
@@ -58,8 +68,20 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	raw, ok := st.Annotations[VolumesAnnotation]
-	if !ok {
+	if stage == "" {
+		// One hook file for both stages (hooks.d): the state tells which.
+		switch st.Status {
+		case "creating", "created":
+			stage = "create-runtime"
+		case "stopped":
+			stage = "poststop"
+		default:
+			return fail(fmt.Errorf("container status %q: expected creating (createRuntime) or stopped (poststop); name the stage", st.Status))
+		}
+	}
+	raw, hasVolumes := st.Annotations[VolumesAnnotation]
+	mounts, hasMounts := st.Annotations[MountsAnnotation]
+	if !hasVolumes && !hasMounts {
 		return ExitOK // no CSI volumes: nothing to do
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
@@ -78,9 +100,18 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 		}
 		return ExitOK
 	}
-	vols, err := isolator.ParseVolumes([]byte(raw))
-	if err != nil {
-		return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+	var vols []*agentv1.Volume
+	if hasVolumes {
+		if vols, err = isolator.ParseVolumes([]byte(raw)); err != nil {
+			return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+		}
+	}
+	if hasMounts {
+		named, err := namedVolumes(ctx, *pluginSocket, mounts)
+		if err != nil {
+			return fail(fmt.Errorf("annotation %s: %w", MountsAnnotation, err))
+		}
+		vols = append(vols, named...)
 	}
 	rootfs, err := bundleRootfs(st.Bundle)
 	if err != nil {
@@ -137,4 +168,30 @@ func bundleRootfs(bundle string) (string, error) {
 		return filepath.Clean(cfg.Root.Path), nil
 	}
 	return filepath.Join(bundle, cfg.Root.Path), nil
+}
+
+// namedVolumes reads the mounts annotation NAME:/path[:ro];... and looks
+// the names up in the agent.
+func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
+	c := dockerplugin.NewClient(socket)
+	var out []*agentv1.Volume
+	for i, m := range strings.Split(value, ";") {
+		parts := strings.Split(m, ":")
+		ro := false
+		if len(parts) == 3 && parts[2] == "ro" {
+			ro, parts = true, parts[:2]
+		}
+		if len(parts) != 2 || parts[0] == "" || !filepath.IsAbs(parts[1]) {
+			return nil, fmt.Errorf("mount %d %q: expected NAME:/absolute/path or NAME:/absolute/path:ro", i+1, m)
+		}
+		d, err := c.Definition(ctx, parts[0])
+		if err != nil {
+			return nil, fmt.Errorf("mount %d: %w", i+1, err)
+		}
+		if d.Block {
+			return nil, fmt.Errorf("mount %d: volume %s is a block volume; name it in %s instead", i+1, d.Name, VolumesAnnotation)
+		}
+		out = append(out, d.Volume(parts[1], ro))
+	}
+	return out, nil
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/docker/go-plugins-helpers/volume"
+
+	"github.com/csiagent/csiagent/namedvol"
 )
 
 // Client calls a volume plugin endpoint, as an engine does; the
@@ -95,4 +97,22 @@ func (c *Client) List(ctx context.Context) ([]*volume.Volume, error) {
 		return nil, err
 	}
 	return res.Volumes, nil
+}
+
+// Definition reads a named volume's definition.
+func (c *Client) Definition(ctx context.Context, name string) (*namedvol.Definition, error) {
+	v, err := c.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	raw, _ := v.Status[StatusOptions].(map[string]any)
+	opts := make(map[string]string, len(raw))
+	for k, val := range raw {
+		s, ok := val.(string)
+		if !ok {
+			return nil, fmt.Errorf("volume %s: option %s is %T, not a string", name, k, val)
+		}
+		opts[k] = s
+	}
+	return namedvol.ParseOptions(name, opts)
 }

@@ -350,7 +350,7 @@ func (e *env) signalAgent(sig syscall.Signal) {
 
 // cli runs csi-agent volume ... against this agent.
 func (e *env) cli(args ...string) (string, error) {
-	args = append(args, "--socket", e.socket)
+	args = append(args, "--docker-plugin-socket", e.socket)
 	out, err := exec.Command(bins.agent, append([]string{"volume"}, args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
@@ -565,7 +565,7 @@ func podmanCleanUp() {
 	if podmanRoot == "" {
 		return
 	}
-	podmanCommand(filepath.Join(podmanRoot, "containers.conf"), "system", "reset", "--force").Run()
+	podmanCommand(filepath.Join(podmanRoot, "containers.conf"), "rm", "--all", "--force", "--time", "0").Run()
 	if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(podmanRoot)); err == nil {
 		for i := len(ms) - 1; i >= 0; i-- {
 			syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
@@ -594,7 +594,28 @@ func podmanCommand(conf string, args ...string) *exec.Cmd {
 func (e *env) podman(args ...string) (string, error) {
 	conf := filepath.Join(e.dir, "containers.conf")
 	if _, err := os.Stat(conf); err != nil {
-		c := podmanConf + "\n[engine.volume_plugins]\n" + e.driver + " = \"" + e.socket + "\"\n"
+		// The shipped hook, run from this test's binary against this
+		// test's agent.
+		hooks := filepath.Join(e.dir, "hooks.d")
+		shipped, err := os.ReadFile("../deploy/oci-hooks.d/csi-agent.json")
+		if err != nil {
+			return "", err
+		}
+		var hook map[string]any
+		if err := json.Unmarshal(shipped, &hook); err != nil {
+			return "", err
+		}
+		hook["hook"] = map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook",
+			"--api-socket", filepath.Join(e.run, "agent.sock"), "--docker-plugin-socket", e.socket}}
+		b, _ := json.Marshal(hook)
+		if err := os.MkdirAll(hooks, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(hooks, "csi-agent.json"), b, 0o644); err != nil {
+			return "", err
+		}
+		c := strings.Replace(podmanConf, "[engine]\n", "[engine]\nhooks_dir = [\""+hooks+"\"]\n", 1) +
+			"\n[engine.volume_plugins]\n" + e.driver + " = \"" + e.socket + "\"\n"
 		if err := os.WriteFile(conf, []byte(c), 0o600); err != nil {
 			return "", err
 		}
@@ -659,5 +680,38 @@ func TestPodmanNamedVolume(t *testing.T) {
 	e.mustPodman("volume", "rm", "data")
 	if _, err := os.Stat(filepath.Join(e.work, "named-volumes", "data.json")); err == nil {
 		t.Error("podman volume rm left the definition")
+	}
+}
+
+// The mounts annotation as typed, through Podman's hooks.d: no JSON, so
+// Podman's CSV parsing of annotation values leaves it whole.
+func TestPodmanHookMountsAnnotation(t *testing.T) {
+	e := newPodmanEnv(t)
+	img := e.loopVolume("vol1")
+	// A reader-only volume must hold a filesystem already.
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", e.loopVolume("vol2")).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v\n%s", err, out)
+	}
+	for _, def := range [][]string{{"data", "--volume-id", "vol1"}, {"logs", "--volume-id", "vol2", "--access-mode", "SINGLE_NODE_READER_ONLY"}} {
+		if out, err := e.cli(append([]string{"create", def[0], "--plugin", "loop.test", "--fs-type", "ext4"}, def[1:]...)...); err != nil {
+			t.Fatalf("csi-agent volume create: %v\n%s", err, out)
+		}
+	}
+	c := e.mustPodman(append(podmanRunArgs, "-d", "--annotation", "csi.csiagent.io/mounts=data:/data;logs:/logs", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", c) })
+	e.mustPodman("exec", c, "sh", "-c", "echo hooked > /data/f")
+	if out, err := e.podman("exec", c, "touch", "/logs/x"); err == nil || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing to a reader-only volume: %v %s, want Read-only file system", err, out)
+	}
+	e.mustPodman("stop", "-t", "0", c)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the container stopped, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hooked\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+	out, err := e.podman(append(podmanRunArgs, "--rm", "--annotation", "csi.csiagent.io/mounts=nosuch:/data", image, "true")...)
+	if err == nil || !strings.Contains(out, "no such named volume: nosuch") {
+		t.Errorf("a container naming an unknown volume: %v %s", err, out)
 	}
 }

@@ -30,6 +30,10 @@ import (
 // mount; the agent API refuses such ids from its own callers.
 const ContainerIDPrefix = "engine+"
 
+// StatusOptions is the key of a volume's Status that holds its definition
+// as options.
+const StatusOptions = "options"
+
 // mountDir is where, inside a mount's own directory, the volume is bound.
 const mountDir = "/data"
 
@@ -370,13 +374,11 @@ func (s *Server) List() (*volume.ListResponse, error) {
 }
 
 // describe is a volume as Get and List show it: Status holds the
-// definition's options (secret references, never values), the volume's
-// state in the agent and its engine mounts.
+// definition's options (secret references, never values; they parse back
+// with namedvol.ParseOptions), the volume's state in the agent and its
+// engine mounts.
 func (s *Server) describe(d *namedvol.Definition, vols []*agentv1.VolumeStatus) *volume.Volume {
-	status := map[string]any{}
-	for k, v := range d.Options() {
-		status[k] = v
-	}
+	status := map[string]any{StatusOptions: d.Options()}
 	state := "NOT_PUBLISHED"
 	for _, v := range vols {
 		if v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID {
