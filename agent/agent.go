@@ -147,6 +147,9 @@ type Agent struct {
 	reclaimer *reclaim.Scheduler
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
+	// configured is closed once the config directory's first load is
+	// applied: before, the plugin list would be empty, not true.
+	configured chan struct{}
 	// metrics is the agent's Prometheus registry (metrics.go).
 	metrics *metrics
 
@@ -177,7 +180,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
 		}
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{}), configured: make(chan struct{})}
 	a.metrics = newMetrics(a)
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
@@ -223,8 +226,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer stopDebug()
 
+	// The engine endpoint answers before the API, so that the API being
+	// up means the agent is (API calls are what tests and the hooks watch).
+	stopEngines, err := a.startEngines()
+	if err != nil {
+		return err
+	}
 	lis, err := a.listen()
 	if err != nil {
+		stopEngines()
 		return err
 	}
 	defer os.Remove(a.cfg.APISocket)
@@ -234,6 +244,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	w, err := pluginconfig.Watch(runCtx, pluginconfig.WatchConfig{Dir: a.cfg.ConfigDir, Logger: a.log})
 	if err != nil {
 		lis.Close()
+		stopEngines()
 		return err
 	}
 	a.watcher = w
@@ -246,12 +257,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
-
-	stopEngines, err := a.startEngines()
-	if err != nil {
-		srv.Stop()
-		return err
-	}
 
 	sd := newSDNotifier(a)
 	sd.send("STATUS=recovering volumes and starting plugins")
@@ -281,6 +286,7 @@ loop:
 			}
 			a.apply(runCtx, u)
 			if !isoStarted {
+				close(a.configured)
 				// Recovery needs the plugins the first update defines.
 				isoStarted = true
 				go func() {

@@ -27,8 +27,13 @@ type apiServer struct {
 
 var _ agentv1.AgentServer = (*apiServer)(nil)
 
-func (s *apiServer) ListPlugins(_ context.Context, _ *agentv1.ListPluginsRequest) (*agentv1.ListPluginsResponse, error) {
-	return s.list(), nil
+func (s *apiServer) ListPlugins(ctx context.Context, _ *agentv1.ListPluginsRequest) (*agentv1.ListPluginsResponse, error) {
+	select {
+	case <-s.a.configured:
+		return s.list(), nil
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.Unavailable, "the agent has not read its config directory yet: %v", ctx.Err())
+	}
 }
 
 func (s *apiServer) list() *agentv1.ListPluginsResponse {
