@@ -50,6 +50,7 @@ test: deps ## run every test (root tests included when run as root; TestSoak is 
 
 bench: ## (root) run the performance benchmarks at full size (~3 min), print the table and write bench/results.md; see docs/benchmarks.md
 	$(GO) test -count=1 -v -timeout 30m ./bench -args -full -out $(CURDIR)/bench/results.md
+	$(GO) test -count=1 -v -timeout 10m -run TestDockerRunOverhead ./dockerplugin -args -engine-pairs 20
 
 fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME each (default 3s)
 	@set -e; for file in $$(grep -rlE --include='*_test.go' --exclude-dir=.tools --exclude-dir=.git '^func Fuzz[A-Za-z0-9_]*\(' . | sort); do \

@@ -7,10 +7,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -714,4 +716,41 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 	if err == nil || !strings.Contains(out, "no such named volume: nosuch") {
 		t.Errorf("a container naming an unknown volume: %v %s", err, out)
 	}
+}
+
+var enginePairs = flag.Int("engine-pairs", 2, "TestDockerRunOverhead: pairs of docker runs timed (make bench: 20)")
+
+// TestDockerRunOverhead times docker run --rm -v NAME:/data … true through
+// csiagent against the same with Docker's local driver binding the same
+// mounted filesystem, alternating, and reports the median ratio. A
+// holder container keeps the volume published, so what is timed is the
+// plugin's per-container work (Mount, Unmount: a bind and its removal,
+// each checkpointed).
+func TestDockerRunOverhead(t *testing.T) {
+	e := newEnv(t)
+	e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	e.container("-v", "data:/data")
+	mp := e.inspect("data").Mountpoint
+	local := "local-" + e.driver
+	docker(t, "volume", "create", "--driver", "local", "--opt", "type=none", "--opt", "o=bind", "--opt", "device="+mp, local)
+	t.Cleanup(func() { dockerCmd("volume", "rm", "-f", local) })
+	timeRun := func(vol string) time.Duration {
+		start := time.Now()
+		docker(t, "run", "--rm", "--network", "none", "-v", vol+":/data", image, "true")
+		return time.Since(start)
+	}
+	var ours, theirs, ratios []time.Duration
+	for range *enginePairs {
+		o, l := timeRun("data"), timeRun(local)
+		ours, theirs = append(ours, o), append(theirs, l)
+		ratios = append(ratios, time.Duration(float64(o)/float64(l)*1000))
+	}
+	median := func(d []time.Duration) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	t.Logf("docker run --rm -v NAME:/data true, %d pairs: csi-agent median %v, local bind median %v, median ratio %.3f",
+		*enginePairs, median(ours).Round(time.Millisecond), median(theirs).Round(time.Millisecond), float64(median(ratios))/1000)
 }
