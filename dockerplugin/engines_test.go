@@ -278,6 +278,13 @@ func newEnvFor(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// Docker remembers volumes by name across drivers: forget this
+		// test's (its containers' cleanups ran already).
+		if dockerHost != "" {
+			if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
+				dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
+			}
+		}
 		e.stopAgent()
 		plugin.Process.Kill()
 		plugin.Wait()
