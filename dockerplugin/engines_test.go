@@ -555,7 +555,7 @@ func setUpPodman(dir string) {
 		return
 	}
 	conf := filepath.Join(dir, "containers.conf")
-	if err := os.MkdirAll(dir, 0o700); err == nil {
+	if err = os.MkdirAll(dir, 0o700); err == nil {
 		err = os.WriteFile(conf, []byte(podmanConf), 0o600)
 	}
 	if err != nil {
