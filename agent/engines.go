@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
@@ -66,6 +69,9 @@ func (b engineBackend) CheckPlugin(typ string) error {
 	return err
 }
 
+// peerCredKey holds a connection's peer credentials in its context.
+type peerCredKey struct{}
+
 // engineCallTimeout bounds one engine call (a Mount stages and publishes).
 const engineCallTimeout = 2 * time.Minute
 
@@ -89,7 +95,27 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: srv.Handler(engineCallTimeout), ReadHeaderTimeout: 10 * time.Second}
+	// Peer credentials are checked as on the API socket.
+	handler := srv.Handler(engineCallTimeout)
+	hs := &http.Server{
+		ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			cred, err := peerCred(c)
+			if err != nil {
+				a.log.Warn("volume plugin socket", "error", err)
+				return ctx
+			}
+			return context.WithValue(ctx, peerCredKey{}, cred)
+		},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
+			if cred == nil || !a.permitted(cred) {
+				http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
+				return
+			}
+			handler.ServeHTTP(w, r)
+		}),
+	}
 	go func() {
 		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("docker volume plugin endpoint stopped", "error", err)

@@ -467,6 +467,13 @@ func TestDockerNamedVolume(t *testing.T) {
 	if out, err := e.cli("ls"); err != nil || strings.Contains(out, "data") {
 		t.Errorf("csi-agent volume ls after docker volume rm: %v\n%s", err, out)
 	}
+	// A reader-only definition is published read-only, whatever the
+	// container asks for.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "access_mode=SINGLE_NODE_READER_ONLY", "shelf")
+	out, err := dockerCmd("run", "--rm", "--network", "none", "-v", "shelf:/data", image, "sh", "-c", "cat /data/f && touch /data/g")
+	if err == nil || !strings.Contains(out, "hello") || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("a reader-only volume mounted without :ro: %v\n%s\nwant the data readable and writes refused", err, out)
+	}
 }
 
 func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
