@@ -234,7 +234,15 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	needDocker(t)
-	return newEnvFor(t)
+	e := newEnvFor(t)
+	// Docker remembers volumes by name across drivers: forget this test's
+	// once its containers are gone (cleanups run last first).
+	t.Cleanup(func() {
+		if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
+			dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
+		}
+	})
+	return e
 }
 
 func newEnvFor(t *testing.T) *env {
@@ -278,13 +286,6 @@ func newEnvFor(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Docker remembers volumes by name across drivers: forget this
-		// test's (its containers' cleanups ran already).
-		if dockerHost != "" {
-			if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
-				dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
-			}
-		}
 		e.stopAgent()
 		plugin.Process.Kill()
 		plugin.Wait()
