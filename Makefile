@@ -41,7 +41,7 @@ install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(U
 	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec
 	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
-deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)
+deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd, docker.io, podman)
 	bash hack/install-deps.sh
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
