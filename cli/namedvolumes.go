@@ -32,9 +32,10 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 func runVolume(ctx context.Context, e *env, args []string) int {
 	subs := map[string]func(context.Context, *env, []string) int{
 		"create": runVolumeCreate, "rm": runVolumeRemove, "inspect": runVolumeInspect, "ls": runVolumeList,
+		"reconcile": runVolumeReconcile,
 	}
 	if len(args) == 0 || subs[args[0]] == nil {
-		fmt.Fprintln(e.stderr, "usage: csi-agent volume create|rm|inspect|ls [flags] [NAME]\n\nnamed CSI volumes, as container engines use them (docker volume create -d csi-agent)")
+		fmt.Fprintln(e.stderr, "usage: csi-agent volume create|rm|inspect|ls|reconcile [flags] [NAME]\n\nnamed CSI volumes, as container engines use them (docker volume create -d csi-agent)")
 		return ExitUsage
 	}
 	return subs[args[0]](ctx, e, args[1:])
@@ -161,5 +162,30 @@ func runVolumeList(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%d\n", v.Name, opts[namedvol.KeyPlugin], opts[namedvol.KeyVolumeID], v.Status["state"], len(mounts))
 		}
 		return tw.Flush()
+	})
+}
+
+func runVolumeReconcile(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	live := fs.String("live-mount-ids", "", "comma-separated mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released")
+	return withVolumes(ctx, e, fs, args, false, func(ctx context.Context, c *dockerplugin.Client, _ string) error {
+		var ids []string
+		if *live != "" {
+			ids = strings.Split(*live, ",")
+		}
+		resp, err := c.Reconcile(ctx, ids)
+		if err != nil {
+			return err
+		}
+		for _, r := range resp.Released {
+			fmt.Fprintln(e.stdout, "released", r)
+		}
+		for m, msg := range resp.Failed {
+			fmt.Fprintf(e.stdout, "failed %s: %s\n", m, msg)
+		}
+		if len(resp.Failed) > 0 {
+			return fmt.Errorf("%d engine mount(s) could not be released", len(resp.Failed))
+		}
+		return nil
 	})
 }

@@ -116,3 +116,12 @@ func (c *Client) Definition(ctx context.Context, name string) (*namedvol.Definit
 	}
 	return namedvol.ParseOptions(name, opts)
 }
+
+// Reconcile releases the engine mounts whose id is not in live.
+func (c *Client) Reconcile(ctx context.Context, live []string) (*ReconcileResponse, error) {
+	var res ReconcileResponse
+	if err := c.call(ctx, ReconcilePath, &ReconcileRequest{LiveMountIDs: live}, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}

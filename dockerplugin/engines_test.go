@@ -487,8 +487,13 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 	// The container keeps its volume while no agent runs.
 	docker(t, "exec", c, "sh", "-c", "echo two >> /data/f")
 	e.startAgent()
-	if v := e.inspect("data"); mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
-		t.Errorf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
+	v := e.inspect("data")
+	if mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
+		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
+	}
+	// Reconciling with the engine's live mount ids keeps them.
+	if out, err := e.cli("reconcile", "--live-mount-ids", v.Status["mounts"].([]any)[0].(string)); err != nil || out != "" {
+		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
 	}
 	docker(t, "exec", c, "sh", "-c", "echo three >> /data/f")
 	docker(t, "stop", "-t", "1", c)

@@ -30,6 +30,9 @@ import (
 // mount; the agent API refuses such ids from its own callers.
 const ContainerIDPrefix = "engine+"
 
+// ReconcilePath is the endpoint of Reconcile (not a Docker call).
+const ReconcilePath = "/CSIAgent.ReconcileEngineMounts"
+
 // StatusOptions is the key of a volume's Status that holds its definition
 // as options.
 const StatusOptions = "options"
@@ -320,13 +323,81 @@ func (s *Server) Unmount(ctx context.Context, req *volume.UnmountRequest) error 
 		s.mu.Unlock()
 		return nil
 	}
-	if err := s.cfg.Backend.Cleanup(ctx, cid); err != nil {
-		return fmt.Errorf("unmounting volume %s: %w", req.Name, err)
-	}
-	if err := s.forget(cid); err != nil {
+	if err := s.releaseLocked(ctx, cid, req.Name); err != nil {
 		return err
 	}
 	s.log.Info("engine unmounted a volume", "volume", req.Name, "mount_id", req.ID)
+	return nil
+}
+
+// releaseLocked cleans up an engine mount's container and forgets it;
+// the caller holds the volume's lock.
+func (s *Server) releaseLocked(ctx context.Context, cid, name string) error {
+	if err := s.cfg.Backend.Cleanup(ctx, cid); err != nil {
+		return fmt.Errorf("unmounting volume %s: %w", name, err)
+	}
+	return s.forget(cid)
+}
+
+// ReconcileRequest lists the mount ids an engine still uses; the
+// response names the engine mounts released because they were not among
+// them (as NAME/ID), and those whose release failed, with the error.
+type ReconcileRequest struct {
+	LiveMountIDs []string
+}
+
+// ReconcileResponse is the answer to a ReconcileRequest.
+type ReconcileResponse struct {
+	Released []string
+	Failed   map[string]string `json:",omitempty"`
+}
+
+// Reconcile releases, whatever their counts, the engine mounts whose id
+// is not live: what an engine forgot to unmount (it crashed, or lost its
+// state) would otherwise stay published.
+func (s *Server) Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileResponse, error) {
+	live := map[string]bool{}
+	for _, id := range req.LiveMountIDs {
+		live[id] = true
+	}
+	s.mu.Lock()
+	var gone []user
+	for _, u := range s.users {
+		if !live[u.ID] {
+			gone = append(gone, *u)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(gone, func(i, j int) bool { return gone[i].Name+gone[i].ID < gone[j].Name+gone[j].ID })
+	resp := &ReconcileResponse{Released: []string{}, Failed: map[string]string{}}
+	for _, u := range gone {
+		if err := s.release(ctx, u.Name, u.ID); err != nil {
+			resp.Failed[u.Name+"/"+u.ID] = err.Error()
+			continue
+		}
+		resp.Released = append(resp.Released, u.Name+"/"+u.ID)
+	}
+	return resp, nil
+}
+
+// release drops every count of one engine mount.
+func (s *Server) release(ctx context.Context, name, id string) error {
+	unlock, err := s.lock(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cid := containerID(name, id)
+	s.mu.Lock()
+	u := s.users[cid]
+	s.mu.Unlock()
+	if u == nil {
+		return nil
+	}
+	if err := s.releaseLocked(ctx, cid, name); err != nil {
+		return err
+	}
+	s.log.Info("released an engine mount the engine no longer uses", "volume", name, "mount_id", id, "count", u.Count)
 	return nil
 }
 
@@ -446,6 +517,8 @@ func (s *Server) Handler(timeout time.Duration) http.Handler {
 	}))
 	handle("/VolumeDriver.Path", decoded(func(_ context.Context, req *volume.PathRequest) (any, error) { return s.Path(req) }))
 	handle("/VolumeDriver.Get", decoded(func(_ context.Context, req *volume.GetRequest) (any, error) { return s.Get(req) }))
+	// csiagent's own call, outside the Docker protocol.
+	handle(ReconcilePath, decoded(s.Reconcile))
 	return mux
 }
 

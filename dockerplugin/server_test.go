@@ -137,3 +137,23 @@ func TestAbandonedMountLeavesNothing(t *testing.T) {
 		t.Error("the abandoned Mount is counted as a user")
 	}
 }
+
+// Reconcile releases, whatever their counts, the engine mounts whose id
+// the engine no longer uses, and only those.
+func TestReconcileReleasesForgottenMounts(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	for _, id := range []string{"live", "gone", "gone"} {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := s.Reconcile(ctx, &ReconcileRequest{LiveMountIDs: []string{"live"}})
+	if err != nil || len(resp.Released) != 1 || resp.Released[0] != "data/gone" || len(resp.Failed) != 0 {
+		t.Fatalf("Reconcile = %+v, %v; want data/gone released", resp, err)
+	}
+	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "live" || len(b.containers) != 1 {
+		t.Errorf("after Reconcile: users %v, %d containers; want the live mount only", us, len(b.containers))
+	}
+}
