@@ -61,8 +61,9 @@ func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) strin
 		list = append(list, b)
 	}
 	annotation, _ := json.Marshal(list)
+	// As the README writes it: the stage, then the flags.
 	hook := func(stage string) map[string]any {
-		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", "--api-socket", h.a.cfg.APISocket, stage}, "timeout": 60}
+		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.a.cfg.APISocket}, "timeout": 60}
 	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,13 +11,15 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/spf13/pflag"
+
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
 )
 
-func runServe(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+// serveCmd is csi-agent serve.
+func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	var cfg agent.Config
 	fs.StringVar(&cfg.ConfigDir, "csi-plugin-config-dir", agent.DefaultConfigDir, "directory of CSIPluginInfo JSON files, watched for changes")
 	fs.StringVar(&cfg.WorkDir, "work-dir", agent.DefaultWorkDir, "persistent state: plugin records, logs, volume checkpoints")
@@ -39,35 +40,35 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
-	if code, done := e.parseFlags(fs, args, ""); done {
-		return code
+	return func(ctx context.Context, name string, _ []string) int {
+		return e.serve(ctx, name, cfg, *apiGroup, *logFormat, *logLevel)
 	}
-	if fs.NArg() != 0 {
-		fmt.Fprintf(e.stderr, "csi-agent serve: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
-	}
-	logger, err := newLogger(e, *logFormat, *logLevel)
+}
+
+// serve runs the daemon until ctx ends.
+func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
+	logger, err := newLogger(e, logFormat, logLevel)
 	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	cfg.Logger = logger
 	cfg.APIGroup = -1
-	if *apiGroup != "" {
-		if cfg.APIGroup, err = lookupGroup(*apiGroup); err != nil {
-			fmt.Fprintln(e.stderr, "csi-agent serve: --api-group:", err)
+	if apiGroup != "" {
+		if cfg.APIGroup, err = lookupGroup(apiGroup); err != nil {
+			fmt.Fprintf(e.stderr, "%s: --api-group: %v\n", name, err)
 			return ExitUsage
 		}
 	}
 	if cfg.CrashPoint, err = crashPointFromEnv(); err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	// Before New, which reads every checkpoint.
 	logger.Info("csi-agent starting", "version", version.Version, "pid", os.Getpid())
 	a, err := agent.New(cfg)
 	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	hup := make(chan os.Signal, 1)
