@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -27,32 +28,15 @@ const waitTimeout = 30 * time.Second
 var bins struct{ agent, loop, test string }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "csiagent-bins-")
+	paths, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-agent",
+		"github.com/csiagent/csiagent/cmd/csi-loop-plugin", "github.com/csiagent/csiagent/internal/testplugin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// Other users run the CLI in TestAPIPeerCredentials.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := func(pkg, name string) string {
-		out := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-		return out
-	}
-	bins.agent = build("github.com/csiagent/csiagent/cmd/csi-agent", "csi-agent")
-	bins.loop = build("github.com/csiagent/csiagent/cmd/csi-loop-plugin", "csi-loop-plugin")
-	bins.test = build("github.com/csiagent/csiagent/internal/testplugin", "testplugin")
+	bins.agent, bins.loop, bins.test = paths[0], paths[1], paths[2]
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

@@ -11,13 +11,15 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // needRunc finds the real runc and busybox-static the OCI tests run
 // containers with (make deps installs both).
 func needRunc(t *testing.T) (runc, busybox string) {
 	t.Helper()
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	var err error
 	if runc, err = exec.LookPath("runc"); err != nil {
 		t.Fatalf("runc is not installed (make deps installs Debian's runc): %v", err)

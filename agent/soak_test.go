@@ -19,6 +19,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -61,7 +62,7 @@ type soak struct {
 // It runs for CSIAGENT_SOAK_DURATION (default 15s, the smoke run of `make
 // test`), then cleans up and prints its figures.
 func TestSoak(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	duration := soakSmoke
 	if d := os.Getenv("CSIAGENT_SOAK_DURATION"); d != "" {
 		var err error
