@@ -22,6 +22,7 @@ import (
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Defaults of Config.
@@ -106,11 +107,6 @@ func (c *Config) setDefaults() {
 	def(&c.WorkDir, DefaultWorkDir)
 	def(&c.RuntimeDir, DefaultRuntimeDir)
 	def(&c.APISocket, filepath.Join(c.RuntimeDir, "agent.sock"))
-	defDur(&c.ReadyTimeout, DefaultReadyTimeout)
-	defDur(&c.ProbeInterval, DefaultProbeInterval)
-	defDur(&c.BackoffBase, DefaultBackoffBase)
-	defDur(&c.BackoffMax, DefaultBackoffMax)
-	defDur(&c.BackoffReset, DefaultBackoffReset)
 	defDur(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	if c.LogMaxBytes <= 0 {
 		c.LogMaxBytes = DefaultLogMaxBytes
@@ -137,9 +133,10 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	changed broadcaster
-	limits  *limiter
-	watcher *pluginconfig.Watcher
-	iso     *isolator.Isolator
+	// supervision is what every supervised plugin shares; set by Run.
+	supervision supervisor.Config
+	watcher     *pluginconfig.Watcher
+	iso         *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
 	// stopping is closed when shutdown begins, ending watch streams.
@@ -206,7 +203,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	a.limits = newLimiter(a.log)
+	a.supervision = supervisor.Config{
+		WorkDir: a.cfg.WorkDir, RuntimeDir: a.cfg.RuntimeDir, NodeID: a.cfg.NodeID,
+		ReadyTimeout: a.cfg.ReadyTimeout, ProbeInterval: a.cfg.ProbeInterval,
+		BackoffBase: a.cfg.BackoffBase, BackoffMax: a.cfg.BackoffMax, BackoffReset: a.cfg.BackoffReset,
+		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
+		OnChange: a.changed.notify,
+		OnReady: func(typ string) {
+			a.reclaimer.ResetPlugin(typ)
+			a.reclaimer.Poke()
+		},
+	}
 
 	// Metrics listen first: with the API socket up, MetricsAddr is set.
 	stopMetrics, err := a.startMetrics()
@@ -343,8 +350,8 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
 	path := a.cfg.APISocket
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), maxSocketPath)
+	if len(path) > supervisor.MaxSocketPath {
+		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), supervisor.MaxSocketPath)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("creating API socket directory: %w", err)
@@ -424,31 +431,31 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 	a.reclaimer.Poke()
 }
 
-func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit map[int]*handover) {
-	r := newRunner(a, p, inherit)
+// runner is the daemon's handle on one supervised plugin.
+type runner struct {
+	plugin *pluginconfig.Plugin
+	sup    *supervisor.Plugin
+}
+
+// logDir is where a managed plugin's logs are.
+func (r *runner) logDir() string { return r.sup.LogDir() }
+
+func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit supervisor.Handover) {
+	r := &runner{plugin: p, sup: supervisor.Start(ctx, a.supervision, p, inherit)}
 	a.mu.Lock()
 	a.plugins[p.Info.Type] = r
 	a.mu.Unlock()
-	r.start(ctx)
 }
 
-// rollPlugin replaces a plugin's runner. Containers whose launch config is
-// unchanged keep their process; the others are restarted.
+// rollPlugin replaces a plugin's supervision. Containers whose launch
+// config is unchanged keep their process; the others are restarted.
 func (a *Agent) rollPlugin(ctx context.Context, p *pluginconfig.Plugin) {
 	a.mu.Lock()
 	old := a.plugins[p.Info.Type]
 	a.mu.Unlock()
-	var inherit map[int]*handover
+	var inherit supervisor.Handover
 	if old != nil {
-		inherit = old.stop(false)
-		// Processes of containers that no longer exist must go.
-		for i, h := range inherit {
-			if i >= len(p.Info.Containers) {
-				terminate(ctx, h.proc)
-				h.proc.release()
-				delete(inherit, i)
-			}
-		}
+		inherit = old.sup.Stop(false)
 	}
 	a.startPlugin(ctx, p, inherit)
 }
@@ -459,7 +466,7 @@ func (a *Agent) removePlugin(typ string) {
 	delete(a.plugins, typ)
 	a.mu.Unlock()
 	if r != nil {
-		r.stop(true)
+		r.sup.Stop(true)
 	}
 }
 
@@ -473,9 +480,7 @@ func (a *Agent) stopAll() {
 	}
 	a.mu.Unlock()
 	for _, r := range rs {
-		for _, h := range r.stop(false) {
-			h.proc.release()
-		}
+		r.sup.Stop(false).Release()
 	}
 }
 
@@ -510,7 +515,14 @@ func (a *Agent) snapshot() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].plugin.Info.Type < rs[j].plugin.Info.Type })
 	out := make([]*agentv1.Plugin, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, r.status(errs))
+		p := r.sup.Status()
+		p.Reclaim = a.reclaimTotals(p.Type)
+		for _, fe := range errs {
+			if fe.File == r.plugin.File {
+				p.ConfigError = fe.Err.Error()
+			}
+		}
+		out = append(out, p)
 	}
 	return out, errs
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // waitTimeout bounds every wait for an expected state: a failure bound,
@@ -103,7 +105,7 @@ func (h *harness) waitAPI() {
 	if err := os.MkdirAll(filepath.Dir(h.a.cfg.APISocket), 0o755); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := waitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
+	if err := supervisor.WaitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -175,8 +177,13 @@ func killAndWait(t *testing.T, pid int) {
 
 // alive reports whether pid runs (and is not a zombie).
 func alive(pid int) bool {
-	st, err := readStat(pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which ends at the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 func (h *harness) writeConfig(name, content string) {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Tests of the isolator's crash safety and concurrency against real plugins,
@@ -177,7 +178,7 @@ func startCrashAgent(t *testing.T, h *harness, typ string, env ...string) *crash
 	t.Cleanup(ca.kill)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	if err := waitForSocket(ctx, socket, ca.exited); err != nil {
+	if err := supervisor.WaitForSocket(ctx, socket, ca.exited); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -97,15 +97,7 @@ func (a *Agent) pluginOffers(typ, service string) bool {
 	a.mu.Lock()
 	r := a.plugins[typ]
 	a.mu.Unlock()
-	if r == nil {
-		return false
-	}
-	for _, in := range r.instances {
-		if slices.Contains(in.snapshot().AddonsServices, service) {
-			return true
-		}
-	}
-	return false
+	return r != nil && r.sup.Offers(service)
 }
 
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.

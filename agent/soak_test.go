@@ -21,6 +21,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // soakSmoke is how long TestSoak runs in `make test`; `make soak
@@ -420,7 +421,7 @@ func (s *soak) killPlugin() {
 func (h *harness) a0socket() string { return filepath.Join(h.run, "agent.sock") }
 
 // agentBackoffMax is the agent's longest restart delay for a plugin.
-const agentBackoffMax = DefaultBackoffMax
+const agentBackoffMax = supervisor.DefaultBackoffMax
 
 func (s *soak) plugin() *agentv1.Plugin {
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)

@@ -16,6 +16,7 @@ import (
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // serveCmd is csi-agent serve.
@@ -29,8 +30,8 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	apiGroup := fs.String("api-group", "", "group (name or gid) whose members may use the API besides root")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", agent.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
-	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", agent.DefaultProbeInterval, "period of health probes of ready plugins")
+	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", supervisor.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
+	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", supervisor.DefaultProbeInterval, "period of health probes of ready plugins")
 	fs.StringVar(&cfg.SecretsDir, "secrets-dir", "", "directory for volumes' REFERENCE secrets: name is a file of JSON key/values in it")
 	fs.DurationVar(&cfg.RPCTimeout, "node-rpc-timeout", isolator.DefaultRPCTimeout, "deadline of each node RPC step (stage, publish, ...), retries included")
 	fs.DurationVar(&cfg.ReclaimDefaults.Interval, "reclaim-interval", agent.DefaultReclaimInterval, "default interval between two reclaims of a volume (0 disables); a plugin's config may override it")

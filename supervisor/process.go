@@ -1,4 +1,4 @@
-package agent
+package supervisor
 
 import (
 	"bytes"
@@ -29,9 +29,9 @@ const (
 	// terminateTimeout is how long a plugin process group gets between
 	// SIGTERM and SIGKILL.
 	terminateTimeout = 10 * time.Second
-	// maxSocketPath is the longest path a unix socket address holds
+	// MaxSocketPath is the longest path a unix socket address holds
 	// (sun_path is 108 bytes with the terminating NUL).
-	maxSocketPath = 107
+	MaxSocketPath = 107
 	// pluginPath is the PATH of plugin processes, which do not inherit the
 	// agent's environment.
 	pluginPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
