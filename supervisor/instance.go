@@ -295,7 +295,7 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 	defer cleanup()
 	p, rec, err := launch(launchSpec{
 		container: *in.container, socket: in.socket, nodeID: in.cfg.NodeID,
-		dir: in.dir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
+		dir: in.dir, runtimeDir: in.cfg.RuntimeDir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,114 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// TestCommandUser: a managed plugin whose command names a user runs as
+// that user and becomes ready, with the systemd unit's UMask=0077 in force
+// when the agent makes its directories.
+func TestCommandUser(t *testing.T) {
+	testhelp.NeedRoot(t)
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no user nobody to run the plugin as: %v", err)
+	}
+	bins, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/internal/testplugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(remove)
+
+	// As on a host: the directories above the agent's are searchable.
+	base := t.TempDir()
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := unix.Umask(0o077)
+	t.Cleanup(func() { unix.Umask(old) })
+	work, run := filepath.Join(base, "work"), filepath.Join(base, "run")
+	for _, d := range []string{work, run} {
+		if err := os.MkdirAll(d, 0o755); err != nil { // 0700 under the umask
+			t.Fatal(err)
+		}
+	}
+
+	raw, _ := json.Marshal(map[string]any{
+		"type": "user.example",
+		"containers": []any{map[string]any{
+			"services": []string{"NODE_SERVICE"},
+			"command":  map[string]any{"value": bins[0], "shell": false, "arguments": []string{"testplugin"}, "user": "nobody"},
+		}},
+	})
+	info, err := pluginconfig.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := make(chan struct{}, 1)
+	p := Start(t.Context(), Config{
+		WorkDir: work, RuntimeDir: run, NodeID: "n1", ReadyTimeout: 20 * time.Second, BackoffBase: time.Hour,
+		OnChange: func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		},
+	}, &pluginconfig.Plugin{File: "user.json", Info: info}, nil)
+	t.Cleanup(func() { p.Stop(true) })
+
+	in := waitInstance(t, p, changed)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.GetPid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if name, ids, ok := strings.Cut(line, ":"); ok && (name == "Uid" || name == "Gid") {
+			want := u.Uid
+			if name == "Gid" {
+				want = u.Gid
+			}
+			for _, id := range strings.Fields(ids) {
+				if id != want {
+					t.Errorf("plugin process %s: %s, want %s everywhere", name, ids, want)
+					break
+				}
+			}
+		}
+	}
+}
+
+// waitInstance waits until p's only instance is ready, failing the test
+// with its last error if it backs off instead.
+func waitInstance(t *testing.T, p *Plugin, changed <-chan struct{}) *agentv1.PluginInstance {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		in := p.Status().GetInstances()[0]
+		switch in.GetState() {
+		case agentv1.PluginState_PLUGIN_STATE_READY:
+			return in
+		case agentv1.PluginState_PLUGIN_STATE_BACKOFF:
+			t.Fatalf("the plugin failed: %s", in.GetLastError())
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("the plugin is %s after 30s: %s", in.GetState(), in.GetLastError())
+		}
+	}
+}
