@@ -12,9 +12,10 @@
 // loses track of a mount: Run recovers first (redoing a transitional state
 // the whole way, remounting what a reboot removed, dropping users no
 // container backs) and then keeps every volume and container converged.
-// Operations are serialised per volume and per container. It also runs
-// reclaim-space calls on published volumes (ReclaimSpace, ReclaimOffline)
-// under the volume's lock.
+// Operations are serialised per volume and per container. Reclaim-space
+// calls (ReclaimSpace on a volume published here, ReclaimOffline on one
+// that is not) run under the volume's lock too, so they never overlap a
+// prepare or a cleanup.
 //
 // It finds plugins through the Plugins interface the daemon implements and
 // never dials or supervises them. Not for: provisioning volumes (CSI
