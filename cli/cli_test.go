@@ -14,6 +14,9 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -177,6 +180,9 @@ func TestPluginsAgainstRunningAgent(t *testing.T) {
 	// The agent may not be listening yet; the CLI fails fast, so watch
 	// for its socket first.
 	waitForFile(t, socket)
+	// The API serves before the first config scan is applied: wait until
+	// the plugin is listed.
+	waitForPlugin(t, socket, "u.example")
 	code, out, errOut := run(t, "plugins", "--api-socket", socket)
 	if code != ExitOK {
 		t.Fatalf("plugins: exit %d: %s", code, errOut)
@@ -218,6 +224,33 @@ func TestServeFlagErrors(t *testing.T) {
 	} {
 		if code, _, errOut := run(t, args...); code != ExitUsage {
 			t.Errorf("%q: exit %d (%s), want %d", args, code, errOut, ExitUsage)
+		}
+	}
+}
+
+// waitForPlugin follows WatchPlugins until a plugin of type typ is listed.
+func waitForPlugin(t *testing.T, socket, typ string) {
+	t.Helper()
+	client, closeConn, err := dialAgent(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := client.WatchPlugins(ctx, &agentv1.ListPluginsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("waiting for plugin %s to be listed: %v", typ, err)
+		}
+		for _, p := range resp.GetPlugins() {
+			if p.GetType() == typ {
+				return
+			}
 		}
 	}
 }
