@@ -26,12 +26,6 @@ func TestCommandUser(t *testing.T) {
 	if err != nil {
 		t.Skipf("no user nobody to run the plugin as: %v", err)
 	}
-	bins, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/internal/testplugin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(remove)
-
 	// As on a host: the directories above the agent's are searchable.
 	base := t.TempDir()
 	for _, d := range []string{filepath.Dir(base), base} {
@@ -52,26 +46,22 @@ func TestCommandUser(t *testing.T) {
 		"type": "user.example",
 		"containers": []any{map[string]any{
 			"services": []string{"NODE_SERVICE"},
-			"command":  map[string]any{"value": bins[0], "shell": false, "arguments": []string{"testplugin"}, "user": "nobody"},
+			"command":  map[string]any{"value": testPlugin, "shell": false, "arguments": []string{"testplugin"}, "user": "nobody"},
 		}},
 	})
 	info, err := pluginconfig.Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := make(chan struct{}, 1)
+	changed, notify := changes()
 	p := Start(t.Context(), Config{
-		WorkDir: work, RuntimeDir: run, NodeID: "n1", ReadyTimeout: 20 * time.Second, BackoffBase: time.Hour,
-		OnChange: func() {
-			select {
-			case changed <- struct{}{}:
-			default:
-			}
-		},
+		WorkDir: work, RuntimeDir: run, NodeID: "n1", ReadyTimeout: 20 * time.Second, BackoffBase: time.Hour, OnChange: notify,
 	}, &pluginconfig.Plugin{File: "user.json", Info: info}, nil)
 	t.Cleanup(func() { p.Stop(true) })
 
-	in := waitInstance(t, p, changed)
+	in := waitState(t, p, changed, "ready", func(in *agentv1.PluginInstance) bool {
+		return in.GetState() == agentv1.PluginState_PLUGIN_STATE_READY
+	})
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.GetPid()))
 	if err != nil {
 		t.Fatal(err)
@@ -88,27 +78,6 @@ func TestCommandUser(t *testing.T) {
 					break
 				}
 			}
-		}
-	}
-}
-
-// waitInstance waits until p's only instance is ready, failing the test
-// with its last error if it backs off instead.
-func waitInstance(t *testing.T, p *Plugin, changed <-chan struct{}) *agentv1.PluginInstance {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		in := p.Status().GetInstances()[0]
-		switch in.GetState() {
-		case agentv1.PluginState_PLUGIN_STATE_READY:
-			return in
-		case agentv1.PluginState_PLUGIN_STATE_BACKOFF:
-			t.Fatalf("the plugin failed: %s", in.GetLastError())
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("the plugin is %s after 30s: %s", in.GetState(), in.GetLastError())
 		}
 	}
 }
