@@ -14,7 +14,7 @@ import (
 )
 
 // TestREADMECommands: every csi-agent command line the README shows
-// parses. Synopses (the CLI reference, inline `csi-agent ...` spans) name
+// (and the hooks of the example bundle it points to) parses. Synopses (the CLI reference, inline `csi-agent ...` spans) name
 // existing commands and flags, with values where flags take them and the
 // positional arguments their command accepts; examples (shell blocks, the
 // OCI hook's args) parse exactly as written. So the docs cannot drift
@@ -63,6 +63,21 @@ func TestREADMECommands(t *testing.T) {
 			t.Fatalf("hook args %s: %v", h[1], err)
 		}
 		examples = append(examples, argv[1:])
+	}
+	// The example bundle the README points to.
+	var bundle struct {
+		Hooks map[string][]struct {
+			Args []string `json:"args"`
+		} `json:"hooks"`
+	}
+	if b, err := os.ReadFile("../testdata/oci-bundle/config.json"); err != nil || json.Unmarshal(b, &bundle) != nil {
+		t.Fatalf("reading the example bundle: %v", err)
+	}
+	for _, stage := range []string{"createRuntime", "poststop"} {
+		if len(bundle.Hooks[stage]) != 1 || len(bundle.Hooks[stage][0].Args) == 0 {
+			t.Fatalf("the example bundle has no %s hook", stage)
+		}
+		examples = append(examples, bundle.Hooks[stage][0].Args[1:])
 	}
 	for _, args := range examples {
 		root := e.newRoot()
