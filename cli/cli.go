@@ -38,7 +38,7 @@ func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) 
 type runFunc func(ctx context.Context, name string, args []string) int
 
 // command makes a command: setup declares its flags and returns its body.
-func (e *env) command(use, short string, args cobra.PositionalArgs, setup func(fs *pflag.FlagSet) runFunc) *cobra.Command {
+func command(use, short string, args cobra.PositionalArgs, setup func(fs *pflag.FlagSet) runFunc) *cobra.Command {
 	cmd := &cobra.Command{Use: use, Short: short, Args: args}
 	run := setup(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
@@ -84,20 +84,20 @@ func (e *env) newRoot() *cobra.Command {
 	root := e.group("csi-agent", "csi-agent: per-host CSI volume agent",
 		"csi-agent runs CSI plugins on a host and gives containers their volumes.\nRun 'csi-agent COMMAND --help' for a command's flags.")
 	root.AddCommand(
-		e.command("check-config [flags] DIR", "validate a plugin config directory and list its plugins", cobra.ExactArgs(1), e.checkConfigCmd),
-		e.command("plugins [flags] [TYPE]", "list the agent's plugins, or show one", cobra.MaximumNArgs(1), e.pluginsCmd),
-		e.command("prepare [flags]", "give a container its CSI volumes", noArgs, e.prepareCmd),
-		e.command("cleanup [flags]", "take a container's CSI volumes away", noArgs, e.cleanupCmd),
-		e.command("volumes [flags]", "list the volumes the agent tracks", noArgs, e.volumesCmd),
-		e.command("containers [flags]", "list the containers that have volumes", noArgs, e.containersCmd),
-		e.command("reconcile [flags]", "clean up every container not in --live", noArgs, e.reconcileCmd),
-		e.command("reclaim [flags]", "reclaim free space of volumes now (csi-addons ReclaimSpace)", noArgs, e.reclaimCmd),
+		command("check-config [flags] DIR", "validate a plugin config directory and list its plugins", cobra.ExactArgs(1), e.checkConfigCmd),
+		command("plugins [flags] [TYPE]", "list the agent's plugins, or show one", cobra.MaximumNArgs(1), e.pluginsCmd),
+		command("prepare [flags]", "give a container its CSI volumes", noArgs, e.prepareCmd),
+		command("cleanup [flags]", "take a container's CSI volumes away", noArgs, e.cleanupCmd),
+		command("volumes [flags]", "list the volumes the agent tracks", noArgs, e.volumesCmd),
+		command("containers [flags]", "list the containers that have volumes", noArgs, e.containersCmd),
+		command("reconcile [flags]", "clean up every container not in --live", noArgs, e.reconcileCmd),
+		command("reclaim [flags]", "reclaim free space of volumes now (csi-addons ReclaimSpace)", noArgs, e.reclaimCmd),
 		e.groupCmd(),
 		e.replicationCmd(),
 		e.groupSnapshotCmd(),
 		e.ociHookCmd(),
-		e.command("serve [flags]", "run the agent daemon", noArgs, e.serveCmd),
-		e.command("version", "print the version", noArgs, func(*pflag.FlagSet) runFunc {
+		command("serve [flags]", "run the agent daemon", noArgs, e.serveCmd),
+		command("version", "print the version", noArgs, func(*pflag.FlagSet) runFunc {
 			return func(context.Context, string, []string) int {
 				fmt.Fprintln(e.stdout, "csi-agent", version.Version)
 				return ExitOK

@@ -260,11 +260,11 @@ func progressLine(p *agentv1.Progress) string {
 func (e *env) groupCmd() *cobra.Command {
 	return e.group("group", "csi-addons volume groups: create, modify, delete, get, list",
 		"Manage csi-addons volume groups on a plugin's controller (volumegroup.Controller).",
-		e.command("create [flags]", "create a volume group (idempotent by --name)", noArgs, e.groupCreateCmd),
-		e.command("modify [flags]", "set a volume group's members", noArgs, e.groupModifyCmd),
-		e.command("delete [flags]", "delete a volume group and the volumes in it", noArgs, e.groupDeleteCmd),
-		e.command("get [flags]", "show a volume group", noArgs, e.groupGetCmd),
-		e.command("list [flags]", "list volume groups (every page, or one with --page)", noArgs, e.groupListCmd),
+		command("create [flags]", "create a volume group (idempotent by --name)", noArgs, e.groupCreateCmd),
+		command("modify [flags]", "set a volume group's members", noArgs, e.groupModifyCmd),
+		command("delete [flags]", "delete a volume group and the volumes in it", noArgs, e.groupDeleteCmd),
+		command("get [flags]", "show a volume group", noArgs, e.groupGetCmd),
+		command("list [flags]", "list volume groups (every page, or one with --page)", noArgs, e.groupListCmd),
 	)
 }
 
@@ -412,7 +412,7 @@ type replicationVerb struct {
 
 func (e *env) replicationCmd() *cobra.Command {
 	verb := func(use, short string, v replicationVerb) *cobra.Command {
-		return e.command(use+" [flags]", short, noArgs, func(fs *pflag.FlagSet) runFunc { return e.replicationVerbCmd(fs, v) })
+		return command(use+" [flags]", short, noArgs, func(fs *pflag.FlagSet) runFunc { return e.replicationVerbCmd(fs, v) })
 	}
 	return e.group("replication", "csi-addons replication: enable, disable, promote, demote, resync, info",
 		"Run csi-addons replication on a plugin's controller (replication.Controller) for a volume or a volume group.",
@@ -497,9 +497,9 @@ func (e *env) replicationVerbCmd(fs *pflag.FlagSet, v replicationVerb) runFunc {
 func (e *env) groupSnapshotCmd() *cobra.Command {
 	return e.group("group-snapshot", "CSI group snapshots: create, get, delete",
 		"Take CSI group snapshots on a plugin's controller (csi.v1.GroupController): crash-consistent snapshots of several volumes at once.",
-		e.command("create [flags]", "snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", noArgs, e.groupSnapshotCreateCmd),
-		e.command("get [flags]", "show a group snapshot", noArgs, e.groupSnapshotGetCmd),
-		e.command("delete [flags]", "delete a group snapshot and its snapshots", noArgs, e.groupSnapshotDeleteCmd),
+		command("create [flags]", "snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", noArgs, e.groupSnapshotCreateCmd),
+		command("get [flags]", "show a group snapshot", noArgs, e.groupSnapshotGetCmd),
+		command("delete [flags]", "delete a group snapshot and its snapshots", noArgs, e.groupSnapshotDeleteCmd),
 	)
 }
 

@@ -44,7 +44,7 @@ var ociHookStages = []string{"create-runtime", "poststop"}
 // line on stderr and exits 1 on failure, which makes runc fail the
 // container's start (createRuntime) cleanly.
 func (e *env) ociHookCmd() *cobra.Command {
-	cmd := e.command("oci-hook [flags] create-runtime|poststop", "OCI runtime hook: create-runtime prepares, poststop cleans up",
+	cmd := command("oci-hook [flags] create-runtime|poststop", "OCI runtime hook: create-runtime prepares, poststop cleans up",
 		func(_ *cobra.Command, args []string) error {
 			if len(args) != 1 || !slices.Contains(ociHookStages, args[0]) {
 				return fmt.Errorf("expected create-runtime or poststop, got %q", args)
