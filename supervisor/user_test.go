@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,5 +80,25 @@ func TestCommandUser(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestGiveSocketDirStaysBelowRoot: a socket directory outside the runtime
+// directory is refused, and nothing above it is made searchable.
+func TestGiveSocketDirStaysBelowRoot(t *testing.T) {
+	base := t.TempDir()
+	root, outside := filepath.Join(base, "run"), filepath.Join(base, "elsewhere", "sock")
+	for _, d := range []string{root, outside} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{outside, root, base} {
+		if err := giveSocketDir(root, dir, &syscall.Credential{Uid: 65534, Gid: 65534}); err == nil {
+			t.Errorf("socket directory %s accepted, root %s", dir, root)
+		}
+	}
+	if st, err := os.Stat(filepath.Dir(outside)); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("%s: mode %v, %v; want 0700 untouched", filepath.Dir(outside), st.Mode().Perm(), err)
 	}
 }
