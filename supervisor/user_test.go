@@ -98,7 +98,11 @@ func TestGiveSocketDirStaysBelowRoot(t *testing.T) {
 			t.Errorf("socket directory %s accepted, root %s", dir, root)
 		}
 	}
-	if st, err := os.Stat(filepath.Dir(outside)); err != nil || st.Mode().Perm() != 0o700 {
-		t.Errorf("%s: mode %v, %v; want 0700 untouched", filepath.Dir(outside), st.Mode().Perm(), err)
+	st, err := os.Stat(filepath.Dir(outside))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("%s: mode %v, want 0700 untouched", filepath.Dir(outside), st.Mode().Perm())
 	}
 }
