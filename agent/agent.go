@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -349,36 +349,9 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
-	path := a.cfg.APISocket
-	if len(path) > supervisor.MaxSocketPath {
-		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), supervisor.MaxSocketPath)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("creating API socket directory: %w", err)
-	}
-	// The runtime-dir lock is held, so a socket left here is stale.
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale API socket: %w", err)
-	}
-	// Until the chmod below the socket has the umask's mode; connecting
-	// needs write permission, which umask 022 or stricter denies others.
-	old := unix.Umask(0o177)
-	lis, err := net.Listen("unix", path)
-	unix.Umask(old)
+	lis, err := unixsock.Listen(a.cfg.APISocket, unixsock.Owner{GID: a.cfg.APIGroup})
 	if err != nil {
-		return nil, fmt.Errorf("listening on API socket: %w", err)
-	}
-	mode := os.FileMode(0o600)
-	if a.cfg.APIGroup >= 0 {
-		mode = 0o660
-		if err := os.Chown(path, 0, a.cfg.APIGroup); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("giving API socket to group %d: %w", a.cfg.APIGroup, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("setting API socket mode: %w", err)
+		return nil, fmt.Errorf("API socket: %w", err)
 	}
 	return lis, nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/pluginconfig"
 )
 
@@ -29,9 +30,8 @@ const (
 	// terminateTimeout is how long a plugin process group gets between
 	// SIGTERM and SIGKILL.
 	terminateTimeout = 10 * time.Second
-	// MaxSocketPath is the longest path a unix socket address holds
-	// (sun_path is 108 bytes with the terminating NUL).
-	MaxSocketPath = 107
+	// MaxSocketPath is the longest path a unix socket address holds.
+	MaxSocketPath = unixsock.MaxPath
 	// pluginPath is the PATH of plugin processes, which do not inherit the
 	// agent's environment.
 	pluginPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
