@@ -193,10 +193,15 @@ func New(cfg Config) (*Agent, error) {
 // accepting calls and in-flight ones get ShutdownTimeout to finish.
 // Managed plugins keep running so that the next agent adopts them.
 func (a *Agent) Run(ctx context.Context) error {
-	for _, dir := range []string{a.cfg.WorkDir, a.cfg.RuntimeDir, a.cfg.ConfigDir} {
+	for _, dir := range []string{a.cfg.WorkDir, a.cfg.ConfigDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}
+	}
+	// The API group and plugins run as other users reach their sockets
+	// through the runtime dir, so it is searchable whatever the umask.
+	if err := unixsock.MkdirAll(a.cfg.RuntimeDir); err != nil {
+		return err
 	}
 	unlock, err := lockRuntimeDir(a.cfg.RuntimeDir)
 	if err != nil {

@@ -29,7 +29,7 @@ func Listen(path string, o Owner) (net.Listener, error) {
 		return nil, fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), MaxPath)
 	}
 	dir := filepath.Dir(path)
-	if err := mkdirAll(dir); err != nil {
+	if err := MkdirAll(dir); err != nil {
 		return nil, err
 	}
 	if err := removeStale(path); err != nil {
@@ -98,10 +98,10 @@ func setOwner(path string, o Owner) error {
 	return nil
 }
 
-// mkdirAll creates dir and its missing parents as 0755 regardless of the
+// MkdirAll creates dir and its missing parents as 0755 regardless of the
 // umask (a unit's UMask=0077 would otherwise make them 0700 and lock the
 // API group out); existing directories are left as they are.
-func mkdirAll(dir string) error {
+func MkdirAll(dir string) error {
 	fi, err := os.Stat(dir)
 	if err == nil {
 		if !fi.IsDir() {
@@ -113,7 +113,7 @@ func mkdirAll(dir string) error {
 		return fmt.Errorf("socket directory %s: %w", dir, err)
 	}
 	if parent := filepath.Dir(dir); parent != dir {
-		if err := mkdirAll(parent); err != nil {
+		if err := MkdirAll(parent); err != nil {
 			return err
 		}
 	}

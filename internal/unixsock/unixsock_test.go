@@ -112,3 +112,21 @@ func TestListenTooLong(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestMkdirAllUnderStrictUmask(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	if err := MkdirAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o755 {
+			t.Fatalf("%s: mode %v, want 0755", d, fi.Mode().Perm())
+		}
+	}
+}
