@@ -91,7 +91,7 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "docker-plugin-socket")
+	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket")
 	if err != nil {
 		return nil, err
 	}

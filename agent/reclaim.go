@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -81,10 +79,7 @@ func (t reclaimTarget) Volumes() []reclaim.Volume {
 
 func (t reclaimTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
 	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{a: t.a, typ: plugin}, plugin, id)
-	if errors.Is(err, isolator.ErrNotPublished) {
-		return reclaim.Result{}, fmt.Errorf("%w: %w", reclaim.ErrNotPublished, err)
-	}
-	if res == nil {
+	if res == nil { // err wraps reclaim.ErrNotPublished if the volume is gone
 		return reclaim.Result{}, err
 	}
 	return reclaim.Result{
@@ -102,15 +97,7 @@ func (a *Agent) pluginOffers(typ, service string) bool {
 	a.mu.Lock()
 	r := a.plugins[typ]
 	a.mu.Unlock()
-	if r == nil {
-		return false
-	}
-	for _, in := range r.instances {
-		if slices.Contains(in.snapshot().AddonsServices, service) {
-			return true
-		}
-	}
-	return false
+	return r != nil && r.sup.Offers(service)
 }
 
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.

@@ -3,12 +3,14 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/dockerplugin"
@@ -22,60 +24,65 @@ const dockerPluginSocketName = "docker-plugin.sock"
 // volumeCallTimeout bounds one call of the volume commands.
 const volumeCallTimeout = 30 * time.Second
 
-// listFlag collects a repeated flag.
-type listFlag []string
-
-func (l *listFlag) String() string     { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
-
-// runVolume dispatches csi-agent volume create|rm|inspect|ls.
-func runVolume(ctx context.Context, e *env, args []string) int {
-	subs := map[string]func(context.Context, *env, []string) int{
-		"create": runVolumeCreate, "rm": runVolumeRemove, "inspect": runVolumeInspect, "ls": runVolumeList,
-		"reconcile": runVolumeReconcile,
-	}
-	if len(args) == 0 || subs[args[0]] == nil {
-		fmt.Fprintln(e.stderr, "usage: csi-agent volume create|rm|inspect|ls|reconcile [flags] [NAME]\n\nnamed CSI volumes, as container engines use them (docker volume create -d csi-agent)")
-		return ExitUsage
-	}
-	return subs[args[0]](ctx, e, args[1:])
+// dockerPluginSocketFlag registers --docker-plugin-socket of a client.
+func dockerPluginSocketFlag(fs *pflag.FlagSet, usage string) *string {
+	return fs.String("docker-plugin-socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), usage)
 }
 
-// withVolumes parses a volume command (NAME may come before or after the
-// flags) and runs call with a client of the agent's plugin socket.
-func withVolumes(ctx context.Context, e *env, fs *flag.FlagSet, args []string, wantName bool,
-	call func(ctx context.Context, c *dockerplugin.Client, name string) error) int {
-	socket := fs.String("docker-plugin-socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), "the socket of the agent's serve --docker-plugin-socket")
-	usage := ""
-	if wantName {
-		usage = "NAME"
-	}
-	var name string
-	if wantName && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
-	}
-	if code, done := e.parseFlags(fs, args, usage); done {
-		return code
-	}
-	rest := fs.Args()
-	if wantName && name == "" && len(rest) > 0 {
-		name, rest = rest[0], rest[1:]
-	}
-	if (wantName && name == "") || len(rest) > 0 {
-		fmt.Fprintf(e.stderr, "usage: csi-agent volume %s [flags] %s\n", fs.Name(), usage)
-		return ExitUsage
-	}
-	ctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
-	defer cancel()
-	if err := call(ctx, dockerplugin.NewClient(*socket), name); err != nil {
-		fmt.Fprintf(e.stderr, "csi-agent volume %s: %v\n", fs.Name(), err)
-		return ExitProblem
-	}
-	return ExitOK
+// volumeCmd is csi-agent volume create|rm|inspect|ls|reconcile.
+func (e *env) volumeCmd() *cobra.Command {
+	return e.group("volume", "named CSI volumes for container engines: create, rm, inspect, ls, reconcile",
+		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent). The commands talk to the\nagent's --docker-plugin-socket.",
+		command("create NAME [flags]", "define a named volume", cobra.ExactArgs(1), e.volumeCreateCmd),
+		command("rm NAME", "remove a named volume (refused while an engine has it mounted)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
+			return c.Remove(ctx, name)
+		})),
+		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
+			v, err := c.Get(ctx, name)
+			if err != nil {
+				return err
+			}
+			return e.printIndented(v)
+		})),
+		command("ls [flags]", "list the named volumes", noArgs, e.volumeListCmd),
+		command("reconcile [flags]", "release every engine mount whose mount id is not in --live-mount-ids", noArgs, e.volumeReconcileCmd),
+	)
 }
 
-func runVolumeCreate(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("create", flag.ContinueOnError)
+// withVolumes declares --docker-plugin-socket and runs call with a client
+// of it, within volumeCallTimeout.
+func (e *env) withVolumes(fs *pflag.FlagSet, call func(ctx context.Context, c *dockerplugin.Client, args []string) error) runFunc {
+	socket := dockerPluginSocketFlag(fs, "the socket of the agent's serve --docker-plugin-socket")
+	return func(ctx context.Context, name string, args []string) int {
+		ctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
+		defer cancel()
+		if err := call(ctx, dockerplugin.NewClient(*socket), args); err != nil {
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+			return ExitProblem
+		}
+		return ExitOK
+	}
+}
+
+// volumeNameCmd is a command on one NAME with no flags of its own.
+func (e *env) volumeNameCmd(call func(ctx context.Context, c *dockerplugin.Client, name string) error) func(*pflag.FlagSet) runFunc {
+	return func(fs *pflag.FlagSet) runFunc {
+		return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, args []string) error {
+			return call(ctx, c, args[0])
+		})
+	}
+}
+
+func (e *env) printIndented(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, string(b))
+	return nil
+}
+
+func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	opts := map[string]string{}
 	str := func(key, usage string) {
 		fs.Func(strings.ReplaceAll(key, "_", "-"), usage, func(v string) error { opts[key] = v; return nil })
@@ -87,58 +94,33 @@ func runVolumeCreate(ctx context.Context, e *env, args []string) int {
 	str(namedvol.KeyStageSecret, "NodeStage secret reference NAME/KEY in the agent's --secrets-dir")
 	str(namedvol.KeyPublishSecret, "NodePublish secret reference NAME/KEY in the agent's --secrets-dir")
 	block := fs.Bool("block", false, "a raw block volume (engines refuse to mount these)")
-	var flags, contextKV listFlag
-	fs.Var(&flags, "mount-flag", "a mount flag (repeatable)")
-	fs.Var(&contextKV, "context", "a volume_context entry KEY=VALUE (repeatable)")
-	return withVolumes(ctx, e, fs, args, true, func(ctx context.Context, c *dockerplugin.Client, name string) error {
+	flags := fs.StringArray("mount-flag", nil, "a mount flag (repeatable)")
+	contextKV := fs.StringArray("context", nil, "a volume_context entry KEY=VALUE (repeatable)")
+	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, args []string) error {
 		if *block {
 			opts[namedvol.KeyBlock] = "true"
 		}
-		if len(flags) > 0 {
-			opts[namedvol.KeyMountFlags] = strings.Join(flags, ",")
+		if len(*flags) > 0 {
+			opts[namedvol.KeyMountFlags] = strings.Join(*flags, ",")
 		}
-		for _, kv := range contextKV {
+		for _, kv := range *contextKV {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
 				return fmt.Errorf("--context %q: expected KEY=VALUE", kv)
 			}
 			opts[namedvol.ContextPrefix+k] = v
 		}
-		if err := c.Create(ctx, name, opts); err != nil {
+		if err := c.Create(ctx, args[0], opts); err != nil {
 			return err
 		}
-		fmt.Fprintln(e.stdout, name)
+		fmt.Fprintln(e.stdout, args[0])
 		return nil
 	})
 }
 
-func runVolumeRemove(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("rm", flag.ContinueOnError)
-	return withVolumes(ctx, e, fs, args, true, func(ctx context.Context, c *dockerplugin.Client, name string) error {
-		return c.Remove(ctx, name)
-	})
-}
-
-func runVolumeInspect(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	return withVolumes(ctx, e, fs, args, true, func(ctx context.Context, c *dockerplugin.Client, name string) error {
-		v, err := c.Get(ctx, name)
-		if err != nil {
-			return err
-		}
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(e.stdout, string(b))
-		return nil
-	})
-}
-
-func runVolumeList(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("ls", flag.ContinueOnError)
+func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
 	output := outputFlag(fs)
-	return withVolumes(ctx, e, fs, args, false, func(ctx context.Context, c *dockerplugin.Client, _ string) error {
+	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
 		if err := checkOutput(*output); err != nil {
 			return err
 		}
@@ -147,12 +129,7 @@ func runVolumeList(ctx context.Context, e *env, args []string) int {
 			return err
 		}
 		if *output == "json" {
-			b, err := json.MarshalIndent(vols, "", "  ")
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(e.stdout, string(b))
-			return nil
+			return e.printIndented(vols)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
@@ -165,15 +142,10 @@ func runVolumeList(ctx context.Context, e *env, args []string) int {
 	})
 }
 
-func runVolumeReconcile(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
-	live := fs.String("live-mount-ids", "", "comma-separated mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released")
-	return withVolumes(ctx, e, fs, args, false, func(ctx context.Context, c *dockerplugin.Client, _ string) error {
-		var ids []string
-		if *live != "" {
-			ids = strings.Split(*live, ",")
-		}
-		resp, err := c.Reconcile(ctx, ids)
+func (e *env) volumeReconcileCmd(fs *pflag.FlagSet) runFunc {
+	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released")
+	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
+		resp, err := c.Reconcile(ctx, *live)
 		if err != nil {
 			return err
 		}
