@@ -17,7 +17,7 @@ FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # nothing and costs minutes: make test runs them without -race. Every
 # other package, including the root ones that run our mount and
 # supervision code in-process, runs with -race.
-E2E_PKGS     := ./agent ./bench
+E2E_PKGS     := ./agent ./bench ./dockerplugin
 TEST_TIMEOUT ?= 9m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
