@@ -34,17 +34,8 @@ func NamedVolumesDir(workDir string) string { return filepath.Join(workDir, name
 // first recovery pass, as the API's do.
 type engineBackend struct{ a *Agent }
 
-func (b engineBackend) recovered(ctx context.Context) error {
-	select {
-	case <-b.a.iso.Recovered():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
-	}
-}
-
 func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := b.recovered(ctx); err != nil {
+	if err := b.a.waitRecovered(ctx); err != nil {
 		return nil, err
 	}
 	resp, err := b.a.iso.Prepare(ctx, req)
@@ -53,7 +44,7 @@ func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest)
 }
 
 func (b engineBackend) Cleanup(ctx context.Context, id string) error {
-	if err := b.recovered(ctx); err != nil {
+	if err := b.a.waitRecovered(ctx); err != nil {
 		return err
 	}
 	err := b.a.iso.Cleanup(ctx, id)

@@ -184,11 +184,19 @@ func toStatus(err error) error {
 // arrives at start (the API serves before that) waits rather than fail on
 // a plugin not configured yet.
 func (s *apiServer) recovered(ctx context.Context) error {
+	if err := s.a.waitRecovered(ctx); err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return nil
+}
+
+// waitRecovered waits for the isolator's first recovery pass, or ctx.
+func (a *Agent) waitRecovered(ctx context.Context) error {
 	select {
-	case <-s.a.iso.Recovered():
+	case <-a.iso.Recovered():
 		return nil
 	case <-ctx.Done():
-		return status.Errorf(codes.Unavailable, "the agent is still recovering its volumes: %v", ctx.Err())
+		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
 	}
 }
 
