@@ -545,8 +545,20 @@ func TestDockerBadInput(t *testing.T) {
 	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "raw:/data", image, "true"); !strings.Contains(out, "block volume") {
 		t.Errorf("mounting a block volume: %s", out)
 	}
+	// The agent API keeps its callers off the engines' mounts: their ids
+	// are refused, and a reconcile of the API's containers keeps them.
+	api := filepath.Join(e.run, "agent.sock")
+	if out, err := exec.Command(bins.agent, "cleanup", "--container", "engine+0123", "--api-socket", api).CombinedOutput(); err == nil || !strings.Contains(string(out), "container engines' volume mounts") {
+		t.Errorf("cleanup of an engine container id: %v %s", err, out)
+	}
+	if out, err := exec.Command(bins.agent, "reconcile", "--live", "none", "--api-socket", api).CombinedOutput(); err != nil {
+		t.Errorf("reconcile: %v %s", err, out)
+	}
 	if out := docker(t, "exec", c, "sh", "-c", "echo ok > /data/f && cat /data/f"); out != "ok" {
 		t.Errorf("the mounted volume after the bad calls: %q", out)
+	}
+	if v := e.inspect("good"); mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
+		t.Errorf("after the bad calls and a reconcile, inspect says %v", v.Status)
 	}
 }
 
