@@ -447,6 +447,19 @@ func TestDockerNamedVolume(t *testing.T) {
 	if out := dockerFails(t, "volume", "rm", "data"); !strings.Contains(out, "in use") {
 		t.Errorf("docker volume rm of a volume in use: %s", out)
 	}
+	// docker cp mounts the volume again under the container's mount id,
+	// and unmounts it after: the container keeps its mount.
+	copied := filepath.Join(t.TempDir(), "f")
+	docker(t, "cp", writer+":/data/f", copied)
+	if b, err := os.ReadFile(copied); err != nil || string(b) != "hello\n" {
+		t.Errorf("docker cp copied %q, %v", b, err)
+	}
+	if out := docker(t, "exec", writer, "cat", "/data/f"); out != "hello" {
+		t.Errorf("after docker cp the writer reads %q", out)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" {
+		t.Errorf("after docker cp, inspect says %v, want the 2 containers' mounts", v.Status)
+	}
 	docker(t, "rm", "-f", writer)
 	if v := e.inspect("data"); mountsOf(v) != 1 {
 		t.Errorf("with one container left, inspect says %v", v.Status)
