@@ -192,8 +192,9 @@ func bundleRootfs(bundle string) (string, error) {
 	return filepath.Join(bundle, cfg.Root.Path), nil
 }
 
-// namedVolumes reads the mounts annotation NAME:/path[:ro];... and looks
-// the names up in the agent.
+// namedVolumes reads named mounts NAME:PATH[:ro];... (the mounts
+// annotation, prepare --mounts) and looks the names up in the agent; the
+// agent checks the paths as any container path.
 func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
 	c := dockerplugin.NewClient(socket)
 	var out []*agentv1.Volume
@@ -203,8 +204,8 @@ func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume,
 		if len(parts) == 3 && parts[2] == "ro" {
 			ro, parts = true, parts[:2]
 		}
-		if len(parts) != 2 || parts[0] == "" || !filepath.IsAbs(parts[1]) {
-			return nil, fmt.Errorf("mount %d %q: expected NAME:/absolute/path or NAME:/absolute/path:ro", i+1, m)
+		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
+			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, m)
 		}
 		d, err := c.Definition(ctx, parts[0])
 		if err != nil {

@@ -799,3 +799,40 @@ func TestDockerRunOverhead(t *testing.T) {
 	t.Logf("docker run --rm -v NAME:/data true, %d pairs: csi-agent median %v, local bind median %v, median ratio %.3f",
 		*enginePairs, median(ours).Round(time.Millisecond), median(theirs).Round(time.Millisecond), float64(median(ratios))/1000)
 }
+
+// Named volumes can be given to csi-agent prepare (--mounts), as
+// everywhere a volume is named.
+func TestPrepareNamedVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: stages and mounts a loop volume")
+	}
+	e := newEnvFor(t)
+	img := e.loopVolume("vol1")
+	if out, err := e.cli("create", "data", "--plugin", "loop.test", "--volume-id", "vol1", "--fs-type", "ext4"); err != nil {
+		t.Fatalf("volume create: %v\n%s", err, out)
+	}
+	sandbox := filepath.Join(e.dir, "sandbox")
+	if err := os.Mkdir(sandbox, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	api := []string{"--api-socket", filepath.Join(e.run, "agent.sock")}
+	out, err := exec.Command(bins.agent, append([]string{"prepare", "--container", "c1", "--mounts", "data:data", "--sandbox", sandbox,
+		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("prepare --mounts: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(sandbox, "data", "f"), []byte("named\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bins.agent, append([]string{"cleanup", "--container", "c1"}, api...)...).CombinedOutput(); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "named\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+	out, err = exec.Command(bins.agent, append([]string{"prepare", "--container", "c2", "--mounts", "nosuch:data", "--sandbox", sandbox,
+		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "no such named volume: nosuch") {
+		t.Errorf("prepare --mounts of an unknown name: %v\n%s", err, out)
+	}
+}
