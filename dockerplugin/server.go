@@ -262,6 +262,11 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 	s.mu.Lock()
 	u := s.users[cid]
 	s.mu.Unlock()
+	if u != nil && !s.prepared(cid) {
+		// A Mount that a crash interrupted (then rolled back by the
+		// isolator's recovery) never answered the engine: not a user.
+		u = nil
+	}
 	next := &user{Name: req.Name, ID: req.ID, Count: 1}
 	if u != nil {
 		next.Count = u.Count + 1
@@ -296,6 +301,17 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 	s.mu.Unlock()
 	s.log.Info("engine mounted a volume", "volume", req.Name, "mount_id", req.ID, "count", next.Count)
 	return &volume.MountResponse{Mountpoint: resp.GetMounts()[0].GetMountPoint()}, nil
+}
+
+// prepared reports whether the isolator holds an engine mount's container
+// prepared.
+func (s *Server) prepared(cid string) bool {
+	for _, c := range s.cfg.Backend.ListContainers() {
+		if c.GetContainerId() == cid {
+			return c.GetPhase() == agentv1.ContainerStatus_PREPARED
+		}
+	}
+	return false
 }
 
 // Unmount releases one engine mount; the last release of a pair cleans

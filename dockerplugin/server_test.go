@@ -49,7 +49,7 @@ func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
 	defer f.mu.Unlock()
 	var out []*agentv1.ContainerStatus
 	for id := range f.containers {
-		out = append(out, &agentv1.ContainerStatus{ContainerId: id})
+		out = append(out, &agentv1.ContainerStatus{ContainerId: id, Phase: agentv1.ContainerStatus_PREPARED})
 	}
 	return out
 }
@@ -155,5 +155,33 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	}
 	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "live" || len(b.containers) != 1 {
 		t.Errorf("after Reconcile: users %v, %d containers; want the live mount only", us, len(b.containers))
+	}
+}
+
+// A Mount interrupted by a crash (its record written, its container
+// rolled back by recovery) is not counted: the engine's next Mount of the
+// id is its first.
+func TestInterruptedMountIsNotCounted(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, dir := newTestServer(t, b)
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent restarts; recovery rolled the container back after the
+	// engine mount's record was loaded.
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(b.containers, containerID("data", "m1"))
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
+		t.Errorf("one Mount after the interrupted one, one Unmount: %d containers, users %v; want none", len(b.containers), s.usersOf("data"))
 	}
 }
