@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -119,7 +118,6 @@ func (a *Agent) startEngines() (stop func(), err error) {
 		if err := hs.Shutdown(ctx); err != nil {
 			hs.Close()
 		}
-		os.Remove(a.cfg.DockerPluginSocket)
 	}, nil
 }
 
