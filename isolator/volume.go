@@ -197,15 +197,23 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	if err != nil {
 		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	steps := iso.path(v.cp.State, want, node.StageUnstage)
+	before := v.cp.State
+	steps := iso.path(before, want, node.StageUnstage)
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
 		if err := iso.setState(v, steps[0].during); err != nil {
 			return v.cp.State, err
 		}
 	}
 	var reached vstate
-	for _, s := range steps {
+	for i, s := range steps {
 		if err := s.rpc(ctx, node, v); err != nil {
+			if i == 0 && iso.refusedUntouched(before, err, v) {
+				// The plugin refused the first call of the way up
+				// outright and nothing is mounted: the volume is where
+				// it was, and undoing it needs no call the plugin
+				// would refuse the same way.
+				return before, err
+			}
 			// A failed call may have acted (a plugin that mounted and
 			// then failed to answer): the volume is between the states
 			// before and after it.
@@ -217,6 +225,27 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		return reached, iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
 	}
 	return reached, iso.teardownDirs(v)
+}
+
+// refusedUntouched reports whether err, from the first node call of a
+// volume on its way up from a state with nothing staged or published, is
+// a refusal that means the plugin did nothing (InvalidArgument, NotFound,
+// FailedPrecondition) and nothing is mounted at its staging or target
+// path.
+func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool {
+	if before != stCreated && before != stNodeReady {
+		return false
+	}
+	code, ok := RPCCode(err)
+	if !ok || (code != codes.InvalidArgument && code != codes.NotFound && code != codes.FailedPrecondition) {
+		return false
+	}
+	for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
+		if mounted, merr := mount.IsMountPoint(p); mounted || merr != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // readState finds out a reconstructed volume's state from the mount table.
