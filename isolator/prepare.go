@@ -326,7 +326,12 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 	intent := c.written
 	var errs []error
 	for _, m := range c.cp.GetMounts() {
-		if err := iso.unmountFor(ctx, c, m); err != nil {
+		// A busy mount is retried for one step's deadline, then left to
+		// the next attempt.
+		uctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+		err := iso.unmountFor(uctx, c, m)
+		cancel()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
 		}
 		iso.cfg.CrashPoint("unbind")

@@ -193,9 +193,13 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	case want == stCreated && (v.cp.State == stCreated || v.cp.State == stNodeReady):
 		return v.cp.State, iso.teardownDirs(v)
 	}
-	node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
+	// The wait for a plugin that is not ready is one step, with the
+	// step's deadline.
+	nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+	node, err := iso.cfg.Plugins.Node(nctx, v.key.plugin)
+	cancel()
 	if err != nil {
-		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, err)
+		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
 	}
 	before := v.cp.State
 	steps := iso.path(before, want, node.StageUnstage)
@@ -404,6 +408,29 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 		}
 		pause = min(pause*2, retryMax)
 	}
+}
+
+// pluginDownError: the plugin was unknown or not ready in time.
+type pluginDownError struct {
+	plugin string
+	err    error
+}
+
+func (e *pluginDownError) Error() string { return e.err.Error() }
+func (e *pluginDownError) Unwrap() error { return e.err }
+
+// downPlugin names the plugin err says is down: unknown, not ready in
+// time, or unreachable until its calls' deadline.
+func downPlugin(err error) (string, bool) {
+	var pd *pluginDownError
+	if errors.As(err, &pd) {
+		return pd.plugin, true
+	}
+	var re *rpcError
+	if errors.As(err, &re) && (re.Code() == codes.Unavailable || re.Code() == codes.DeadlineExceeded) {
+		return re.plugin, true
+	}
+	return "", false
 }
 
 // rpcError is a plugin's error, which keeps its gRPC code.
