@@ -72,7 +72,11 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			}
 			v = nv
 		} else if !sameUse(v.cp.StaticProvisioning, pm.static) {
-			return fmt.Errorf("%w: volume %s is in use by %v with a different volume_capability or volume_context", ErrPrecondition, pm.key, v.cp.Users)
+			// Other containers are not named to this one's caller.
+			return fmt.Errorf("%w: volume %s is in use by another container with a different volume_capability or volume_context", ErrPrecondition, pm.key)
+		}
+		if singleUser(pm.static.GetVolumeCapability()) && slices.ContainsFunc(v.cp.Users, func(u string) bool { return u != id }) {
+			return fmt.Errorf("%w: volume %s is in use by another container and its access mode %s allows one", ErrPrecondition, pm.key, pm.static.GetVolumeCapability().GetAccessMode().GetMode())
 		}
 		if !slices.Contains(v.cp.Users, id) {
 			// The new user is recorded with the first checkpoint the
