@@ -111,8 +111,15 @@ func (iso *Isolator) writePending(v *volume) error {
 // release removes container id from the volume's users; the last user
 // going tears the volume down (unpublish, unstage, forget).
 func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) error {
-	iso.cancelReclaim(key, id)
-	return iso.withVolume(ctx, key, func(v *volume) error {
+	cancelled, done := iso.releaseLast(key, id)
+	defer done()
+	lctx := ctx
+	if cancelled {
+		var cancel context.CancelFunc
+		lctx, cancel = context.WithTimeout(ctx, reclaimCancelWait)
+		defer cancel()
+	}
+	return iso.withVolume(lctx, key, func(v *volume) error {
 		if v == nil {
 			return nil
 		}
