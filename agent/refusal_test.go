@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -84,5 +86,65 @@ func TestRecoveryWithPluginDown(t *testing.T) {
 	h.writeConfig("down.json", testPluginConfig("down", "--data-dir="+downData))
 	h.waitPlugin("down", "ready", ready)
 	h.mustCleanup("c1")
+	h.assertClean()
+}
+
+// TestForceCleanup: a container whose volumes' plugin is down cannot be
+// cleaned up; --force forgets it all the same, keeps a volume still
+// mounted (now without users) for the plugin's return, forgets one whose
+// mounts an operator removed, and leaves the container id reusable.
+func TestForceCleanup(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	data := h.dir("data")
+	h.writeConfig("t.json", testPluginConfig("t", "--data-dir="+data))
+	cfg := fastConfig(h)
+	cfg.RPCTimeout = time.Second
+	h.start(cfg)
+	vol, gone := volumeSpec{plugin: "t", id: "v", path: "d"}, volumeSpec{plugin: "t", id: "u", path: "e"}
+	sb := h.dir("sb")
+	h.mustPrepare("c", sb, "", vol, gone)
+	h.writeConfig("t.json", testPluginConfig("t", "--data-dir="+data, "--probe-fail"))
+	h.waitPlugin("t", "down", func(p *agentv1.Plugin) bool { return !ready(p) })
+	if _, err := h.api().Cleanup(context.Background(), &agentv1.CleanupRequest{ContainerId: "c"}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Cleanup with the plugin down: %v; want Unavailable", err)
+	}
+	// The operator unmounts what the plugin mounted for u.
+	for _, v := range h.volumes() {
+		if v.VolumeId != "u" {
+			continue
+		}
+		ms := mountsUnder(t, filepath.Dir(v.TargetPath))
+		for i := len(ms) - 1; i >= 0; i-- {
+			if err := unix.Unmount(ms[i], 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := h.api().Cleanup(context.Background(), &agentv1.CleanupRequest{ContainerId: "c", Force: true}); err != nil {
+		t.Fatalf("Cleanup --force: %v", err)
+	}
+	cs, err := h.api().ListContainers(context.Background(), &agentv1.ListContainersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Containers) > 0 {
+		t.Errorf("containers after a forced cleanup: %v", cs.Containers)
+	}
+	if ms := mountsUnder(t, sb); len(ms) > 0 {
+		t.Errorf("the container's mount is left: %v", ms)
+	}
+	vs := h.volumes()
+	if len(vs) != 1 || len(vs[0].Containers) > 0 || vs[0].State != agentv1.VolumeStatus_PUBLISHED {
+		t.Fatalf("volumes after a forced cleanup: %v; want v, published, kept without users, and u forgotten", vs)
+	}
+	if ms := mountsUnder(t, vs[0].TargetPath); len(ms) != 1 {
+		t.Errorf("mounts at the volume's target: %v; want the plugin's one, kept", ms)
+	}
+
+	h.writeConfig("t.json", testPluginConfig("t", "--data-dir="+data))
+	h.waitPlugin("t", "ready", ready)
+	h.mustPrepare("c", sb, "", vol)
+	h.mustCleanup("c")
 	h.assertClean()
 }

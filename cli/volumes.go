@@ -103,11 +103,12 @@ func printMounts(e *env, mounts []*agentv1.ContainerMount) {
 func runCleanup(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
 	id := fs.String("container", "", "container id (required)")
+	force := fs.Bool("force", false, "finish even where a volume's plugin fails its teardown (see README)")
 	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, _ string) error {
 		if *id == "" {
 			return usageError("--container is required")
 		}
-		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id})
+		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id, Force: *force})
 		return err
 	})
 }

@@ -37,7 +37,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 					return
 				}
 			}
-			if err := iso.cleanupLocked(ctx, c); err != nil {
+			if err := iso.cleanupLocked(ctx, c, false); err != nil {
 				if p, ok := downPlugin(err); ok {
 					down[p] = true
 				}

@@ -143,6 +143,34 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 	})
 }
 
+// forceRelease, after release of the volume failed with failure, removes
+// container id from its users all the same. A volume left without users
+// is forgotten (its directories removed, never across a mount point) when
+// nothing is mounted at its staging or target path; otherwise it is kept,
+// with failure, for the resync to tear down.
+func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string, failure error) error {
+	return iso.withVolume(ctx, key, func(v *volume) error {
+		if v == nil {
+			return nil
+		}
+		users := slices.DeleteFunc(slices.Clone(v.cp.Users), func(u string) bool { return u == id })
+		mounted := false
+		for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
+			if ok, err := mount.IsMountPoint(p); ok || err != nil {
+				mounted = true
+			}
+		}
+		if len(users) > 0 || mounted {
+			if len(users) == 0 {
+				iso.log.Warn("forced cleanup: keeping a volume that is still mounted for the resync to tear down", "volume", key.String(), "container", id, "error", failure)
+			}
+			return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.Users = users })
+		}
+		iso.log.Warn("forced cleanup: forgetting a volume whose teardown failed; nothing is mounted at its paths", "volume", key.String(), "container", id, "error", failure)
+		return iso.teardownDirs(v)
+	})
+}
+
 // converge drives a volume (lock held) to PUBLISHED or, for CREATED, tears
 // it down and forgets it.
 //
