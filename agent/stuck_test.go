@@ -51,7 +51,8 @@ func TestPluginRefusalIsNotStuck(t *testing.T) {
 // plugin is down, and the plugin never comes back: the next agent's
 // recovery waits for it at most --node-rpc-timeout, is then done (READY),
 // says in its status what is pending, and serves other plugins' volumes;
-// the container's cleanup finishes once the plugin is back.
+// Reconcile waits for it once; the containers' cleanups finish once the
+// plugin is back.
 func TestRecoveryWithPluginDown(t *testing.T) {
 	needRoot(t)
 	h := newHarness(t)
@@ -59,9 +60,10 @@ func TestRecoveryWithPluginDown(t *testing.T) {
 	h.writeConfig("down.json", testPluginConfig("down", "--data-dir="+downData))
 	h.writeConfig("up.json", testPluginConfig("up", "--data-dir="+upData))
 	cfg := fastConfig(h)
-	cfg.RPCTimeout = time.Second
+	cfg.RPCTimeout = 2 * time.Second
 	h.start(cfg)
 	h.mustPrepare("c1", h.dir("sb1"), "", volumeSpec{plugin: "down", id: "v", path: "d"})
+	h.mustPrepare("c4", h.dir("sb4"), "", volumeSpec{plugin: "down", id: "x", path: "d"})
 	h.mustPrepare("c2", h.dir("sb2"), "", volumeSpec{plugin: "up", id: "w", path: "d"})
 	h.writeConfig("down.json", testPluginConfig("down", "--data-dir="+downData, "--probe-fail"))
 	h.waitPlugin("down", "down", func(p *agentv1.Plugin) bool { return !ready(p) })
@@ -100,10 +102,24 @@ func TestRecoveryWithPluginDown(t *testing.T) {
 	h.mustCleanup("c2")
 	h.mustPrepare("c3", h.dir("sb3"), "", volumeSpec{plugin: "up", id: "w", path: "d"})
 	h.mustCleanup("c3")
+	// Reconcile waits for the plugin that is down once, not once per
+	// container.
+	start := time.Now()
+	resp, err := h.api().Reconcile(context.Background(), &agentv1.ReconcileRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > cfg.RPCTimeout*3/2 {
+		t.Errorf("Reconcile took %v with one plugin down; want about one --node-rpc-timeout (%v)", d, cfg.RPCTimeout)
+	}
+	if len(resp.Failed) != 2 || !strings.Contains(resp.Failed["c4"], "not tried") {
+		t.Errorf("Reconcile = %v; want c1 and c4 failed, c4 not tried", resp)
+	}
 
 	h.writeConfig("down.json", testPluginConfig("down", "--data-dir="+downData))
 	h.waitPlugin("down", "ready", ready)
 	h.mustCleanup("c1")
+	h.mustCleanup("c4")
 	h.assertClean()
 }
 

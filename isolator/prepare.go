@@ -394,18 +394,32 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 	return nil
 }
 
-// Reconcile cleans up every container not in live.
+// Reconcile cleans up every container not in live. A plugin found down
+// (its wait has the RPC deadline) is not waited for again: the other
+// containers using it are reported failed, not tried.
 func (iso *Isolator) Reconcile(ctx context.Context, live []string) *agentv1.ReconcileResponse {
 	alive := map[string]bool{}
 	for _, id := range live {
 		alive[id] = true
 	}
 	resp := &agentv1.ReconcileResponse{Failed: map[string]string{}}
+	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		if alive[id] {
 			continue
 		}
+		iso.mu.Lock()
+		var req *agentv1.PrepareRequest
+		if c := iso.containers[id]; c != nil {
+			req = c.cp.GetRequest()
+		}
+		iso.mu.Unlock()
+		if p, ok := down.of(req); ok {
+			resp.Failed[id] = fmt.Sprintf("container %s: not tried: plugin %s did not answer for another container", id, p)
+			continue
+		}
 		if err := iso.Cleanup(ctx, id, false); err != nil {
+			down.note(err)
 			resp.Failed[id] = err.Error()
 			continue
 		}

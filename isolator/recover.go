@@ -25,22 +25,18 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	// A plugin that is not ready holds up its own volumes and containers
 	// only, and only once per pass (each wait for it has the RPC
 	// deadline): the next pass retries them, their state kept.
-	down := map[string]bool{}
+	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
 			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
 				return
 			}
-			for _, v := range c.cp.GetRequest().GetVolumes() {
-				if p := v.GetSource().GetCsiVolume().GetPluginName(); down[p] {
-					iso.log.Warn("leaving an interrupted prepare or cleanup for a later pass: its plugin is down", "container", id, "plugin", p)
-					return
-				}
+			if p, ok := down.of(c.cp.GetRequest()); ok {
+				iso.log.Warn("leaving an interrupted prepare or cleanup for a later pass: its plugin is down", "container", id, "plugin", p)
+				return
 			}
 			if err := iso.cleanupLocked(ctx, c, false); err != nil {
-				if p, ok := downPlugin(err); ok {
-					down[p] = true
-				}
+				down.note(err)
 				iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
 			}
 		})
@@ -57,9 +53,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		err := iso.converge(vctx, v, want)
 		cancel()
 		if err != nil {
-			if p, ok := downPlugin(err); ok {
-				down[p] = true
-			}
+			down.note(err)
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})
@@ -69,6 +63,27 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		}
 		iso.removeOrphanDirs()
 	}
+}
+
+// downPlugins are the plugins found down in one pass over containers or
+// volumes: each is waited for once per pass.
+type downPlugins map[string]bool
+
+// note records the plugin err says is down, if any.
+func (d downPlugins) note(err error) {
+	if p, ok := downPlugin(err); ok {
+		d[p] = true
+	}
+}
+
+// of names a plugin of the request's volumes that is down.
+func (d downPlugins) of(req *agentv1.PrepareRequest) (string, bool) {
+	for _, v := range req.GetVolumes() {
+		if p := v.GetSource().GetCsiVolume().GetPluginName(); d[p] {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // forEachVolume runs f on each volume whose lock is free, lock held.
