@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -181,4 +182,41 @@ func TestForceCleanup(t *testing.T) {
 	h.mustPrepare("c", sb, "", vol)
 	h.mustCleanup("c")
 	h.assertClean()
+}
+
+// TestRefusalNeedsNoTeardown: a NodeStageVolume refused with
+// InvalidArgument, NotFound or FailedPrecondition did nothing, so the
+// rollback sends the plugin no teardown call; one that failed with
+// Internal may have acted, so the rollback unpublishes and unstages.
+func TestRefusalNeedsNoTeardown(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	failFile := filepath.Join(h.extra, "fail-stage")
+	h.writeConfig("t.json", testPluginConfig("t", "--data-dir="+h.dir("data"), "--fail-stage-file="+failFile))
+	h.start(fastConfig(h))
+	h.waitPlugin("t", "ready", ready)
+	logPath := filepath.Join(h.work, "csi", "t", "default", "logs", "container-0.stderr.log")
+	for _, code := range []codes.Code{codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.Internal} {
+		if err := os.WriteFile(failFile, []byte(code.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before, err := os.ReadFile(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.prepare("c", h.dir("sb"), "", volumeSpec{plugin: "t", id: "v", path: "d"})
+		if status.Code(err) != code {
+			t.Fatalf("Prepare with NodeStageVolume failing with %s: %v", code, err)
+		}
+		h.assertClean()
+		after, err := os.ReadFile(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := string(after[len(before):])
+		teardown := strings.Contains(calls, "NodeUnpublishVolume") || strings.Contains(calls, "NodeUnstageVolume")
+		if teardown != (code == codes.Internal) {
+			t.Errorf("NodeStageVolume failing with %s: teardown calls sent = %v; the plugin saw:\n%s", code, teardown, calls)
+		}
+	}
 }
