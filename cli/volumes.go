@@ -102,11 +102,16 @@ func printMounts(e *env, mounts []*agentv1.ContainerMount) {
 
 func runCleanup(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
-	id := fs.String("container", "", "container id (required)")
+	id := fs.String("container", "", "container id (or give it as the argument)")
 	force := fs.Bool("force", false, "finish even where a volume's plugin fails its teardown (see README)")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, _ string) error {
-		if *id == "" {
-			return usageError("--container is required")
+	return withAgent(ctx, e, fs, args, "[ID]", func(ctx context.Context, client agentv1.AgentClient, _ string) error {
+		switch rest := fs.Args(); {
+		case len(rest) > 1 || (len(rest) == 1 && *id != ""):
+			return usageError("give the container id once: --container ID or ID")
+		case len(rest) == 1:
+			*id = rest[0]
+		case *id == "":
+			return usageError("a container id is required: --container ID or ID")
 		}
 		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id, Force: *force})
 		return err
