@@ -46,7 +46,7 @@ func (b engineBackend) Cleanup(ctx context.Context, id string) error {
 	if err := b.a.waitRecovered(ctx); err != nil {
 		return err
 	}
-	err := b.a.iso.Cleanup(ctx, id)
+	err := b.a.iso.Cleanup(ctx, id, false)
 	b.a.reclaimer.Poke()
 	return err
 }

@@ -219,7 +219,7 @@ func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	err := s.a.iso.Cleanup(ctx, req.GetContainerId())
+	err := s.a.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
 	s.a.reclaimer.Poke()
 	if err != nil {
 		return nil, toStatus(err)

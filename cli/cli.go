@@ -87,7 +87,7 @@ func (e *env) newRoot() *cobra.Command {
 		command("check-config [flags] DIR", "validate a plugin config directory and list its plugins", cobra.ExactArgs(1), e.checkConfigCmd),
 		command("plugins [flags] [TYPE]", "list the agent's plugins, or show one", cobra.MaximumNArgs(1), e.pluginsCmd),
 		command("prepare [flags]", "give a container its CSI volumes", noArgs, e.prepareCmd),
-		command("cleanup [flags]", "take a container's CSI volumes away", noArgs, e.cleanupCmd),
+		command("cleanup [flags] [ID]", "take a container's CSI volumes away", cobra.ArbitraryArgs, e.cleanupCmd),
 		command("volumes [flags]", "list the volumes the agent tracks", noArgs, e.volumesCmd),
 		command("containers [flags]", "list the containers that have volumes", noArgs, e.containersCmd),
 		e.volumeCmd(),

@@ -114,12 +114,18 @@ func printMounts(e *env, mounts []*agentv1.ContainerMount) {
 
 // cleanupCmd is csi-agent cleanup.
 func (e *env) cleanupCmd(fs *pflag.FlagSet) runFunc {
-	id := fs.String("container", "", "container id (required)")
-	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, _ string, _ []string) error {
-		if *id == "" {
-			return usageError("--container is required")
+	id := fs.String("container", "", "container id (or give it as the argument)")
+	force := fs.Bool("force", false, "finish even where a volume's plugin fails its teardown (see README)")
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, _ string, rest []string) error {
+		switch {
+		case len(rest) > 1 || (len(rest) == 1 && *id != ""):
+			return usageError("give the container id once: --container ID or ID")
+		case len(rest) == 1:
+			*id = rest[0]
+		case *id == "":
+			return usageError("a container id is required: --container ID or ID")
 		}
-		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id})
+		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id, Force: *force})
 		return err
 	})
 }
