@@ -374,3 +374,62 @@ func TestUnmountOwnStackedAndSubmounts(t *testing.T) {
 		t.Errorf("the runtime's tmpfs lost: %v", err)
 	}
 }
+
+// TestUnmountOwnInNamespace: the same rules inside a running container's
+// own mount namespace (pivoted, with a fake /proc): the container renames
+// the parent of its volume path and plants a link to the host's old root in
+// its place; the agent unmounts exactly its mount where it moved to, and
+// the runtime's tmpfs that was under it stays.
+func TestUnmountOwnInNamespace(t *testing.T) {
+	needRoot(t)
+	src, c := nsSandbox(t, true)
+	c.in(t, func() error {
+		if err := os.MkdirAll("/x/run", 0o755); err != nil {
+			return err
+		}
+		return mount.Mount("tmpfs", "/x/run", "tmpfs", []string{"size=1m"})
+	})
+	before := c.mountsUnder(t, "/x")
+	tree, err := mount.CloneTree(src, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tree.Close()
+	var id mount.Identity
+	c.in(t, func() error {
+		h, _, err := mount.ResolveInRoot("/", "/x/run", mount.Directory, -1, -1)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		if id.Parent, err = mount.ID(h); err != nil {
+			return err
+		}
+		if id.ID, err = mount.ID(tree); err != nil {
+			return err
+		}
+		id.Source = src
+		return mount.MoveTree(tree, h)
+	})
+	tree.Close()
+	c.in(t, func() error {
+		if err := os.Rename("/x", "/y"); err != nil {
+			return err
+		}
+		return os.Symlink("/.old"+filepath.Dir(src), "/x")
+	})
+	var res mount.Result
+	c.in(t, func() error {
+		res, err = mount.UnmountOwn(context.Background(), "/", "/x/run", id)
+		return err
+	})
+	if res.Where != mount.Moved || res.Path != "/y/run" {
+		t.Errorf("UnmountOwn = %+v, want moved to /y/run", res)
+	}
+	if got, want := c.mountsUnder(t, "/y"), []string{"/y/run"}; !slices.Equal(got, want) {
+		t.Errorf("the container's mounts: %v, want the runtime's tmpfs only %v (before: %v)", got, want, before)
+	}
+	if got := hostMountsUnder(t, src); !slices.Equal(got, []string{src, filepath.Join(src, "sub")}) {
+		t.Errorf("host mounts of the source changed: %v", got)
+	}
+}
