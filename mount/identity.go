@@ -173,6 +173,9 @@ type inRoot struct {
 // rel returns p relative to the root, if p is at or below it.
 func (in inRoot) rel(p string) (string, bool) {
 	p = filepath.Clean(p)
+	if in.path == "/" {
+		return strings.TrimPrefix(p, "/"), filepath.IsAbs(p)
+	}
 	if !within(in.path, p) {
 		return "", false
 	}
@@ -349,7 +352,12 @@ func unmountAt(dir *os.File, name string) error {
 	if err := unix.Fchdir(int(dir.Fd())); err != nil {
 		return fmt.Errorf("fchdir %s: %w", dir.Name(), err)
 	}
-	return unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
+	err = unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
+	// A working directory inside a mount would keep it busy.
+	if cerr := unix.Chdir("/"); cerr != nil && err == nil {
+		err = fmt.Errorf("chdir /: %w", cerr)
+	}
+	return err
 }
 
 // inOtherNamespace reports whether the calling thread is in another mount
@@ -371,12 +379,15 @@ func inOtherNamespace() (bool, error) {
 	}
 	defer closeThread()
 	defer thread.Close()
-	var a, b unix.Stat_t
-	if err := unix.Fstat(int(self.Fd()), &a); err != nil {
-		return false, err
+	// The handles are the links themselves: their targets ("mnt:[ino]")
+	// name the namespaces.
+	a, err := readlinkat(self, "")
+	if err != nil {
+		return false, fmt.Errorf("read /proc/self/ns/mnt: %w", err)
 	}
-	if err := unix.Fstat(int(thread.Fd()), &b); err != nil {
-		return false, err
+	b, err := readlinkat(thread, "")
+	if err != nil {
+		return false, fmt.Errorf("read /proc/thread-self/ns/mnt: %w", err)
 	}
-	return a.Ino != b.Ino, nil
+	return a != b, nil
 }
