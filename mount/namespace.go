@@ -44,7 +44,7 @@ func MountNamespace(pid int) (uint64, error) {
 // ErrNoProcess.
 //
 // Inside f, paths are looked up in the process's namespace, from its root:
-// ResolveInRoot, MoveTree (onto a handle resolved there), UnmountAll,
+// ResolveInRoot, MoveTree (onto a handle resolved there), UnmountOwn,
 // RemoveEmptyTree and List (the thread's mountinfo, read through
 // pathrs-lite's own procfs, never the namespace's /proc) act on the
 // process's mounts, which the host may not see (a mount namespace whose "/"
