@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -208,5 +210,50 @@ func TestAttackTableDaemon(t *testing.T) {
 	if err := unix.Unmount(filepath.Join(host, "run"), 0); err != nil {
 		t.Fatal(err)
 	}
+	h.assertClean(pool)
+}
+
+// TestBlockReadOnly (finding 4): an RO user of a block volume gets a
+// device it cannot write (its own read-only publish), while an RW user of
+// the same volume still writes; both go cleanly.
+func TestBlockReadOnly(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "blk")
+	h.start(fastConfig(h))
+	rw, ro := h.dir("sb-rw"), h.dir("sb-ro")
+	h.mustPrepare("writer", rw, "", volumeSpec{plugin: "loop", id: "blk", path: "disk", block: true})
+	h.mustPrepare("reader", ro, "", volumeSpec{plugin: "loop", id: "blk", path: "disk", block: true, ro: true})
+	payload := bytes.Repeat([]byte("csiagent"), 512)
+	for name, sb := range map[string]string{"the RW user": rw, "the RO user": ro} {
+		dev, err := os.OpenFile(filepath.Join(sb, "disk"), os.O_RDWR, 0)
+		if err == nil {
+			_, err = dev.WriteAt(payload, 8192)
+			if err == nil {
+				err = dev.Sync()
+			}
+			dev.Close()
+		}
+		switch {
+		case sb == rw && err != nil:
+			t.Errorf("%s cannot write its block device: %v", name, err)
+		case sb == ro && !errors.Is(err, unix.EROFS) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EACCES):
+			t.Errorf("%s writes its block device: %v; want EROFS or EPERM", name, err)
+		}
+	}
+	// The RO user reads what the RW user wrote.
+	dev, err := os.Open(filepath.Join(ro, "disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(payload))
+	_, err = dev.ReadAt(back, 8192)
+	dev.Close()
+	if err != nil || !bytes.Equal(back, payload) {
+		t.Errorf("the RO user reads %q..., %v", back[:8], err)
+	}
+	h.mustCleanup("reader")
+	h.mustCleanup("writer")
 	h.assertClean(pool)
 }

@@ -236,9 +236,13 @@ func (p *pendingMount) close() {
 // clones the volume, and returns the mount's record with its identity.
 func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
 	req := c.cp.GetRequest()
+	hostPath := vcp.GetTargetPath()
+	if pm.readonly && pm.block {
+		hostPath = vcp.GetRoTargetPath() // a device its users cannot write
+	}
 	p := &pendingMount{pm: pm, rec: &agentv1.ContainerMount{
 		PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
-		HostPath: vcp.GetTargetPath(), Readonly: pm.readonly, MountNamespace: ns,
+		HostPath: hostPath, Readonly: pm.readonly, MountNamespace: ns,
 	}}
 	resolve := func() (*os.File, error) {
 		target, mp, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)

@@ -160,7 +160,14 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 			if err != nil {
 				return err
 			}
-			tree, err := mount.CloneTree(v.cp.GetTargetPath(), m.GetReadonly())
+			source := v.cp.GetTargetPath()
+			if block && m.GetReadonly() {
+				if err := iso.publishReadOnly(ctx, v); err != nil {
+					return err
+				}
+				source = v.cp.GetRoTargetPath()
+			}
+			tree, err := mount.CloneTree(source, m.GetReadonly())
 			if err != nil {
 				return err
 			}
