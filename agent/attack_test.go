@@ -257,3 +257,34 @@ func TestBlockReadOnly(t *testing.T) {
 	h.mustCleanup("writer")
 	h.assertClean(pool)
 }
+
+// TestNestedContainerPathsRunc (finding 3, OCI hook path): the same
+// nesting in real runc containers, mounted inside their mount namespace:
+// /data/sub is the inner volume's root (its lost+found) and takes the
+// write; poststop leaves nothing.
+func TestNestedContainerPathsRunc(t *testing.T) {
+	runc, busybox := needRunc(t)
+	h := newHarness(t)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "outer")
+	createVolume(t, pool, "inner")
+	h.start(fastConfig(h))
+	h.waitPlugin("loop", "ready", ready)
+	outer := volumeSpec{plugin: "loop", id: "outer", path: "/data"}
+	inner := volumeSpec{plugin: "loop", id: "inner", path: "/data/sub"}
+	for name, specs := range map[string][]volumeSpec{"outer-first": {outer, inner}, "inner-first": {inner, outer}} {
+		t.Run(name, func(t *testing.T) {
+			b := h.bundle(busybox, name, "echo "+name+" > /data/sub/file && ls /data/sub && ls /data", specs...)
+			out, errOut, err := runContainer(t, runc, b, "nested-"+name)
+			// /data/sub holds the inner volume's lost+found and the file;
+			// /data lists the outer volume's lost+found and sub.
+			if err != nil || strings.Count(out, "lost+found") != 2 || !strings.Contains(out, "file") {
+				t.Fatalf("container: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+			}
+			h.assertClean(pool)
+			if ms := mountsUnder(t, b); len(ms) > 0 {
+				t.Errorf("mounts on the host under the bundle: %v", ms)
+			}
+		})
+	}
+}
