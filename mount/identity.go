@@ -113,9 +113,14 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 		return Result{}, err
 	}
 	defer rootDir.Close()
-	rootPath, err := procfs.ProcSelfFdReadlink(rootDir)
-	if err != nil {
-		return Result{}, fmt.Errorf("read path of root %s: %w", root, err)
+	// The recorded mount point is canonical: a root string it starts with
+	// is canonical too (the root is trusted). Only another spelling of
+	// the root needs the kernel's name for it.
+	rootPath := filepath.Clean(root)
+	if !within(rootPath, filepath.Clean(mountPoint)) {
+		if rootPath, err = procfs.ProcSelfFdReadlink(rootDir); err != nil {
+			return Result{}, fmt.Errorf("read path of root %s: %w", root, err)
+		}
 	}
 	in := inRoot{dir: rootDir, path: rootPath}
 	rel, ok := in.rel(mountPoint)
@@ -338,56 +343,20 @@ func mountByID(id uint64) (*mountinfo.Info, error) {
 // unmountAt unmounts the top mount at name in dir, through the handle:
 // never by a path looked up again from a root. On a thread in the
 // process's own mount namespace the handle is reached as
-// /proc/self/fd/<fd>; on a thread in another one (InNamespace, whose
-// /proc belongs to the container) through the thread's own working
-// directory, which InNamespace has unshared.
+// /proc/self/fd/<fd>; on an InNamespace thread (whose /proc belongs to the
+// container) through the thread's own working directory, which
+// InNamespace has unshared.
 func unmountAt(dir *os.File, name string) error {
-	other, err := inOtherNamespace()
-	if err != nil {
-		return err
-	}
-	if !other {
+	if _, other := nsThreads.Load(unix.Gettid()); !other {
 		return unix.Unmount("/proc/self/fd/"+strconv.Itoa(int(dir.Fd()))+"/"+name, unix.UMOUNT_NOFOLLOW)
 	}
 	if err := unix.Fchdir(int(dir.Fd())); err != nil {
 		return fmt.Errorf("fchdir %s: %w", dir.Name(), err)
 	}
-	err = unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
+	err := unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
 	// A working directory inside a mount would keep it busy.
 	if cerr := unix.Chdir("/"); cerr != nil && err == nil {
 		err = fmt.Errorf("chdir /: %w", cerr)
 	}
 	return err
-}
-
-// inOtherNamespace reports whether the calling thread is in another mount
-// namespace than the process (read through pathrs-lite's private procfs).
-func inOtherNamespace() (bool, error) {
-	proc, err := procfs.OpenProcRoot()
-	if err != nil {
-		return false, fmt.Errorf("open procfs: %w", err)
-	}
-	defer proc.Close()
-	self, err := proc.OpenSelf("ns/mnt")
-	if err != nil {
-		return false, fmt.Errorf("open /proc/self/ns/mnt: %w", err)
-	}
-	defer self.Close()
-	thread, closeThread, err := proc.OpenThreadSelf("ns/mnt")
-	if err != nil {
-		return false, fmt.Errorf("open /proc/thread-self/ns/mnt: %w", err)
-	}
-	defer closeThread()
-	defer thread.Close()
-	// The handles are the links themselves: their targets ("mnt:[ino]")
-	// name the namespaces.
-	a, err := readlinkat(self, "")
-	if err != nil {
-		return false, fmt.Errorf("read /proc/self/ns/mnt: %w", err)
-	}
-	b, err := readlinkat(thread, "")
-	if err != nil {
-		return false, fmt.Errorf("read /proc/thread-self/ns/mnt: %w", err)
-	}
-	return a != b, nil
 }

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 
 	"github.com/cyphar/filepath-securejoin/pathrs-lite/procfs"
 	"golang.org/x/sys/unix"
@@ -93,6 +94,9 @@ func InNamespace(pid int, nsIno uint64, f func() error) error {
 			r.err = fmt.Errorf("entering the mount namespace of pid %d: %w", pid, err)
 			return
 		}
+		tid := unix.Gettid()
+		nsThreads.Store(tid, struct{}{})
+		defer nsThreads.Delete(tid)
 		if err := f(); err != nil {
 			r.err = fmt.Errorf("in the mount namespace of pid %d: %w", pid, err)
 		}
@@ -103,6 +107,11 @@ func InNamespace(pid int, nsIno uint64, f func() error) error {
 	}
 	return r.err
 }
+
+// nsThreads holds the ids of the threads InNamespace has moved into
+// another mount namespace (with their own working directory), while f
+// runs.
+var nsThreads sync.Map
 
 // onDiscardedThread runs fn on a new goroutine locked to a thread other than
 // the main one, which Go terminates when fn returns, since it stays locked.
