@@ -288,3 +288,29 @@ func TestNestedContainerPathsRunc(t *testing.T) {
 		})
 	}
 }
+
+// TestCleanupReportsMountsNotFound: a mount the container took away is
+// reported in the container's last_error next to the failure that keeps
+// it CLEANING (here: its other volume covered by its own tmpfs).
+func TestCleanupReportsMountsNotFound(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "a")
+	createVolume(t, pool, "b")
+	h.start(fastConfig(h))
+	rootfs := h.dir("rootfs")
+	h.mustPrepare("c", "", rootfs, volumeSpec{plugin: "loop", id: "a", path: "/x/run"}, volumeSpec{plugin: "loop", id: "b", path: "/z"})
+	tmpfsAt(t, filepath.Join(rootfs, "x", "run"), "their-file")
+	mustUnmount(t, filepath.Join(rootfs, "z"))
+	if _, err := h.api().Cleanup(context.Background(), &agentv1.CleanupRequest{ContainerId: "c"}); err == nil {
+		t.Fatal("Cleanup succeeded with a volume covered")
+	}
+	c := h.container("c")
+	if c == nil || !strings.Contains(c.LastError, "covered") || !strings.Contains(c.LastError, filepath.Join(rootfs, "z")+" was not there") {
+		t.Fatalf("container status = %v, want last_error naming the cover and the mount not found", c)
+	}
+	mustUnmount(t, filepath.Join(rootfs, "x", "run"))
+	h.mustCleanup("c")
+	h.assertClean(pool)
+}

@@ -360,13 +360,13 @@ func (c *container) inNamespace(f func() error) error {
 // container with a pid the mount lives in its namespace: when that is gone
 // (the container ended), so is the mount; while it lives, the mount is
 // removed there, inside the rootfs before pivot_root or "/" after it. A
-// mount that moved or is gone is logged.
-func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) error {
+// mount that moved or is gone is logged and described in the note
+// returned.
+func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) (note string, err error) {
 	req := c.cp.GetRequest()
 	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath()}
 	root := mountRoot(req, m.GetContainerPath())
 	var res mount.Result
-	var err error
 	if req.GetPid() == 0 {
 		res, err = mount.UnmountOwn(ctx, root, m.GetMountPoint(), id)
 	} else {
@@ -381,18 +381,21 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.Co
 			return err
 		})
 		if errors.Is(err, mount.ErrNoProcess) || errors.Is(err, mount.ErrWrongNamespace) {
-			return nil
+			return "", nil
 		}
 	}
 	switch {
 	case err != nil:
-		return err
+		return "", err
 	case res.Where == mount.Moved:
-		iso.log.Warn("the container moved its mount; unmounted where it was found", "container", c.id, "mount_point", m.GetMountPoint(), "found_at", res.Path, "mount_id", id.ID)
+		note = fmt.Sprintf("mount %d of %s had moved to %s (unmounted there)", id.ID, m.GetMountPoint(), res.Path)
 	case res.Where == mount.Gone:
-		iso.log.Warn("the container's mount was not there (never made, or unmounted by someone else)", "container", c.id, "mount_point", m.GetMountPoint(), "mount_id", id.ID)
+		note = fmt.Sprintf("mount %d of %s was not there (never made, or unmounted by someone else)", id.ID, m.GetMountPoint())
 	}
-	return nil
+	if note != "" {
+		iso.log.Warn("a container's mount was not where it was recorded", "container", c.id, "note", note)
+	}
+	return note, nil
 }
 
 // mountRoot is the root a container path resolves in: the sandbox for a
@@ -463,12 +466,17 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 	}
 	intent := c.written
 	var errs []error
+	var notes []string
 	// Children before parents: the reverse of the order they were made.
 	ms := c.cp.GetMounts()
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if err := iso.unmountFor(ctx, c, m); err != nil {
+		note, err := iso.unmountFor(ctx, c, m)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
+		}
+		if note != "" {
+			notes = append(notes, note)
 		}
 		iso.cfg.CrashPoint("unbind")
 	}
@@ -502,7 +510,9 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = err.Error() }); serr != nil {
+		// The status says what was found where, too.
+		lastErr := strings.Join(append([]string{err.Error()}, notes...), "; ")
+		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = lastErr }); serr != nil {
 			iso.log.Error("checkpointing cleanup error", "container", c.id, "error", serr)
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
