@@ -152,87 +152,202 @@ func planSummary(plan []plannedMount) string {
 
 // mountAll mounts each published volume at the container's mount point: on
 // the host, or inside the container's mount namespace for a request with a
-// pid. Every mount point is resolved first, inside its root (creating what
-// is missing), then all are checkpointed in one write, then the mounts are
-// made in request order: a crash in between knows what to unmount. A mount
-// that fails leaves the record with the mounts made before it, for the
-// rollback to undo.
+// pid. Parents go before children (by path depth), and a mount point is
+// resolved only once every mount above it is made, so /data/sub lands in
+// the volume at /data, not under it. Mounts go in batches of paths none of
+// which is below another (one batch unless paths nest): each batch's mount
+// points are resolved inside their root (creating what is missing) and
+// the volumes cloned, then all are checkpointed in one write with their
+// identities (the new mount's id, the id of the mount it goes on, the
+// namespace), then moved into place. A crash in between knows what to
+// unmount, and by which id. A mount that fails leaves the record with the
+// mounts made before it, for the rollback to undo.
 func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
-	req := c.cp.GetRequest()
-	mounts := make([]*agentv1.ContainerMount, len(plan))
-	targets := make([]*os.File, len(plan)) // host mounts: the resolved mount points
-	defer func() {
-		for _, f := range targets {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
-	for i, pm := range plan {
-		var mountPoint string
-		var err error
-		if req.GetPid() == 0 {
-			targets[i], mountPoint, err = resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
-		} else {
-			// Resolved (and created) in the container's namespace to learn
-			// the path to record; resolved again there when mounting.
-			err = c.inNamespace(func() error {
-				target, p, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
-				if err == nil {
-					target.Close()
-					mountPoint = p
-				}
-				return err
-			})
-		}
-		if err != nil {
-			return fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
-		}
-		mounts[i] = &agentv1.ContainerMount{
-			PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
-			HostPath: vcps[i].GetTargetPath(), MountPoint: mountPoint, Readonly: pm.readonly,
-		}
-	}
-	if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = mounts }); err != nil {
+	ns, err := iso.mountNamespace(c)
+	if err != nil {
 		return err
 	}
-	for i, pm := range plan {
-		if err := iso.mountOne(c, pm, mounts[i], targets[i], uid, gid); err != nil {
-			if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = mounts[:i] }); serr != nil {
-				iso.log.Error("checkpointing the mounts made", "container", c.id, "error", serr)
+	order := mountOrder(plan)
+	var made []*agentv1.ContainerMount
+	for len(order) > 0 {
+		n := batchLen(plan, order)
+		pending := make([]*pendingMount, 0, n)
+		defer func() {
+			for _, p := range pending {
+				p.close()
 			}
-			return fmt.Errorf("volume %s: %w", pm.key, err)
+		}()
+		records := append([]*agentv1.ContainerMount(nil), made...)
+		for _, i := range order[:n] {
+			p, err := iso.readyMount(c, plan[i], vcps[i], ns, uid, gid)
+			if err != nil {
+				return err
+			}
+			pending = append(pending, p)
+			records = append(records, p.rec)
 		}
+		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = records }); err != nil {
+			return err
+		}
+		for _, p := range pending {
+			if err := iso.mountOne(c, p, uid, gid); err != nil {
+				if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = made }); serr != nil {
+					iso.log.Error("checkpointing the mounts made", "container", c.id, "error", serr)
+				}
+				return fmt.Errorf("volume %s: %w", p.pm.key, err)
+			}
+			made = append(made, p.rec)
+		}
+		order = order[n:]
 	}
 	return nil
 }
 
-// mountOne makes one recorded mount: a bind onto the resolved target on
-// the host, or a clone of the volume, made on the host, moved onto the
-// mount point resolved again inside the container's namespace (both
-// resolutions stay inside the rootfs).
-func (iso *Isolator) mountOne(c *container, pm plannedMount, m *agentv1.ContainerMount, target *os.File, uid, gid int) error {
-	if target != nil {
-		err := mount.BindInto(m.GetHostPath(), target, pm.readonly)
+// mountNamespace is the identity of the mount namespace a container's
+// mounts are made in: its process's, or the agent's own.
+func (iso *Isolator) mountNamespace(c *container) (uint64, error) {
+	if c.cp.GetRequest().GetPid() != 0 {
+		return c.cp.GetMountNamespace(), nil
+	}
+	ns, err := mount.MountNamespace(os.Getpid())
+	if err != nil {
+		return 0, fmt.Errorf("container %s: %w", c.id, err)
+	}
+	return ns, nil
+}
+
+// pendingMount is a mount about to be made: the volume cloned, detached,
+// and, on the host, the resolved mount point.
+type pendingMount struct {
+	pm     plannedMount
+	rec    *agentv1.ContainerMount
+	tree   *os.File
+	target *os.File // host mounts only
+}
+
+func (p *pendingMount) close() {
+	p.tree.Close()
+	if p.target != nil {
+		p.target.Close()
+	}
+}
+
+// readyMount resolves one mount point (creating what is missing) and
+// clones the volume, and returns the mount's record with its identity.
+func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
+	req := c.cp.GetRequest()
+	hostPath := vcp.GetTargetPath()
+	if pm.readonly && pm.block {
+		hostPath = vcp.GetRoTargetPath() // a device its users cannot write
+	}
+	p := &pendingMount{pm: pm, rec: &agentv1.ContainerMount{
+		PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
+		HostPath: hostPath, Readonly: pm.readonly, MountNamespace: ns,
+	}}
+	resolve := func() (*os.File, error) {
+		target, mp, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+		if err != nil {
+			return nil, err
+		}
+		parent, err := mount.ID(target)
+		if err != nil {
+			target.Close()
+			return nil, err
+		}
+		p.rec.MountPoint, p.rec.ParentMountId = mp, parent
+		return target, nil
+	}
+	var err error
+	if req.GetPid() == 0 {
+		p.target, err = resolve()
+	} else {
+		// Resolved (and created) in the container's namespace to learn
+		// the path and parent to record; resolved again there when
+		// mounting.
+		err = c.inNamespace(func() error {
+			target, err := resolve()
+			if err == nil {
+				target.Close()
+			}
+			return err
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
+	}
+	if p.tree, err = mount.CloneTree(p.rec.HostPath, pm.readonly); err != nil {
+		p.close()
+		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
+	}
+	if p.rec.MountId, err = mount.ID(p.tree); err != nil {
+		p.close()
+		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
+	}
+	return p, nil
+}
+
+// mountOne moves a cloned volume onto its mount point: the handle
+// resolved on the host, or the mount point resolved again inside the
+// container's namespace (both resolutions stay inside the rootfs).
+func (iso *Isolator) mountOne(c *container, p *pendingMount, uid, gid int) error {
+	if p.target != nil {
+		err := mount.MoveTree(p.tree, p.target)
 		iso.cfg.CrashPoint("bind")
 		return err
 	}
 	req := c.cp.GetRequest()
-	tree, err := mount.CloneTree(m.GetHostPath(), pm.readonly)
-	if err != nil {
-		return err
-	}
-	defer tree.Close()
-	err = c.inNamespace(func() error {
-		target, _, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+	err := c.inNamespace(func() error {
+		target, _, err := resolveMountPoint(req, p.pm.containerPath, p.pm.block, uid, gid)
 		if err != nil {
 			return err
 		}
 		defer target.Close()
-		return mount.MoveTree(tree, target)
+		return mount.MoveTree(p.tree, target)
 	})
 	iso.cfg.CrashPoint("bind")
 	return err
+}
+
+// mountOrder returns the indexes of plan, parents before children: by the
+// depth of the container path, ties in request order.
+func mountOrder(plan []plannedMount) []int {
+	order := make([]int, len(plan))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		return pathDepth(plan[order[a]].containerPath) < pathDepth(plan[order[b]].containerPath)
+	})
+	return order
+}
+
+func pathDepth(p string) int {
+	return len(strings.FieldsFunc(filepath.Clean(p), func(r rune) bool { return r == '/' }))
+}
+
+// batchLen is how many of the mounts next in order can be resolved before
+// any of them is made: up to the first whose container path is at or
+// below another one's of the batch, in the same root.
+func batchLen(plan []plannedMount, order []int) int {
+	for n := 1; n < len(order); n++ {
+		next := plan[order[n]].containerPath
+		for _, i := range order[:n] {
+			if nested(plan[i].containerPath, next) {
+				return n
+			}
+		}
+	}
+	return len(order)
+}
+
+// nested reports whether container path b is at or below a, in the same
+// root (both absolute: the rootfs; both relative: the sandbox).
+func nested(a, b string) bool {
+	if filepath.IsAbs(a) != filepath.IsAbs(b) {
+		return false
+	}
+	a, b = filepath.Clean("/"+a), filepath.Clean("/"+b)
+	return a == b || a == "/" || strings.HasPrefix(b, a+"/")
 }
 
 // inNamespace runs f in the mount namespace of the container's process.
@@ -240,27 +355,59 @@ func (c *container) inNamespace(f func() error) error {
 	return mount.InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
 }
 
-// unmountFor removes a container's mount. For a container with a pid the
-// mount lives in its namespace: when that is gone (the container ended),
-// so is the mount; while it lives, the mount is removed there, at the
-// rootfs path before pivot_root or the container path after it.
-func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) error {
-	if c.cp.GetRequest().GetPid() == 0 {
-		return mount.UnmountAll(ctx, m.GetMountPoint())
-	}
-	err := c.inNamespace(func() error {
-		path := m.GetMountPoint()
-		if root := c.cp.GetRequest().GetRootfs(); root != "" {
-			if _, err := os.Lstat(root); err != nil {
+// unmountFor removes a container's mount, exactly the recorded one (by
+// mount id, reached inside the mount's root: see mount.UnmountOwn). For a
+// container with a pid the mount lives in its namespace: when that is gone
+// (the container ended), so is the mount; while it lives, the mount is
+// removed there, inside the rootfs before pivot_root or "/" after it. A
+// mount that moved or is gone is logged and described in the note
+// returned.
+func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) (note string, err error) {
+	req := c.cp.GetRequest()
+	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath()}
+	root := mountRoot(req, m.GetContainerPath())
+	var res mount.Result
+	if req.GetPid() == 0 {
+		res, err = mount.UnmountOwn(ctx, root, m.GetMountPoint(), id)
+	} else {
+		err = c.inNamespace(func() error {
+			path := m.GetMountPoint()
+			if _, serr := os.Lstat(root); serr != nil {
+				// After pivot_root: the rootfs is "/".
 				path = filepath.Join("/", strings.TrimPrefix(path, root))
+				root = "/"
 			}
+			res, err = mount.UnmountOwn(ctx, root, path, id)
+			return err
+		})
+		if errors.Is(err, mount.ErrNoProcess) || errors.Is(err, mount.ErrWrongNamespace) {
+			return "", nil
 		}
-		return mount.UnmountAll(ctx, path)
-	})
-	if errors.Is(err, mount.ErrNoProcess) || errors.Is(err, mount.ErrWrongNamespace) {
-		return nil
 	}
-	return err
+	switch {
+	case err != nil:
+		return "", err
+	case res.Where == mount.Moved:
+		note = fmt.Sprintf("mount %d of %s had moved to %s (unmounted there)", id.ID, m.GetMountPoint(), res.Path)
+	case res.Where == mount.Gone:
+		note = fmt.Sprintf("mount %d of %s was not there (never made, or unmounted by someone else)", id.ID, m.GetMountPoint())
+	}
+	if note != "" {
+		iso.log.Warn("a container's mount was not where it was recorded", "container", c.id, "note", note)
+	}
+	return note, nil
+}
+
+// mountRoot is the root a container path resolves in: the sandbox for a
+// relative path, else the rootfs, or the host's "/" when there is none.
+func mountRoot(req *agentv1.PrepareRequest, containerPath string) string {
+	switch {
+	case !filepath.IsAbs(containerPath):
+		return req.GetSandbox()
+	case req.GetRootfs() == "":
+		return "/"
+	}
+	return req.GetRootfs()
 }
 
 // resolveMountPoint finds (creating what is missing) a container's mount
@@ -268,13 +415,7 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.Co
 // is none; a relative one inside the sandbox. Symlinks resolve inside that
 // root, never out of it. A block volume's mount point is a file.
 func resolveMountPoint(req *agentv1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
-	root := req.GetRootfs()
-	switch {
-	case !filepath.IsAbs(containerPath):
-		root = req.GetSandbox()
-	case root == "":
-		root = "/"
-	}
+	root := mountRoot(req, containerPath)
 	kind := mount.Directory
 	if block {
 		kind = mount.File
@@ -332,14 +473,21 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 	}
 	intent := c.written
 	var errs []error
-	for _, m := range c.cp.GetMounts() {
+	var notes []string
+	// Children before parents: the reverse of the order they were made.
+	ms := c.cp.GetMounts()
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
 		// A busy mount is retried for one step's deadline, then left to
 		// the next attempt.
 		uctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
-		err := iso.unmountFor(uctx, c, m)
+		note, err := iso.unmountFor(uctx, c, m)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
+		}
+		if note != "" {
+			notes = append(notes, note)
 		}
 		iso.cfg.CrashPoint("unbind")
 	}
@@ -379,7 +527,9 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = err.Error() }); serr != nil {
+		// The status says what was found where, too.
+		lastErr := strings.Join(append([]string{err.Error()}, notes...), "; ")
+		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = lastErr }); serr != nil {
 			iso.log.Error("checkpointing cleanup error", "container", c.id, "error", serr)
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)

@@ -169,7 +169,7 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 	if err != nil {
 		uid, gid = -1, -1
 	}
-	for _, m := range c.cp.GetMounts() {
+	for i, m := range c.cp.GetMounts() {
 		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); ok {
 			continue
 		}
@@ -184,7 +184,33 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 				return err
 			}
 			defer target.Close()
-			return mount.BindInto(v.cp.GetTargetPath(), target, m.GetReadonly())
+			parent, err := mount.ID(target)
+			if err != nil {
+				return err
+			}
+			source := v.cp.GetTargetPath()
+			if block && m.GetReadonly() {
+				if err := iso.publishReadOnly(ctx, v); err != nil {
+					return err
+				}
+				source = v.cp.GetRoTargetPath()
+			}
+			tree, err := mount.CloneTree(source, m.GetReadonly())
+			if err != nil {
+				return err
+			}
+			defer tree.Close()
+			id, err := mount.ID(tree)
+			if err != nil {
+				return err
+			}
+			if err := mount.MoveTree(tree, target); err != nil {
+				return err
+			}
+			// The new mount's identity, for the cleanup to find it.
+			return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
+				cp.Mounts[i].MountId, cp.Mounts[i].ParentMountId = id, parent
+			})
 		})
 		if err != nil {
 			iso.log.Warn("restoring a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)

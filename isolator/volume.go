@@ -68,7 +68,7 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			nv := iso.newVolume(pm.key, p, pm.static, readOnlyAccess(pm.static.GetVolumeCapability()))
 			if v != nil { // reconstructed: keep what is known
 				nv.dir = v.dir
-				nv.cp.State, nv.cp.Users, nv.cp.StagingPath, nv.cp.TargetPath = v.cp.State, v.cp.Users, v.cp.StagingPath, v.cp.TargetPath
+				nv.cp.State, nv.cp.Users, nv.cp.StagingPath, nv.cp.TargetPath, nv.cp.RoTargetPath = v.cp.State, v.cp.Users, v.cp.StagingPath, v.cp.TargetPath, v.cp.RoTargetPath
 			}
 			v = nv
 		} else if !sameUse(v.cp.StaticProvisioning, pm.static) {
@@ -93,6 +93,11 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 		}
 		if err := iso.writePending(v); err != nil {
 			return err
+		}
+		if pm.readonly && pm.block {
+			if err := iso.publishReadOnly(ctx, v); err != nil {
+				return err
+			}
 		}
 		out = v.cp
 		return nil
@@ -341,24 +346,50 @@ func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
 }
 
 func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
+	return iso.publishAt(ctx, node, v, v.cp.TargetPath, v.cp.Readonly)
+}
+
+// publishReadOnly gives a block volume's read-only users a target of their
+// own, published with CSI readonly=true: a read-only bind of a writable
+// device node would not stop writes. The target is recorded before the
+// call, for the volume's unpublish to undo it whatever happens; a target
+// already mounted is left as it is.
+func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
+	ro := filepath.Join(filepath.Dir(v.cp.TargetPath), "target-ro")
+	if v.cp.RoTargetPath == ro {
+		if ok, err := mount.IsMountPoint(ro); err == nil && ok {
+			return nil
+		}
+	} else if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.RoTargetPath = ro }); err != nil {
+		return err
+	}
+	node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", v.key, err)
+	}
+	return iso.publishAt(ctx, node, v, ro, true)
+}
+
+// publishAt publishes the volume at target.
+func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target string, readonly bool) error {
 	static := v.cp.StaticProvisioning
 	p, err := iso.cfg.Plugins.Lookup(v.key.plugin)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(v.cp.TargetPath), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
 		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
 	}
 	if !p.TargetPathExists {
 		// The CO creates the target (CSI): a directory, or a file for a
 		// block volume's device node.
 		if static.GetVolumeCapability().GetBlock() != nil {
-			f, err := os.OpenFile(v.cp.TargetPath, os.O_CREATE|os.O_RDONLY, 0o640)
+			f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
 			if err != nil {
 				return fmt.Errorf("volume %s: creating target file: %w", v.key, err)
 			}
 			f.Close()
-		} else if err := os.Mkdir(v.cp.TargetPath, 0o750); err != nil && !os.IsExist(err) {
+		} else if err := os.Mkdir(target, 0o750); err != nil && !os.IsExist(err) {
 			return fmt.Errorf("volume %s: creating target: %w", v.key, err)
 		}
 	}
@@ -368,9 +399,9 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 	}
 	req := &csi.NodePublishVolumeRequest{
 		VolumeId:         v.key.id,
-		TargetPath:       v.cp.TargetPath,
+		TargetPath:       target,
 		VolumeCapability: static.GetVolumeCapability(),
-		Readonly:         v.cp.Readonly,
+		Readonly:         readonly,
 		Secrets:          secrets,
 		VolumeContext:    static.GetVolumeContext(),
 	}
@@ -385,8 +416,8 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 	}
 	// A plugin that says it published but mounted nothing would have
 	// containers write to the agent's own disk.
-	if ok, err := mount.IsMountPoint(v.cp.TargetPath); err != nil || !ok {
-		return fmt.Errorf("volume %s: plugin %s reported NodePublishVolume success but nothing is mounted at %s", v.key, v.key.plugin, v.cp.TargetPath)
+	if ok, err := mount.IsMountPoint(target); err != nil || !ok {
+		return fmt.Errorf("volume %s: plugin %s reported NodePublishVolume success but nothing is mounted at %s", v.key, v.key.plugin, target)
 	}
 	return nil
 }
@@ -394,9 +425,22 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 // unpublish and unstage take NotFound as done: the plugin has no such
 // volume, so it has nothing mounted (and removing the directories
 // afterwards still refuses to cross a mount point, should it be wrong).
+// A block volume's read-only target goes first, then is forgotten.
 func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error {
+	if ro := v.cp.RoTargetPath; ro != "" {
+		if err := iso.unpublishAt(ctx, node, v, ro); err != nil {
+			return err
+		}
+		if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.RoTargetPath = "" }); err != nil {
+			return err
+		}
+	}
+	return iso.unpublishAt(ctx, node, v, v.cp.TargetPath)
+}
+
+func (iso *Isolator) unpublishAt(ctx context.Context, node Node, v *volume, target string) error {
 	return iso.call(ctx, v, "NodeUnpublishVolume", func(ctx context.Context) error {
-		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: v.cp.TargetPath})
+		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: target})
 		return notFoundIsDone(err)
 	})
 }

@@ -35,7 +35,10 @@
 //     resolution and mount, so swapping the path for a symlink meanwhile does
 //     not move the mount, and a read-only bind is never writable. The bind is
 //     recursive: submounts of the source come along (read-only too).
-//     Record the returned host path: it is what to unmount later.
+//     Record the returned host path and the mount's identity ([ID] of
+//     the target handle before the move: the mount it goes on; [ID] of
+//     the [CloneTree] descriptor: the new mount): they are what to
+//     unmount later, with [UnmountOwn].
 //     BindInto is [CloneTree] (open_tree clone, read-only at once when
 //     asked) then [MoveTree] (kind check, move_mount onto the handle).
 //   - [InNamespace] runs a function on a throwaway OS thread that has
@@ -53,10 +56,23 @@
 //     mounts. Paths inside are the namespace's: before pivot_root (an OCI
 //     createRuntime hook) the rootfs is at its host path, after it (a
 //     running container) the root is the container's and so are the paths.
-//   - [UnmountAll] takes away everything at a path: stacked mounts and the
-//     submounts a recursive bind brought (umount2 refuses a mount with
-//     submounts with EBUSY). Idempotent, never follows a symlink in the last
-//     component, bounded EBUSY retry like [Unmount].
+//   - [UnmountOwn] removes exactly one recorded mount ([Identity]: mount
+//     id, the mount it was put on, its source) inside a root the caller
+//     trusts, below which nothing is trusted: the mount point's parent is
+//     opened with openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS, statx of
+//     the name through it must show the recorded id (and the source's
+//     inode: ids are reused), and umount2 through that handle
+//     (UMOUNT_NOFOLLOW) takes off just the top mount, so one underneath
+//     (a runtime's tmpfs) stays. Mounts inside ours go first, by id; a
+//     mount on top of ours is refused ([ErrCovered]); a mount that moved
+//     is found by id in mountinfo and unmounted only below the root
+//     ([Moved]); one that is not there is reported [Gone]. The same inside
+//     [InNamespace] (never through the namespace's /proc).
+//   - [UnmountAll] takes away everything at a path the agent owns: stacked
+//     mounts and the submounts a recursive bind brought (umount2 refuses a
+//     mount with submounts with EBUSY; they are unmounted by id).
+//     Idempotent, never follows a symlink in the last component, bounded
+//     EBUSY retry like [Unmount]. Never on a path in a container's rootfs.
 //   - [MountsUnder] lists mount points at or below a directory (one pass,
 //     prefix filter). [RemoveEmptyTree] removes a directory tree of empty
 //     directories and empty files, bottom up, one entry at a time through
@@ -81,7 +97,9 @@
 //
 // Do not use [Bind] or [Mount] on a path inside a container's rootfs: they
 // follow symlinks by name and can be redirected out of the rootfs. Use
-// [ResolveInRoot] and [BindInto]. Conversely, paths the agent owns (its work
+// [ResolveInRoot] and [BindInto]. Likewise never unmount a path inside a
+// rootfs by its name ([Unmount], [UnmountAll]): the container can swap
+// any component for a link or put its own mount there; use [UnmountOwn]. Conversely, paths the agent owns (its work
 // directory, the CSI staging and target paths) need no in-root resolution:
 // use them as they are. Do not call [MountsUnder] to decide whether to
 // unmount ([UnmountAll] is idempotent), only to decide whether a directory
@@ -101,7 +119,8 @@
 // do not start goroutines for namespace work: only f's own goroutine is in
 // the namespace.
 //
-// ResolveInRoot needs openat2 (Linux 5.6), BindInto, CloneTree and MoveTree
+// ResolveInRoot needs openat2 (Linux 5.6), ID and UnmountOwn statx mount
+// ids (5.8), BindInto, CloneTree and MoveTree
 // mount_setattr (5.12), InNamespace a procfs with subset=pid (5.8) for its
 // procfs lookups to stay independent of the container's /proc.
 //

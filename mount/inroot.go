@@ -58,7 +58,7 @@ const (
 // chroot), creates what is missing, and returns an O_PATH handle of the
 // target and the target's real path on the host (read back from the handle
 // through procfs; also the handle's Name). Pass the handle to BindInto and
-// record the host path for the later unmount (UnmountAll) and cleanup.
+// record the host path for the later unmount (UnmountOwn) and cleanup.
 //
 // Resolution uses openat2(RESOLVE_IN_ROOT) through pathrs-lite, so no
 // symlink, absolute or relative, and no ".." can leave root: "..", at the

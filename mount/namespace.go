@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 
 	"github.com/cyphar/filepath-securejoin/pathrs-lite/procfs"
 	"golang.org/x/sys/unix"
@@ -44,7 +45,7 @@ func MountNamespace(pid int) (uint64, error) {
 // ErrNoProcess.
 //
 // Inside f, paths are looked up in the process's namespace, from its root:
-// ResolveInRoot, MoveTree (onto a handle resolved there), UnmountAll,
+// ResolveInRoot, MoveTree (onto a handle resolved there), UnmountOwn,
 // RemoveEmptyTree and List (the thread's mountinfo, read through
 // pathrs-lite's own procfs, never the namespace's /proc) act on the
 // process's mounts, which the host may not see (a mount namespace whose "/"
@@ -93,6 +94,9 @@ func InNamespace(pid int, nsIno uint64, f func() error) error {
 			r.err = fmt.Errorf("entering the mount namespace of pid %d: %w", pid, err)
 			return
 		}
+		tid := unix.Gettid()
+		nsThreads.Store(tid, struct{}{})
+		defer nsThreads.Delete(tid)
 		if err := f(); err != nil {
 			r.err = fmt.Errorf("in the mount namespace of pid %d: %w", pid, err)
 		}
@@ -103,6 +107,11 @@ func InNamespace(pid int, nsIno uint64, f func() error) error {
 	}
 	return r.err
 }
+
+// nsThreads holds the ids of the threads InNamespace has moved into
+// another mount namespace (with their own working directory), while f
+// runs.
+var nsThreads sync.Map
 
 // onDiscardedThread runs fn on a new goroutine locked to a thread other than
 // the main one, which Go terminates when fn returns, since it stays locked.

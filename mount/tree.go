@@ -35,8 +35,11 @@ const maxStackedMounts = 1024
 // Like Unmount, it never follows a symlink in the last component of target
 // (a symlink there is not a mount point: done), never detaches lazily, and
 // retries EBUSY with bounded backoff while ctx lasts. Only on EBUSY does it
-// read the mount table, to find the submounts below target, which it
-// unmounts deepest first before trying target again.
+// read the mount table, to find the submounts of the mount at target, which
+// it unmounts by id, last mounted first, before trying target again.
+//
+// target is a path the agent owns (trusted but for its last component).
+// For a path inside a container's rootfs use UnmountOwn.
 func UnmountAll(ctx context.Context, target string) error {
 	for range maxStackedMounts {
 		ok, err := unmountTop(ctx, target, true)
@@ -47,31 +50,32 @@ func UnmountAll(ctx context.Context, target string) error {
 	return fmt.Errorf("unmount %s: %w: still mounted after %d unmounts", target, ErrBusy, maxStackedMounts)
 }
 
-// unmountBelow unmounts the mounts strictly below target, last mounted
-// first, and reports whether it unmounted any.
+// unmountBelow unmounts the mounts inside the top mount at target (its
+// children in the mount table, each by id, reached with no symlink
+// followed: see UnmountOwn), last mounted first, and reports whether it
+// unmounted any. target's directory is trusted; its last component is not
+// followed.
 func unmountBelow(ctx context.Context, target string) (bool, error) {
-	mp, err := canonical(target)
+	dir, err := os.OpenFile(filepath.Dir(target), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false, err
 	}
-	ms, err := List(mountinfo.PrefixFilter(mp))
+	defer dir.Close()
+	name := filepath.Base(target)
+	top, err := mountIDAt(int(dir.Fd()), name)
+	if err != nil {
+		return false, &os.PathError{Op: "statx", Path: target, Err: err}
+	}
+	canon, err := procfs.ProcSelfFdReadlink(dir)
+	if err != nil {
+		return false, fmt.Errorf("read path of %s: %w", dir.Name(), err)
+	}
+	root, err := os.OpenFile("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false, err
 	}
-	cleared := false
-	for i := len(ms) - 1; i >= 0; i-- {
-		if ms[i].Mountpoint == mp {
-			continue
-		}
-		// A mount hidden under a stacked one is not reachable by its
-		// path: that unmount is EINVAL, skipped.
-		ok, err := unmountTop(ctx, ms[i].Mountpoint, true)
-		if err != nil {
-			return false, err
-		}
-		cleared = cleared || ok
-	}
-	return cleared, nil
+	defer root.Close()
+	return inRoot{dir: root, path: "/"}.unmountChildren(ctx, top, filepath.Join(canon, name))
 }
 
 // MountsUnder returns the mount points at dir or below it, in mount-table

@@ -789,10 +789,19 @@ type ContainerMount struct {
 	// Where the plugin published the volume on the host.
 	HostPath string `protobuf:"bytes,4,opt,name=host_path,json=hostPath,proto3" json:"host_path,omitempty"`
 	// The host path of the mount made for the container.
-	MountPoint    string `protobuf:"bytes,5,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
-	Readonly      bool   `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MountPoint string `protobuf:"bytes,5,opt,name=mount_point,json=mountPoint,proto3" json:"mount_point,omitempty"`
+	Readonly   bool   `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// What identifies the mount made at mount_point, so that cleanup,
+	// rollback and recovery unmount exactly it and nothing else: its mount
+	// id (statx STATX_MNT_ID, as in mountinfo), 0 until it is known (a
+	// crash between the mount and its record); the id of the mount it was
+	// put on (what was at mount_point before: a runtime's tmpfs, or the
+	// rootfs); and the inode of the mount namespace it is in.
+	MountId        uint64 `protobuf:"varint,7,opt,name=mount_id,json=mountId,proto3" json:"mount_id,omitempty"`
+	ParentMountId  uint64 `protobuf:"varint,8,opt,name=parent_mount_id,json=parentMountId,proto3" json:"parent_mount_id,omitempty"`
+	MountNamespace uint64 `protobuf:"varint,9,opt,name=mount_namespace,json=mountNamespace,proto3" json:"mount_namespace,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ContainerMount) Reset() {
@@ -865,6 +874,27 @@ func (x *ContainerMount) GetReadonly() bool {
 		return x.Readonly
 	}
 	return false
+}
+
+func (x *ContainerMount) GetMountId() uint64 {
+	if x != nil {
+		return x.MountId
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetParentMountId() uint64 {
+	if x != nil {
+		return x.ParentMountId
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetMountNamespace() uint64 {
+	if x != nil {
+		return x.MountNamespace
+	}
+	return 0
 }
 
 type CleanupRequest struct {
@@ -2626,7 +2656,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
-	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xcf\x01\n" +
+	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xbb\x02\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2635,7 +2665,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\thost_path\x18\x04 \x01(\tR\bhostPath\x12\x1f\n" +
 	"\vmount_point\x18\x05 \x01(\tR\n" +
 	"mountPoint\x12\x1a\n" +
-	"\breadonly\x18\x06 \x01(\bR\breadonly\"I\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x19\n" +
+	"\bmount_id\x18\a \x01(\x04R\amountId\x12&\n" +
+	"\x0fparent_mount_id\x18\b \x01(\x04R\rparentMountId\x12'\n" +
+	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\"I\n" +
 	"\x0eCleanupRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +

@@ -48,8 +48,13 @@ type VolumeCheckpoint struct {
 	LastError string   `protobuf:"bytes,10,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// The reclaim schedule's next run (survives restarts: no cycle is
 	// skipped or repeated) and the last result.
-	NextReclaim   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
-	LastReclaim   *v1.ReclaimResult      `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
+	NextReclaim *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
+	LastReclaim *v1.ReclaimResult      `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
+	// For a block volume with read-only users: a second target, published
+	// with CSI readonly=true (a device the users cannot write), recorded
+	// before its NodePublishVolume and unpublished with the volume. Numbered
+	// apart from the fields above to leave them room.
+	RoTargetPath  string `protobuf:"bytes,20,opt,name=ro_target_path,json=roTargetPath,proto3" json:"ro_target_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -168,6 +173,13 @@ func (x *VolumeCheckpoint) GetLastReclaim() *v1.ReclaimResult {
 	return nil
 }
 
+func (x *VolumeCheckpoint) GetRoTargetPath() string {
+	if x != nil {
+		return x.RoTargetPath
+	}
+	return ""
+}
+
 // ContainerCheckpoint is <work>/isolators/volume/csi/<container id>/volumes.state.
 type ContainerCheckpoint struct {
 	state       protoimpl.MessageState   `protogen:"open.v1"`
@@ -260,7 +272,7 @@ var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xb7\x04\n" +
+	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xdd\x04\n" +
 	"\x10VolumeCheckpoint\x12;\n" +
 	"\x05state\x18\x01 \x01(\x0e2%.csiagent.agent.v1.VolumeStatus.StateR\x05state\x12;\n" +
 	"\vstate_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -278,7 +290,8 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12=\n" +
 	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
-	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\"\xb8\x02\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12$\n" +
+	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\"\xb8\x02\n" +
 	"\x13ContainerCheckpoint\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
 	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x12;\n" +
