@@ -5,12 +5,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -85,5 +88,39 @@ func TestCleanupWaitsForItsIntentToBeDurable(t *testing.T) {
 	}
 	if len(iso.ListVolumes()) != 0 || len(iso.ListContainers()) != 0 {
 		t.Errorf("still tracked after Cleanup: %v %v", iso.ListVolumes(), iso.ListContainers())
+	}
+}
+
+// Checkpoints the previous release wrote (plain JSON overwritten in place,
+// padded with spaces; testdata/legacy-checkpoints, made by that code) load
+// as they were, and the first update of each turns it into a record.
+func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
+	work := t.TempDir()
+	if err := os.CopyFS(work, os.DirFS("testdata/legacy-checkpoints")); err != nil {
+		t.Fatal(err)
+	}
+	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "legacy-boot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := iso.containers["c1"]
+	if c == nil || c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED || len(c.cp.GetMounts()) != 1 || c.cp.GetMounts()[0].GetMountPoint() != "/sandbox/data" {
+		t.Fatalf("container c1 not loaded as written: %v", c)
+	}
+	v := iso.volumes[volumeKey{"loop", "vol-1"}]
+	if v == nil || v.cp.GetState() != stPublished || !slices.Equal(v.cp.GetUsers(), []string{"c1"}) || v.cp.GetBootId() != "legacy-boot" {
+		t.Fatalf("volume vol-1 not loaded as written: %v", v)
+	}
+	if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastError = "x" }); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(v.dir, volumeStateFile)
+	b, legacy, err := atomicfile.ReadRecord(path)
+	if err != nil || legacy {
+		t.Fatalf("after an update: legacy=%v err=%v", legacy, err)
+	}
+	got := &statev1.VolumeCheckpoint{}
+	if err := readCheckpoint(path, got); err != nil || got.GetLastError() != "x" || !slices.Equal(got.GetUsers(), []string{"c1"}) {
+		t.Fatalf("updated record %s: %v", b, err)
 	}
 }

@@ -171,7 +171,7 @@ func New(cfg Config) (*Isolator, error) {
 		reclaiming:    map[volumeKey]context.CancelFunc{},
 		reclaimActive: map[volumeKey]bool{},
 		recovered:     make(chan struct{}),
-		commit:        atomicfile.Committer{Fsync: cfg.Fsync, InPlace: true},
+		commit:        atomicfile.Committer{Fsync: cfg.Fsync},
 	}
 	if err := iso.load(); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -283,8 +284,10 @@ func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error
 	return out, errs
 }
 
+// readCheckpoint reads a checkpoint record's newest valid version (see
+// atomicfile.ReadRecord), or a plain JSON file of the previous release.
 func readCheckpoint(path string, m proto.Message) error {
-	b, err := os.ReadFile(path)
+	b, _, err := atomicfile.ReadRecord(path)
 	if err != nil {
 		return err
 	}
