@@ -22,7 +22,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+			if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED && !quarantined(c.cp) {
 				if err := iso.cleanupLocked(ctx, c); err != nil {
 					iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
 				}
@@ -164,6 +164,22 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
 		}
 	}
+}
+
+// missingMounts lists a prepared host-mode container's mount points where
+// nothing is mounted (a container with a pid has its mounts in its own
+// namespace: not checked).
+func missingMounts(c *container) []string {
+	if c.cp.GetRequest().GetPid() != 0 {
+		return nil
+	}
+	var out []string
+	for _, m := range c.cp.GetMounts() {
+		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); !ok {
+			out = append(out, m.GetMountPoint())
+		}
+	}
+	return out
 }
 
 // removeOrphanDirs removes volume directories under the default mount

@@ -192,22 +192,24 @@ func (iso *Isolator) forgetContainer(c *container) error {
 }
 
 // load reads every checkpoint. A corrupt file is moved aside and
-// reported; its volume is reconstructed (see reconstruct).
+// reported; its volume is reconstructed (see reconstruct), its container
+// quarantined (see quarantine).
 func (iso *Isolator) load() error {
 	files, err := checkpointFiles([]string{iso.containersRoot()}, containerStateFile)
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
 	cps, errs := readCheckpoints(files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
+	var corrupt [][3]string // id, dir, where the file was moved
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
 			continue // a directory without its checkpoint
 		}
+		id := filepath.Base(filepath.Dir(f))
 		if errs[i] != nil {
-			iso.moveAside(f, errs[i])
+			corrupt = append(corrupt, [3]string{id, filepath.Dir(f), iso.moveAside(f, errs[i])})
 			continue
 		}
-		id := filepath.Base(filepath.Dir(f))
 		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cps[i]}
 	}
 	roots, err := filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes"))
@@ -236,6 +238,9 @@ func (iso *Isolator) load() error {
 			cp = iso.reconstruct(key, dir, aside)
 		}
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
+	}
+	for _, c := range corrupt {
+		iso.quarantine(c[0], c[1], c[2])
 	}
 	return nil
 }
