@@ -124,3 +124,73 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 		t.Fatalf("updated record %s: %v", b, err)
 	}
 }
+
+// Recovery rebuilds a volume's users from the container records in both
+// directions, and a volume record that is missing altogether: the disk
+// states a power cut leaves when a container's record reached the disk
+// and its volume's did not (or an older version did).
+func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
+	req := func(id, vol string) *agentv1.PrepareRequest {
+		r := &agentv1.PrepareRequest{}
+		if err := proto.Unmarshal(seedRequest(func(r *agentv1.PrepareRequest) {
+			r.ContainerId = id
+			r.Volumes[0].GetSource().GetCsiVolume().GetStaticProvisioning().VolumeId = vol
+		}), r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	work := t.TempDir()
+	seed := &Isolator{}
+	for _, c := range []struct{ id, vol string }{{"c1", "vol-1"}, {"c2", "vol-1"}, {"c3", "vol-2"}} {
+		dir := filepath.Join(work, "isolators", "volume", "csi", c.id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := seed.writeCheckpoint(dir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: c.id, Request: req(c.id, c.vol), Phase: agentv1.ContainerStatus_PREPARED}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// vol-1's record is older than c1's (lists c2 and a user long gone);
+	// vol-2 has none.
+	vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
+	if err := os.MkdirAll(vdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seed.writeCheckpoint(vdir, volumeStateFile, &statev1.VolumeCheckpoint{
+		State: stPublished, PluginName: "loop", Users: []string{"c2", "c-gone"}, BootId: "b",
+		StaticProvisioning: req("c1", "vol-1").GetVolumes()[0].GetSource().GetCsiVolume().GetStaticProvisioning(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iso.forEachVolume(iso.recoverVolume)
+	if err := iso.commit.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		vol   string
+		users []string
+	}{{"vol-1", []string{"c1", "c2"}}, {"vol-2", []string{"c3"}}} {
+		v := iso.volumes[volumeKey{"loop", tc.vol}]
+		if v == nil {
+			t.Errorf("%s: no record after recovery; want one used by %v", tc.vol, tc.users)
+			continue
+		}
+		users := slices.Sorted(slices.Values(v.cp.GetUsers()))
+		if !slices.Equal(users, tc.users) {
+			t.Errorf("%s: users %v, want %v", tc.vol, users, tc.users)
+		}
+		// On disk too, for the next start.
+		onDisk := &statev1.VolumeCheckpoint{}
+		if err := readCheckpoint(filepath.Join(v.dir, volumeStateFile), onDisk); err != nil || !slices.Equal(slices.Sorted(slices.Values(onDisk.GetUsers())), tc.users) {
+			t.Errorf("%s on disk: %v, %v", tc.vol, onDisk.GetUsers(), err)
+		}
+	}
+	if got := iso.volumes[volumeKey{"loop", "vol-2"}]; got != nil && got.cp.GetStaticProvisioning().GetVolumeId() != "vol-2" {
+		t.Errorf("rebuilt vol-2 lacks its static provisioning: %v", got.cp)
+	}
+}

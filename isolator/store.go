@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -239,10 +240,40 @@ func (iso *Isolator) load() error {
 		}
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
 	}
+	iso.rebuildMissingVolumes()
 	for _, c := range corrupt {
 		iso.quarantine(c[0], c[1], c[2])
 	}
 	return nil
+}
+
+// rebuildMissingVolumes recreates the record of every volume a container
+// record names but no volume record holds (a power cut can leave a
+// container's record durable and its volume's lost): rebuilt as
+// reconstruct does, UNKNOWN until resync reads the mount table.
+func (iso *Isolator) rebuildMissingVolumes() {
+	for _, c := range iso.containers {
+		for _, rv := range c.cp.GetRequest().GetVolumes() {
+			csiVol := rv.GetSource().GetCsiVolume()
+			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
+			if iso.volumes[key] != nil {
+				continue
+			}
+			p, err := iso.cfg.Plugins.Lookup(key.plugin)
+			if err != nil {
+				iso.log.Error("volume record missing; cannot rebuild it", "volume", key.String(), "container", c.id, "error", err)
+				continue
+			}
+			v := iso.newVolume(key, p, nil, false)
+			v.cp = iso.reconstruct(key, v.dir, "")
+			v.cp.LastError = "volume record missing; rebuilt from container records and the mount table"
+			iso.volumes[key] = v
+			if _, err := iso.writeCheckpoint(v.dir, volumeStateFile, v.cp); err != nil {
+				iso.log.Error("checkpointing a rebuilt volume", "volume", key.String(), "error", err)
+			}
+			iso.log.Error("volume record missing: rebuilt from container records", "volume", key.String(), "users", v.cp.GetUsers())
+		}
+	}
 }
 
 // checkpointFiles lists root/*/name for each root (a missing root holds
@@ -344,18 +375,17 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 		LastError:   "checkpoint was corrupt (kept as " + aside + "); reconstructed from container records and the mount table",
 	}
 	for _, c := range iso.containers {
-		for _, v := range c.cp.GetRequest().GetVolumes() {
-			csiVol := v.GetSource().GetCsiVolume()
-			if csiVol.GetPluginName() != key.plugin || csiVol.GetStaticProvisioning().GetVolumeId() != key.id {
-				continue
-			}
-			if cp.StaticProvisioning == nil {
-				cp.StaticProvisioning = csiVol.GetStaticProvisioning()
-				cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
-			}
-			cp.Users = append(cp.Users, c.id)
+		csiVol := requestVolume(c.cp, key)
+		if csiVol == nil {
+			continue
 		}
+		if cp.StaticProvisioning == nil {
+			cp.StaticProvisioning = csiVol.GetStaticProvisioning()
+			cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
+		}
+		cp.Users = append(cp.Users, c.id)
 	}
+	slices.Sort(cp.Users)
 	return cp
 }
 

@@ -131,9 +131,8 @@ type slotState struct {
 	gen uint64 // the newest version's generation
 	// durable holds the newest durable version; flight the version a
 	// commit round is making durable; pending the newest version, not yet
-	// in a round; keep an older version of a file found on disk, kept
-	// until a newer one is durable.
-	durable, flight, pending, keep int
+	// in a round.
+	durable, flight, pending int
 	// epoch counts whole-file replacements, which void the slots.
 	epoch uint64
 	// whole: the next version replaces the file (a large version fills
@@ -144,16 +143,16 @@ type slotState struct {
 // freeSlot is a slot holding nothing that may be needed after a crash.
 func (st *slotState) freeSlot() int {
 	for s := range recordSlots {
-		if s != st.durable && s != st.flight && s != st.keep {
+		if s != st.durable && s != st.flight {
 			return s
 		}
 	}
-	panic("atomicfile: no free record slot") // three slots, at most three in use, and pending is reused
+	panic("atomicfile: no free record slot") // three slots; Put reuses pending, so at most two are taken
 }
 
 // loadSlots reads what a record file on disk holds: nil for a missing
-// file. Every version found is treated as possibly needed (the newest and
-// the one before stay untouched until a newer one is durable).
+// file. The newest valid version is taken as durable: the caller has made
+// the file's filesystem durable (syncfs) before its first Put.
 func loadSlots(path string) (*slotState, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -162,16 +161,13 @@ func loadSlots(path string) (*slotState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
-	st := &slotState{durable: -1, flight: -1, pending: -1, keep: -1}
+	st := &slotState{durable: -1, flight: -1, pending: -1}
 	vs, _ := versions(b)
 	if len(vs) == 0 || recordHeader+len(vs[0].payload) > slotSize || len(b) > recordSlots*slotSize {
 		st.whole = true
 	}
 	if len(vs) > 0 {
 		st.gen, st.durable = vs[0].gen, vs[0].slot
-	}
-	if len(vs) > 1 {
-		st.keep = vs[1].slot
 	}
 	return st, nil
 }
@@ -253,7 +249,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 			os.Remove(tmp)
 			return 0, fmt.Errorf("replacing %s: %w", path, err)
 		}
-		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0, keep: -1}
+		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0}
 		dir = filepath.Dir(path)
 	case st.whole || recordHeader+len(payload) > slotSize:
 		// Replaced whole, durably at once (temp file fsynced before the
@@ -263,7 +259,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 			return 0, err
 		}
 		c.fsyncs.Add(2)
-		st = &slotState{gen: st.gen + 1, durable: 0, flight: -1, pending: -1, keep: -1,
+		st = &slotState{gen: st.gen + 1, durable: 0, flight: -1, pending: -1,
 			epoch: st.epoch + 1, whole: len(data) > slotSize}
 		dir = filepath.Dir(path)
 	default:
@@ -392,7 +388,7 @@ func (c *Committer) commitLoop() {
 		} else {
 			for f, d := range files {
 				if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.flight == d.slot && !d.removed {
-					st.durable, st.flight, st.keep = d.slot, -1, -1
+					st.durable, st.flight = d.slot, -1
 				}
 			}
 			c.inflight.Add(-int64(upTo - c.durable))
@@ -463,7 +459,7 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 	// The file now holds this one version, durable, in slot 0.
 	c.mu.Lock()
 	if st := c.slots[path]; st != nil {
-		*st = slotState{gen: st.gen, durable: 0, flight: -1, pending: -1, keep: -1,
+		*st = slotState{gen: st.gen, durable: 0, flight: -1, pending: -1,
 			epoch: st.epoch + 1, whole: len(data.data) > slotSize}
 	}
 	c.mu.Unlock()

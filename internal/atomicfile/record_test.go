@@ -77,7 +77,7 @@ func TestRecordPowerCut(t *testing.T) {
 		since   [][]byte // the file after each put since
 		whole   []byte   // a whole-file replacement's temp file, fsynced
 	)
-	c := &Committer{Fsync: func(p string) error {
+	hook := func(p string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		b, _ := os.ReadFile(p)
@@ -93,7 +93,8 @@ func TestRecordPowerCut(t *testing.T) {
 			durable, since, whole = whole, nil, nil
 		}
 		return nil
-	}}
+	}
+	c := &Committer{Fsync: hook}
 	written := map[uint64]string{}
 	var acked uint64
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -102,6 +103,17 @@ func TestRecordPowerCut(t *testing.T) {
 		size := 50 + rng.IntN(3000)
 		if i%17 == 0 {
 			size = slotSize + 100 // a large version: replaced whole
+		}
+		if i%20 == 0 {
+			// A restart: the file's filesystem synced (as the isolator
+			// does before its first write), a new Committer reads it.
+			if err := c.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			c = &Committer{Fsync: hook}
+			mu.Lock()
+			durable, since = mustRead(t, path), nil
+			mu.Unlock()
 		}
 		payload := fmt.Sprintf("v%d:%s", i, strings.Repeat(string(rune('a'+i%26)), size))
 		n, err := c.Put(path, []byte(payload), 0o600)
@@ -112,7 +124,7 @@ func TestRecordPowerCut(t *testing.T) {
 		gen := c.slots[path].gen
 		c.mu.Unlock()
 		written[gen] = payload
-		cur, _ := os.ReadFile(path)
+		cur := mustRead(t, path)
 		mu.Lock()
 		since = append(since, cur)
 		mu.Unlock()
@@ -184,4 +196,47 @@ func cutStates(images [][]byte, rng *rand.Rand) [][]byte {
 		out = append(out, build(func(x int) []byte { return sectorOf(images[rng.IntN(len(images))], x) }))
 	}
 	return out
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A file found with several versions takes new ones while a round is in
+// flight: a slot is always free (the newest found counts as durable).
+func TestRecordPutsWhileRoundInFlightOnLoadedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	img := make([]byte, 2*slotSize)
+	copy(img, frame(1, []byte("one")))
+	copy(img[slotSize:], frame(2, []byte("two")))
+	if err := os.WriteFile(path, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inFsync, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c := &Committer{Fsync: func(p string) error {
+		once.Do(func() { close(inFsync); <-release })
+		return syncFile(p)
+	}}
+	if _, err := c.Put(path, []byte("three"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	<-inFsync
+	for _, v := range []string{"four", "five"} {
+		if _, err := c.Put(path, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(release)
+	if err := c.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, err := ReadRecord(path); err != nil || string(b) != "five" {
+		t.Fatalf("read %q, %v; want five", b, err)
+	}
 }
