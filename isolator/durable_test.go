@@ -2,12 +2,14 @@ package isolator
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,30 +25,8 @@ import (
 // the record's removal that supersedes it) is durable: it does not return
 // while the first commit round is held back.
 func TestCleanupWaitsForItsIntentToBeDurable(t *testing.T) {
-	work := t.TempDir()
-	req := &agentv1.PrepareRequest{}
-	if err := proto.Unmarshal(seedRequest(nil), req); err != nil {
-		t.Fatal(err)
-	}
+	work := seedPrepared(t)
 	cdir := filepath.Join(work, "isolators", "volume", "csi", "c1")
-	vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
-	mounts := filepath.Join(work, "csi", "loop", "default", "mounts", "vol-1")
-	for _, d := range []string{cdir, vdir, filepath.Join(mounts, "staging")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	seed := &Isolator{}
-	if _, err := seed.writeCheckpoint(cdir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: "c1", Request: req, Phase: agentv1.ContainerStatus_PREPARED}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := seed.writeCheckpoint(vdir, volumeStateFile, &statev1.VolumeCheckpoint{
-		State: stNodeReady, PluginName: "loop", Users: []string{"c1"}, BootId: "b",
-		StaticProvisioning: req.GetVolumes()[0].GetSource().GetCsiVolume().GetStaticProvisioning(),
-		StagingPath:        filepath.Join(mounts, "staging"), TargetPath: filepath.Join(mounts, "target"),
-	}); err != nil {
-		t.Fatal(err)
-	}
 
 	// The first commit round's first fsync waits for Cleanup to return,
 	// up to a bound: Cleanup returning meanwhile is the failure.
@@ -62,12 +42,7 @@ func TestCleanupWaitsForItsIntentToBeDurable(t *testing.T) {
 				case <-time.After(500 * time.Millisecond):
 				}
 			})
-			f, err := os.Open(path)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			return f.Sync()
+			return fsyncPath(path)
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -193,4 +168,79 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 	if got := iso.volumes[volumeKey{"loop", "vol-2"}]; got != nil && got.cp.GetStaticProvisioning().GetVolumeId() != "vol-2" {
 		t.Errorf("rebuilt vol-2 lacks its static provisioning: %v", got.cp)
 	}
+}
+
+// seedPrepared writes the records of a container c1 PREPARED with volume
+// vol-1 of plugin loop (staged, its user c1) into a new work dir.
+func seedPrepared(t *testing.T) string {
+	t.Helper()
+	work := t.TempDir()
+	req := &agentv1.PrepareRequest{}
+	if err := proto.Unmarshal(seedRequest(nil), req); err != nil {
+		t.Fatal(err)
+	}
+	cdir := filepath.Join(work, "isolators", "volume", "csi", "c1")
+	vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
+	mounts := filepath.Join(work, "csi", "loop", "default", "mounts", "vol-1")
+	for _, d := range []string{cdir, vdir, filepath.Join(mounts, "staging")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed := &Isolator{}
+	if _, err := seed.writeCheckpoint(cdir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: "c1", Request: req, Phase: agentv1.ContainerStatus_PREPARED}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seed.writeCheckpoint(vdir, volumeStateFile, &statev1.VolumeCheckpoint{
+		State: stNodeReady, PluginName: "loop", Users: []string{"c1"}, BootId: "b",
+		StaticProvisioning: req.GetVolumes()[0].GetSource().GetCsiVolume().GetStaticProvisioning(),
+		StagingPath:        filepath.Join(mounts, "staging"), TargetPath: filepath.Join(mounts, "target"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	return work
+}
+
+// While fsync fails (EIO), no Cleanup is acknowledged: not the first,
+// whose changes cannot be made durable, nor a repeated one, which finds
+// the container already gone from memory; once the disk heals, it is.
+func TestRepeatedCleanupWaitsForDurability(t *testing.T) {
+	work := seedPrepared(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b",
+		Fsync: func(path string) error {
+			if failing.Load() {
+				return syscall.EIO
+			}
+			return fsyncPath(path)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 2 {
+		if err := iso.Cleanup(ctx, "c1"); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("Cleanup %d while every fsync fails: %v; want the EIO", i+1, err)
+		}
+	}
+	failing.Store(false)
+	// Until the committer's next retry round, Cleanup reports the last
+	// round's failure; then it is acknowledged.
+	for err := iso.Cleanup(ctx, "c1"); err != nil; err = iso.Cleanup(ctx, "c1") {
+		if ctx.Err() != nil {
+			t.Fatalf("Cleanup after the disk healed: %v", err)
+		}
+	}
+}
+
+func fsyncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
