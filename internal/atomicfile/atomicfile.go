@@ -416,7 +416,13 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 		if !data.rewrite {
 			c.fsyncs.Add(1)
 			err = fsync(f)
-			if err == nil || errors.Is(err, fs.ErrNotExist) {
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				// Removed since: what this round commits for it is its
+				// removal, durable with its directory's fsync below.
+				dirs[filepath.Dir(f)] = true
 				continue
 			}
 		}
