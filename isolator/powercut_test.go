@@ -3,6 +3,7 @@ package isolator
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -400,4 +402,61 @@ func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked
 		}
 	}
 	return strings.Join(problems, "; ")
+}
+
+// A Prepare whose checkpoints cannot be made durable (every fsync fails
+// with EIO) is not acknowledged and is rolled back: no mount stays, the
+// container is not PREPARED.
+func TestPrepareNotDurableIsRolledBack(t *testing.T) {
+	testhelp.NeedRoot(t)
+	root := t.TempDir()
+	defer unmountUnder(t, root)
+	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b",
+		Fsync: func(string) error { return unix.EIO }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := powercutRequest(t, "c1", root)
+	if _, err := iso.Prepare(ctx, req); !errors.Is(err, unix.EIO) {
+		t.Fatalf("Prepare while every fsync fails: %v; want the EIO", err)
+	}
+	if c := iso.containers["c1"]; c != nil && c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+		t.Errorf("c1 is PREPARED after a Prepare that was not durable")
+	}
+	if mp := filepath.Join(req.GetSandbox(), "data"); mountedAt(mp) {
+		t.Errorf("%s still mounted after the failed Prepare", mp)
+	}
+}
+
+// A repeated Prepare of a prepared container finds its mount gone,
+// restores it, and only then answers.
+func TestRepeatedPrepareRestoresMissingMounts(t *testing.T) {
+	testhelp.NeedRoot(t)
+	root := t.TempDir()
+	defer unmountUnder(t, root)
+	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := powercutRequest(t, "c1", root)
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := resp.GetMounts()[0].GetMountPoint()
+	if err := unix.Unmount(mp, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iso.Prepare(ctx, req); err != nil {
+		t.Fatalf("repeated Prepare: %v", err)
+	}
+	if !mountedAt(mp) {
+		t.Fatalf("repeated Prepare answered with %s not mounted", mp)
+	}
+	if err := iso.Cleanup(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
 }
