@@ -27,15 +27,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Write replaces path with data, durably. The directory must exist.
 func Write(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm, syncFile)
+	return write(path, data, perm, syncFile, 0)
 }
 
-func write(path string, data []byte, perm os.FileMode, fsync func(string) error) error {
-	tmp, err := writeTemp(path, data, perm)
+func write(path string, data []byte, perm os.FileMode, fsync func(string) error, prealloc int64) error {
+	tmp, err := writeTemp(path, data, perm, prealloc)
 	if err != nil {
 		return err
 	}
@@ -51,8 +53,10 @@ func write(path string, data []byte, perm os.FileMode, fsync func(string) error)
 }
 
 // writeTemp writes data to a new temp file beside path and returns its
-// name.
-func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
+// name. prealloc > 0 reserves that many bytes of blocks without changing
+// the size (a record file's slots: later versions then need no free
+// space, and a cleanup works on a full disk), where the filesystem can.
+func writeTemp(path string, data []byte, perm os.FileMode, prealloc int64) (string, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
@@ -63,6 +67,10 @@ func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
 	}
 	if err == nil {
 		_, err = tmp.Write(data)
+	}
+	if err == nil && prealloc > 0 {
+		// Best effort: without it a later version may need a block.
+		_ = unix.Fallocate(int(tmp.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, prealloc)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
@@ -241,7 +249,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 		// A new file: made whole, durable with the next round (the file,
 		// then its directory).
 		data = frame(1, payload)
-		tmp, err := writeTemp(path, data, perm)
+		tmp, err := writeTemp(path, data, perm, recordSlots*slotSize)
 		if err != nil {
 			return 0, err
 		}
@@ -255,7 +263,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 		// Replaced whole, durably at once (temp file fsynced before the
 		// rename): the old file's slots are not overwritten.
 		data = frame(st.gen+1, payload)
-		if err := write(path, data, perm, c.fsync()); err != nil {
+		if err := write(path, data, perm, c.fsync(), recordSlots*slotSize); err != nil {
 			return 0, err
 		}
 		c.fsyncs.Add(2)
@@ -459,7 +467,7 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 		return false, nil
 	}
 	c.fsyncs.Add(2)
-	if err := write(path, data.data, data.perm, fsync); err != nil {
+	if err := write(path, data.data, data.perm, fsync, recordSlots*slotSize); err != nil {
 		return true, err
 	}
 	// The file now holds this one version, durable, in slot 0.
