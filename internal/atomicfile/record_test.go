@@ -240,3 +240,41 @@ func TestRecordPutsWhileRoundInFlightOnLoadedFile(t *testing.T) {
 		t.Fatalf("read %q, %v; want five", b, err)
 	}
 }
+
+// A failed directory fsync redoes the entries it was to commit: a file
+// made in that round is written afresh (temp file, fsync, rename, fsync
+// of the directory) before its change counts as durable.
+func TestFailedDirectoryFsyncRedoesItsEntries(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state")
+	var mu sync.Mutex
+	var dirFails, tmpSynced int
+	c := &Committer{Fsync: func(p string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case p == dir && dirFails == 0:
+			dirFails++
+			return fmt.Errorf("injected: %w", os.ErrInvalid)
+		case strings.HasPrefix(filepath.Base(p), ".state.tmp-"):
+			tmpSynced++
+		}
+		return syncFile(p)
+	}}
+	n, err := c.Put(path, []byte("v1"), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(context.Background(), n); err == nil {
+		t.Fatal("Wait succeeded although the directory fsync failed")
+	}
+	waitRetried(t, c, n)
+	mu.Lock()
+	defer mu.Unlock()
+	if tmpSynced == 0 {
+		t.Error("the file was not written afresh after its directory's fsync failed")
+	}
+	if b, _, err := ReadRecord(path); err != nil || string(b) != "v1" {
+		t.Errorf("read %q, %v", b, err)
+	}
+}
