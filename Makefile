@@ -22,13 +22,16 @@ TEST_TIMEOUT ?= 9m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
 SOAK_LOG     ?= /tmp/csiagent-soak.log
+# make powercut: random disk states per cut point, besides the systematic ones
+CUTS         ?= 20
+POWERCUT_LOG ?= /tmp/csiagent-powercut.log
 BINARIES     := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
 PREFIX       ?= /usr/local
 DESTDIR      ?=
 UNITDIR      ?= /etc/systemd/system
 
-.PHONY: help build install test bench fuzz soak lint proto check-proto demo deps clean
+.PHONY: help build install test bench fuzz soak powercut lint proto check-proto demo deps clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -76,6 +79,10 @@ soak: deps ## (root) random prepares/cleanups/reclaims with agent and plugin SIG
 	@echo "soak: $(DURATION), full log in $(SOAK_LOG)"
 	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./agent >$(SOAK_LOG) 2>&1; rc=$$?; \
 		grep -E '^soak: |invariant violation|^(--- |ok|FAIL)' $(SOAK_LOG); exit $$rc
+
+powercut: ## (root) TestPowerCut with CUTS random disk states per cut point (default 20; make test runs 2); prints its summary, full log in POWERCUT_LOG
+	@$(GO) test -count=1 -timeout=30m -run='^TestPowerCut$$' -v ./isolator -args -powercut.mixes=$(CUTS) >$(POWERCUT_LOG) 2>&1; rc=$$?; \
+		grep -E 'power cut: |^(--- |ok|FAIL)' $(POWERCUT_LOG); exit $$rc
 
 lint: ## gofmt, go vet and staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi

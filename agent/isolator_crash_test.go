@@ -737,10 +737,9 @@ func globOne(t *testing.T, pattern string) string {
 // garbage while it was down, keeps the file (moved aside) and reports it.
 // A corrupt volume checkpoint is rebuilt from the container records and
 // the mount table, so the volume stays in use and cleans up normally. A
-// corrupt container checkpoint loses what only it knew, the container's
-// mount points: the volume's user is dropped and the volume torn down as
-// far as the plugin allows, while the container's bind mount, which no
-// record names any more, stays until someone unmounts it.
+// corrupt container checkpoint is quarantined: reported, its volume keeps
+// the user and stays published, its bind mount is found in the mount table
+// and removed by its cleanup.
 func TestCorruptCheckpoint(t *testing.T) {
 	testhelp.NeedRoot(t)
 	h := newHarness(t)
@@ -811,31 +810,40 @@ func TestCorruptCheckpoint(t *testing.T) {
 	// A corrupt container checkpoint.
 	mp = h.mustPrepare("c2", h.dir("sandbox-c2"), "", spec).Mounts[0].MountPoint
 	restartCorrupting(filepath.Join(h.work, "isolators", "volume", "csi", "c2", "volumes.state"))
-	cr, err := h.api().ListContainers(context.Background(), &agentv1.ListContainersRequest{})
-	if err != nil {
-		t.Fatal(err)
+	// Quarantined: still listed (PHASE_UNKNOWN, the reason and the mount
+	// found in the mount table), its volume keeps it as a user and stays
+	// published, its mount stays; across a restart too.
+	for round := range 2 {
+		cr, err := h.api().ListContainers(context.Background(), &agentv1.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cr.Containers) != 1 || cr.Containers[0].ContainerId != "c2" || cr.Containers[0].Phase != agentv1.ContainerStatus_PHASE_UNKNOWN ||
+			!strings.Contains(cr.Containers[0].LastError, "quarantined") || len(cr.Containers[0].Mounts) != 1 || cr.Containers[0].Mounts[0].MountPoint != mp {
+			t.Fatalf("round %d: containers %v; want c2 quarantined with its mount %s", round, cr.Containers, mp)
+		}
+		vs = h.volumes()
+		if len(vs) != 1 || !slices.Equal(vs[0].Containers, []string{"c2"}) || vs[0].State != agentv1.VolumeStatus_PUBLISHED {
+			t.Fatalf("round %d: volume %v; want vol-c PUBLISHED, used by c2", round, vs)
+		}
+		if ok, err := mountinfo.Mounted(mp); err != nil || !ok {
+			t.Fatalf("round %d: %s: mounted %v (%v)", round, mp, ok, err)
+		}
+		if round == 0 {
+			if _, err := h.prepare("c2", h.dir("sandbox-c2"), "", spec); status.Code(err) != codes.FailedPrecondition {
+				t.Errorf("Prepare of a quarantined container: %v; want FailedPrecondition", err)
+			}
+			h.halt()
+			h.start(cfg)
+			h.waitPlugin(typ, "ready", ready)
+			h.waitRecovered()
+		}
 	}
-	if len(cr.Containers) != 0 {
-		t.Errorf("containers %v; want none (the only one's record is corrupt)", cr.Containers)
+	// Its cleanup unmounts what was found and releases the volume.
+	h.mustCleanup("c2")
+	if ok, _ := mountinfo.Mounted(mp); ok {
+		t.Errorf("%s still mounted after the quarantined container's cleanup", mp)
 	}
-	// Its user dropped, the volume is unpublished, but unstaging it fails
-	// (FailedPrecondition from the plugin, so not retried until the next
-	// resync): the container's bind mount still holds its filesystem.
-	vs = h.volumes()
-	if len(vs) != 1 || len(vs[0].Containers) != 0 || vs[0].State != agentv1.VolumeStatus_NODE_UNSTAGE || !strings.Contains(vs[0].LastError, mp) {
-		t.Fatalf("volume: %v; want vol-c NODE_UNSTAGE with no containers and an error naming %s", vs, mp)
-	}
-	t.Logf("volume of the corrupt container: %v", vs[0])
-	if ok, err := mountinfo.Mounted(mp); err != nil || !ok {
-		t.Fatalf("%s: mounted %v (%v); the agent has no record to unmount it by", mp, ok, err)
-	}
-	// Once the leaked mount is gone, recovery finishes the teardown.
-	if err := unix.Unmount(mp, 0); err != nil {
-		t.Fatal(err)
-	}
-	h.halt()
-	h.start(cfg)
-	h.waitRecovered()
 	h.assertClean(pool)
 
 	// The data survived both.

@@ -85,7 +85,7 @@ func newMetrics(a *Agent) *metrics {
 		newStateCollector(a),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_writes_total",
-			Help: "Checkpoint writes of volumes and containers (temp file, rename: visible at once, durable with the next commit round).",
+			Help: "Checkpoint writes of volumes and containers (a checksummed version in a free slot of the record: visible at once, durable with the next commit round).",
 		}, func() float64 { w, _, _ := a.iso.CheckpointStats(); return float64(w) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_fsyncs_total",

@@ -386,8 +386,9 @@ func TestWorkDirFull(t *testing.T) {
 		t.Errorf("containers while full: %v, %v; want c1 PREPARED", cr, err)
 	}
 
-	// A cleanup needs no space (its records are overwritten in place,
-	// then removed): it works on the full disk.
+	// A cleanup needs no space (its records are written into slots
+	// reserved when they were made, then removed): it works on the full
+	// disk.
 	h.mustCleanup("c1")
 	if ok, err := mountinfo.Mounted(mp); err != nil || ok {
 		t.Errorf("c1's mount %s: mounted %v (%v) after its cleanup", mp, ok, err)

@@ -109,7 +109,7 @@ func New(cfg Config) (*Server, error) {
 			continue
 		}
 		u := &user{}
-		data, err := os.ReadFile(filepath.Join(cfg.Dir, e.Name()))
+		data, _, err := atomicfile.ReadRecord(filepath.Join(cfg.Dir, e.Name()))
 		if err == nil {
 			err = json.Unmarshal(data, u)
 		}

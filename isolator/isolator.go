@@ -175,7 +175,10 @@ func New(cfg Config) (*Isolator, error) {
 		reclaimActive: map[volumeKey]bool{},
 		releasing:     map[volumeKey]int{},
 		recovered:     make(chan struct{}),
-		commit:        atomicfile.Committer{Fsync: cfg.Fsync, InPlace: true},
+		commit:        atomicfile.Committer{Fsync: cfg.Fsync},
+	}
+	if err := syncWorkDir(cfg.WorkDir); err != nil {
+		return nil, err
 	}
 	if err := iso.load(); err != nil {
 		return nil, err
@@ -187,7 +190,6 @@ func New(cfg Config) (*Isolator, error) {
 // a crash interrupted, republishing after a reboot), then resyncs
 // periodically until ctx ends.
 func (iso *Isolator) Run(ctx context.Context) {
-	iso.syncWorkDir()
 	iso.resync(ctx, true)
 	close(iso.recovered)
 	t := time.NewTicker(iso.cfg.ResyncInterval)
@@ -211,22 +213,27 @@ func (iso *Isolator) Run(ctx context.Context) {
 // changes to become durable.
 const finalSyncTimeout = 10 * time.Second
 
-// syncWorkDir commits the work directory's filesystem (syncfs): a
-// predecessor that crashed may have left checkpoint changes visible but not
-// yet durable, and operations resumed from them (a cleanup acknowledged
-// once its intent is durable) count on their durability.
-func (iso *Isolator) syncWorkDir() {
-	err := func() error {
-		d, err := os.Open(iso.cfg.WorkDir)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		return unix.Syncfs(int(d.Fd()))
-	}()
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		iso.log.Error("syncing the work directory's filesystem", "dir", iso.cfg.WorkDir, "error", err)
+// syncWorkDir commits the work directory's filesystem (syncfs) before
+// any checkpoint is read: a predecessor that crashed may have left
+// checkpoint changes visible but not yet durable; operations resumed from
+// them (a cleanup acknowledged once its intent is durable) count on their
+// durability, and checkpoint writes count on the newest version found
+// being durable (see atomicfile). If that fails, the agent does not start:
+// trusting those changes could lose an acknowledged container at the next
+// power cut.
+func syncWorkDir(dir string) error {
+	d, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("syncing the work directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncing the work directory's filesystem (%s): %w; refusing to start on checkpoints that may not be durable (check the disk, then restart)", dir, err)
+	}
+	return nil
 }
 
 // Recovered is closed once the first recovery pass has finished.

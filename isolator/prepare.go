@@ -47,10 +47,25 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	c := iso.containers[id]
 	iso.mu.Unlock()
 	if c != nil {
+		if quarantined(c.cp) {
+			return nil, fmt.Errorf("%w: container %s is quarantined (%s)", ErrPrecondition, id, c.cp.GetLastError())
+		}
 		if !sameRequest(c.cp.GetRequest(), req) {
 			return nil, fmt.Errorf("%w: container %s already has a different set of volumes; clean it up first", ErrPrecondition, id)
 		}
 		if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+			// Acknowledged before: its mounts must really be there.
+			if missing := missingMounts(c); len(missing) > 0 {
+				iso.remount(ctx, c)
+				if missing = missingMounts(c); len(missing) > 0 {
+					return nil, fmt.Errorf("%w: container %s is prepared but its mounts %v are gone and cannot be restored; clean it up first", ErrPrecondition, id, missing)
+				}
+			}
+			// What the first answer acknowledged may not be durable yet
+			// (or its commit failed): acknowledge it only once it is.
+			if err := iso.commit.Sync(ctx); err != nil {
+				return nil, fmt.Errorf("container %s: %w", id, err)
+			}
 			return &agentv1.PrepareResponse{Mounts: c.cp.GetMounts()}, nil
 		}
 		// An interrupted prepare or cleanup: finish undoing it, then
@@ -80,7 +95,6 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARING); err != nil {
 		return nil, err
 	}
-	intent := c.written
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
 		iso.log.Warn("prepare failed; rolling back", "container", id, "error", err)
 		// The caller's ctx may be what ended: roll back regardless.
@@ -93,7 +107,14 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARED); err != nil {
 		return nil, err
 	}
-	if err := iso.durable(ctx, c, intent); err != nil {
+	// Acknowledged only once PREPARED is durable, and with it (changes
+	// commit in order) the volume records and their users: recovery
+	// rolls back any container not PREPARED on disk.
+	if err := iso.durable(ctx, c, c.written); err != nil {
+		iso.log.Error("prepare not durable; rolling back", "container", id, "error", err)
+		if rerr := iso.cleanupLocked(context.WithoutCancel(ctx), c, false); rerr != nil {
+			return nil, fmt.Errorf("%w (and rolling back failed, to be retried: %v)", err, rerr)
+		}
 		return nil, err
 	}
 	iso.log.Info("container prepared", "container", id, "volumes", len(plan))
@@ -457,6 +478,11 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 	c := iso.containers[id]
 	iso.mu.Unlock()
 	if c == nil {
+		// Already cleaned up, perhaps by a call whose removal of the
+		// record is not durable yet: acknowledge only once it is.
+		if err := iso.commit.Sync(ctx); err != nil {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
 		return nil
 	}
 	return iso.cleanupLocked(ctx, c, force)

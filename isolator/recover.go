@@ -28,7 +28,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED || quarantined(c.cp) {
 				return
 			}
 			if p, ok := down.of(c.cp.GetRequest()); ok {
@@ -123,23 +123,32 @@ func (iso *Isolator) withContainerIfFree(id string, f func(c *container)) {
 	}
 }
 
-// recoverVolume resets a volume's mounts after a reboot and drops users
-// that no container record backs.
+// recoverVolume resets a volume's mounts after a reboot and makes its
+// users those the container records back: it drops users no record
+// backs and adds the containers whose records name it (a power cut can
+// leave a container record newer than its volume's).
 func (iso *Isolator) recoverVolume(v *volume) {
 	iso.mu.Lock()
-	var stale []string
+	var stale, missing []string
 	for _, u := range v.cp.Users {
 		if iso.containers[u] == nil {
 			stale = append(stale, u)
 		}
 	}
+	for id, c := range iso.containers {
+		if !slices.Contains(v.cp.Users, id) && requestVolume(c.cp, v.key) != nil {
+			missing = append(missing, id)
+		}
+	}
 	iso.mu.Unlock()
+	slices.Sort(missing)
 	rebooted := v.cp.BootId != iso.bootID && v.cp.State != stUnknown
-	if len(stale) == 0 && !rebooted {
+	if len(stale) == 0 && len(missing) == 0 && !rebooted {
 		return
 	}
 	err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
 		cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return slices.Contains(stale, u) })
+		cp.Users = append(cp.Users, missing...)
 		if rebooted {
 			// Mounts do not survive a reboot: nothing is staged or
 			// published any more.
@@ -153,7 +162,7 @@ func (iso *Isolator) recoverVolume(v *volume) {
 		iso.log.Error("recovering volume", "volume", v.key.String(), "error", err)
 		return
 	}
-	iso.log.Info("recovered volume", "volume", v.key.String(), "rebooted", rebooted, "dropped_users", stale)
+	iso.log.Info("recovered volume", "volume", v.key.String(), "rebooted", rebooted, "dropped_users", stale, "added_users", missing)
 }
 
 // remount restores a prepared container's mounts that are missing (after
@@ -218,6 +227,34 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
 		}
 	}
+}
+
+// requestVolume returns the volume key names in a container record's
+// request, or nil.
+func requestVolume(cp *statev1.ContainerCheckpoint, key volumeKey) *agentv1.CSIVolume {
+	for _, rv := range cp.GetRequest().GetVolumes() {
+		csiVol := rv.GetSource().GetCsiVolume()
+		if csiVol.GetPluginName() == key.plugin && csiVol.GetStaticProvisioning().GetVolumeId() == key.id {
+			return csiVol
+		}
+	}
+	return nil
+}
+
+// missingMounts lists a prepared host-mode container's mount points where
+// nothing is mounted (a container with a pid has its mounts in its own
+// namespace: not checked).
+func missingMounts(c *container) []string {
+	if c.cp.GetRequest().GetPid() != 0 {
+		return nil
+	}
+	var out []string
+	for _, m := range c.cp.GetMounts() {
+		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); !ok {
+			out = append(out, m.GetMountPoint())
+		}
+	}
+	return out
 }
 
 // removeOrphanDirs removes volume directories under the default mount

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -191,22 +193,24 @@ func (iso *Isolator) forgetContainer(c *container) error {
 }
 
 // load reads every checkpoint. A corrupt file is moved aside and
-// reported; its volume is reconstructed (see reconstruct).
+// reported; its volume is reconstructed (see reconstruct), its container
+// quarantined (see quarantine).
 func (iso *Isolator) load() error {
 	files, err := checkpointFiles([]string{iso.containersRoot()}, containerStateFile)
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
 	cps, errs := readCheckpoints(files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
+	var corrupt [][3]string // id, dir, where the file was moved
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
 			continue // a directory without its checkpoint
 		}
+		id := filepath.Base(filepath.Dir(f))
 		if errs[i] != nil {
-			iso.moveAside(f, errs[i])
+			corrupt = append(corrupt, [3]string{id, filepath.Dir(f), iso.moveAside(f, errs[i])})
 			continue
 		}
-		id := filepath.Base(filepath.Dir(f))
 		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cps[i]}
 	}
 	roots, err := filepath.Glob(filepath.Join(iso.cfg.WorkDir, "csi", "*", "*", "volumes"))
@@ -236,7 +240,40 @@ func (iso *Isolator) load() error {
 		}
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
 	}
+	iso.rebuildMissingVolumes()
+	for _, c := range corrupt {
+		iso.quarantine(c[0], c[1], c[2])
+	}
 	return nil
+}
+
+// rebuildMissingVolumes recreates the record of every volume a container
+// record names but no volume record holds (a power cut can leave a
+// container's record durable and its volume's lost): rebuilt as
+// reconstruct does, UNKNOWN until resync reads the mount table.
+func (iso *Isolator) rebuildMissingVolumes() {
+	for _, c := range iso.containers {
+		for _, rv := range c.cp.GetRequest().GetVolumes() {
+			csiVol := rv.GetSource().GetCsiVolume()
+			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
+			if iso.volumes[key] != nil {
+				continue
+			}
+			p, err := iso.cfg.Plugins.Lookup(key.plugin)
+			if err != nil {
+				iso.log.Error("volume record missing; cannot rebuild it", "volume", key.String(), "container", c.id, "error", err)
+				continue
+			}
+			v := iso.newVolume(key, p, nil, false)
+			v.cp = iso.reconstruct(key, v.dir, "")
+			v.cp.LastError = "volume record missing; rebuilt from container records and the mount table"
+			iso.volumes[key] = v
+			if _, err := iso.writeCheckpoint(v.dir, volumeStateFile, v.cp); err != nil {
+				iso.log.Error("checkpointing a rebuilt volume", "volume", key.String(), "error", err)
+			}
+			iso.log.Error("volume record missing: rebuilt from container records", "volume", key.String(), "users", v.cp.GetUsers())
+		}
+	}
 }
 
 // checkpointFiles lists root/*/name for each root (a missing root holds
@@ -283,8 +320,10 @@ func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error
 	return out, errs
 }
 
+// readCheckpoint reads a checkpoint record's newest valid version (see
+// atomicfile.ReadRecord), or a plain JSON file of the previous release.
 func readCheckpoint(path string, m proto.Message) error {
-	b, err := os.ReadFile(path)
+	b, _, err := atomicfile.ReadRecord(path)
 	if err != nil {
 		return err
 	}
@@ -336,18 +375,17 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 		LastError:   "checkpoint was corrupt (kept as " + aside + "); reconstructed from container records and the mount table",
 	}
 	for _, c := range iso.containers {
-		for _, v := range c.cp.GetRequest().GetVolumes() {
-			csiVol := v.GetSource().GetCsiVolume()
-			if csiVol.GetPluginName() != key.plugin || csiVol.GetStaticProvisioning().GetVolumeId() != key.id {
-				continue
-			}
-			if cp.StaticProvisioning == nil {
-				cp.StaticProvisioning = csiVol.GetStaticProvisioning()
-				cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
-			}
-			cp.Users = append(cp.Users, c.id)
+		csiVol := requestVolume(c.cp, key)
+		if csiVol == nil {
+			continue
 		}
+		if cp.StaticProvisioning == nil {
+			cp.StaticProvisioning = csiVol.GetStaticProvisioning()
+			cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
+		}
+		cp.Users = append(cp.Users, c.id)
 	}
+	slices.Sort(cp.Users)
 	return cp
 }
 

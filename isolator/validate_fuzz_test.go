@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -211,6 +212,20 @@ func FuzzCheckpointDecode(f *testing.F) {
 		[]byte(`{"state": 99, "users": ["../x"]}`), []byte(`{"request": {"volumes": [{"source": {}}]}}`), []byte("\x00\xff")} {
 		f.Add(s, s)
 	}
+	// The same in the record format (see atomicfile.ReadRecord).
+	record := func(b []byte) []byte {
+		p := filepath.Join(f.TempDir(), "record")
+		var c atomicfile.Committer
+		if _, err := c.Put(p, b, 0o600); err != nil {
+			f.Fatal(err)
+		}
+		out, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return out
+	}
+	f.Add(record(vcp), record(ccp))
 	f.Fuzz(func(t *testing.T, volumeState, containerState []byte) {
 		work := t.TempDir()
 		vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
@@ -229,7 +244,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 		}
 		iso.ListVolumes()
 		iso.ListContainers()
-		if len(iso.volumes) != 1 {
+		if iso.volumes[volumeKey{"loop", "vol-1"}] == nil {
 			t.Fatalf("the volume was lost (corrupt checkpoints are reconstructed): %v", iso.volumes)
 		}
 		cp := &statev1.VolumeCheckpoint{}

@@ -71,7 +71,7 @@ func (s *Store) Get(name string) (*Definition, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(s.path(name))
+	data, _, err := atomicfile.ReadRecord(s.path(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, name)
 	}

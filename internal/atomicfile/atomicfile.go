@@ -1,38 +1,43 @@
-// Package atomicfile replaces files so that a reader, or the same process
-// after a crash, sees either the old content or the new, never a torn mix:
-// temp file in the same directory, rename over the old one.
+// Package atomicfile writes files so that a reader, or the same process
+// after a crash or a power cut, sees a complete version, never a torn mix.
 //
-// Write also makes the new content durable before it returns (fsync the
-// file, rename, fsync the directory: about a millisecond). A Committer
-// separates the two: its Put is visible at once (what a restarted process
-// needs) and made durable by a background group commit shortly after, one
-// round of fsyncs for every write made meanwhile; Wait blocks until a given
-// write is durable (what must hold across a power loss).
+// Write replaces a whole file durably before it returns: temp file in the
+// same directory, fsync, rename over the old one, fsync the directory
+// (about a millisecond).
+//
+// A Committer keeps records (checkpoints): each Put writes a new version,
+// framed with a generation and a CRC32C, into a slot of the record's file
+// that holds nothing a crash may still need (see record.go), so the write
+// is visible at once (what a restarted process needs) and made durable by
+// a background group commit shortly after, one round of fsyncs for every
+// write made meanwhile; Wait blocks until a given write is durable (what
+// must hold across a power loss). ReadRecord returns the newest valid
+// version.
 //
 // Do not use it for data that may be lost on a crash (logs, caches).
 package atomicfile
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Write replaces path with data, durably. The directory must exist.
 func Write(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm, syncFile)
+	return write(path, data, perm, syncFile, 0)
 }
 
-func write(path string, data []byte, perm os.FileMode, fsync func(string) error) error {
-	tmp, err := writeTemp(path, data, perm)
+func write(path string, data []byte, perm os.FileMode, fsync func(string) error, prealloc int64) error {
+	tmp, err := writeTemp(path, data, perm, prealloc)
 	if err != nil {
 		return err
 	}
@@ -48,8 +53,10 @@ func write(path string, data []byte, perm os.FileMode, fsync func(string) error)
 }
 
 // writeTemp writes data to a new temp file beside path and returns its
-// name.
-func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
+// name. prealloc > 0 reserves that many bytes of blocks without changing
+// the size (a record file's slots: later versions then need no free
+// space, and a cleanup works on a full disk), where the filesystem can.
+func writeTemp(path string, data []byte, perm os.FileMode, prealloc int64) (string, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return "", fmt.Errorf("writing %s: %w", path, err)
@@ -60,6 +67,10 @@ func writeTemp(path string, data []byte, perm os.FileMode) (string, error) {
 	}
 	if err == nil {
 		_, err = tmp.Write(data)
+	}
+	if err == nil && prealloc > 0 {
+		// Best effort: without it a later version may need a block.
+		_ = unix.Fallocate(int(tmp.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, prealloc)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
@@ -113,52 +124,60 @@ type Committer struct {
 	fsyncs   atomic.Uint64
 	inflight atomic.Int64
 
-	// InPlace has Put replace a file of at most one page in place: one
-	// write at offset 0 of the new content padded with spaces to the old
-	// length, which a crash cannot tear (the kernel copies a one-page
-	// write whole or not at all), and which costs a tenth of a temp file
-	// and a rename. Only for formats that ignore trailing whitespace
-	// (JSON). A power loss while the page is being written back may tear
-	// it at a sector boundary: the reader must treat a file it cannot
-	// parse as lost.
-	InPlace bool
+	// slots tracks, per record file, which slots hold what (see
+	// record.go); guarded by mu.
+	slots map[string]*slotState
+
 	// Fsync, when set, replaces the fsync of a file or directory by name
 	// (tests inject failures and delays).
 	Fsync func(path string) error
 }
 
-// pageSize bounds what InPlace overwrites: a write of at most one page at
-// offset 0 is copied by one iteration of the kernel's write loop.
-const pageSize = 4096
+// slotState is what a Committer knows of one record file's slots (-1:
+// none).
+type slotState struct {
+	gen uint64 // the newest version's generation
+	// durable holds the newest durable version; flight the version a
+	// commit round is making durable; pending the newest version, not yet
+	// in a round.
+	durable, flight, pending int
+	// epoch counts whole-file replacements, which void the slots.
+	epoch uint64
+	// whole: the next version replaces the file (a large version fills
+	// it, or the file is not in the record format).
+	whole bool
+}
 
-// overwrite replaces path's content in place as InPlace says, and reports
-// false (nothing done) for a missing file or one larger than a page.
-func overwrite(path string, data []byte) (bool, error) {
-	if len(data) > pageSize {
-		return false, nil
+// freeSlot is a slot holding nothing that may be needed after a crash.
+func (st *slotState) freeSlot() int {
+	for s := range recordSlots {
+		if s != st.durable && s != st.flight {
+			return s
+		}
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	panic("atomicfile: no free record slot") // three slots; Put reuses pending, so at most two are taken
+}
+
+// loadSlots reads what a record file on disk holds: nil for a missing
+// file. The newest valid version is taken as durable: the caller has made
+// the file's filesystem durable (syncfs) before its first Put.
+func loadSlots(path string) (*slotState, error) {
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("writing %s: %w", path, err)
+		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return false, fmt.Errorf("writing %s: %w", path, err)
+	st := &slotState{durable: -1, flight: -1, pending: -1}
+	vs, _ := versions(b)
+	if len(vs) == 0 || recordHeader+len(vs[0].payload) > slotSize || len(b) > recordSlots*slotSize {
+		st.whole = true
 	}
-	if st.Size() > pageSize || !st.Mode().IsRegular() {
-		return false, nil
+	if len(vs) > 0 {
+		st.gen, st.durable = vs[0].gen, vs[0].slot
 	}
-	if pad := int(st.Size()) - len(data); pad > 0 {
-		data = append(slices.Clip(data), bytes.Repeat([]byte{' '}, pad)...)
-	}
-	if _, err := f.WriteAt(data, 0); err != nil {
-		return false, fmt.Errorf("writing %s: %w", path, err)
-	}
-	return true, nil
+	return st, nil
 }
 
 // content is a file's latest content, kept until it is durable, or
@@ -167,6 +186,9 @@ type content struct {
 	data    []byte
 	perm    os.FileMode
 	removed bool
+	// slot is where this version was written, in the file's epoch.
+	slot  int
+	epoch uint64
 	// rewrite: an earlier round failed to fsync it; write it afresh.
 	rewrite bool
 }
@@ -198,25 +220,36 @@ func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
 	if err := os.Mkdir(dir, perm); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	_, err := c.note("", parent, content{})
-	return err
+	c.mu.Lock()
+	c.noteLocked("", parent, content{})
+	c.mu.Unlock()
+	return nil
 }
 
-// Put replaces path with data (its directory must exist). The new content
-// is visible on return; the returned change is durable once Wait says so.
-func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, error) {
+// Put writes a new version of the record file path (see ReadRecord):
+// visible on return, durable once Wait says so for the returned change.
+// A new file is made in its directory, which must exist. Changes to one
+// path are serialised by the caller.
+func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
-	done := false
-	if c.InPlace {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.slots[path]
+	if st == nil {
 		var err error
-		if done, err = overwrite(path, data); err != nil {
+		if st, err = loadSlots(path); err != nil {
 			return 0, err
 		}
 	}
-	dir := "" // an overwrite changes no directory entry
-	if !done {
-		tmp, err := writeTemp(path, data, perm)
+	dir := ""
+	var data []byte
+	switch {
+	case st == nil:
+		// A new file: made whole, durable with the next round (the file,
+		// then its directory).
+		data = frame(1, payload)
+		tmp, err := writeTemp(path, data, perm, recordSlots*slotSize)
 		if err != nil {
 			return 0, err
 		}
@@ -224,10 +257,63 @@ func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, err
 			os.Remove(tmp)
 			return 0, fmt.Errorf("replacing %s: %w", path, err)
 		}
+		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0}
 		dir = filepath.Dir(path)
+	case st.whole || recordHeader+len(payload) > slotSize:
+		// Replaced whole, durably at once (temp file fsynced before the
+		// rename): the old file's slots are not overwritten.
+		data = frame(st.gen+1, payload)
+		if err := write(path, data, perm, c.fsync(), recordSlots*slotSize); err != nil {
+			return 0, err
+		}
+		c.fsyncs.Add(2)
+		st = &slotState{gen: st.gen + 1, durable: 0, flight: -1, pending: -1,
+			epoch: st.epoch + 1, whole: len(data) > slotSize}
+		dir = filepath.Dir(path)
+	default:
+		data = frame(st.gen+1, payload)
+		slot := st.pending
+		if slot < 0 {
+			slot = st.freeSlot()
+		}
+		if err := writeAt(path, data, int64(slot)*slotSize); err != nil {
+			return 0, err
+		}
+		st.gen, st.pending = st.gen+1, slot
 	}
+	if c.slots == nil {
+		c.slots = map[string]*slotState{}
+	}
+	c.slots[path] = st
 	c.writes.Add(1)
-	return c.note(path, dir, content{data: data, perm: perm})
+	slot := st.pending
+	if slot < 0 {
+		slot = st.durable
+	}
+	return c.noteLocked(path, dir, content{data: data, perm: perm, slot: slot, epoch: st.epoch}), nil
+}
+
+// writeAt writes data into an existing file at off.
+func writeAt(path string, data []byte, off int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	_, err = f.WriteAt(data, off)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func (c *Committer) fsync() func(string) error {
+	if c.Fsync != nil {
+		return c.Fsync
+	}
+	return syncFile
 }
 
 // Remove removes a file or an empty directory; a missing one is not an
@@ -235,17 +321,18 @@ func (c *Committer) Put(path string, data []byte, perm os.FileMode) (uint64, err
 func (c *Committer) Remove(path string) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
-	return c.note(path, filepath.Dir(path), content{removed: true})
+	delete(c.slots, path)
+	return c.noteLocked(path, filepath.Dir(path), content{removed: true}), nil
 }
 
-// note records a change to commit (a file's new content, a directory's
-// entries; "" for none) and starts a round if none runs.
-func (c *Committer) note(file, dir string, data content) (uint64, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// noteLocked records a change to commit (a file's new content, a
+// directory's entries; "" for none) and starts a round if none runs.
+func (c *Committer) noteLocked(file, dir string, data content) uint64 {
 	if c.files == nil {
 		c.files, c.dirs = map[string]content{}, map[string]bool{}
 	}
@@ -262,7 +349,7 @@ func (c *Committer) note(file, dir string, data content) (uint64, error) {
 		c.round = make(chan struct{})
 		go c.commitLoop()
 	}
-	return c.seq, nil
+	return c.seq
 }
 
 // commitLoop runs rounds while there are changes to commit.
@@ -277,6 +364,11 @@ func (c *Committer) commitLoop() {
 		}
 		files, dirs, upTo := c.files, c.dirs, c.seq
 		c.files, c.dirs = map[string]content{}, map[string]bool{}
+		for f, d := range files {
+			if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.pending == d.slot && !d.removed {
+				st.flight, st.pending = d.slot, -1
+			}
+		}
 		c.mu.Unlock()
 
 		err := c.commit(files, dirs)
@@ -302,6 +394,11 @@ func (c *Committer) commitLoop() {
 			c.retryIn = min(max(2*c.retryIn, retryMin), retryMax)
 			pause = c.retryIn
 		} else {
+			for f, d := range files {
+				if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.flight == d.slot && !d.removed {
+					st.durable, st.flight = d.slot, -1
+				}
+			}
 			c.inflight.Add(-int64(upTo - c.durable))
 			c.durable, c.lastErr, c.retryIn = upTo, nil, 0
 		}
@@ -318,10 +415,7 @@ func (c *Committer) commitLoop() {
 // directory removed since is skipped (its parent's entry is in dirs).
 func (c *Committer) commit(files map[string]content, dirs map[string]bool) error {
 	var errs []error
-	fsync := c.Fsync
-	if fsync == nil {
-		fsync = syncFile
-	}
+	fsync := c.fsync()
 	for f, data := range files {
 		if data.removed {
 			continue // its directory's fsync commits it
@@ -330,7 +424,13 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 		if !data.rewrite {
 			c.fsyncs.Add(1)
 			err = fsync(f)
-			if err == nil || errors.Is(err, fs.ErrNotExist) {
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				// Removed since: what this round commits for it is its
+				// removal, durable with its directory's fsync below.
+				dirs[filepath.Dir(f)] = true
 				continue
 			}
 		}
@@ -367,7 +467,17 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 		return false, nil
 	}
 	c.fsyncs.Add(2)
-	return true, write(path, data.data, data.perm, fsync)
+	if err := write(path, data.data, data.perm, fsync, recordSlots*slotSize); err != nil {
+		return true, err
+	}
+	// The file now holds this one version, durable, in slot 0.
+	c.mu.Lock()
+	if st := c.slots[path]; st != nil {
+		*st = slotState{gen: st.gen, durable: 0, flight: -1, pending: -1,
+			epoch: st.epoch + 1, whole: len(data.data) > slotSize}
+	}
+	c.mu.Unlock()
+	return true, nil
 }
 
 // Wait returns once change n is durable, or with the error of the commit

@@ -2,7 +2,6 @@ package atomicfile
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -62,7 +60,7 @@ func TestCommitterPutIsVisibleThenDurable(t *testing.T) {
 			t.Fatalf("change numbers not increasing: %d after %d", n, last)
 		}
 		last = n
-		if got, err := os.ReadFile(path); err != nil || string(got) != content {
+		if got, err := readPayload(path); err != nil || string(got) != content {
 			t.Fatalf("right after Put: read %q, %v; want %q", got, err, content)
 		}
 	}
@@ -163,58 +161,8 @@ func testFailedFsync(t *testing.T, fail int32, waitFails bool) {
 	if err != nil || st.Mode().Perm() != 0o640 {
 		t.Fatalf("after the rewrite: %v, %v; want mode 0640", st, err)
 	}
-	if got, _ := os.ReadFile(path); string(got) != "content" {
+	if got, _ := readPayload(path); string(got) != "content" {
 		t.Errorf("content after the rewrite = %q", got)
-	}
-}
-
-// InPlace: a file of at most a page is overwritten in place (same inode),
-// shorter content padded with spaces; larger content or a missing file goes
-// through a temp file and a rename.
-func TestCommitterInPlace(t *testing.T) {
-	dir := t.TempDir()
-	c := Committer{InPlace: true}
-	path := filepath.Join(dir, "state.json")
-	inode := func() uint64 {
-		st, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st.Sys().(*syscall.Stat_t).Ino
-	}
-	put := func(content string) {
-		t.Helper()
-		if _, err := c.Put(path, []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	long, short := `{"state": "a long first value"}`, `{"state": "b"}`
-	put(long)
-	first := inode()
-	put(short)
-	if got, _ := os.ReadFile(path); string(got) != short+strings.Repeat(" ", len(long)-len(short)) {
-		t.Errorf("after a shorter overwrite: %q", got)
-	}
-	var v map[string]string
-	if b, _ := os.ReadFile(path); json.Unmarshal(b, &v) != nil || v["state"] != "b" {
-		t.Errorf("padded content does not parse as the new JSON: %v", v)
-	}
-	if inode() != first {
-		t.Error("a small overwrite replaced the file instead of writing it in place")
-	}
-	big := `{"state": "` + strings.Repeat("x", pageSize) + `"}`
-	put(big)
-	if inode() == first {
-		t.Error("content over a page was written in place")
-	}
-	if got, _ := os.ReadFile(path); string(got) != big {
-		t.Error("content over a page not replaced whole")
-	}
-	if err := c.Sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
-		t.Errorf("mode %v, want 0600", st.Mode())
 	}
 }
 
@@ -233,7 +181,7 @@ func TestCommitterFailedFsyncKeepsNewerChanges(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "state")
 			inFsync, release := make(chan struct{}), make(chan struct{})
 			var first sync.Once
-			c := &Committer{InPlace: true}
+			c := &Committer{}
 			c.Fsync = func(p string) error {
 				failed := false
 				first.Do(func() {
@@ -258,7 +206,7 @@ func TestCommitterFailedFsyncKeepsNewerChanges(t *testing.T) {
 			n := c.seq
 			c.mu.Unlock()
 			waitRetried(t, c, n)
-			got, err := os.ReadFile(path)
+			got, err := readPayload(path)
 			switch {
 			case tc.want == "" && !os.IsNotExist(err):
 				t.Errorf("the removed file is back: %q, %v", got, err)
@@ -288,4 +236,9 @@ func waitRetried(t *testing.T, c *Committer, n uint64) {
 		}
 		<-round // the round that failed, or the retry after it
 	}
+}
+
+func readPayload(path string) ([]byte, error) {
+	b, _, err := ReadRecord(path)
+	return b, err
 }

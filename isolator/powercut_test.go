@@ -1,0 +1,462 @@
+package isolator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
+	"github.com/csiagent/csiagent/mount"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// powercutMixes is how many random disk states are tried per cut point,
+// besides the systematic ones (make powercut CUTS=N raises it).
+var powercutMixes = flag.Int("powercut.mixes", 2, "random disk states per cut point in TestPowerCut")
+
+// tmpfsNode is a CSI node service that stages a small tmpfs and publishes
+// it by a bind mount: real mounts, no devices.
+type tmpfsNode struct{}
+
+func mountedAt(p string) bool { ok, _ := mount.IsMountPoint(p); return ok }
+
+func (tmpfsNode) NodeStageVolume(_ context.Context, in *csi.NodeStageVolumeRequest, _ ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
+	if !mountedAt(in.StagingTargetPath) {
+		if err := unix.Mount("tmpfs", in.StagingTargetPath, "tmpfs", 0, "size=64k"); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+func (tmpfsNode) NodeUnstageVolume(_ context.Context, in *csi.NodeUnstageVolumeRequest, _ ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error) {
+	if mountedAt(in.StagingTargetPath) {
+		if err := unix.Unmount(in.StagingTargetPath, 0); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+func (tmpfsNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
+	if !mountedAt(in.TargetPath) {
+		if err := unix.Mount(in.StagingTargetPath, in.TargetPath, "", unix.MS_BIND, ""); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (tmpfsNode) NodeUnpublishVolume(_ context.Context, in *csi.NodeUnpublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error) {
+	if mountedAt(in.TargetPath) {
+		if err := unix.Unmount(in.TargetPath, 0); err != nil {
+			return nil, err
+		}
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+type tmpfsPlugins struct{}
+
+func (tmpfsPlugins) Lookup(typ string) (Plugin, error) {
+	if typ != "loop" {
+		return Plugin{}, ErrUnknownPlugin
+	}
+	return Plugin{Type: "loop", Name: "default"}, nil
+}
+
+func (tmpfsPlugins) Node(context.Context, string) (Node, error) {
+	return Node{Client: tmpfsNode{}, StageUnstage: true}, nil
+}
+
+// fileState is a record file as a power cut may leave it.
+type fileState struct {
+	exists  bool
+	content []byte
+}
+
+// diskModel tracks, for each checkpoint record file, its durable state
+// (content at its last fsync, entry at its directory's last fsync) next to
+// what is visible now.
+type diskModel struct {
+	mu      sync.Mutex
+	durable map[string]fileState
+	whole   map[string][]byte // a whole-file replacement's fsynced temp file
+}
+
+func isRecord(p string) bool {
+	b := filepath.Base(p)
+	return b == volumeStateFile || b == containerStateFile
+}
+
+func (d *diskModel) fsync(p string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, rerr := os.ReadFile(p)
+	if err := fsyncPath(p); err != nil {
+		return err
+	}
+	base := filepath.Base(p)
+	switch {
+	case isRecord(p) && rerr == nil:
+		st := d.durable[p]
+		st.content = b
+		d.durable[p] = st
+	case strings.HasPrefix(base, ".volume.state.tmp-") || strings.HasPrefix(base, ".volumes.state.tmp-"):
+		d.whole[filepath.Join(filepath.Dir(p), strings.SplitN(base[1:], ".tmp-", 2)[0])] = b
+	default: // a directory: its entries are durable
+		entries, _ := os.ReadDir(p)
+		for _, e := range entries {
+			if f := filepath.Join(p, e.Name()); isRecord(f) {
+				if b, ok := d.whole[f]; ok {
+					d.durable[f] = fileState{true, b}
+					delete(d.whole, f)
+				} else {
+					st := d.durable[f]
+					st.exists = true
+					d.durable[f] = st
+				}
+			}
+		}
+		for f, st := range d.durable {
+			if filepath.Dir(f) == p && st.exists {
+				if _, err := os.Lstat(f); err != nil {
+					d.durable[f] = fileState{}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// cut lists disk states a power cut at this moment can leave, as maps of
+// record file to state: every file durable, every file as visible, each
+// file alone as visible (or alone durable: write-back in any order), and
+// random mixes with the visible content torn at 512-byte sectors over the
+// durable one.
+func (d *diskModel) cut(work string, rng *rand.Rand, mixes int) []map[string]fileState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := map[string]fileState{}
+	filepath.WalkDir(work, func(p string, e fs.DirEntry, err error) error { //nolint:errcheck // a vanished entry is skipped
+		if err == nil && !e.IsDir() && isRecord(p) {
+			if b, err := os.ReadFile(p); err == nil {
+				now[p] = fileState{true, b}
+			}
+		}
+		return nil
+	})
+	var files []string
+	for f := range now {
+		files = append(files, f)
+	}
+	for f := range d.durable {
+		if _, ok := now[f]; !ok {
+			files = append(files, f)
+		}
+	}
+	sort.Strings(files)
+	durable := func(f string) fileState {
+		st := d.durable[f]
+		if !st.exists || st.content == nil {
+			return fileState{}
+		}
+		return st
+	}
+	state := func(pick func(i int, f string) fileState) map[string]fileState {
+		m := map[string]fileState{}
+		for i, f := range files {
+			m[f] = pick(i, f)
+		}
+		return m
+	}
+	out := []map[string]fileState{
+		state(func(_ int, f string) fileState { return durable(f) }),
+		state(func(_ int, f string) fileState { return now[f] }),
+	}
+	for k := range files {
+		out = append(out,
+			state(func(i int, f string) fileState { return map[bool]fileState{true: now[f], false: durable(f)}[i == k] }),
+			state(func(i int, f string) fileState { return map[bool]fileState{true: durable(f), false: now[f]}[i == k] }))
+	}
+	for range mixes {
+		out = append(out, state(func(_ int, f string) fileState {
+			cur, dur := now[f], durable(f)
+			if rng.IntN(2) == 0 || !cur.exists {
+				return dur
+			}
+			b := bytes.Clone(cur.content)
+			for s := 0; s*512 < len(b); s++ {
+				if rng.IntN(2) == 0 {
+					old := make([]byte, 512)
+					if s*512 < len(dur.content) {
+						copy(old, dur.content[s*512:])
+					}
+					copy(b[s*512:min(len(b), (s+1)*512)], old)
+				}
+			}
+			return fileState{true, b}
+		}))
+	}
+	return out
+}
+
+// TestPowerCut cuts power (simulated: see diskModel.cut) at every
+// checkpoint write and node call of a scripted sequence (containers c1
+// and c2 share vol-1, c1 is cleaned up, then c2), reboots (mounts gone,
+// new boot id), recovers on what survived and checks: every container
+// acknowledged prepared (and not being cleaned up) is PREPARED with its
+// mount back; every one acknowledged cleaned up is gone; each volume's
+// users are exactly the containers whose records name it, and it is
+// published iff it has users; nothing is mounted that no record claims; a
+// quarantined record is never one of an acknowledged container.
+func TestPowerCut(t *testing.T) {
+	testhelp.NeedRoot(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	ids := []string{"c1", "c2"}
+	// The sequence's steps: prepare c1, prepare c2, cleanup c1, cleanup c2.
+	type step struct {
+		id      string
+		prepare bool
+	}
+	steps := []step{{"c1", true}, {"c2", true}, {"c1", false}, {"c2", false}}
+	points, recovered, violations := 0, 0, 0
+	for at := 1; ; at++ {
+		root := t.TempDir()
+		work := filepath.Join(root, "work")
+		model := &diskModel{durable: map[string]fileState{}, whole: map[string][]byte{}}
+		var (
+			n       int
+			states  []map[string]fileState
+			ackedAt []string // what was acknowledged (or started) when the power went
+			acked   []string
+			cutName string
+		)
+		iso, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-1", Fsync: model.fsync,
+			CrashPoint: func(point string) {
+				n++
+				if n == at {
+					states = model.cut(work, rng, *powercutMixes)
+					ackedAt, cutName = slices.Clone(acked), point
+				}
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for _, s := range steps {
+			if s.prepare {
+				if _, err := iso.Prepare(ctx, powercutRequest(t, s.id, root)); err != nil {
+					t.Fatalf("prepare %s: %v", s.id, err)
+				}
+				acked = append(acked, "prepared "+s.id)
+			} else {
+				acked = append(acked, "cleaning "+s.id) // started, not acknowledged
+				if err := iso.Cleanup(ctx, s.id, false); err != nil {
+					t.Fatalf("cleanup %s: %v", s.id, err)
+				}
+				acked = append(acked, "cleaned "+s.id)
+			}
+		}
+		if err := iso.commit.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unmountUnder(t, root)
+		if states == nil {
+			break // past the last point
+		}
+		points++
+		for si, st := range states {
+			if msg := recoverFrom(t, root, work, st, ackedAt, ids); msg != "" {
+				violations++
+				t.Errorf("cut %d (%s), disk state %d: %s", at, cutName, si, msg)
+			} else {
+				recovered++
+			}
+		}
+	}
+	t.Logf("power cut: %d cut points, %d disk states recovered, %d violations", points, recovered, violations)
+}
+
+func powercutRequest(t *testing.T, id, root string) *agentv1.PrepareRequest {
+	t.Helper()
+	sandbox := filepath.Join(root, "sandbox-"+id)
+	if err := os.MkdirAll(sandbox, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &agentv1.PrepareRequest{}
+	if err := proto.Unmarshal(seedRequest(func(r *agentv1.PrepareRequest) { r.ContainerId, r.Sandbox = id, sandbox }), r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// unmountUnder unmounts every mount below root, innermost first (a
+// reboot, for the test's mounts).
+func unmountUnder(t *testing.T, root string) {
+	t.Helper()
+	ms, err := mount.List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if strings.HasPrefix(ms[i].Mountpoint, root+"/") {
+			if err := unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH); err != nil {
+				t.Fatalf("unmounting %s: %v", ms[i].Mountpoint, err)
+			}
+		}
+	}
+}
+
+// recoverFrom puts a disk state in place after a reboot, recovers, checks
+// the invariants (returning what broke), then cleans everything up.
+func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked, ids []string) string {
+	t.Helper()
+	for f, s := range st {
+		os.Remove(f)
+		if s.exists {
+			if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, s.content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer unmountUnder(t, root)
+	iso, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-2"})
+	if err != nil {
+		return "start: " + err.Error()
+	}
+	ctx := context.Background()
+	iso.resync(ctx, true)
+	defer func() {
+		for _, id := range iso.containerIDs() {
+			iso.Cleanup(ctx, id, false) //nolint:errcheck // best effort; unmountUnder follows
+		}
+	}()
+	var problems []string
+	claimed := map[string]bool{}
+	for _, id := range ids {
+		c := iso.containers[id]
+		wantPrepared := slices.Contains(acked, "prepared "+id) && !slices.Contains(acked, "cleaning "+id)
+		cleaned := slices.Contains(acked, "cleaned "+id)
+		switch {
+		case cleaned && c != nil:
+			problems = append(problems, id+" was acknowledged cleaned up but is back: "+c.cp.GetPhase().String())
+		case wantPrepared && (c == nil || c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED):
+			problems = append(problems, id+" was acknowledged prepared but is "+map[bool]string{true: "gone", false: "not PREPARED"}[c == nil])
+		case c != nil && quarantined(c.cp) && (wantPrepared || cleaned):
+			problems = append(problems, id+" acknowledged but quarantined: "+c.cp.GetLastError())
+		}
+		if c == nil {
+			continue
+		}
+		for _, m := range c.cp.GetMounts() {
+			claimed[m.GetMountPoint()] = true
+			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED && !mountedAt(m.GetMountPoint()) {
+				problems = append(problems, id+": "+m.GetMountPoint()+" not mounted after recovery")
+			}
+		}
+	}
+	for k, v := range iso.volumes {
+		var want []string
+		for id, c := range iso.containers {
+			if requestVolume(c.cp, k) != nil {
+				want = append(want, id)
+			}
+		}
+		slices.Sort(want)
+		if got := slices.Sorted(slices.Values(v.cp.GetUsers())); !slices.Equal(got, want) {
+			problems = append(problems, fmt.Sprintf("%s: users %v, container records name %v", k, got, want))
+		}
+		if published := v.cp.GetState() == stPublished; published != (len(want) > 0) {
+			problems = append(problems, fmt.Sprintf("%s: state %v with users %v", k, v.cp.GetState(), want))
+		}
+		claimed[v.cp.GetStagingPath()], claimed[v.cp.GetTargetPath()] = true, true
+	}
+	ms, err := mount.List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if strings.HasPrefix(m.Mountpoint, root+"/") && !claimed[m.Mountpoint] {
+			problems = append(problems, m.Mountpoint+" is mounted but no record claims it")
+		}
+	}
+	return strings.Join(problems, "; ")
+}
+
+// A Prepare whose checkpoints cannot be made durable (every fsync fails
+// with EIO) is not acknowledged and is rolled back: no mount stays, the
+// container is not PREPARED.
+func TestPrepareNotDurableIsRolledBack(t *testing.T) {
+	testhelp.NeedRoot(t)
+	root := t.TempDir()
+	defer unmountUnder(t, root)
+	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b",
+		Fsync: func(string) error { return unix.EIO }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := powercutRequest(t, "c1", root)
+	if _, err := iso.Prepare(ctx, req); !errors.Is(err, unix.EIO) {
+		t.Fatalf("Prepare while every fsync fails: %v; want the EIO", err)
+	}
+	if c := iso.containers["c1"]; c != nil && c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+		t.Errorf("c1 is PREPARED after a Prepare that was not durable")
+	}
+	if mp := filepath.Join(req.GetSandbox(), "data"); mountedAt(mp) {
+		t.Errorf("%s still mounted after the failed Prepare", mp)
+	}
+}
+
+// A repeated Prepare of a prepared container finds its mount gone,
+// restores it, and only then answers.
+func TestRepeatedPrepareRestoresMissingMounts(t *testing.T) {
+	testhelp.NeedRoot(t)
+	root := t.TempDir()
+	defer unmountUnder(t, root)
+	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := powercutRequest(t, "c1", root)
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := resp.GetMounts()[0].GetMountPoint()
+	if err := unix.Unmount(mp, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iso.Prepare(ctx, req); err != nil {
+		t.Fatalf("repeated Prepare: %v", err)
+	}
+	if !mountedAt(mp) {
+		t.Fatalf("repeated Prepare answered with %s not mounted", mp)
+	}
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,106 @@
+package isolator
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/csiagent/csiagent/mount"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+)
+
+// A container record that cannot be read is quarantined, not dropped: its
+// container may still run with our mounts. The file is kept aside (see
+// moveAside); a record in phase PHASE_UNKNOWN takes its place, rebuilt
+// from what else is on the host: its volumes are those whose records list
+// it as a user (so they keep that user and stay published), its mounts the
+// binds of those volumes' targets in the mount table that no other
+// container's record claims. Recovery and resync leave a quarantined
+// container alone (no remount, no cleanup of their own); Cleanup (or
+// Reconcile, when the runtime no longer has it) unmounts what was found
+// and releases its volumes. ListContainers shows it with the reason, the
+// csi_agent_containers metric counts it under PHASE_UNKNOWN.
+
+// quarantined reports whether a container record is a quarantined one.
+func quarantined(cp *statev1.ContainerCheckpoint) bool {
+	return cp.GetPhase() == agentv1.ContainerStatus_PHASE_UNKNOWN
+}
+
+// quarantine rebuilds the record of container id, whose file was corrupt
+// (kept as aside), and checkpoints it. It runs at load, after every record
+// has been read.
+func (iso *Isolator) quarantine(id, dir, aside string) {
+	cp := &statev1.ContainerCheckpoint{
+		ContainerId: id,
+		Phase:       agentv1.ContainerStatus_PHASE_UNKNOWN,
+		Request:     &agentv1.PrepareRequest{ContainerId: id},
+	}
+	var keys []volumeKey
+	for k, v := range iso.volumes {
+		if slices.Contains(v.cp.GetUsers(), id) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	table, terr := mount.List(nil)
+	claimed := map[string]bool{}
+	for _, c := range iso.containers {
+		for _, m := range c.cp.GetMounts() {
+			claimed[m.GetMountPoint()] = true
+		}
+	}
+	for _, k := range keys {
+		v := iso.volumes[k]
+		cp.Request.Volumes = append(cp.Request.Volumes, &agentv1.Volume{
+			Source: &agentv1.Volume_Source{Type: agentv1.Volume_Source_CSI_VOLUME, CsiVolume: &agentv1.CSIVolume{
+				PluginName: k.plugin, StaticProvisioning: v.cp.GetStaticProvisioning(),
+			}},
+		})
+		for _, mp := range bindsOf(table, v.cp.GetTargetPath(), v.cp.GetStagingPath()) {
+			if !claimed[mp] {
+				cp.Mounts = append(cp.Mounts, &agentv1.ContainerMount{PluginName: k.plugin, VolumeId: k.id, MountPoint: mp})
+			}
+		}
+	}
+	var found []string
+	for _, m := range cp.Mounts {
+		found = append(found, m.GetMountPoint())
+	}
+	cp.LastError = fmt.Sprintf("container record was corrupt (kept as %s); quarantined: volumes %v from their records, mounts %v from the mount table; clean it up to release them", aside, keys, found)
+	if terr != nil {
+		cp.LastError += "; mount table unreadable: " + terr.Error()
+	}
+	c := &container{id: id, dir: dir, cp: cp}
+	iso.containers[id] = c
+	if _, err := iso.writeCheckpoint(dir, containerStateFile, cp); err != nil {
+		iso.log.Error("checkpointing a quarantined container", "container", id, "error", err)
+	}
+	iso.log.Error("container record corrupt: quarantined", "container", id, "volumes", len(keys), "mounts", found, "moved_to", aside)
+}
+
+// bindsOf lists the mount points in table that bind the filesystem mounted
+// at target (same device, same root), other than target and staging
+// themselves: where containers see a published volume.
+func bindsOf(table []*mountinfo.Info, target, staging string) []string {
+	var at *mountinfo.Info
+	for _, m := range table {
+		if m.Mountpoint == target {
+			at = m // the last one is the visible one
+		}
+	}
+	if at == nil {
+		return nil
+	}
+	var out []string
+	for _, m := range table {
+		if m.Major == at.Major && m.Minor == at.Minor && m.Root == at.Root &&
+			m.Mountpoint != target && m.Mountpoint != staging && !strings.HasPrefix(m.Mountpoint, target+"/") {
+			out = append(out, m.Mountpoint)
+		}
+	}
+	return out
+}
