@@ -60,9 +60,15 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 				PluginName: k.plugin, StaticProvisioning: v.cp.GetStaticProvisioning(),
 			}},
 		})
-		for _, mp := range bindsOf(table, v.cp.GetTargetPath(), v.cp.GetStagingPath()) {
-			if !claimed[mp] {
-				cp.Mounts = append(cp.Mounts, &agentv1.ContainerMount{PluginName: k.plugin, VolumeId: k.id, MountPoint: mp})
+		for _, m := range bindsOf(table, v.cp.GetTargetPath(), v.cp.GetStagingPath()) {
+			if !claimed[m.Mountpoint] {
+				// No rootfs is known: the mount point is resolved from the
+				// host's root without following links, and only the mount
+				// with this id (and the volume's root) is ever unmounted.
+				cp.Mounts = append(cp.Mounts, &agentv1.ContainerMount{
+					PluginName: k.plugin, VolumeId: k.id, MountPoint: m.Mountpoint, ContainerPath: m.Mountpoint,
+					HostPath: v.cp.GetTargetPath(), MountId: uint64(m.ID), ParentMountId: uint64(m.Parent),
+				})
 			}
 		}
 	}
@@ -85,7 +91,7 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 // bindsOf lists the mount points in table that bind the filesystem mounted
 // at target (same device, same root), other than target and staging
 // themselves: where containers see a published volume.
-func bindsOf(table []*mountinfo.Info, target, staging string) []string {
+func bindsOf(table []*mountinfo.Info, target, staging string) []*mountinfo.Info {
 	var at *mountinfo.Info
 	for _, m := range table {
 		if m.Mountpoint == target {
@@ -95,11 +101,11 @@ func bindsOf(table []*mountinfo.Info, target, staging string) []string {
 	if at == nil {
 		return nil
 	}
-	var out []string
+	var out []*mountinfo.Info
 	for _, m := range table {
 		if m.Major == at.Major && m.Minor == at.Minor && m.Root == at.Root &&
 			m.Mountpoint != target && m.Mountpoint != staging && !strings.HasPrefix(m.Mountpoint, target+"/") {
-			out = append(out, m.Mountpoint)
+			out = append(out, m)
 		}
 	}
 	return out
