@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -239,7 +240,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
-	agentv1.RegisterControllerServer(srv, &controllerServer{a: a})
+	agentv1.RegisterControllerServer(srv, controllerops.New(controllerPlugins{a}, a.log))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)

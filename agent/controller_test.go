@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/redact"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/replication"
@@ -365,7 +366,7 @@ func newCtrlHarness(t *testing.T) *ctrlHarness {
 	h.start(cfg)
 	p := h.waitPlugin("fake", "ready", ready)
 	h.waitPlugin("nodeonly", "ready", ready)
-	for _, svc := range []string{volumeGroupService, replicationService, groupControllerService} {
+	for _, svc := range []string{controllerops.VolumeGroupService, controllerops.ReplicationService, controllerops.GroupControllerService} {
 		if !strings.Contains(strings.Join(p.Instances[0].AddonsServices, " "), svc) {
 			t.Fatalf("discovery did not find %s: %v", svc, p.Instances[0].AddonsServices)
 		}
@@ -1064,7 +1065,7 @@ func TestControllerLoopPluginE2E(t *testing.T) {
 		`{"csi_service":"NODE_SERVICE","endpoint":"unix://`+sock+`"}]}`)
 	h.start(fastConfig(h))
 	p := h.waitPlugin("loop", "ready", ready)
-	for _, svc := range []string{volumeGroupService, groupControllerService} {
+	for _, svc := range []string{controllerops.VolumeGroupService, controllerops.GroupControllerService} {
 		if !strings.Contains(strings.Join(p.Instances[0].AddonsServices, " "), svc) {
 			t.Fatalf("csi-loop-plugin does not offer %s: %v", svc, p.Instances[0].AddonsServices)
 		}
