@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -218,51 +219,59 @@ type fakeRepl struct {
 }
 
 // replKey is the object a replication request is about.
-func replKey(volumeID string, src *replication.ReplicationSource) string {
+func replKey(src *replication.ReplicationSource) string {
 	if id := src.GetVolumegroup().GetVolumeGroupId(); id != "" {
 		return "group:" + id
 	}
-	return "volume:" + volumeID
+	return "volume:" + src.GetVolume().GetVolumeId()
 }
 
 func (s fakeRepl) EnableVolumeReplication(ctx context.Context, req *replication.EnableVolumeReplicationRequest) (*replication.EnableVolumeReplicationResponse, error) {
-	return answer(ctx, s.f, "EnableVolumeReplication", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.EnableVolumeReplicationResponse {
+	return answer(ctx, s.f, "EnableVolumeReplication", replKey(req.GetReplicationSource()), req, func() *replication.EnableVolumeReplicationResponse {
 		return &replication.EnableVolumeReplicationResponse{}
 	})
 }
 
 func (s fakeRepl) DisableVolumeReplication(ctx context.Context, req *replication.DisableVolumeReplicationRequest) (*replication.DisableVolumeReplicationResponse, error) {
-	return answer(ctx, s.f, "DisableVolumeReplication", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.DisableVolumeReplicationResponse {
+	return answer(ctx, s.f, "DisableVolumeReplication", replKey(req.GetReplicationSource()), req, func() *replication.DisableVolumeReplicationResponse {
 		return &replication.DisableVolumeReplicationResponse{}
 	})
 }
 
 func (s fakeRepl) PromoteVolume(ctx context.Context, req *replication.PromoteVolumeRequest) (*replication.PromoteVolumeResponse, error) {
-	return answer(ctx, s.f, "PromoteVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.PromoteVolumeResponse {
+	return answer(ctx, s.f, "PromoteVolume", replKey(req.GetReplicationSource()), req, func() *replication.PromoteVolumeResponse {
 		return &replication.PromoteVolumeResponse{}
 	})
 }
 
 func (s fakeRepl) DemoteVolume(ctx context.Context, req *replication.DemoteVolumeRequest) (*replication.DemoteVolumeResponse, error) {
-	return answer(ctx, s.f, "DemoteVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.DemoteVolumeResponse {
+	return answer(ctx, s.f, "DemoteVolume", replKey(req.GetReplicationSource()), req, func() *replication.DemoteVolumeResponse {
 		return &replication.DemoteVolumeResponse{}
 	})
 }
 
 func (s fakeRepl) ResyncVolume(ctx context.Context, req *replication.ResyncVolumeRequest) (*replication.ResyncVolumeResponse, error) {
-	return answer(ctx, s.f, "ResyncVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.ResyncVolumeResponse {
+	return answer(ctx, s.f, "ResyncVolume", replKey(req.GetReplicationSource()), req, func() *replication.ResyncVolumeResponse {
 		return &replication.ResyncVolumeResponse{Ready: true}
 	})
 }
 
+func (s fakeRepl) GetReplicationDestinationInfo(ctx context.Context, req *replication.GetReplicationDestinationInfoRequest) (*replication.GetReplicationDestinationInfoResponse, error) {
+	return answer(ctx, s.f, "GetReplicationDestinationInfo", replKey(req.GetReplicationSource()), req, func() *replication.GetReplicationDestinationInfoResponse {
+		return &replication.GetReplicationDestinationInfoResponse{ReplicationDestination: &replication.ReplicationDestination{
+			Type: &replication.ReplicationDestination_Volume{Volume: &replication.ReplicationDestination_VolumeDestination{VolumeId: "peer-" + req.GetReplicationSource().GetVolume().GetVolumeId()}}}}
+	})
+}
+
 func (s fakeRepl) GetVolumeReplicationInfo(ctx context.Context, req *replication.GetVolumeReplicationInfoRequest) (*replication.GetVolumeReplicationInfoResponse, error) {
-	if req.GetVolumeId() == "" && req.GetReplicationSource() == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if req.GetReplicationSource() == nil {
+		return nil, status.Error(codes.InvalidArgument, "replication_source is required")
 	}
-	return answer(ctx, s.f, "GetVolumeReplicationInfo", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.GetVolumeReplicationInfoResponse {
+	return answer(ctx, s.f, "GetVolumeReplicationInfo", replKey(req.GetReplicationSource()), req, func() *replication.GetVolumeReplicationInfoResponse {
 		return &replication.GetVolumeReplicationInfoResponse{
 			LastSyncTime:     timestamppb.New(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)),
 			LastSyncDuration: durationpb.New(90 * time.Second), LastSyncBytes: 4096,
+			Status: replication.GetVolumeReplicationInfoResponse_DEGRADED, StatusMessage: "behind by 3 syncs",
 		}
 	})
 }
@@ -783,7 +792,7 @@ func TestControllerReplication(t *testing.T) {
 		t.Fatalf("enable: %v %v", res, err)
 	}
 	en := f.request("EnableVolumeReplication", 0).(*replication.EnableVolumeReplicationRequest)
-	if en.GetVolumeId() != "vol-1" || en.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" || en.GetReplicationId() != "r1" ||
+	if en.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" || en.GetReplicationId() != "r1" ||
 		en.GetParameters()["mirroringMode"] != "snapshot" || en.GetSecrets()["key"] != "s3cr3t-repl" {
 		t.Errorf("enable request %v", en)
 	}
@@ -794,7 +803,7 @@ func TestControllerReplication(t *testing.T) {
 		t.Fatal(err)
 	}
 	pr := f.request("PromoteVolume", 0).(*replication.PromoteVolumeRequest)
-	if pr.GetVolumeId() != "" || pr.GetReplicationSource().GetVolumegroup().GetVolumeGroupId() != "vg-1" || !pr.GetForce() {
+	if pr.GetReplicationSource().GetVolumegroup().GetVolumeGroupId() != "vg-1" || !pr.GetForce() {
 		t.Errorf("promote request %v", pr)
 	}
 	_, _, err = collect(c.DemoteVolume(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Force: true}))
@@ -847,6 +856,23 @@ func TestControllerReplication(t *testing.T) {
 		!res.GetInfo().GetLastSyncTime().AsTime().Equal(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Errorf("info: %v %v", res, err)
 	}
+	if res.GetInfo().GetStatus() != "DEGRADED" || res.GetInfo().GetStatusMessage() != "behind by 3 syncs" {
+		t.Errorf("info status = %q %q, want the plugin's DEGRADED and its message", res.GetInfo().GetStatus(), res.GetInfo().GetStatusMessage())
+	}
+
+	// Destination, with the spec's UNAVAILABLE row (not known yet) retried.
+	f.arm()
+	f.script("GetReplicationDestinationInfo", fail(codes.Unavailable, "destination not yet known"))
+	ps, res, err := collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: fast()}))
+	if err != nil || res.GetDestination().GetVolumeId() != "peer-vol-1" || !slices.Equal(kinds(ps), []agentv1.Progress_Kind{agentv1.Progress_RETRY}) {
+		t.Errorf("destination: %v %v %v", kinds(ps), res, err)
+	}
+	if got := f.request("GetReplicationDestinationInfo", 0).(*replication.GetReplicationDestinationInfoRequest); got.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" {
+		t.Errorf("GetReplicationDestinationInfo got %v", got)
+	}
+	f.script("GetReplicationDestinationInfo", fail(codes.FailedPrecondition, "not replicated"))
+	_, _, err = collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: fast()}))
+	wantStatus(t, err, codes.FailedPrecondition, "not replicated", "1 call, not retried", "csi-agent replication enable")
 
 	// Invalid requests never reach the plugin.
 	for _, tc := range []struct {
@@ -870,6 +896,10 @@ func TestControllerReplication(t *testing.T) {
 			_, _, err := collect(c.EnableReplication(opCtx(t), &agentv1.ReplicationRequest{Source: vol}))
 			return err
 		}, "plugin_name is required"},
+		{"parameters on destination", func() error {
+			_, _, err := collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Parameters: map[string]string{"a": "b"}}))
+			return err
+		}, "takes no parameters"},
 		{"bad policy", func() error {
 			_, _, err := collect(c.EnableReplication(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: &agentv1.RetryPolicy{MaxAttempts: 1000}}))
 			return err

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -447,7 +448,9 @@ func runReplication(ctx context.Context, e *env, args []string) int {
 		"promote": {"promote to primary", verb(replicationVerb{params: true, force: true, done: "promoted", call: agentv1.ControllerClient.PromoteVolume})},
 		"demote":  {"demote to secondary", verb(replicationVerb{params: true, force: true, done: "demoted", call: agentv1.ControllerClient.DemoteVolume})},
 		"resync":  {"resync, waiting until ready (unless --no-wait)", verb(replicationVerb{params: true, force: true, wait: true, done: "resynced", call: agentv1.ControllerClient.ResyncVolume})},
-		"info":    {"show the last sync: time, duration, bytes", verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo})},
+		"info":    {"show the health and the last sync: status, time, duration, bytes", verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo})},
+		"destination": {"show the peer's volume (or group and volumes) replicating this one",
+			verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationDestination})},
 	}, args)
 }
 
@@ -496,7 +499,7 @@ func runReplicationVerb(ctx context.Context, e *env, name string, args []string,
 		case res.GetInfo() != nil:
 			in := res.GetInfo()
 			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SOURCE\tLAST SYNC\tDURATION\tBYTES")
+			fmt.Fprintln(tw, "SOURCE\tSTATUS\tLAST SYNC\tDURATION\tBYTES\tMESSAGE")
 			last, dur, bytes := "-", "-", "-"
 			if in.GetLastSyncTime() != nil {
 				last = in.GetLastSyncTime().AsTime().Local().Format(time.DateTime)
@@ -507,7 +510,20 @@ func runReplicationVerb(ctx context.Context, e *env, name string, args []string,
 			if in.GetLastSyncBytes() > 0 {
 				bytes = bytesHuman(in.GetLastSyncBytes())
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", what, last, dur, bytes)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", what, cmp.Or(in.GetStatus(), "UNKNOWN"), last, dur, bytes, cmp.Or(in.GetStatusMessage(), "-"))
+			return tw.Flush()
+		case res.GetDestination() != nil:
+			d := res.GetDestination()
+			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SOURCE\tDESTINATION")
+			if d.GetVolumeId() != "" {
+				fmt.Fprintf(tw, "%s\tvolume %s\n", what, d.GetVolumeId())
+			} else {
+				fmt.Fprintf(tw, "%s\tvolume group %s\n", what, d.GetVolumeGroupId())
+				for _, src := range slices.Sorted(maps.Keys(d.GetVolumeIds())) {
+					fmt.Fprintf(tw, "  volume %s\tvolume %s\n", src, d.GetVolumeIds()[src])
+				}
+			}
 			return tw.Flush()
 		case v.wait && !res.GetReady():
 			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with 'csi-agent %s' without --no-wait)\n", what, name)

@@ -14,7 +14,8 @@ import (
 )
 
 // replicationSpec is a replication.Controller RPC's error table (seed
-// 003); failedPrecondition is its FAILED_PRECONDITION row, if any.
+// 003 and upstream's replication/README.md); failedPrecondition is its
+// FAILED_PRECONDITION row, if any.
 func replicationSpec(method, failedPrecondition string) rpcSpec {
 	table := map[codes.Code]recovery{
 		codes.InvalidArgument: {false, "a required field is missing or invalid: fix the request"},
@@ -22,6 +23,9 @@ func replicationSpec(method, failedPrecondition string) rpcSpec {
 	}
 	if failedPrecondition != "" {
 		table[codes.FailedPrecondition] = recovery{false, failedPrecondition}
+	}
+	if method == "GetReplicationDestinationInfo" {
+		table[codes.Unavailable] = recovery{true, "the destination is not known yet: the plugin needs time after replication is enabled (the agent retries meanwhile)"}
 	}
 	return rpcSpec{service: ReplicationService, method: method, table: table}
 }
@@ -33,7 +37,9 @@ type replicationOp struct {
 	method             string // the API method
 	rpc                string // the plugin RPC
 	failedPrecondition string // the FAILED_PRECONDITION row's recovery
-	force, wait, info  bool   // takes force; polls until ready; returns info
+	force, wait        bool   // takes force; polls until ready
+	// A query: takes no parameters.
+	query bool
 }
 
 func (s *Server) EnableReplication(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
@@ -60,8 +66,13 @@ func (s *Server) ResyncVolume(req *agentv1.ReplicationRequest, stream grpc.Serve
 }
 
 func (s *Server) GetReplicationInfo(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "GetReplicationInfo", rpc: "GetVolumeReplicationInfo", info: true,
+	return s.replicate(req, stream, replicationOp{method: "GetReplicationInfo", rpc: "GetVolumeReplicationInfo", query: true,
 		failedPrecondition: "no replication info: make sure replication is enabled and the volume is promoted (primary)"})
+}
+
+func (s *Server) GetReplicationDestination(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
+	return s.replicate(req, stream, replicationOp{method: "GetReplicationDestination", rpc: "GetReplicationDestinationInfo", query: true,
+		failedPrecondition: "no destination: make sure replication is enabled ('csi-agent replication enable')"})
 }
 
 // replicate runs one replication operation on a volume or volume group.
@@ -69,7 +80,6 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 	return serve(s, ro.method, req, stream, replicationProgress, func(ctx context.Context, o *op) error {
 		var (
 			src      *replication.ReplicationSource
-			volumeID string
 			kind, id string
 		)
 		switch v := req.GetSource().(type) {
@@ -77,7 +87,7 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			if v.VolumeId == "" {
 				return invalid("volume_id is empty")
 			}
-			volumeID, kind, id = v.VolumeId, "volume", v.VolumeId
+			kind, id = "volume", v.VolumeId
 			src = &replication.ReplicationSource{Type: &replication.ReplicationSource_Volume{Volume: &replication.ReplicationSource_VolumeSource{VolumeId: v.VolumeId}}}
 		case *agentv1.ReplicationRequest_VolumeGroupId:
 			if v.VolumeGroupId == "" {
@@ -93,8 +103,10 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			return invalid("force applies to PromoteVolume, DemoteVolume and ResyncVolume only, not %s", ro.rpc)
 		case req.GetNoWait() && !ro.wait:
 			return invalid("no_wait applies to ResyncVolume only")
-		case ro.info && len(req.GetParameters()) > 0:
-			return invalid("GetVolumeReplicationInfo takes no parameters")
+		case ro.query && len(req.GetParameters()) > 0:
+			return invalid("%s takes no parameters", ro.rpc)
+		case ro.rpc == "GetReplicationDestinationInfo" && req.GetReplicationId() != "":
+			return invalid("GetReplicationDestinationInfo takes no replication_id")
 		}
 		spec := replicationSpec(ro.rpc, ro.failedPrecondition)
 		return o.withLock(ctx, kind, id, func() error {
@@ -104,46 +116,59 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 				call  func(ctx context.Context, conn *grpc.ClientConn) error
 				ready = true
 				info  *agentv1.ReplicationInfo
+				dest  *agentv1.ReplicationDestination
 			)
 			p, sec, rid, force := req.GetParameters(), req.GetSecrets(), req.GetReplicationId(), req.GetForce()
 			switch ro.rpc {
 			case "EnableVolumeReplication":
-				r := &replication.EnableVolumeReplicationRequest{VolumeId: volumeID, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.EnableVolumeReplicationRequest{Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					_, err := c(conn).EnableVolumeReplication(ctx, r)
 					return err
 				}
 			case "DisableVolumeReplication":
-				r := &replication.DisableVolumeReplicationRequest{VolumeId: volumeID, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.DisableVolumeReplicationRequest{Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					_, err := c(conn).DisableVolumeReplication(ctx, r)
 					return err
 				}
 			case "PromoteVolume":
-				r := &replication.PromoteVolumeRequest{VolumeId: volumeID, Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.PromoteVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					_, err := c(conn).PromoteVolume(ctx, r)
 					return err
 				}
 			case "DemoteVolume":
-				r := &replication.DemoteVolumeRequest{VolumeId: volumeID, Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.DemoteVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					_, err := c(conn).DemoteVolume(ctx, r)
 					return err
 				}
 			case "ResyncVolume":
-				r := &replication.ResyncVolumeRequest{VolumeId: volumeID, Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.ResyncVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					resp, err := c(conn).ResyncVolume(ctx, r)
 					ready = resp.GetReady()
 					return err
 				}
 			case "GetVolumeReplicationInfo":
-				r := &replication.GetVolumeReplicationInfoRequest{VolumeId: volumeID, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
+				r := &replication.GetVolumeReplicationInfoRequest{Secrets: sec, ReplicationId: rid, ReplicationSource: src}
 				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
 					resp, err := c(conn).GetVolumeReplicationInfo(ctx, r)
 					if err == nil {
-						info = &agentv1.ReplicationInfo{LastSyncTime: resp.GetLastSyncTime(), LastSyncDuration: resp.GetLastSyncDuration(), LastSyncBytes: resp.GetLastSyncBytes()}
+						info = &agentv1.ReplicationInfo{LastSyncTime: resp.GetLastSyncTime(), LastSyncDuration: resp.GetLastSyncDuration(), LastSyncBytes: resp.GetLastSyncBytes(),
+							Status: resp.GetStatus().String(), StatusMessage: resp.GetStatusMessage()}
+					}
+					return err
+				}
+			case "GetReplicationDestinationInfo":
+				r := &replication.GetReplicationDestinationInfoRequest{Secrets: sec, ReplicationSource: src}
+				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
+					resp, err := c(conn).GetReplicationDestinationInfo(ctx, r)
+					if err == nil {
+						d := resp.GetReplicationDestination()
+						dest = &agentv1.ReplicationDestination{VolumeId: d.GetVolume().GetVolumeId(),
+							VolumeGroupId: d.GetVolumegroup().GetVolumeGroupId(), VolumeIds: d.GetVolumegroup().GetVolumeIds()}
 					}
 					return err
 				}
@@ -162,7 +187,7 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			} else if err := o.invoke(ctx, spec, preq, call); err != nil {
 				return err
 			}
-			return stream.Send(&agentv1.ReplicationReply{Done: true, Ready: ready, Info: info})
+			return stream.Send(&agentv1.ReplicationReply{Done: true, Ready: ready, Info: info, Destination: dest})
 		})
 	})
 }

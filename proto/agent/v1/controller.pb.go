@@ -885,9 +885,9 @@ func (x *ListVolumeGroupsReply) GetRestarted() bool {
 type ReplicationRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
-	// What is replicated; one is required. A volume is sent both as
-	// volume_id and as replication_source.volume (plugins read either); a
-	// group as replication_source.volumegroup.
+	// What is replicated; one is required. A volume is sent as
+	// replication_source.volume, a group as replication_source.volumegroup
+	// (the csi-addons spec reserves the requests' old volume_id field).
 	//
 	// Types that are valid to be assigned to Source:
 	//
@@ -1037,7 +1037,9 @@ type ReplicationReply struct {
 	// Resync: the plugin's ready; true for the other operations.
 	Ready bool `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
 	// GetReplicationInfo's result.
-	Info          *ReplicationInfo `protobuf:"bytes,4,opt,name=info,proto3" json:"info,omitempty"`
+	Info *ReplicationInfo `protobuf:"bytes,4,opt,name=info,proto3" json:"info,omitempty"`
+	// GetReplicationDestination's result.
+	Destination   *ReplicationDestination `protobuf:"bytes,5,opt,name=destination,proto3" json:"destination,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1100,6 +1102,76 @@ func (x *ReplicationReply) GetInfo() *ReplicationInfo {
 	return nil
 }
 
+func (x *ReplicationReply) GetDestination() *ReplicationDestination {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
+// ReplicationDestination is the peer's copy of a replicated source: one
+// volume, or a volume group and its volumes.
+type ReplicationDestination struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeGroupId string                 `protobuf:"bytes,2,opt,name=volume_group_id,json=volumeGroupId,proto3" json:"volume_group_id,omitempty"`
+	// Source volume id to the peer's volume id (groups).
+	VolumeIds     map[string]string `protobuf:"bytes,3,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationDestination) Reset() {
+	*x = ReplicationDestination{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationDestination) ProtoMessage() {}
+
+func (x *ReplicationDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationDestination.ProtoReflect.Descriptor instead.
+func (*ReplicationDestination) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReplicationDestination) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ReplicationDestination) GetVolumeGroupId() string {
+	if x != nil {
+		return x.VolumeGroupId
+	}
+	return ""
+}
+
+func (x *ReplicationDestination) GetVolumeIds() map[string]string {
+	if x != nil {
+		return x.VolumeIds
+	}
+	return nil
+}
+
 // ReplicationInfo is GetVolumeReplicationInfoResponse.
 type ReplicationInfo struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -1108,13 +1180,18 @@ type ReplicationInfo struct {
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,2,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// 0 when the plugin does not report it.
 	LastSyncBytes int64 `protobuf:"varint,3,opt,name=last_sync_bytes,json=lastSyncBytes,proto3" json:"last_sync_bytes,omitempty"`
+	// The replication's health: HEALTHY, DEGRADED, ERROR, or UNKNOWN when
+	// the plugin does not say.
+	Status string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	// Why, as the plugin puts it.
+	StatusMessage string `protobuf:"bytes,5,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicationInfo) Reset() {
 	*x = ReplicationInfo{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1203,7 @@ func (x *ReplicationInfo) String() string {
 func (*ReplicationInfo) ProtoMessage() {}
 
 func (x *ReplicationInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1216,7 @@ func (x *ReplicationInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationInfo.ProtoReflect.Descriptor instead.
 func (*ReplicationInfo) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplicationInfo) GetLastSyncTime() *timestamppb.Timestamp {
@@ -1163,6 +1240,20 @@ func (x *ReplicationInfo) GetLastSyncBytes() int64 {
 	return 0
 }
 
+func (x *ReplicationInfo) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *ReplicationInfo) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
 type CreateGroupSnapshotRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
@@ -1181,7 +1272,7 @@ type CreateGroupSnapshotRequest struct {
 
 func (x *CreateGroupSnapshotRequest) Reset() {
 	*x = CreateGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1284,7 @@ func (x *CreateGroupSnapshotRequest) String() string {
 func (*CreateGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1297,7 @@ func (x *CreateGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateGroupSnapshotRequest) GetPluginName() string {
@@ -1272,7 +1363,7 @@ type GetGroupSnapshotRequest struct {
 
 func (x *GetGroupSnapshotRequest) Reset() {
 	*x = GetGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1375,7 @@ func (x *GetGroupSnapshotRequest) String() string {
 func (*GetGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *GetGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1388,7 @@ func (x *GetGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetGroupSnapshotRequest) GetPluginName() string {
@@ -1349,7 +1440,7 @@ type DeleteGroupSnapshotRequest struct {
 
 func (x *DeleteGroupSnapshotRequest) Reset() {
 	*x = DeleteGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1452,7 @@ func (x *DeleteGroupSnapshotRequest) String() string {
 func (*DeleteGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1465,7 @@ func (x *DeleteGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteGroupSnapshotRequest) GetPluginName() string {
@@ -1423,7 +1514,7 @@ type GroupSnapshotReply struct {
 
 func (x *GroupSnapshotReply) Reset() {
 	*x = GroupSnapshotReply{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1526,7 @@ func (x *GroupSnapshotReply) String() string {
 func (*GroupSnapshotReply) ProtoMessage() {}
 
 func (x *GroupSnapshotReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1539,7 @@ func (x *GroupSnapshotReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSnapshotReply.ProtoReflect.Descriptor instead.
 func (*GroupSnapshotReply) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GroupSnapshotReply) GetProgress() *Progress {
@@ -1588,16 +1679,27 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06source\"\xad\x01\n" +
+	"\x06source\"\xfa\x01\n" +
 	"\x10ReplicationReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
 	"\x05ready\x18\x03 \x01(\bR\x05ready\x126\n" +
-	"\x04info\x18\x04 \x01(\v2\".csiagent.agent.v1.ReplicationInfoR\x04info\"\xc4\x01\n" +
+	"\x04info\x18\x04 \x01(\v2\".csiagent.agent.v1.ReplicationInfoR\x04info\x12K\n" +
+	"\vdestination\x18\x05 \x01(\v2).csiagent.agent.v1.ReplicationDestinationR\vdestination\"\xf4\x01\n" +
+	"\x16ReplicationDestination\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12&\n" +
+	"\x0fvolume_group_id\x18\x02 \x01(\tR\rvolumeGroupId\x12W\n" +
+	"\n" +
+	"volume_ids\x18\x03 \x03(\v28.csiagent.agent.v1.ReplicationDestination.VolumeIdsEntryR\tvolumeIds\x1a<\n" +
+	"\x0eVolumeIdsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x83\x02\n" +
 	"\x0fReplicationInfo\x12@\n" +
 	"\x0elast_sync_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\flastSyncTime\x12G\n" +
 	"\x12last_sync_duration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\"\x81\x04\n" +
+	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12%\n" +
+	"\x0estatus_message\x18\x05 \x01(\tR\rstatusMessage\"\x81\x04\n" +
 	"\x1aCreateGroupSnapshotRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x12\n" +
@@ -1637,7 +1739,7 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x12GroupSnapshotReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12B\n" +
-	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot2\xb9\v\n" +
+	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot2\xa6\f\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -1650,7 +1752,8 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\rPromoteVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12^\n" +
 	"\fDemoteVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12^\n" +
 	"\fResyncVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12d\n" +
-	"\x12GetReplicationInfo\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12o\n" +
+	"\x12GetReplicationInfo\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12k\n" +
+	"\x19GetReplicationDestination\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
 	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
@@ -1668,7 +1771,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -1683,101 +1786,107 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*ListVolumeGroupsReply)(nil),      // 10: csiagent.agent.v1.ListVolumeGroupsReply
 	(*ReplicationRequest)(nil),         // 11: csiagent.agent.v1.ReplicationRequest
 	(*ReplicationReply)(nil),           // 12: csiagent.agent.v1.ReplicationReply
-	(*ReplicationInfo)(nil),            // 13: csiagent.agent.v1.ReplicationInfo
-	(*CreateGroupSnapshotRequest)(nil), // 14: csiagent.agent.v1.CreateGroupSnapshotRequest
-	(*GetGroupSnapshotRequest)(nil),    // 15: csiagent.agent.v1.GetGroupSnapshotRequest
-	(*DeleteGroupSnapshotRequest)(nil), // 16: csiagent.agent.v1.DeleteGroupSnapshotRequest
-	(*GroupSnapshotReply)(nil),         // 17: csiagent.agent.v1.GroupSnapshotReply
-	nil,                                // 18: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 19: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 20: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 21: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 22: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 23: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 24: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 25: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 26: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 27: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 28: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 29: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 30: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 32: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 34: csi.v1.VolumeGroupSnapshot
+	(*ReplicationDestination)(nil),     // 13: csiagent.agent.v1.ReplicationDestination
+	(*ReplicationInfo)(nil),            // 14: csiagent.agent.v1.ReplicationInfo
+	(*CreateGroupSnapshotRequest)(nil), // 15: csiagent.agent.v1.CreateGroupSnapshotRequest
+	(*GetGroupSnapshotRequest)(nil),    // 16: csiagent.agent.v1.GetGroupSnapshotRequest
+	(*DeleteGroupSnapshotRequest)(nil), // 17: csiagent.agent.v1.DeleteGroupSnapshotRequest
+	(*GroupSnapshotReply)(nil),         // 18: csiagent.agent.v1.GroupSnapshotReply
+	nil,                                // 19: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 20: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 21: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 22: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 23: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 24: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 25: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 26: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 27: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 28: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 29: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 30: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 31: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 32: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 33: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 34: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 36: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	31, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	31, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	31, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	33, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	33, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	33, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	31, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	33, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	18, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	19, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	19, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	20, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	20, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	21, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	21, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	22, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	22, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	23, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	23, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	24, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	32, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	24, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	34, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	25, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	32, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	25, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	26, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	34, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	26, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	27, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
-	13, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
-	33, // 27: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	31, // 28: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	27, // 29: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	28, // 30: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	1,  // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	29, // 32: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	1,  // 33: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	30, // 34: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	1,  // 35: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	2,  // 36: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	34, // 37: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	4,  // 38: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 39: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 40: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 41: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 42: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 43: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 44: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 45: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 46: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 47: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 48: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	14, // 49: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	15, // 50: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	16, // 51: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 52: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 53: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 54: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 55: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 56: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 57: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 58: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 59: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 60: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 61: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 62: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	17, // 63: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	17, // 64: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 65: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
+	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
+	28, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	35, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	33, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	29, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	30, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	31, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	32, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
+	36, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	4,  // 40: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 41: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 42: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 43: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 44: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 45: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 46: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 47: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 48: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 49: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 50: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 51: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	15, // 52: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 53: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 54: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	8,  // 55: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 56: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 57: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 58: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 59: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 60: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 61: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 62: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 63: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 64: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 65: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 66: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	18, // 67: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 68: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 69: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	55, // [55:70] is the sub-list for method output_type
+	40, // [40:55] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -1795,7 +1904,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,20 +37,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Controller_CreateVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/CreateVolumeGroup"
-	Controller_ModifyVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/ModifyVolumeGroup"
-	Controller_DeleteVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/DeleteVolumeGroup"
-	Controller_GetVolumeGroup_FullMethodName      = "/csiagent.agent.v1.Controller/GetVolumeGroup"
-	Controller_ListVolumeGroups_FullMethodName    = "/csiagent.agent.v1.Controller/ListVolumeGroups"
-	Controller_EnableReplication_FullMethodName   = "/csiagent.agent.v1.Controller/EnableReplication"
-	Controller_DisableReplication_FullMethodName  = "/csiagent.agent.v1.Controller/DisableReplication"
-	Controller_PromoteVolume_FullMethodName       = "/csiagent.agent.v1.Controller/PromoteVolume"
-	Controller_DemoteVolume_FullMethodName        = "/csiagent.agent.v1.Controller/DemoteVolume"
-	Controller_ResyncVolume_FullMethodName        = "/csiagent.agent.v1.Controller/ResyncVolume"
-	Controller_GetReplicationInfo_FullMethodName  = "/csiagent.agent.v1.Controller/GetReplicationInfo"
-	Controller_CreateGroupSnapshot_FullMethodName = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
-	Controller_GetGroupSnapshot_FullMethodName    = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
-	Controller_DeleteGroupSnapshot_FullMethodName = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
+	Controller_CreateVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/CreateVolumeGroup"
+	Controller_ModifyVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/ModifyVolumeGroup"
+	Controller_DeleteVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/DeleteVolumeGroup"
+	Controller_GetVolumeGroup_FullMethodName            = "/csiagent.agent.v1.Controller/GetVolumeGroup"
+	Controller_ListVolumeGroups_FullMethodName          = "/csiagent.agent.v1.Controller/ListVolumeGroups"
+	Controller_EnableReplication_FullMethodName         = "/csiagent.agent.v1.Controller/EnableReplication"
+	Controller_DisableReplication_FullMethodName        = "/csiagent.agent.v1.Controller/DisableReplication"
+	Controller_PromoteVolume_FullMethodName             = "/csiagent.agent.v1.Controller/PromoteVolume"
+	Controller_DemoteVolume_FullMethodName              = "/csiagent.agent.v1.Controller/DemoteVolume"
+	Controller_ResyncVolume_FullMethodName              = "/csiagent.agent.v1.Controller/ResyncVolume"
+	Controller_GetReplicationInfo_FullMethodName        = "/csiagent.agent.v1.Controller/GetReplicationInfo"
+	Controller_GetReplicationDestination_FullMethodName = "/csiagent.agent.v1.Controller/GetReplicationDestination"
+	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
+	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
+	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -95,6 +96,8 @@ type ControllerClient interface {
 	ResyncVolume(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
 	// GetReplicationInfo calls GetVolumeReplicationInfo.
 	GetReplicationInfo(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
+	// GetReplicationDestination calls GetReplicationDestinationInfo.
+	GetReplicationDestination(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -325,9 +328,28 @@ func (c *controllerClient) GetReplicationInfo(ctx context.Context, in *Replicati
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationInfoClient = grpc.ServerStreamingClient[ReplicationReply]
 
+func (c *controllerClient) GetReplicationDestination(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[11], Controller_GetReplicationDestination_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicationRequest, ReplicationReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_GetReplicationDestinationClient = grpc.ServerStreamingClient[ReplicationReply]
+
 func (c *controllerClient) CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[11], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +368,7 @@ type Controller_CreateGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnap
 
 func (c *controllerClient) GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +387,7 @@ type Controller_GetGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnapsho
 
 func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[14], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -424,6 +446,8 @@ type ControllerServer interface {
 	ResyncVolume(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
 	// GetReplicationInfo calls GetVolumeReplicationInfo.
 	GetReplicationInfo(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
+	// GetReplicationDestination calls GetReplicationDestinationInfo.
+	GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -477,6 +501,9 @@ func (UnimplementedControllerServer) ResyncVolume(*ReplicationRequest, grpc.Serv
 }
 func (UnimplementedControllerServer) GetReplicationInfo(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error {
 	return status.Error(codes.Unimplemented, "method GetReplicationInfo not implemented")
+}
+func (UnimplementedControllerServer) GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error {
+	return status.Error(codes.Unimplemented, "method GetReplicationDestination not implemented")
 }
 func (UnimplementedControllerServer) CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error {
 	return status.Error(codes.Unimplemented, "method CreateGroupSnapshot not implemented")
@@ -629,6 +656,17 @@ func _Controller_GetReplicationInfo_Handler(srv interface{}, stream grpc.ServerS
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationInfoServer = grpc.ServerStreamingServer[ReplicationReply]
 
+func _Controller_GetReplicationDestination_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReplicationRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).GetReplicationDestination(m, &grpc.GenericServerStream[ReplicationRequest, ReplicationReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_GetReplicationDestinationServer = grpc.ServerStreamingServer[ReplicationReply]
+
 func _Controller_CreateGroupSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(CreateGroupSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -723,6 +761,11 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetReplicationInfo",
 			Handler:       _Controller_GetReplicationInfo_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "GetReplicationDestination",
+			Handler:       _Controller_GetReplicationDestination_Handler,
 			ServerStreams: true,
 		},
 		{
