@@ -140,15 +140,14 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 		return nil
 	}
 	t := a.reclaimer.Totals(typ)
-	out := &agentv1.ReclaimTotals{Scheduled: true, Runs: t.Runs, Failures: t.Failures, BytesReclaimed: t.BytesFreed}
+	out := &agentv1.ReclaimTotals{Scheduled: true, Runs: t.Runs, Failures: t.Failures, BytesReclaimed: t.BytesFreed,
+		UnsupportedVolumes: a.reclaimer.Unsupported(typ)}
 	if t.LastError != nil {
 		out.LastError = t.LastError.Error()
 	}
 	switch {
 	case a.reclaimPolicy(typ).Interval == 0:
 		out.Scheduled, out.Reason = false, "disabled (interval 0)"
-	case a.reclaimer.Unsupported(typ):
-		out.Scheduled, out.Reason = false, "the plugin answered Unimplemented; retried when its config or process changes"
 	case !a.pluginOffers(typ, nodeReclaimService):
 		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
 	}

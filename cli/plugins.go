@@ -177,6 +177,9 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		}
 		kv("Reclaim", fmt.Sprintf("%s; %d run(s), %d failure(s), %s freed", sched, rc.GetRuns(), rc.GetFailures(), bytesHuman(rc.GetBytesReclaimed())))
 		kv("Reclaim last error", rc.GetLastError())
+		if ids := rc.GetUnsupportedVolumes(); len(ids) > 0 {
+			kv("Reclaim unsupported", strings.Join(ids, ", ")+" (Unimplemented: cannot discard; retried when the plugin changes)")
+		}
 	}
 	for i, in := range p.GetInstances() {
 		fmt.Fprintf(tw, "Instance %d:\t\n", i)

@@ -2145,16 +2145,20 @@ func (x *Plugin) GetReclaim() *ReclaimTotals {
 // ReclaimTotals sums a plugin's reclaims since the agent started.
 type ReclaimTotals struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when reclaim is disabled (interval 0) or the plugin answered
-	// Unimplemented (until its config or process changes).
+	// False when reclaim is disabled (interval 0) or the plugin does not
+	// offer NodeReclaimSpace.
 	Scheduled      bool   `protobuf:"varint,1,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
 	Reason         string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	Runs           int64  `protobuf:"varint,3,opt,name=runs,proto3" json:"runs,omitempty"`
 	Failures       int64  `protobuf:"varint,4,opt,name=failures,proto3" json:"failures,omitempty"`
 	BytesReclaimed int64  `protobuf:"varint,5,opt,name=bytes_reclaimed,json=bytesReclaimed,proto3" json:"bytes_reclaimed,omitempty"`
 	LastError      string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Volumes whose last NodeReclaimSpace said Unimplemented (their
+	// filesystem or device cannot discard): not scheduled until the plugin's
+	// config or process changes. The plugin's other volumes go on.
+	UnsupportedVolumes []string `protobuf:"bytes,7,rep,name=unsupported_volumes,json=unsupportedVolumes,proto3" json:"unsupported_volumes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ReclaimTotals) Reset() {
@@ -2227,6 +2231,13 @@ func (x *ReclaimTotals) GetLastError() string {
 		return x.LastError
 	}
 	return ""
+}
+
+func (x *ReclaimTotals) GetUnsupportedVolumes() []string {
+	if x != nil {
+		return x.UnsupportedVolumes
+	}
+	return nil
 }
 
 // PluginInstance is one process (managed) or endpoint (unmanaged).
@@ -2741,7 +2752,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x1e.csiagent.agent.v1.PluginStateR\x05state\x12!\n" +
 	"\fconfig_error\x18\x06 \x01(\tR\vconfigError\x12?\n" +
 	"\tinstances\x18\a \x03(\v2!.csiagent.agent.v1.PluginInstanceR\tinstances\x12:\n" +
-	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xbd\x01\n" +
+	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xee\x01\n" +
 	"\rReclaimTotals\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\bR\tscheduled\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
@@ -2749,7 +2760,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\bfailures\x18\x04 \x01(\x03R\bfailures\x12'\n" +
 	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x06 \x01(\tR\tlastError\"\xc5\x04\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\x12/\n" +
+	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\xc5\x04\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
