@@ -14,8 +14,8 @@ type controllerPlugins struct{ a *Agent }
 
 var _ controllerops.Plugins = controllerPlugins{}
 
-func (p controllerPlugins) ControllerConn(ctx context.Context, plugin string) (*grpc.ClientConn, error) {
-	return p.a.controllerConn(ctx, plugin)
+func (p controllerPlugins) ControllerConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error) {
+	return p.a.controllerConn(ctx, plugin, service)
 }
 
 func (p controllerPlugins) Offers(plugin, service string) bool {

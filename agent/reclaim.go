@@ -120,18 +120,22 @@ type liveReclaim struct {
 }
 
 func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
-	c, err := liveNode(l).conn(ctx)
+	c, err := liveNode(l).conn(ctx, nodeReclaimService)
 	if err != nil {
 		return nil, err
 	}
 	return reclaimspace.NewReclaimSpaceNodeClient(c).NodeReclaimSpace(ctx, in, opts...)
 }
 
-// controllerConn waits for the plugin's controller service to be ready;
-// errors are status errors.
-func (a *Agent) controllerConn(ctx context.Context, typ string) (*grpc.ClientConn, error) {
-	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
-	return conn, toStatus(err)
+// controllerConn waits for the plugin's controller service to be ready
+// and returns the connection that serves service there; errors are status
+// errors.
+func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
+	in, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return in.connFor(service, conn), nil
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.
@@ -245,7 +249,7 @@ func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpac
 	if !s.a.pluginOffers(ref.GetPluginName(), controllerReclaimSvc) {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
 	}
-	conn, err := s.a.controllerConn(ctx, ref.GetPluginName())
+	conn, err := s.a.controllerConn(ctx, ref.GetPluginName(), controllerReclaimSvc)
 	if err != nil {
 		return err
 	}

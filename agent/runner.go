@@ -36,6 +36,10 @@ func newRunner(a *Agent, p *pluginconfig.Plugin, inherit map[int]*handover) *run
 		in.logDir = r.logDir()
 		in.logPrefix = fmt.Sprintf("container-%d", i)
 		in.hash = configHash(*c, socket, a.cfg.NodeID)
+		// Served there only if the command passes it on (optional).
+		if addons := filepath.Join(a.cfg.RuntimeDir, base, fmt.Sprintf("c%d-addons.sock", i)); len(addons) <= maxSocketPath {
+			in.addonsSocket = addons
+		}
 		in.inherit = inherit[i]
 	}
 	for i, e := range info.Endpoints {
@@ -46,7 +50,10 @@ func newRunner(a *Agent, p *pluginconfig.Plugin, inherit map[int]*handover) *run
 			prev.status.Services = append(prev.status.Services, string(e.CSIService))
 			continue
 		}
-		r.newInstance([]pluginconfig.Service{e.CSIService}, e.SocketPath(), i)
+		in := r.newInstance([]pluginconfig.Service{e.CSIService}, e.SocketPath(), i)
+		if st := info.Settings; st != nil && st.CSIAddonsEndpoint != "" {
+			in.addonsSocket = pluginconfig.Endpoint{Endpoint: st.CSIAddonsEndpoint}.SocketPath()
+		}
 	}
 	return r
 }

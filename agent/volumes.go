@@ -92,18 +92,19 @@ type liveNode struct {
 	typ string
 }
 
-// conn is the plugin's node connection once it is ready.
-func (n liveNode) conn(ctx context.Context) (*grpc.ClientConn, error) {
-	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
+// conn is the plugin's connection that serves service on its node
+// instance, once it is ready.
+func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
+	in, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
 	if err != nil {
 		// A status error: the isolator's retry policy reads its code.
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return conn, nil
+	return in.connFor(service, conn), nil
 }
 
 func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
-	conn, err := n.conn(ctx)
+	conn, err := n.conn(ctx, "csi.v1.Node")
 	if err != nil {
 		return nil, err
 	}

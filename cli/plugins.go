@@ -198,6 +198,9 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		kv("  Node capabilities", strings.Join(in.GetNodeCapabilities(), ", "))
 		kv("  Node ID", in.GetNodeId())
 		kv("  csi-addons services", strings.Join(in.GetAddonsServices(), ", "))
+		if ep := in.GetAddonsEndpoint(); ep != "" {
+			kv("  csi-addons endpoint", strings.TrimSpace(ep+" "+parens(in.GetAddonsIdentity()))+" (csi-addons services; csi.v1.* on Endpoint)")
+		}
 		kv("  Last error", in.GetLastError())
 	}
 	tw.Flush()
@@ -247,4 +250,12 @@ func waitReady(ctx context.Context, client agentv1.AgentClient, typ string, d ti
 			return nil
 		}
 	}
+}
+
+// parens is "(s)", or "" for an empty s.
+func parens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "(" + s + ")"
 }

@@ -228,10 +228,10 @@ type agentSide struct{ error }
 
 // conn is the plugin's controller connection, waiting a bounded time for
 // it. Unavailable (retryable) when it is not ready in time.
-func (o *op) conn(ctx context.Context) (*grpc.ClientConn, error) {
+func (o *op) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
 	wctx, cancel := context.WithTimeout(ctx, ctrlConnWait)
 	defer cancel()
-	conn, err := o.s.plugins.ControllerConn(wctx, o.plugin)
+	conn, err := o.s.plugins.ControllerConn(wctx, o.plugin, service)
 	if err != nil && status.Code(err) != codes.Unavailable {
 		return nil, agentSide{err}
 	}
@@ -245,7 +245,7 @@ func (o *op) conn(ctx context.Context) (*grpc.ClientConn, error) {
 func (o *op) invoke(ctx context.Context, spec rpcSpec, req proto.Message, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	log := o.s.log.With("plugin", o.plugin, "rpc", spec.name())
 	for attempt := 1; ; attempt++ {
-		conn, err := o.conn(ctx)
+		conn, err := o.conn(ctx, spec.service)
 		if as := (agentSide{}); errors.As(err, &as) {
 			return asStatus(as.error)
 		}

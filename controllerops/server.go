@@ -24,8 +24,10 @@ const (
 // Plugins is what the operations need of the daemon's plugin set.
 type Plugins interface {
 	// ControllerConn waits (until ctx ends) for the plugin's controller
-	// connection. Its errors are status errors; Unavailable is retried.
-	ControllerConn(ctx context.Context, plugin string) (*grpc.ClientConn, error)
+	// and returns the connection that serves service (one of the *Service
+	// names): csi-addons may be served on an endpoint of its own. Its
+	// errors are status errors; Unavailable is retried.
+	ControllerConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
 	// Offers reports whether discovery found service on the plugin.
 	Offers(plugin, service string) bool
 	// LogDir is where the plugin's logs are, "" when the agent keeps none.

@@ -2271,6 +2271,14 @@ type PluginInstance struct {
 	// csi-addons and optional CSI services the plugin answers, e.g.
 	// reclaimspace.ReclaimSpaceNode, csi.v1.GroupController.
 	AddonsServices []string `protobuf:"bytes,15,rep,name=addons_services,json=addonsServices,proto3" json:"addons_services,omitempty"`
+	// The csi-addons endpoint when csi-addons is served apart from CSI (the
+	// config's csiagent.csi_addons_endpoint, or the socket a managed plugin
+	// made at $CSIADDONS_ENDPOINT); empty: on endpoint. The csi-addons
+	// services are on it, csi.v1.GroupController on endpoint.
+	AddonsEndpoint string `protobuf:"bytes,16,opt,name=addons_endpoint,json=addonsEndpoint,proto3" json:"addons_endpoint,omitempty"`
+	// From the csi-addons endpoint's identity.Identity/GetIdentity: name and
+	// version; empty when it does not serve identity.
+	AddonsIdentity string `protobuf:"bytes,17,opt,name=addons_identity,json=addonsIdentity,proto3" json:"addons_identity,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2408,6 +2416,20 @@ func (x *PluginInstance) GetAddonsServices() []string {
 		return x.AddonsServices
 	}
 	return nil
+}
+
+func (x *PluginInstance) GetAddonsEndpoint() string {
+	if x != nil {
+		return x.AddonsEndpoint
+	}
+	return ""
+}
+
+func (x *PluginInstance) GetAddonsIdentity() string {
+	if x != nil {
+		return x.AddonsIdentity
+	}
+	return ""
 }
 
 type Volume_Source struct {
@@ -2761,7 +2783,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x06 \x01(\tR\tlastError\x12/\n" +
-	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\xc5\x04\n" +
+	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\x97\x05\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
@@ -2782,7 +2804,9 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x13plugin_capabilities\x18\f \x03(\tR\x12pluginCapabilities\x12+\n" +
 	"\x11node_capabilities\x18\r \x03(\tR\x10nodeCapabilities\x12\x17\n" +
 	"\anode_id\x18\x0e \x01(\tR\x06nodeId\x12'\n" +
-	"\x0faddons_services\x18\x0f \x03(\tR\x0eaddonsServices*\xb0\x01\n" +
+	"\x0faddons_services\x18\x0f \x03(\tR\x0eaddonsServices\x12'\n" +
+	"\x0faddons_endpoint\x18\x10 \x01(\tR\x0eaddonsEndpoint\x12'\n" +
+	"\x0faddons_identity\x18\x11 \x01(\tR\x0eaddonsIdentity*\xb0\x01\n" +
 	"\vPluginState\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15PLUGIN_STATE_STARTING\x10\x01\x12\x16\n" +
