@@ -23,6 +23,7 @@ import (
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/volumestats"
 )
 
 // Defaults of Config.
@@ -80,6 +81,10 @@ type Config struct {
 	ReclaimMaxConcurrent int
 	// ReclaimClock is for tests; nil: the real clock.
 	ReclaimClock reclaim.Clock
+	// VolumeStatsInterval is how often each published volume's usage and
+	// health are polled (plugins with GET_VOLUME_STATS or
+	// GET_VOLUME_HEALTH); 0: volumestats.DefaultInterval.
+	VolumeStatsInterval time.Duration
 
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
@@ -143,6 +148,8 @@ type Agent struct {
 	iso     *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
+	// stats polls published volumes' usage and health.
+	stats *volumestats.Poller
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
 	// metrics is the agent's Prometheus registry (metrics.go).
@@ -190,6 +197,7 @@ func New(cfg Config) (*Agent, error) {
 		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
+	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
 
@@ -287,6 +295,7 @@ loop:
 						case <-runCtx.Done():
 						}
 					})
+					wg.Go(func() { a.stats.Run(runCtx) })
 					a.iso.Run(runCtx)
 					wg.Wait()
 				}()

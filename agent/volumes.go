@@ -223,9 +223,15 @@ func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*
 	return &agentv1.CleanupResponse{}, nil
 }
 
-func (s *apiServer) ListVolumes(context.Context, *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+func (s *apiServer) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+	if req.GetRefreshStats() {
+		s.a.stats.Refresh(ctx, statsSource{s.a}.Volumes())
+	}
 	vols := s.a.iso.ListVolumes()
 	for _, v := range vols {
+		if st, ok := s.a.stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
+			v.Stats = statsOf(st)
+		}
 		// A volume never reclaimed has its first run scheduled but not
 		// checkpointed (it follows from when it was published).
 		if v.NextReclaim == nil {
