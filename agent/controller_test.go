@@ -25,6 +25,7 @@ import (
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/redact"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/fence"
 	"github.com/csiagent/csiagent/proto/replication"
 	"github.com/csiagent/csiagent/proto/volumegroup"
 )
@@ -338,6 +339,7 @@ func serveFakeController(t *testing.T, socket string, f *fakeController) {
 	csi.RegisterGroupControllerServer(srv, fakeGC{f: f})
 	volumegroup.RegisterControllerServer(srv, fakeVG{f: f})
 	replication.RegisterControllerServer(srv, fakeRepl{f: f})
+	fence.RegisterFenceControllerServer(srv, fakeFence{f: f})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/pluginconfig"
+	"github.com/csiagent/csiagent/proto/fence"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
@@ -233,6 +234,10 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 			}},
 			addonProbe{"replication.Controller", func(ctx context.Context) error {
 				_, err := replication.NewControllerClient(addonsConn).GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{})
+				return err
+			}},
+			addonProbe{"fence.FenceController", func(ctx context.Context) error {
+				_, err := fence.NewFenceControllerClient(addonsConn).ListClusterFence(ctx, &fence.ListClusterFenceRequest{})
 				return err
 			}},
 			addonProbe{"csi.v1.GroupController", func(ctx context.Context) error {

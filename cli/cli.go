@@ -43,6 +43,8 @@ func commands() map[string]command {
 		"group":          {"csi-addons volume groups: create, modify, delete, get, list", runGroup},
 		"replication":    {"csi-addons replication: enable, disable, promote, demote, resync, info", runReplication},
 		"group-snapshot": {"CSI group snapshots: create, get, delete", runGroupSnapshot},
+		"fence":          {"csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", runFence},
+		"unfence":        {"csi-addons network fencing: give fenced networks their access back", runUnfence},
 		"oci-hook":       {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
 		"serve":          {"run the agent daemon", runServe},
 		"version":        {"print the version", runVersion},

@@ -1556,6 +1556,147 @@ func (x *GroupSnapshotReply) GetGroupSnapshot() *csi.VolumeGroupSnapshot {
 	return nil
 }
 
+// FenceRequest is the request of the network fencing operations.
+type FenceRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// Networks such as "10.90.1.0/24" (fence and unfence: one at least).
+	Cidrs []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	// Opaque, passed to the plugin (e.g. the cluster id).
+	Parameters    map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FenceRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *FenceRequest) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type FenceReply struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message.
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// ListFences: the fenced networks.
+	Cidrs         []string `protobuf:"bytes,3,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceReply) Reset() {
+	*x = FenceReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceReply) ProtoMessage() {}
+
+func (x *FenceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceReply.ProtoReflect.Descriptor instead.
+func (*FenceReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *FenceReply) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *FenceReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *FenceReply) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
 var File_proto_agent_v1_controller_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_controller_proto_rawDesc = "" +
@@ -1739,7 +1880,27 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x12GroupSnapshotReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12B\n" +
-	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot2\xa6\f\n" +
+	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot\"\x94\x03\n" +
+	"\fFenceRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\x12O\n" +
+	"\n" +
+	"parameters\x18\x03 \x03(\v2/.csiagent.agent.v1.FenceRequest.ParametersEntryR\n" +
+	"parameters\x12K\n" +
+	"\asecrets\x18\x04 \x03(\v2,.csiagent.agent.v1.FenceRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\n" +
+	"FenceReply\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
+	"\x05cidrs\x18\x03 \x03(\tR\x05cidrs2\xa2\x0e\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -1753,7 +1914,11 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\fDemoteVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12^\n" +
 	"\fResyncVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12d\n" +
 	"\x12GetReplicationInfo\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12k\n" +
-	"\x19GetReplicationDestination\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12o\n" +
+	"\x19GetReplicationDestination\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12R\n" +
+	"\fFenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12T\n" +
+	"\x0eUnfenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12P\n" +
+	"\n" +
+	"ListFences\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
 	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
@@ -1771,7 +1936,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -1792,101 +1957,115 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*GetGroupSnapshotRequest)(nil),    // 16: csiagent.agent.v1.GetGroupSnapshotRequest
 	(*DeleteGroupSnapshotRequest)(nil), // 17: csiagent.agent.v1.DeleteGroupSnapshotRequest
 	(*GroupSnapshotReply)(nil),         // 18: csiagent.agent.v1.GroupSnapshotReply
-	nil,                                // 19: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 20: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 21: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 22: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 23: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 24: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 25: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 26: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 27: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 28: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	nil,                                // 29: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 30: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 31: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 32: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 33: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 34: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 35: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 36: csi.v1.VolumeGroupSnapshot
+	(*FenceRequest)(nil),               // 19: csiagent.agent.v1.FenceRequest
+	(*FenceReply)(nil),                 // 20: csiagent.agent.v1.FenceReply
+	nil,                                // 21: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 22: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 23: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 24: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 25: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 26: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 27: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 28: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 29: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 30: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 33: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 34: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	nil,                                // 35: csiagent.agent.v1.FenceRequest.ParametersEntry
+	nil,                                // 36: csiagent.agent.v1.FenceRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 38: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 39: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 40: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	33, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	33, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	33, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	37, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	37, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	37, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	33, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	37, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	19, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	20, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	21, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	22, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	21, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	22, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	23, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	24, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	23, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	25, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	24, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	26, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	34, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	25, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	38, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	27, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	34, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	26, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	27, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	38, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	28, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	29, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
 	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
 	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
-	28, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	35, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	33, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	29, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	30, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	30, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	39, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	37, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	31, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	32, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
 	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	31, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	33, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
 	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	32, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	34, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
 	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	36, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	4,  // 40: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 41: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 42: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 43: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 44: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 45: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 46: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 47: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 48: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 49: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 50: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 51: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
-	15, // 52: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	16, // 53: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	17, // 54: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 55: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 56: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 57: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 58: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 59: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 60: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 61: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 62: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 63: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 64: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 65: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 66: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
-	18, // 67: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	18, // 68: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 69: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	55, // [55:70] is the sub-list for method output_type
-	40, // [40:55] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	40, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	35, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
+	36, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
+	1,  // 42: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 43: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
+	4,  // 44: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 45: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 46: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 47: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 48: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 49: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 50: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 51: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 52: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 53: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 54: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 55: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	19, // 56: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 57: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 58: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
+	15, // 59: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 60: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 61: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	8,  // 62: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 63: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 64: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 65: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 66: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 67: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 68: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 69: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 70: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 71: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 72: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 73: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	20, // 74: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 75: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 76: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
+	18, // 77: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 78: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 79: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -1904,7 +2083,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,9 @@ const (
 	Controller_ResyncVolume_FullMethodName              = "/csiagent.agent.v1.Controller/ResyncVolume"
 	Controller_GetReplicationInfo_FullMethodName        = "/csiagent.agent.v1.Controller/GetReplicationInfo"
 	Controller_GetReplicationDestination_FullMethodName = "/csiagent.agent.v1.Controller/GetReplicationDestination"
+	Controller_FenceNetwork_FullMethodName              = "/csiagent.agent.v1.Controller/FenceNetwork"
+	Controller_UnfenceNetwork_FullMethodName            = "/csiagent.agent.v1.Controller/UnfenceNetwork"
+	Controller_ListFences_FullMethodName                = "/csiagent.agent.v1.Controller/ListFences"
 	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
 	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
 	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
@@ -98,6 +101,13 @@ type ControllerClient interface {
 	GetReplicationInfo(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
 	// GetReplicationDestination calls GetReplicationDestinationInfo.
 	GetReplicationDestination(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
+	// FenceNetwork calls fence.FenceController/FenceClusterNetwork: the
+	// CIDRs lose access to the plugin's storage (disaster recovery).
+	FenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// UnfenceNetwork calls UnfenceClusterNetwork: the CIDRs get access back.
+	UnfenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// ListFences calls ListClusterFence (cidrs must be empty).
+	ListFences(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -347,9 +357,66 @@ func (c *controllerClient) GetReplicationDestination(ctx context.Context, in *Re
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationDestinationClient = grpc.ServerStreamingClient[ReplicationReply]
 
+func (c *controllerClient) FenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_FenceNetwork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_FenceNetworkClient = grpc.ServerStreamingClient[FenceReply]
+
+func (c *controllerClient) UnfenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_UnfenceNetwork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_UnfenceNetworkClient = grpc.ServerStreamingClient[FenceReply]
+
+func (c *controllerClient) ListFences(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[14], Controller_ListFences_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ListFencesClient = grpc.ServerStreamingClient[FenceReply]
+
 func (c *controllerClient) CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[15], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +435,7 @@ type Controller_CreateGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnap
 
 func (c *controllerClient) GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -387,7 +454,7 @@ type Controller_GetGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnapsho
 
 func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[14], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -448,6 +515,13 @@ type ControllerServer interface {
 	GetReplicationInfo(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
 	// GetReplicationDestination calls GetReplicationDestinationInfo.
 	GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
+	// FenceNetwork calls fence.FenceController/FenceClusterNetwork: the
+	// CIDRs lose access to the plugin's storage (disaster recovery).
+	FenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// UnfenceNetwork calls UnfenceClusterNetwork: the CIDRs get access back.
+	UnfenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// ListFences calls ListClusterFence (cidrs must be empty).
+	ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -504,6 +578,15 @@ func (UnimplementedControllerServer) GetReplicationInfo(*ReplicationRequest, grp
 }
 func (UnimplementedControllerServer) GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error {
 	return status.Error(codes.Unimplemented, "method GetReplicationDestination not implemented")
+}
+func (UnimplementedControllerServer) FenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method FenceNetwork not implemented")
+}
+func (UnimplementedControllerServer) UnfenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method UnfenceNetwork not implemented")
+}
+func (UnimplementedControllerServer) ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method ListFences not implemented")
 }
 func (UnimplementedControllerServer) CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error {
 	return status.Error(codes.Unimplemented, "method CreateGroupSnapshot not implemented")
@@ -667,6 +750,39 @@ func _Controller_GetReplicationDestination_Handler(srv interface{}, stream grpc.
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationDestinationServer = grpc.ServerStreamingServer[ReplicationReply]
 
+func _Controller_FenceNetwork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).FenceNetwork(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_FenceNetworkServer = grpc.ServerStreamingServer[FenceReply]
+
+func _Controller_UnfenceNetwork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).UnfenceNetwork(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_UnfenceNetworkServer = grpc.ServerStreamingServer[FenceReply]
+
+func _Controller_ListFences_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).ListFences(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ListFencesServer = grpc.ServerStreamingServer[FenceReply]
+
 func _Controller_CreateGroupSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(CreateGroupSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -766,6 +882,21 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetReplicationDestination",
 			Handler:       _Controller_GetReplicationDestination_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FenceNetwork",
+			Handler:       _Controller_FenceNetwork_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "UnfenceNetwork",
+			Handler:       _Controller_UnfenceNetwork_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ListFences",
+			Handler:       _Controller_ListFences_Handler,
 			ServerStreams: true,
 		},
 		{
