@@ -6,6 +6,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/controllerops"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // controllerPlugins is the agent's plugin set as the Controller API
@@ -32,4 +34,21 @@ func (p controllerPlugins) LogDir(plugin string) string {
 		return ""
 	}
 	return r.logDir()
+}
+
+func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error) {
+	in, conn, err := p.a.readyInstance(ctx, plugin, pluginconfig.NodeService)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return in.connFor(service, conn), nil
+}
+
+func (p controllerPlugins) PublishedPath(plugin, volumeID string) (string, bool) {
+	for _, v := range p.a.iso.ListVolumes() {
+		if v.GetPluginName() == plugin && v.GetVolumeId() == volumeID && v.GetState() == agentv1.VolumeStatus_PUBLISHED {
+			return v.GetTargetPath(), true
+		}
+	}
+	return "", false
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/pluginconfig"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/fence"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
@@ -219,6 +220,9 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}
 		probes = append(probes, addonProbe{"reclaimspace.ReclaimSpaceNode", func(ctx context.Context) error {
 			_, err := reclaimspace.NewReclaimSpaceNodeClient(addonsConn).NodeReclaimSpace(ctx, &reclaimspace.NodeReclaimSpaceRequest{})
+			return err
+		}}, addonProbe{"encryptionkeyrotation.EncryptionKeyRotationController", func(ctx context.Context) error {
+			_, err := ekr.NewEncryptionKeyRotationControllerClient(addonsConn).EncryptionKeyRotate(ctx, &ekr.EncryptionKeyRotateRequest{})
 			return err
 		}})
 	}

@@ -46,3 +46,20 @@ func TestFenceCLI(t *testing.T) {
 		t.Errorf("fence without --plugin: exit %d %q", code, errOut)
 	}
 }
+
+func (f *fakeAgent) RotateKey(r *agentv1.RotateKeyRequest, s grpc.ServerStreamingServer[agentv1.OperationReply]) error {
+	return serve(f, "RotateKey", r, s)
+}
+
+func TestKeyRotateCLI(t *testing.T) {
+	f, socket := startFakeAgent(t)
+	f.set(nil, &agentv1.OperationReply{Done: true})
+	code, out, errOut := run(t, "keyrotate", "--api-socket", socket, "--plugin", "ceph", "--volume", "v1")
+	_, req := f.last()
+	if code != ExitOK || out != "volume v1: encryption key rotated\n" || req.(*agentv1.RotateKeyRequest).GetVolumeId() != "v1" {
+		t.Errorf("keyrotate: exit %d %q %q %v", code, out, errOut, req)
+	}
+	if code, _, errOut := run(t, "keyrotate", "--api-socket", socket, "--plugin", "ceph"); code != ExitUsage || errOut == "" {
+		t.Errorf("keyrotate without --volume: exit %d %q", code, errOut)
+	}
+}

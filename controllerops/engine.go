@@ -56,6 +56,8 @@ type recovery struct {
 type rpcSpec struct {
 	service, method string
 	table           map[codes.Code]recovery
+	// node: the RPC is served by the plugin's node service.
+	node bool
 }
 
 func (r rpcSpec) name() string { return r.service + "/" + r.method }
@@ -226,12 +228,16 @@ func (o *op) withLock(ctx context.Context, kind, id string, f func() error) erro
 // controller), not from a plugin call: it is never retried.
 type agentSide struct{ error }
 
-// conn is the plugin's controller connection, waiting a bounded time for
-// it. Unavailable (retryable) when it is not ready in time.
-func (o *op) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
+// conn is the plugin's controller (node: node) connection for service,
+// waiting a bounded time for it. Unavailable (retryable) when it is not ready in time.
+func (o *op) conn(ctx context.Context, service string, node bool) (*grpc.ClientConn, error) {
 	wctx, cancel := context.WithTimeout(ctx, ctrlConnWait)
 	defer cancel()
-	conn, err := o.s.plugins.ControllerConn(wctx, o.plugin, service)
+	getConn := o.s.plugins.ControllerConn
+	if node {
+		getConn = o.s.plugins.NodeConn
+	}
+	conn, err := getConn(wctx, o.plugin, service)
 	if err != nil && status.Code(err) != codes.Unavailable {
 		return nil, agentSide{err}
 	}
@@ -245,7 +251,7 @@ func (o *op) conn(ctx context.Context, service string) (*grpc.ClientConn, error)
 func (o *op) invoke(ctx context.Context, spec rpcSpec, req proto.Message, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	log := o.s.log.With("plugin", o.plugin, "rpc", spec.name())
 	for attempt := 1; ; attempt++ {
-		conn, err := o.conn(ctx, spec.service)
+		conn, err := o.conn(ctx, spec.service, spec.node)
 		if as := (agentSide{}); errors.As(err, &as) {
 			return asStatus(as.error)
 		}

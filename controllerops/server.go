@@ -32,6 +32,11 @@ type Plugins interface {
 	Offers(plugin, service string) bool
 	// LogDir is where the plugin's logs are, "" when the agent keeps none.
 	LogDir(plugin string) string
+	// NodeConn is ControllerConn for the plugin's node service.
+	NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	// PublishedPath is where a volume published on this host is (its
+	// target path); false when it is not published here.
+	PublishedPath(plugin, volumeID string) (string, bool)
 }
 
 // Server is the Controller API service.

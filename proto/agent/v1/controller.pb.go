@@ -1697,6 +1697,84 @@ func (x *FenceReply) GetCidrs() []string {
 	return nil
 }
 
+type RotateKeyRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// A volume published on this host.
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Opaque, passed to the plugin.
+	Parameters    map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateKeyRequest) Reset() {
+	*x = RotateKeyRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateKeyRequest) ProtoMessage() {}
+
+func (x *RotateKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateKeyRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RotateKeyRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *RotateKeyRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *RotateKeyRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *RotateKeyRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *RotateKeyRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
 var File_proto_agent_v1_controller_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_controller_proto_rawDesc = "" +
@@ -1900,7 +1978,22 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"FenceReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
-	"\x05cidrs\x18\x03 \x03(\tR\x05cidrs2\xa2\x0e\n" +
+	"\x05cidrs\x18\x03 \x03(\tR\x05cidrs\"\xa7\x03\n" +
+	"\x10RotateKeyRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12S\n" +
+	"\n" +
+	"parameters\x18\x03 \x03(\v23.csiagent.agent.v1.RotateKeyRequest.ParametersEntryR\n" +
+	"parameters\x12O\n" +
+	"\asecrets\x18\x04 \x03(\v20.csiagent.agent.v1.RotateKeyRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xfb\x0e\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -1918,7 +2011,8 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\fFenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12T\n" +
 	"\x0eUnfenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12P\n" +
 	"\n" +
-	"ListFences\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12o\n" +
+	"ListFences\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12W\n" +
+	"\tRotateKey\x12#.csiagent.agent.v1.RotateKeyRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
 	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
@@ -1936,7 +2030,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -1959,113 +2053,121 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*GroupSnapshotReply)(nil),         // 18: csiagent.agent.v1.GroupSnapshotReply
 	(*FenceRequest)(nil),               // 19: csiagent.agent.v1.FenceRequest
 	(*FenceReply)(nil),                 // 20: csiagent.agent.v1.FenceReply
-	nil,                                // 21: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 22: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 23: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 24: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 25: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 26: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 27: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 28: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 29: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 30: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	nil,                                // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 33: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 34: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	nil,                                // 35: csiagent.agent.v1.FenceRequest.ParametersEntry
-	nil,                                // 36: csiagent.agent.v1.FenceRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 38: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 39: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 40: csi.v1.VolumeGroupSnapshot
+	(*RotateKeyRequest)(nil),           // 21: csiagent.agent.v1.RotateKeyRequest
+	nil,                                // 22: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 23: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 24: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 25: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 26: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 27: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 28: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 29: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 30: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 31: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 34: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 35: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	nil,                                // 36: csiagent.agent.v1.FenceRequest.ParametersEntry
+	nil,                                // 37: csiagent.agent.v1.FenceRequest.SecretsEntry
+	nil,                                // 38: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	nil,                                // 39: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 40: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 41: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 43: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	37, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	37, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	37, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	40, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	40, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	40, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	37, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	40, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	21, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	22, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	22, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	23, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	23, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	24, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	24, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	25, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	25, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	26, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	26, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	27, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	38, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	27, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	41, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	28, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	38, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	28, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	29, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	41, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	29, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	30, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
 	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
 	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
-	30, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	39, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	37, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	31, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	32, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	31, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	42, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	40, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	32, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	33, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
 	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	33, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	34, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
 	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	34, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	35, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
 	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	40, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	35, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
-	36, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
+	43, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	36, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
+	37, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
 	1,  // 42: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 43: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
-	4,  // 44: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 45: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 46: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 47: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 48: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 49: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 50: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 51: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 52: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 53: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 54: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 55: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
-	19, // 56: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 57: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 58: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
-	15, // 59: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	16, // 60: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	17, // 61: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 62: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 63: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 64: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 65: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 66: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 67: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 68: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 69: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 70: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 71: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 72: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 73: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
-	20, // 74: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 75: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 76: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
-	18, // 77: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	18, // 78: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 79: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	62, // [62:80] is the sub-list for method output_type
-	44, // [44:62] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	38, // 44: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	39, // 45: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	1,  // 46: csiagent.agent.v1.RotateKeyRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	4,  // 47: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 48: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 49: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 50: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 51: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 52: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 53: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 54: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 55: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 56: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 57: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 58: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	19, // 59: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 60: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 61: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
+	21, // 62: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
+	15, // 63: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 64: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 65: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	8,  // 66: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 67: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 68: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 69: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 70: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 71: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 72: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 73: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 74: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 75: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 76: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 77: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	20, // 78: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 79: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 80: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
+	3,  // 81: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
+	18, // 82: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 83: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 84: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	66, // [66:85] is the sub-list for method output_type
+	47, // [47:66] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -2083,7 +2185,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

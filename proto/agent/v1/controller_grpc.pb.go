@@ -52,6 +52,7 @@ const (
 	Controller_FenceNetwork_FullMethodName              = "/csiagent.agent.v1.Controller/FenceNetwork"
 	Controller_UnfenceNetwork_FullMethodName            = "/csiagent.agent.v1.Controller/UnfenceNetwork"
 	Controller_ListFences_FullMethodName                = "/csiagent.agent.v1.Controller/ListFences"
+	Controller_RotateKey_FullMethodName                 = "/csiagent.agent.v1.Controller/RotateKey"
 	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
 	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
 	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
@@ -108,6 +109,10 @@ type ControllerClient interface {
 	UnfenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
 	// ListFences calls ListClusterFence (cidrs must be empty).
 	ListFences(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// RotateKey calls encryptionkeyrotation.EncryptionKeyRotationController/
+	// EncryptionKeyRotate on the node plugin for a volume published on this
+	// host (its target path as volume_path).
+	RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -414,9 +419,28 @@ func (c *controllerClient) ListFences(ctx context.Context, in *FenceRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_ListFencesClient = grpc.ServerStreamingClient[FenceReply]
 
+func (c *controllerClient) RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[15], Controller_RotateKey_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RotateKeyRequest, OperationReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_RotateKeyClient = grpc.ServerStreamingClient[OperationReply]
+
 func (c *controllerClient) CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[15], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -435,7 +459,7 @@ type Controller_CreateGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnap
 
 func (c *controllerClient) GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +478,7 @@ type Controller_GetGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnapsho
 
 func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[18], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -522,6 +546,10 @@ type ControllerServer interface {
 	UnfenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
 	// ListFences calls ListClusterFence (cidrs must be empty).
 	ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// RotateKey calls encryptionkeyrotation.EncryptionKeyRotationController/
+	// EncryptionKeyRotate on the node plugin for a volume published on this
+	// host (its target path as volume_path).
+	RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -587,6 +615,9 @@ func (UnimplementedControllerServer) UnfenceNetwork(*FenceRequest, grpc.ServerSt
 }
 func (UnimplementedControllerServer) ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
 	return status.Error(codes.Unimplemented, "method ListFences not implemented")
+}
+func (UnimplementedControllerServer) RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error {
+	return status.Error(codes.Unimplemented, "method RotateKey not implemented")
 }
 func (UnimplementedControllerServer) CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error {
 	return status.Error(codes.Unimplemented, "method CreateGroupSnapshot not implemented")
@@ -783,6 +814,17 @@ func _Controller_ListFences_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_ListFencesServer = grpc.ServerStreamingServer[FenceReply]
 
+func _Controller_RotateKey_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(RotateKeyRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).RotateKey(m, &grpc.GenericServerStream[RotateKeyRequest, OperationReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_RotateKeyServer = grpc.ServerStreamingServer[OperationReply]
+
 func _Controller_CreateGroupSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(CreateGroupSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -897,6 +939,11 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "ListFences",
 			Handler:       _Controller_ListFences_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "RotateKey",
+			Handler:       _Controller_RotateKey_Handler,
 			ServerStreams: true,
 		},
 		{
