@@ -29,6 +29,9 @@ func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCa
 			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}},
 		})
 	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE},
+	}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
