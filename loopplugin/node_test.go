@@ -442,7 +442,14 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 	if err := os.WriteFile(trigger, []byte("injected by a test"), 0o200); err != nil {
 		t.Skipf("cannot inject an ext4 error (%s): %v", trigger, err)
 	}
-	if h := health(); len(h) != 1 || h[0].GetStatus() != csi.VolumeHealthErrorType_DEGRADED || h[0].GetReason() != "FilesystemErrors" {
+	// ext4 counts the error in a work item: it shows within moments.
+	deadline := time.Now().Add(10 * time.Second)
+	h := health()
+	for len(h) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling the kernel's counter, which has no event to wait on
+		h = health()
+	}
+	if len(h) != 1 || h[0].GetStatus() != csi.VolumeHealthErrorType_DEGRADED || h[0].GetReason() != "FilesystemErrors" {
 		t.Errorf("after an ext4 error: %v", h)
 	}
 
@@ -452,7 +459,7 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 	if err := os.Remove(image); err != nil {
 		t.Fatal(err)
 	}
-	h := health()
+	h = health()
 	if len(h) != 2 || h[0].GetStatus() != csi.VolumeHealthErrorType_INACCESSIBLE || h[0].GetReason() != "BackingImageRemoved" {
 		t.Errorf("after the image was removed: %v", h)
 	}
