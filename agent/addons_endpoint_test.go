@@ -9,7 +9,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/identity"
@@ -115,11 +114,7 @@ func TestAddonsEndpoint(t *testing.T) {
 	}
 
 	f.arm()
-	conn, err := grpc.NewClient("unix://"+h.a.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := apiConn(t, h.a.cfg.APISocket)
 	ctrl, api := agentv1.NewControllerClient(conn), agentv1.NewAgentClient(conn)
 	if _, res, err := collect(ctrl.CreateVolumeGroup(opCtx(t), &agentv1.CreateVolumeGroupRequest{PluginName: "ceph", Name: "g", VolumeIds: []string{"v1"}, Retry: fast()})); err != nil || res.GetVolumeGroup() == nil {
 		t.Errorf("CreateVolumeGroup through the csi-addons endpoint: %v %v", res, err)

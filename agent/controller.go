@@ -44,11 +44,13 @@ func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string)
 	return in.connFor(service, conn), nil
 }
 
-func (p controllerPlugins) PublishedPath(plugin, volumeID string) (string, bool) {
+func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.PublishedVolume, bool) {
 	for _, v := range p.a.iso.ListVolumes() {
 		if v.GetPluginName() == plugin && v.GetVolumeId() == volumeID && v.GetState() == agentv1.VolumeStatus_PUBLISHED {
-			return v.GetTargetPath(), true
+			return controllerops.PublishedVolume{TargetPath: v.GetTargetPath(), StagingPath: v.GetStagingPath(), Block: v.GetBlock()}, true
 		}
 	}
-	return "", false
+	return controllerops.PublishedVolume{}, false
 }
+
+func (p controllerPlugins) NodeCapabilities(plugin string) []string { return p.a.nodeCaps(plugin) }

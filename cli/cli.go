@@ -46,6 +46,7 @@ func commands() map[string]command {
 		"fence":          {"csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", runFence},
 		"unfence":        {"csi-addons network fencing: give fenced networks their access back", runUnfence},
 		"keyrotate":      {"csi-addons encryption key rotation of a volume published here", runKeyRotate},
+		"expand":         {"grow a published volume on the node (NodeExpandVolume) after the backend grew it", runExpand},
 		"oci-hook":       {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
 		"serve":          {"run the agent daemon", runServe},
 		"version":        {"print the version", runVersion},

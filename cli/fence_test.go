@@ -63,3 +63,20 @@ func TestKeyRotateCLI(t *testing.T) {
 		t.Errorf("keyrotate without --volume: exit %d %q", code, errOut)
 	}
 }
+
+func (f *fakeAgent) ExpandVolume(r *agentv1.ExpandVolumeRequest, s grpc.ServerStreamingServer[agentv1.ExpandVolumeReply]) error {
+	return serve(f, "ExpandVolume", r, s)
+}
+
+func TestExpandCLI(t *testing.T) {
+	f, socket := startFakeAgent(t)
+	f.set(nil, &agentv1.ExpandVolumeReply{Done: true, CapacityBytes: 2 << 30})
+	code, out, errOut := run(t, "expand", "--api-socket", socket, "--plugin", "loop", "--volume", "v1", "--size", "2GiB")
+	_, req := f.last()
+	if r := req.(*agentv1.ExpandVolumeRequest); code != ExitOK || out != "volume v1: expanded to 2.0 GiB\n" || r.GetVolumeId() != "v1" || r.GetRequiredBytes() != 2<<30 {
+		t.Errorf("expand: exit %d %q %q %v", code, out, errOut, r)
+	}
+	if code, _, errOut := run(t, "expand", "--api-socket", socket, "--plugin", "loop", "--volume", "v1", "--size", "lots"); code != ExitUsage || errOut == "" {
+		t.Errorf("expand --size lots: exit %d %q", code, errOut)
+	}
+}

@@ -32,12 +32,12 @@ func (s *Server) RotateKey(req *agentv1.RotateKeyRequest, stream grpc.ServerStre
 		if id == "" {
 			return invalid("volume_id is required: a volume published on this host")
 		}
-		path, ok := s.plugins.PublishedPath(o.plugin, id)
+		pv, ok := s.plugins.Published(o.plugin, id)
 		if !ok {
 			return status.Errorf(codes.FailedPrecondition, "volume %s of plugin %s is not published on this host: its key is rotated where it is published", id, o.plugin)
 		}
 		return o.withLock(ctx, "volume", id, func() error {
-			preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: path, Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
+			preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
 			if err := o.invoke(ctx, keyRotateSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := ekr.NewEncryptionKeyRotationControllerClient(conn).EncryptionKeyRotate(ctx, preq)
 				return err

@@ -54,9 +54,10 @@ func (p fakePlugins) NodeConn(context.Context, string, string) (*grpc.ClientConn
 }
 func (p fakePlugins) Offers(string, string) bool { return true }
 func (p fakePlugins) LogDir(string) string       { return "" }
-func (p fakePlugins) PublishedPath(plugin, id string) (string, bool) {
-	return "/var/lib/target/" + id, plugin == "p" && id == "v1"
+func (p fakePlugins) Published(plugin, id string) (PublishedVolume, bool) {
+	return PublishedVolume{TargetPath: "/var/lib/target/" + id}, plugin == "p" && id == "v1"
 }
+func (p fakePlugins) NodeCapabilities(string) []string { return []string{"EXPAND_VOLUME"} }
 
 func serveUnix(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
 	t.Helper()

@@ -34,9 +34,18 @@ type Plugins interface {
 	LogDir(plugin string) string
 	// NodeConn is ControllerConn for the plugin's node service.
 	NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
-	// PublishedPath is where a volume published on this host is (its
-	// target path); false when it is not published here.
-	PublishedPath(plugin, volumeID string) (string, bool)
+	// Published is where a volume published on this host is; false when
+	// it is not published here.
+	Published(plugin, volumeID string) (PublishedVolume, bool)
+	// NodeCapabilities are the node capabilities discovery found, e.g.
+	// EXPAND_VOLUME.
+	NodeCapabilities(plugin string) []string
+}
+
+// PublishedVolume is where a volume is published on this host.
+type PublishedVolume struct {
+	TargetPath, StagingPath string
+	Block                   bool
 }
 
 // Server is the Controller API service.

@@ -1775,6 +1775,146 @@ func (x *RotateKeyRequest) GetRetry() *RetryPolicy {
 	return nil
 }
 
+type ExpandVolumeRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// A volume published on this host.
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The size to reach; 0: what the backend holds.
+	RequiredBytes int64             `protobuf:"varint,3,opt,name=required_bytes,json=requiredBytes,proto3" json:"required_bytes,omitempty"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpandVolumeRequest) Reset() {
+	*x = ExpandVolumeRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpandVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpandVolumeRequest) ProtoMessage() {}
+
+func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ExpandVolumeRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *ExpandVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ExpandVolumeRequest) GetRequiredBytes() int64 {
+	if x != nil {
+		return x.RequiredBytes
+	}
+	return 0
+}
+
+func (x *ExpandVolumeRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *ExpandVolumeRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type ExpandVolumeReply struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message.
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// The volume's size as the plugin reports it (0: not reported).
+	CapacityBytes int64 `protobuf:"varint,3,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpandVolumeReply) Reset() {
+	*x = ExpandVolumeReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpandVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpandVolumeReply) ProtoMessage() {}
+
+func (x *ExpandVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpandVolumeReply.ProtoReflect.Descriptor instead.
+func (*ExpandVolumeReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ExpandVolumeReply) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *ExpandVolumeReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ExpandVolumeReply) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
 var File_proto_agent_v1_controller_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_controller_proto_rawDesc = "" +
@@ -1993,7 +2133,21 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xfb\x0e\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
+	"\x13ExpandVolumeRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12%\n" +
+	"\x0erequired_bytes\x18\x03 \x01(\x03R\rrequiredBytes\x12R\n" +
+	"\asecrets\x18\x04 \x03(\v23.csiagent.agent.v1.ExpandVolumeRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\x11ExpandVolumeReply\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12%\n" +
+	"\x0ecapacity_bytes\x18\x03 \x01(\x03R\rcapacityBytes2\xdd\x0f\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -2012,7 +2166,8 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x0eUnfenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12P\n" +
 	"\n" +
 	"ListFences\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12W\n" +
-	"\tRotateKey\x12#.csiagent.agent.v1.RotateKeyRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12o\n" +
+	"\tRotateKey\x12#.csiagent.agent.v1.RotateKeyRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12`\n" +
+	"\fExpandVolume\x12&.csiagent.agent.v1.ExpandVolumeRequest\x1a$.csiagent.agent.v1.ExpandVolumeReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
 	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
@@ -2030,7 +2185,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -2054,120 +2209,128 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*FenceRequest)(nil),               // 19: csiagent.agent.v1.FenceRequest
 	(*FenceReply)(nil),                 // 20: csiagent.agent.v1.FenceReply
 	(*RotateKeyRequest)(nil),           // 21: csiagent.agent.v1.RotateKeyRequest
-	nil,                                // 22: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 23: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 24: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 25: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 26: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 27: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 28: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 29: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 30: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 31: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	nil,                                // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 34: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 35: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	nil,                                // 36: csiagent.agent.v1.FenceRequest.ParametersEntry
-	nil,                                // 37: csiagent.agent.v1.FenceRequest.SecretsEntry
-	nil,                                // 38: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
-	nil,                                // 39: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 40: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 41: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 43: csi.v1.VolumeGroupSnapshot
+	(*ExpandVolumeRequest)(nil),        // 22: csiagent.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeReply)(nil),          // 23: csiagent.agent.v1.ExpandVolumeReply
+	nil,                                // 24: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 25: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 26: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 27: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 28: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 29: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 30: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 31: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 32: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 33: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 34: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 35: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 36: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	nil,                                // 38: csiagent.agent.v1.FenceRequest.ParametersEntry
+	nil,                                // 39: csiagent.agent.v1.FenceRequest.SecretsEntry
+	nil,                                // 40: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	nil,                                // 41: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	nil,                                // 42: csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 44: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 46: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	40, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	40, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	40, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	43, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	43, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	43, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	40, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	43, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	22, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	23, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	24, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	25, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	24, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	25, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	26, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	27, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	26, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	28, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	27, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	29, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	41, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	28, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	44, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	30, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	41, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	29, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	30, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	44, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	31, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	32, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
 	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
 	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
-	31, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	42, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	40, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	32, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	33, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	33, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	45, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	43, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	34, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	35, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
 	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	34, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	36, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
 	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	35, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	37, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
 	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	43, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	36, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
-	37, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
+	46, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	38, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
+	39, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
 	1,  // 42: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 43: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
-	38, // 44: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
-	39, // 45: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	40, // 44: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	41, // 45: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
 	1,  // 46: csiagent.agent.v1.RotateKeyRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	4,  // 47: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 48: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 49: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 50: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 51: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 52: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 53: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 54: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 55: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 56: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 57: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 58: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
-	19, // 59: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 60: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 61: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
-	21, // 62: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
-	15, // 63: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	16, // 64: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	17, // 65: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 66: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 67: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 68: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 69: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 70: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 71: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 72: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 73: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 74: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 75: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 76: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 77: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
-	20, // 78: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 79: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 80: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
-	3,  // 81: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
-	18, // 82: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	18, // 83: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 84: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	66, // [66:85] is the sub-list for method output_type
-	47, // [47:66] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	42, // 47: csiagent.agent.v1.ExpandVolumeRequest.secrets:type_name -> csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	1,  // 48: csiagent.agent.v1.ExpandVolumeRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 49: csiagent.agent.v1.ExpandVolumeReply.progress:type_name -> csiagent.agent.v1.Progress
+	4,  // 50: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 51: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 52: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 53: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 54: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 55: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 56: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 57: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 58: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 59: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 60: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 61: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	19, // 62: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 63: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 64: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
+	21, // 65: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
+	22, // 66: csiagent.agent.v1.Controller.ExpandVolume:input_type -> csiagent.agent.v1.ExpandVolumeRequest
+	15, // 67: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 68: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 69: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	8,  // 70: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 71: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 72: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 73: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 74: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 75: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 76: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 77: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 78: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 79: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 80: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 81: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	20, // 82: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 83: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 84: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
+	3,  // 85: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
+	23, // 86: csiagent.agent.v1.Controller.ExpandVolume:output_type -> csiagent.agent.v1.ExpandVolumeReply
+	18, // 87: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 88: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 89: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	70, // [70:90] is the sub-list for method output_type
+	50, // [50:70] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -2185,7 +2348,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -53,6 +53,7 @@ const (
 	Controller_UnfenceNetwork_FullMethodName            = "/csiagent.agent.v1.Controller/UnfenceNetwork"
 	Controller_ListFences_FullMethodName                = "/csiagent.agent.v1.Controller/ListFences"
 	Controller_RotateKey_FullMethodName                 = "/csiagent.agent.v1.Controller/RotateKey"
+	Controller_ExpandVolume_FullMethodName              = "/csiagent.agent.v1.Controller/ExpandVolume"
 	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
 	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
 	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
@@ -113,6 +114,10 @@ type ControllerClient interface {
 	// EncryptionKeyRotate on the node plugin for a volume published on this
 	// host (its target path as volume_path).
 	RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
+	// ExpandVolume calls NodeExpandVolume for a volume published on this host
+	// (plugins with the EXPAND_VOLUME node capability): the node grows the
+	// device and filesystem to what the backend now holds, online.
+	ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExpandVolumeReply], error)
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -438,9 +443,28 @@ func (c *controllerClient) RotateKey(ctx context.Context, in *RotateKeyRequest, 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_RotateKeyClient = grpc.ServerStreamingClient[OperationReply]
 
+func (c *controllerClient) ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExpandVolumeReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_ExpandVolume_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExpandVolumeRequest, ExpandVolumeReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ExpandVolumeClient = grpc.ServerStreamingClient[ExpandVolumeReply]
+
 func (c *controllerClient) CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -459,7 +483,7 @@ type Controller_CreateGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnap
 
 func (c *controllerClient) GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[18], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -478,7 +502,7 @@ type Controller_GetGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnapsho
 
 func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[18], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[19], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -550,6 +574,10 @@ type ControllerServer interface {
 	// EncryptionKeyRotate on the node plugin for a volume published on this
 	// host (its target path as volume_path).
 	RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error
+	// ExpandVolume calls NodeExpandVolume for a volume published on this host
+	// (plugins with the EXPAND_VOLUME node capability): the node grows the
+	// device and filesystem to what the backend now holds, online.
+	ExpandVolume(*ExpandVolumeRequest, grpc.ServerStreamingServer[ExpandVolumeReply]) error
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -618,6 +646,9 @@ func (UnimplementedControllerServer) ListFences(*FenceRequest, grpc.ServerStream
 }
 func (UnimplementedControllerServer) RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error {
 	return status.Error(codes.Unimplemented, "method RotateKey not implemented")
+}
+func (UnimplementedControllerServer) ExpandVolume(*ExpandVolumeRequest, grpc.ServerStreamingServer[ExpandVolumeReply]) error {
+	return status.Error(codes.Unimplemented, "method ExpandVolume not implemented")
 }
 func (UnimplementedControllerServer) CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error {
 	return status.Error(codes.Unimplemented, "method CreateGroupSnapshot not implemented")
@@ -825,6 +856,17 @@ func _Controller_RotateKey_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_RotateKeyServer = grpc.ServerStreamingServer[OperationReply]
 
+func _Controller_ExpandVolume_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExpandVolumeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).ExpandVolume(m, &grpc.GenericServerStream[ExpandVolumeRequest, ExpandVolumeReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ExpandVolumeServer = grpc.ServerStreamingServer[ExpandVolumeReply]
+
 func _Controller_CreateGroupSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(CreateGroupSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -944,6 +986,11 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "RotateKey",
 			Handler:       _Controller_RotateKey_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExpandVolume",
+			Handler:       _Controller_ExpandVolume_Handler,
 			ServerStreams: true,
 		},
 		{
