@@ -212,6 +212,11 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 // mount point resolved again inside the container's namespace (both
 // resolutions stay inside the rootfs).
 func (iso *Isolator) mountOne(c *container, pm plannedMount, m *agentv1.ContainerMount, target *os.File, uid, gid int) error {
+	if !pm.readonly && !pm.block {
+		if err := giveVolumeRoot(m.GetHostPath(), uid, gid); err != nil {
+			return err
+		}
+	}
 	if target != nil {
 		err := mount.BindInto(m.GetHostPath(), target, pm.readonly)
 		iso.cfg.CrashPoint("bind")
@@ -458,11 +463,20 @@ func sameRequest(a, b *agentv1.PrepareRequest) bool {
 	return proto.Equal(norm(a), norm(b))
 }
 
-// lookupUser resolves the user mount point directories are given to; -1
-// means keep root.
+// lookupUser resolves the user mount point directories are given to: a
+// name, a numeric uid, or "UID:GID" as the OCI hook passes process.user;
+// -1 means keep root.
 func lookupUser(name string) (uid, gid int, err error) {
 	if name == "" {
 		return -1, -1, nil
+	}
+	if u, g, ok := strings.Cut(name, ":"); ok {
+		uid, uerr := strconv.ParseUint(u, 10, 31)
+		gid, gerr := strconv.ParseUint(g, 10, 31)
+		if uerr != nil || gerr != nil {
+			return 0, 0, fmt.Errorf("%w: user %q: want a name, a uid or UID:GID", ErrInvalid, name)
+		}
+		return int(uid), int(gid), nil
 	}
 	u, err := user.Lookup(name)
 	if err != nil {
