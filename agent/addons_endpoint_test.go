@@ -5,6 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -142,4 +143,38 @@ func TestAddonsEndpoint(t *testing.T) {
 			t.Errorf("%s: %d calls, want %d", method, n, want)
 		}
 	}
+}
+
+// TestManagedAddonsEndpoint: a managed csi-loop-plugin passes
+// $CSIADDONS_ENDPOINT on (--csi-addons-endpoint); discovery reads its
+// csi-addons identity there, and a reclaim and a volume group go through
+// it.
+func TestManagedAddonsEndpoint(t *testing.T) {
+	needRoot(t)
+	h := newHarness(t)
+	pool := mkPool(t, filepath.Join(h.extra, "pool"))
+	h.writeConfig("loop.json", managedConfig("loop", true, "exec "+bins.loop+" --pool="+pool+" --csi-addons-endpoint=$CSIADDONS_ENDPOINT"))
+	createVolume(t, pool, "vol1")
+	h.start(fastConfig(h))
+	in := h.waitPlugin("loop", "ready", ready).GetInstances()[0]
+	if want := "unix://" + filepath.Join(h.run, "csi", "loop", "default", "c0-addons.sock"); in.GetAddonsEndpoint() != want ||
+		!strings.HasPrefix(in.GetAddonsIdentity(), "loop.csiagent.io ") {
+		t.Errorf("csi-addons endpoint %q (want %q), identity %q", in.GetAddonsEndpoint(), want, in.GetAddonsIdentity())
+	}
+	for _, svc := range []string{"reclaimspace.ReclaimSpaceNode", "reclaimspace.ReclaimSpaceController", "volumegroup.Controller", "csi.v1.GroupController"} {
+		if !slices.Contains(in.GetAddonsServices(), svc) {
+			t.Errorf("services %v lack %s", in.GetAddonsServices(), svc)
+		}
+	}
+	h.mustPrepare("c1", h.dir("sandbox"), "", volumeSpec{plugin: "loop", id: "vol1", path: "data"})
+	msgs, err := h.reclaimNow(&agentv1.ReclaimSpaceRequest{Target: &agentv1.ReclaimSpaceRequest_All{All: true}})
+	if err != nil || len(msgs) != 2 || msgs[1].GetSummary().GetVolumes() != 1 {
+		t.Errorf("reclaim through the csi-addons endpoint: %v, %v", msgs, err)
+	}
+	conn := apiConn(t, h.a.cfg.APISocket)
+	if _, res, err := collect(agentv1.NewControllerClient(conn).CreateVolumeGroup(opCtx(t), &agentv1.CreateVolumeGroupRequest{PluginName: "loop", Name: "g", VolumeIds: []string{"vol1"}, Retry: fast()})); err != nil || res.GetVolumeGroup() == nil {
+		t.Errorf("CreateVolumeGroup through the csi-addons endpoint: %v, %v", res, err)
+	}
+	h.mustCleanup("c1")
+	h.assertClean(pool)
 }
