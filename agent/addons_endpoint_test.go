@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
@@ -150,7 +151,7 @@ func TestAddonsEndpoint(t *testing.T) {
 // csi-addons identity there, and a reclaim and a volume group go through
 // it.
 func TestManagedAddonsEndpoint(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := mkPool(t, filepath.Join(h.extra, "pool"))
 	h.writeConfig("loop.json", managedConfig("loop", true, "exec "+bins.loop+" --pool="+pool+" --csi-addons-endpoint=$CSIADDONS_ENDPOINT"))

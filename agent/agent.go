@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -19,10 +18,12 @@ import (
 
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/supervisor"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
@@ -112,11 +113,6 @@ func (c *Config) setDefaults() {
 	def(&c.WorkDir, DefaultWorkDir)
 	def(&c.RuntimeDir, DefaultRuntimeDir)
 	def(&c.APISocket, filepath.Join(c.RuntimeDir, "agent.sock"))
-	defDur(&c.ReadyTimeout, DefaultReadyTimeout)
-	defDur(&c.ProbeInterval, DefaultProbeInterval)
-	defDur(&c.BackoffBase, DefaultBackoffBase)
-	defDur(&c.BackoffMax, DefaultBackoffMax)
-	defDur(&c.BackoffReset, DefaultBackoffReset)
 	defDur(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	if c.LogMaxBytes <= 0 {
 		c.LogMaxBytes = DefaultLogMaxBytes
@@ -143,9 +139,10 @@ type Agent struct {
 	cfg     Config
 	log     *slog.Logger
 	changed broadcaster
-	limits  *limiter
-	watcher *pluginconfig.Watcher
-	iso     *isolator.Isolator
+	// supervision is what every supervised plugin shares; set by Run.
+	supervision supervisor.Config
+	watcher     *pluginconfig.Watcher
+	iso         *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
 	// stats polls published volumes' usage and health.
@@ -205,17 +202,32 @@ func New(cfg Config) (*Agent, error) {
 // accepting calls and in-flight ones get ShutdownTimeout to finish.
 // Managed plugins keep running so that the next agent adopts them.
 func (a *Agent) Run(ctx context.Context) error {
-	for _, dir := range []string{a.cfg.WorkDir, a.cfg.RuntimeDir, a.cfg.ConfigDir} {
+	for _, dir := range []string{a.cfg.WorkDir, a.cfg.ConfigDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
 		}
+	}
+	// The API group and plugins run as other users reach their sockets
+	// through the runtime dir, so it is searchable whatever the umask.
+	if err := unixsock.MkdirAll(a.cfg.RuntimeDir); err != nil {
+		return err
 	}
 	unlock, err := lockRuntimeDir(a.cfg.RuntimeDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	a.limits = newLimiter(a.log)
+	a.supervision = supervisor.Config{
+		WorkDir: a.cfg.WorkDir, RuntimeDir: a.cfg.RuntimeDir, NodeID: a.cfg.NodeID,
+		ReadyTimeout: a.cfg.ReadyTimeout, ProbeInterval: a.cfg.ProbeInterval,
+		BackoffBase: a.cfg.BackoffBase, BackoffMax: a.cfg.BackoffMax, BackoffReset: a.cfg.BackoffReset,
+		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
+		OnChange: a.changed.notify,
+		OnReady: func(typ string) {
+			a.reclaimer.ResetPlugin(typ)
+			a.reclaimer.Poke()
+		},
+	}
 
 	// Metrics listen first: with the API socket up, MetricsAddr is set.
 	stopMetrics, err := a.startMetrics()
@@ -352,36 +364,9 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
-	path := a.cfg.APISocket
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("--api-socket %s is %d bytes, longer than the %d a unix socket address holds", path, len(path), maxSocketPath)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("creating API socket directory: %w", err)
-	}
-	// The runtime-dir lock is held, so a socket left here is stale.
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale API socket: %w", err)
-	}
-	// Until the chmod below the socket has the umask's mode; connecting
-	// needs write permission, which umask 022 or stricter denies others.
-	old := unix.Umask(0o177)
-	lis, err := net.Listen("unix", path)
-	unix.Umask(old)
+	lis, err := unixsock.Listen(a.cfg.APISocket, unixsock.Owner{GID: a.cfg.APIGroup})
 	if err != nil {
-		return nil, fmt.Errorf("listening on API socket: %w", err)
-	}
-	mode := os.FileMode(0o600)
-	if a.cfg.APIGroup >= 0 {
-		mode = 0o660
-		if err := os.Chown(path, 0, a.cfg.APIGroup); err != nil {
-			lis.Close()
-			return nil, fmt.Errorf("giving API socket to group %d: %w", a.cfg.APIGroup, err)
-		}
-	}
-	if err := os.Chmod(path, mode); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("setting API socket mode: %w", err)
+		return nil, fmt.Errorf("API socket: %w", err)
 	}
 	return lis, nil
 }
@@ -434,31 +419,31 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 	a.reclaimer.Poke()
 }
 
-func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit map[int]*handover) {
-	r := newRunner(a, p, inherit)
+// runner is the daemon's handle on one supervised plugin.
+type runner struct {
+	plugin *pluginconfig.Plugin
+	sup    *supervisor.Plugin
+}
+
+// logDir is where a managed plugin's logs are.
+func (r *runner) logDir() string { return r.sup.LogDir() }
+
+func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit supervisor.Handover) {
+	r := &runner{plugin: p, sup: supervisor.Start(ctx, a.supervision, p, inherit)}
 	a.mu.Lock()
 	a.plugins[p.Info.Type] = r
 	a.mu.Unlock()
-	r.start(ctx)
 }
 
-// rollPlugin replaces a plugin's runner. Containers whose launch config is
-// unchanged keep their process; the others are restarted.
+// rollPlugin replaces a plugin's supervision. Containers whose launch
+// config is unchanged keep their process; the others are restarted.
 func (a *Agent) rollPlugin(ctx context.Context, p *pluginconfig.Plugin) {
 	a.mu.Lock()
 	old := a.plugins[p.Info.Type]
 	a.mu.Unlock()
-	var inherit map[int]*handover
+	var inherit supervisor.Handover
 	if old != nil {
-		inherit = old.stop(false)
-		// Processes of containers that no longer exist must go.
-		for i, h := range inherit {
-			if i >= len(p.Info.Containers) {
-				terminate(ctx, h.proc)
-				h.proc.release()
-				delete(inherit, i)
-			}
-		}
+		inherit = old.sup.Stop(false)
 	}
 	a.startPlugin(ctx, p, inherit)
 }
@@ -469,7 +454,7 @@ func (a *Agent) removePlugin(typ string) {
 	delete(a.plugins, typ)
 	a.mu.Unlock()
 	if r != nil {
-		r.stop(true)
+		r.sup.Stop(true)
 	}
 }
 
@@ -483,9 +468,7 @@ func (a *Agent) stopAll() {
 	}
 	a.mu.Unlock()
 	for _, r := range rs {
-		for _, h := range r.stop(false) {
-			h.proc.release()
-		}
+		r.sup.Stop(false).Release()
 	}
 }
 
@@ -520,7 +503,14 @@ func (a *Agent) snapshot() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
 	sort.Slice(rs, func(i, j int) bool { return rs[i].plugin.Info.Type < rs[j].plugin.Info.Type })
 	out := make([]*agentv1.Plugin, 0, len(rs))
 	for _, r := range rs {
-		out = append(out, r.status(errs))
+		p := r.sup.Status()
+		p.Reclaim = a.reclaimTotals(p.Type)
+		for _, fe := range errs {
+			if fe.File == r.plugin.File {
+				p.ConfigError = fe.Err.Error()
+			}
+		}
+		out = append(out, p)
 	}
 	return out, errs
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // TestAPIPeerCredentials runs the real CLI as other users against the
@@ -27,7 +29,7 @@ func TestAPIPeerCredentials(t *testing.T) {
 	cfg.APIGroup = apiGroup
 	h.start(cfg)
 	socket := filepath.Join(h.run, "agent.sock")
-	waitForSocket(t.Context(), socket, nil)
+	supervisor.WaitForSocket(t.Context(), socket, nil)
 	st, err := os.Stat(socket)
 	if err != nil {
 		t.Fatal(err)

@@ -37,11 +37,11 @@ func (p controllerPlugins) LogDir(plugin string) string {
 }
 
 func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error) {
-	in, conn, err := p.a.readyInstance(ctx, plugin, pluginconfig.NodeService)
+	_, conn, err := p.a.readyInstance(ctx, plugin, pluginconfig.NodeService)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return in.connFor(service, conn), nil
+	return p.a.connFor(plugin, pluginconfig.NodeService, service, conn), nil
 }
 
 func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.PublishedVolume, bool) {

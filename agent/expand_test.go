@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -17,7 +18,7 @@ import (
 // the container's mount sees the new size without a restart, its data
 // intact.
 func TestExpandE2E(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	const small, big = 320 << 20, 640 << 20 // xfs wants 300 MiB at least
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")

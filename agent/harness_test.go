@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,8 +16,10 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // waitTimeout bounds every wait for an expected state: a failure bound,
@@ -27,32 +30,15 @@ const waitTimeout = 30 * time.Second
 var bins struct{ agent, loop, test string }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "csiagent-bins-")
+	paths, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-agent",
+		"github.com/csiagent/csiagent/cmd/csi-loop-plugin", "github.com/csiagent/csiagent/internal/testplugin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// Other users run the CLI in TestAPIPeerCredentials.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := func(pkg, name string) string {
-		out := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-		return out
-	}
-	bins.agent = build("github.com/csiagent/csiagent/cmd/csi-agent", "csi-agent")
-	bins.loop = build("github.com/csiagent/csiagent/cmd/csi-loop-plugin", "csi-loop-plugin")
-	bins.test = build("github.com/csiagent/csiagent/internal/testplugin", "testplugin")
+	bins.agent, bins.loop, bins.test = paths[0], paths[1], paths[2]
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -119,7 +105,7 @@ func (h *harness) waitAPI() {
 	if err := os.MkdirAll(filepath.Dir(h.a.cfg.APISocket), 0o755); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := waitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
+	if err := supervisor.WaitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -191,8 +177,13 @@ func killAndWait(t *testing.T, pid int) {
 
 // alive reports whether pid runs (and is not a zombie).
 func alive(pid int) bool {
-	st, err := readStat(pid)
-	return err == nil && st.state != 'Z' && st.state != 'X'
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which ends at the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 func (h *harness) writeConfig(name, content string) {

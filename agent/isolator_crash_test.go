@@ -27,7 +27,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Tests of the isolator's crash safety and concurrency against real plugins,
@@ -176,7 +178,7 @@ func startCrashAgent(t *testing.T, h *harness, typ string, env ...string) *crash
 	t.Cleanup(ca.kill)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	if err := waitForSocket(ctx, socket, ca.exited); err != nil {
+	if err := supervisor.WaitForSocket(ctx, socket, ca.exited); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -453,7 +455,7 @@ func indexes(trace []string, point string) []int {
 // Cleanup leaves no mount, no loop device and no record, and the volume's
 // data survives every crash. The managed plugin lives on, adopted.
 func TestCrashAtEveryStep(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	cc := &crashCase{t: t, h: h, typ: "loop.crash", ids: []string{"c1", "c2"}, sb: map[string]string{}, markers: map[string]string{}}
@@ -562,7 +564,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 // every volume's users must be exactly the containers using it, every
 // mount point a mount of the right volume, and nothing may be left.
 func TestConcurrentContainers(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	const typ = "loop.concurrent"
@@ -740,7 +742,7 @@ func globOne(t *testing.T, pattern string) string {
 // far as the plugin allows, while the container's bind mount, which no
 // record names any more, stays until someone unmounts it.
 func TestCorruptCheckpoint(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	const typ = "loop.corrupt"
@@ -887,7 +889,7 @@ func writeAtomic(t *testing.T, path, content string) {
 // (InvalidArgument) fails Prepare at once with that code, and the prepare
 // is rolled back completely.
 func TestRetryPolicy(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	const typ = "retry.test"

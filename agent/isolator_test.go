@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -23,7 +24,7 @@ import (
 // container writes a file and exits; the volume is unpublished; a second
 // container, at another path, reads the file back.
 func TestVolumeAcrossContainers(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "vol1")
@@ -63,7 +64,7 @@ func TestVolumeAcrossContainers(t *testing.T) {
 // TestSharedVolume: two containers share a volume; it is unpublished only
 // after both are cleaned up.
 func TestSharedVolume(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "shared")
@@ -97,7 +98,7 @@ func TestSharedVolume(t *testing.T) {
 // TestPluginAddedLive: a plugin config written while the agent runs is
 // usable without a restart; an unmanaged plugin serves volumes too.
 func TestPluginAddedLive(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	h.start(fastConfig(h))
 	pool := h.loopPlugin("late")
@@ -125,7 +126,7 @@ func TestPluginAddedLive(t *testing.T) {
 // container that ended while the agent was down is cleaned up by
 // Reconcile.
 func TestAgentRestartWhileContainersRun(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "a")
@@ -161,7 +162,7 @@ func TestAgentRestartWhileContainersRun(t *testing.T) {
 // exist with a rootfs and must exist without; relative paths are made in
 // the sandbox.
 func TestContainerPaths(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "v")
@@ -206,7 +207,7 @@ func TestContainerPaths(t *testing.T) {
 // TestReadOnlyAndBlock: an RO volume refuses writes; a block volume gives
 // the container a usable device node.
 func TestReadOnlyAndBlock(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "ro")
@@ -244,7 +245,7 @@ func TestReadOnlyAndBlock(t *testing.T) {
 // TestPrepareValidation checks each refusal's code and Mesos message, and
 // that a refused request disturbs no published volume.
 func TestPrepareValidation(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "v")
@@ -308,7 +309,7 @@ func TestPrepareValidation(t *testing.T) {
 // TestSymlinkEscape: a rootfs whose paths lead outside through symlinks
 // gets its mounts inside the rootfs, never on the host.
 func TestSymlinkEscape(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "v")
@@ -349,7 +350,7 @@ func TestSymlinkEscape(t *testing.T) {
 // TestSecrets: VALUE and REFERENCE secrets reach the plugin (which refuses
 // to stage without them) and appear in no log.
 func TestSecrets(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	data := h.dir("plugin-data")
 	h.writeConfig("s.json", testPluginConfig("secretive", "--data-dir="+data,

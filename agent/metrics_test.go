@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -328,7 +329,7 @@ func TestMetricsAddress(t *testing.T) {
 // TestMetricsVolumes: volume, container, RPC, API and reclaim metrics
 // follow a real Prepare, reclaim and Cleanup with csi-loop-plugin.
 func TestMetricsVolumes(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "vol1")

@@ -11,13 +11,15 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // needRunc finds the real runc and busybox-static the OCI tests run
 // containers with (make deps installs both).
 func needRunc(t *testing.T) (runc, busybox string) {
 	t.Helper()
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	var err error
 	if runc, err = exec.LookPath("runc"); err != nil {
 		t.Fatalf("runc is not installed (make deps installs Debian's runc): %v", err)
@@ -61,8 +63,9 @@ func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) strin
 		list = append(list, b)
 	}
 	annotation, _ := json.Marshal(list)
+	// As the README writes it: the stage, then the flags.
 	hook := func(stage string) map[string]any {
-		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", "--api-socket", h.a.cfg.APISocket, stage}, "timeout": 60}
+		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.a.cfg.APISocket}, "timeout": 60}
 	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",

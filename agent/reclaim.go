@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -81,10 +79,7 @@ func (t reclaimTarget) Volumes() []reclaim.Volume {
 
 func (t reclaimTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
 	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{a: t.a, typ: plugin}, plugin, id)
-	if errors.Is(err, isolator.ErrNotPublished) {
-		return reclaim.Result{}, fmt.Errorf("%w: %w", reclaim.ErrNotPublished, err)
-	}
-	if res == nil {
+	if res == nil { // err wraps reclaim.ErrNotPublished if the volume is gone
 		return reclaim.Result{}, err
 	}
 	return reclaim.Result{
@@ -102,15 +97,7 @@ func (a *Agent) pluginOffers(typ, service string) bool {
 	a.mu.Lock()
 	r := a.plugins[typ]
 	a.mu.Unlock()
-	if r == nil {
-		return false
-	}
-	for _, in := range r.instances {
-		if slices.Contains(in.snapshot().AddonsServices, service) {
-			return true
-		}
-	}
-	return false
+	return r != nil && r.sup.Offers(service)
 }
 
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.
@@ -131,11 +118,27 @@ func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.Node
 // and returns the connection that serves service there; errors are status
 // errors.
 func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
-	in, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
+	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return in.connFor(service, conn), nil
+	return a.connFor(typ, pluginconfig.ControllerService, service, conn), nil
+}
+
+// connFor is the connection that serves service (a discovery name) on the
+// plugin's instance serving svc: its csi-addons endpoint's when it has one
+// and service is csi-addons', else csiConn.
+func (a *Agent) connFor(typ string, svc pluginconfig.Service, service string, csiConn *grpc.ClientConn) *grpc.ClientConn {
+	a.mu.Lock()
+	r := a.plugins[typ]
+	a.mu.Unlock()
+	if r == nil {
+		return csiConn
+	}
+	if c := r.sup.ConnFor(svc, service); c != nil {
+		return c
+	}
+	return csiConn
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.

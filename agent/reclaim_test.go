@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -97,7 +98,7 @@ func (h *harness) waitVolume(id, what string, cond func(v *agentv1.VolumeStatus)
 // on-demand reclaim gives the blocks back (the sparse image shrinks) and
 // reports exactly what was freed; then the schedule does the same.
 func TestReclaimSpace(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	pool := mkPool(t, filepath.Join(h.extra, "pool"))
 	config := func(interval string) string {
@@ -159,7 +160,7 @@ func TestReclaimSpace(t *testing.T) {
 // last container is cleaned up; the cleanup cancels it, and no reclaim is
 // sent once the volume is unpublished.
 func TestReclaimCancelledByCleanup(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	data := h.dir("plugin-data")
 	h.writeConfig("t.json", testPluginConfig("slow", "--data-dir="+data, "--reclaim", "--reclaim-hang"))
@@ -208,7 +209,7 @@ func TestReclaimNotOffered(t *testing.T) {
 // run at its slot after it was published; the API shows it, and nothing
 // is written for it (the checkpoint gets next_reclaim from the first run).
 func TestFirstReclaimShownNotWritten(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	h.writeConfig("t.json", testPluginConfig("thin", "--data-dir="+h.dir("plugin-data"), "--reclaim"))
 	cfg := fastConfig(h)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -44,7 +45,7 @@ func (h *harness) dataPlugin(typ string, flags ...string) {
 // container_id; volume ids are percent-encoded into one path component
 // (and refused when too long); bad plugin types are config errors.
 func TestHostileIDs(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	const typ = "hostile.test"
 	h.dataPlugin(typ)
@@ -185,7 +186,7 @@ func dirNames(t *testing.T, dir string) []string {
 // client that is neither root nor in the API group (nobody) is refused
 // even a call that would change nothing it may see.
 func TestAPIHostileMessages(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	const typ = "msg.test"
 	h.dataPlugin(typ)
@@ -305,7 +306,7 @@ func startUnmanagedTestPlugin(t *testing.T, socket string, flags ...string) {
 // the agent keeps serving; a cleanup, which needs no new space, works;
 // once there is space, everything works again.
 func TestWorkDirFull(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	if err := os.MkdirAll(h.work, 0o755); err != nil {
 		t.Fatal(err)
@@ -413,7 +414,7 @@ func TestWorkDirFull(t *testing.T) {
 // the death, is retried against the restarted plugin until it succeeds)
 // and leaves nothing mounted, staged or tracked.
 func TestMisbehavingPlugins(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	const typ = "bad.test"
@@ -479,7 +480,7 @@ func TestMisbehavingPlugins(t *testing.T) {
 // is gone is cleaned up without a single RPC for mounts that no longer
 // exist; Reconcile then cleans up the containers that did not come back.
 func TestRebootSimulation(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	sweepOnExit(t, h)
 	const typ = "reboot.test"

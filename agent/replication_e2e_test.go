@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -22,7 +23,7 @@ import (
 // replica: enable, write through a container, demote, promote on the
 // replica side; the images are identical and the replica serves the data.
 func TestReplicationLoopPluginE2E(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	poolA, poolB := mkPool(t, filepath.Join(h.extra, "a")), mkPool(t, filepath.Join(h.extra, "b"))
 	createVolume(t, poolA, "v")
@@ -110,7 +111,7 @@ func TestReplicationLoopPluginE2E(t *testing.T) {
 // snapshots, restored with the plugin's CreateVolume, are clean ext4
 // filesystems (e2fsck -fn) that mount.
 func TestGroupSnapshotWhileWritingE2E(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e2fsck, err := exec.LookPath("e2fsck")
 	if err != nil {
 		t.Fatalf("e2fsck is not installed: make deps installs e2fsprogs: %v", err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -17,7 +18,7 @@ import (
 // and its plugin wrote: the values (plain or base64) may appear only in
 // the 0600 checkpoints.
 func TestSecretsStayInCheckpoints(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	data := h.dir("plugin-data")
 	const stage, publish = "s3cr3t-stage-value", "s3cr3t-publish-value"

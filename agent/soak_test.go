@@ -19,7 +19,9 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // soakSmoke is how long TestSoak runs in `make test`; `make soak
@@ -61,7 +63,7 @@ type soak struct {
 // It runs for CSIAGENT_SOAK_DURATION (default 15s, the smoke run of `make
 // test`), then cleans up and prints its figures.
 func TestSoak(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	duration := soakSmoke
 	if d := os.Getenv("CSIAGENT_SOAK_DURATION"); d != "" {
 		var err error
@@ -419,7 +421,7 @@ func (s *soak) killPlugin() {
 func (h *harness) a0socket() string { return filepath.Join(h.run, "agent.sock") }
 
 // agentBackoffMax is the agent's longest restart delay for a plugin.
-const agentBackoffMax = DefaultBackoffMax
+const agentBackoffMax = supervisor.DefaultBackoffMax
 
 func (s *soak) plugin() *agentv1.Plugin {
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)

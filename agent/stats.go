@@ -27,8 +27,8 @@ func (a *Agent) nodeCaps(typ string) []string {
 		return nil
 	}
 	var caps []string
-	for _, in := range r.instances {
-		caps = append(caps, in.snapshot().GetNodeCapabilities()...)
+	for _, in := range r.sup.Status().GetInstances() {
+		caps = append(caps, in.GetNodeCapabilities()...)
 	}
 	return caps
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -18,7 +19,7 @@ import (
 // backing image shows as abnormal within one poll interval; once the
 // volume is cleaned up its series are gone.
 func TestVolumeStatsE2E(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	const interval = 300 * time.Millisecond
 	h := newHarness(t)
 	pool := h.loopPlugin("loop")

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -66,7 +67,10 @@ func TestSdNotify(t *testing.T) {
 			_ = cmd.Wait()
 		}
 		// The agent leaves its plugin running for a successor.
-		if rec, err := readRecord(filepath.Join(h.work, "csi", "notified", "default", "containers", "0", "process.json")); err == nil {
+		var rec struct {
+			PID int `json:"pid"`
+		}
+		if b, err := os.ReadFile(filepath.Join(h.work, "csi", "notified", "default", "containers", "0", "process.json")); err == nil && json.Unmarshal(b, &rec) == nil {
 			killAndWait(t, rec.PID)
 		}
 	})

@@ -36,19 +36,19 @@ func (p plugins) Lookup(typ string) (isolator.Plugin, error) {
 }
 
 func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
-	in, _, err := p.a.readyInstance(ctx, typ, pluginconfig.NodeService)
+	st, _, err := p.a.readyInstance(ctx, typ, pluginconfig.NodeService)
 	if err != nil {
 		return isolator.Node{}, err
 	}
-	stage := slices.Contains(in.snapshot().NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
+	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
 	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
 }
 
 // readyInstance waits, woken by status changes, until the plugin's
-// instance serving svc is ready, and returns it with its connection.
+// instance serving svc is ready, and returns its status and connection.
 // Errors wrap isolator.ErrUnknownPlugin, ErrPrecondition (no instance
 // serves svc) or ErrUnavailable (not ready when ctx ended).
-func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.Service) (*instance, *grpc.ClientConn, error) {
+func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
 	for {
 		changed := a.changed.wait()
 		a.mu.Lock()
@@ -57,21 +57,12 @@ func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.
 		if r == nil {
 			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
 		}
-		var in *instance
-		for _, cand := range r.instances {
-			if slices.Contains(cand.services, svc) {
-				in = cand
-			}
-		}
-		if in == nil {
+		s, conn, ok := r.sup.Instance(svc)
+		if !ok {
 			return nil, nil, fmt.Errorf("%w: plugin %s has no %s", isolator.ErrPrecondition, typ, svc)
 		}
-		s := in.snapshot()
-		in.mu.Lock()
-		conn := in.conn
-		in.mu.Unlock()
-		if s.State == agentv1.PluginState_PLUGIN_STATE_READY && conn != nil {
-			return in, conn, nil
+		if conn != nil {
+			return s, conn, nil
 		}
 		select {
 		case <-changed:
@@ -95,12 +86,12 @@ type liveNode struct {
 // conn is the plugin's connection that serves service on its node
 // instance, once it is ready.
 func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
-	in, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
+	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
 	if err != nil {
 		// A status error: the isolator's retry policy reads its code.
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return in.connFor(service, conn), nil
+	return n.a.connFor(n.typ, pluginconfig.NodeService, service, conn), nil
 }
 
 func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {

@@ -16,14 +16,6 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// needRoot skips tests that mount, as only root can.
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: stages, publishes and bind-mounts real volumes")
-	}
-}
-
 // loopPlugin writes the config of a managed csi-loop-plugin of type typ
 // and returns its pool directory.
 func (h *harness) loopPlugin(typ string) string {

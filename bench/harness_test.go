@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -71,27 +72,15 @@ func TestMain(m *testing.M) {
 		fmt.Println("bench: not root; every benchmark needs root (mounts, loop devices): skipping")
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "csiagent-bench-bins-")
+	paths, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-agent",
+		"github.com/csiagent/csiagent/cmd/csi-loop-plugin", "github.com/csiagent/csiagent/internal/testplugin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	build := func(pkg, name string) string {
-		out := filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkg, err)
-			os.RemoveAll(dir)
-			os.Exit(1)
-		}
-		return out
-	}
-	bins.agent = build("github.com/csiagent/csiagent/cmd/csi-agent", "csi-agent")
-	bins.loop = build("github.com/csiagent/csiagent/cmd/csi-loop-plugin", "csi-loop-plugin")
-	bins.test = build("github.com/csiagent/csiagent/internal/testplugin", "testplugin")
+	bins.agent, bins.loop, bins.test = paths[0], paths[1], paths[2]
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	printTable()
 	os.Exit(code)
 }

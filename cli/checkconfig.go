@@ -3,11 +3,12 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/pluginconfig"
 )
@@ -33,25 +34,23 @@ type checkFileErr struct {
 	Error string `json:"error"`
 }
 
-func runCheckConfig(_ context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+// checkConfigCmd is csi-agent check-config DIR.
+func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 	output := outputFlag(fs)
-	if code, done := e.parseFlags(fs, args, "DIR"); done {
-		return code
+	return func(_ context.Context, name string, args []string) int {
+		if err := checkOutput(*output); err != nil {
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+			return ExitUsage
+		}
+		return e.checkConfig(name, args[0], *output)
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(e.stderr, "csi-agent check-config: expected one argument, the plugin config directory")
-		fs.Usage()
-		return ExitUsage
-	}
-	if err := checkOutput(*output); err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent check-config:", err)
-		return ExitUsage
-	}
-	dir := fs.Arg(0)
+}
+
+// checkConfig validates the plugin config directory dir.
+func (e *env) checkConfig(name, dir, output string) int {
 	set, err := pluginconfig.Load(dir)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "csi-agent check-config: %v\n", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitProblem
 	}
 	report := checkReport{Dir: dir, Plugins: []checkPlugin{}, Errors: []checkFileErr{}}
@@ -64,12 +63,12 @@ func runCheckConfig(_ context.Context, e *env, args []string) int {
 	for _, fe := range set.Errors {
 		report.Errors = append(report.Errors, checkFileErr{File: fe.File, Error: fe.Err.Error()})
 	}
-	if *output == "json" {
+	if output == "json" {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		enc.SetEscapeHTML(false)
 		if err := enc.Encode(report); err != nil {
-			fmt.Fprintln(e.stderr, "csi-agent check-config:", err)
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 			return ExitProblem
 		}
 	} else {

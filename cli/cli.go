@@ -3,11 +3,13 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"sort"
+	"os"
 	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/internal/version"
 )
@@ -19,92 +21,152 @@ const (
 	ExitUsage   = 2
 )
 
-// command is one subcommand.
-type command struct {
-	summary string
-	run     func(ctx context.Context, e *env, args []string) int
-}
-
-// env is what a command writes to.
+// env is what a command reads from and writes to.
 type env struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 }
 
-func commands() map[string]command {
-	return map[string]command{
-		"check-config":   {"validate a plugin config directory and list its plugins", runCheckConfig},
-		"plugins":        {"list the agent's plugins, or show one", runPlugins},
-		"prepare":        {"give a container its CSI volumes", runPrepare},
-		"cleanup":        {"take a container's CSI volumes away", runCleanup},
-		"volumes":        {"list the volumes the agent tracks", runVolumes},
-		"containers":     {"list the containers that have volumes", runContainers},
-		"reconcile":      {"clean up every container not in --live", runReconcile},
-		"reclaim":        {"reclaim free space of volumes now (csi-addons ReclaimSpace)", runReclaim},
-		"group":          {"csi-addons volume groups: create, modify, delete, get, list", runGroup},
-		"replication":    {"csi-addons replication: enable, disable, promote, demote, resync, info", runReplication},
-		"group-snapshot": {"CSI group snapshots: create, get, delete", runGroupSnapshot},
-		"fence":          {"csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", runFence},
-		"unfence":        {"csi-addons network fencing: give fenced networks their access back", runUnfence},
-		"keyrotate":      {"csi-addons encryption key rotation of a volume published here", runKeyRotate},
-		"expand":         {"grow a published volume on the node (NodeExpandVolume) after the backend grew it", runExpand},
-		"oci-hook":       {"OCI runtime hook: create-runtime prepares, poststop cleans up", runOCIHook},
-		"serve":          {"run the agent daemon", runServe},
-		"version":        {"print the version", runVersion},
+// exitCode ends a command that has already said what went wrong.
+type exitCode int
+
+func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
+
+// runFunc is a command's body, after its flags are parsed: name is its
+// path (e.g. "csi-agent group create") for messages, args its positional
+// arguments. It prints its own errors and returns the exit code.
+type runFunc func(ctx context.Context, name string, args []string) int
+
+// command makes a command: setup declares its flags and returns its body.
+func command(use, short string, args cobra.PositionalArgs, setup func(fs *pflag.FlagSet) runFunc) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: args}
+	run := setup(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if code := run(cmd.Context(), cmd.CommandPath(), args); code != ExitOK {
+			return exitCode(code)
+		}
+		return nil
 	}
+	return cmd
 }
 
-// Main runs the command named by args[0] with the rest of args.
+// group makes a command whose only job is to hold subcommands: run
+// without one, it prints its help on stderr and exits 2; "help" prints it
+// on stdout.
+func (e *env) group(use, short, long string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Long: long, RunE: func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 1 && args[0] == "help":
+			return cmd.Help()
+		case len(args) > 0:
+			return fmt.Errorf("unknown subcommand %q", args[0])
+		}
+		cmd.SetOut(e.stderr)
+		if err := cmd.Help(); err != nil {
+			return err
+		}
+		return exitCode(ExitUsage)
+	}}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
+// noArgs refuses positional arguments: every value is given by a flag.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected arguments %q: every value is given by a flag (see -h)", args)
+	}
+	return nil
+}
+
+// newRoot is the whole command tree.
+func (e *env) newRoot() *cobra.Command {
+	root := e.group("csi-agent", "csi-agent: per-host CSI volume agent",
+		"csi-agent runs CSI plugins on a host and gives containers their volumes.\nRun 'csi-agent COMMAND --help' for a command's flags.")
+	root.AddCommand(
+		command("check-config [flags] DIR", "validate a plugin config directory and list its plugins", cobra.ExactArgs(1), e.checkConfigCmd),
+		command("plugins [flags] [TYPE]", "list the agent's plugins, or show one", cobra.MaximumNArgs(1), e.pluginsCmd),
+		command("prepare [flags]", "give a container its CSI volumes", noArgs, e.prepareCmd),
+		command("cleanup [flags]", "take a container's CSI volumes away", noArgs, e.cleanupCmd),
+		command("volumes [flags]", "list the volumes the agent tracks", noArgs, e.volumesCmd),
+		command("containers [flags]", "list the containers that have volumes", noArgs, e.containersCmd),
+		command("reconcile [flags]", "clean up every container not in --live", noArgs, e.reconcileCmd),
+		command("reclaim [flags]", "reclaim free space of volumes now (csi-addons ReclaimSpace)", noArgs, e.reclaimCmd),
+		e.groupCmd(),
+		e.replicationCmd(),
+		e.groupSnapshotCmd(),
+		command("fence [flags]", "csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", noArgs, e.fenceCmd),
+		command("unfence [flags]", "csi-addons network fencing: give fenced networks their access back", noArgs, e.unfenceCmd),
+		command("keyrotate [flags]", "csi-addons encryption key rotation of a volume published here", noArgs, e.keyRotateCmd),
+		command("expand [flags]", "grow a published volume on the node (NodeExpandVolume) after the backend grew it", noArgs, e.expandCmd),
+		e.ociHookCmd(),
+		command("serve [flags]", "run the agent daemon", noArgs, e.serveCmd),
+		command("version", "print the version", noArgs, func(*pflag.FlagSet) runFunc {
+			return func(context.Context, string, []string) int {
+				fmt.Fprintln(e.stdout, "csi-agent", version.Version)
+				return ExitOK
+			}
+		}),
+	)
+	root.SilenceErrors, root.SilenceUsage = true, true
+	root.SetOut(e.stdout)
+	root.SetErr(e.stderr)
+	// Made now, not at Execute, so that the tree is whole for tests; after
+	// SetOut, which the completion command captures.
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	return root
+}
+
+// Main runs the command line args (without the program name).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr}
-	cmds := commands()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		usage(stdout, cmds)
-		if len(args) == 0 {
-			return ExitUsage
-		}
+	return (&env{stdin: os.Stdin, stdout: stdout, stderr: stderr}).run(ctx, args)
+}
+
+func (e *env) run(ctx context.Context, args []string) int {
+	root := e.newRoot()
+	if cmd, _, err := root.Find(args); err == nil {
+		args = doubleDashLongFlags(cmd, args)
+	}
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	var code exitCode
+	switch {
+	case err == nil:
 		return ExitOK
+	case errors.As(err, &code):
+		return int(code)
 	}
-	c, ok := cmds[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "csi-agent: unknown command %q\n", args[0])
-		usage(stderr, cmds)
-		return ExitUsage
-	}
-	return c.run(ctx, e, args[1:])
+	// cobra's own: an unknown command or flag, a bad flag value, wrong
+	// positional arguments.
+	fmt.Fprintf(e.stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), err, cmd.CommandPath())
+	return ExitUsage
 }
 
-func usage(w io.Writer, cmds map[string]command) {
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	fmt.Fprintln(w, "usage: csi-agent COMMAND [flags]\n\ncommands:")
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-14s %s\n", n, cmds[n].summary)
-	}
-	fmt.Fprintln(w, "\nRun 'csi-agent COMMAND -h' for a command's flags.")
-}
-
-// parseFlags parses a command's flags, printing usage on error. It returns
-// the exit code to use when the command must stop (done is true).
-func (e *env) parseFlags(fs *flag.FlagSet, args []string, argsUsage string) (code int, done bool) {
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: csi-agent %s [flags] %s\n", fs.Name(), argsUsage)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return ExitOK, true
+// doubleDashLongFlags rewrites -name to --name for each long flag of cmd
+// (up to "--"): the command line was parsed by Go's flag package before,
+// which took both, and scripts may still use one dash.
+func doubleDashLongFlags(cmd *cobra.Command, args []string) []string {
+	cmd.InitDefaultHelpFlag()
+	out := make([]string, len(args))
+	copy(out, args)
+	for i, a := range out {
+		if a == "--" {
+			break
 		}
-		return ExitUsage, true
+		if len(a) < 3 || a[0] != '-' || a[1] == '-' {
+			continue
+		}
+		name, _, _ := strings.Cut(a[1:], "=")
+		if cmd.Flags().Lookup(name) != nil || cmd.InheritedFlags().Lookup(name) != nil {
+			out[i] = "-" + a
+		}
 	}
-	return ExitOK, false
+	return out
 }
 
 // outputFlag registers the --output flag shared by listing commands.
-func outputFlag(fs *flag.FlagSet) *string {
+func outputFlag(fs *pflag.FlagSet) *string {
 	return fs.String("output", "table", "output format: table or json")
 }
 
@@ -114,15 +176,6 @@ func checkOutput(format string) error {
 		return nil
 	}
 	return fmt.Errorf("--output %q: expected table or json", format)
-}
-
-func runVersion(_ context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	if code, done := e.parseFlags(fs, args, ""); done {
-		return code
-	}
-	fmt.Fprintln(e.stdout, "csi-agent", version.Version)
-	return ExitOK
 }
 
 // orDash prints "-" for an empty cell.

@@ -7,11 +7,16 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -94,6 +99,57 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 }
 
+// TestHelpEveryCommand: -h and --help work on every command, print its
+// usage on stdout and exit 0.
+func TestHelpEveryCommand(t *testing.T) {
+	var paths [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		paths = append(paths, path)
+		for _, sub := range c.Commands() {
+			walk(sub, append(slices.Clone(path), sub.Name()))
+		}
+	}
+	walk((&env{}).newRoot(), nil)
+	if len(paths) < 25 {
+		t.Fatalf("only %d commands in the tree", len(paths))
+	}
+	for _, p := range paths {
+		for _, h := range []string{"-h", "--help"} {
+			code, out, errOut := run(t, append(slices.Clone(p), h)...)
+			if code != ExitOK || !strings.Contains(out, "Usage:\n  csi-agent") {
+				t.Errorf("%q: exit %d, stdout %q, stderr %q", append(p, h), code, out, errOut)
+			}
+		}
+	}
+}
+
+// TestCompletion: csi-agent completion SHELL prints a completion script.
+func TestCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		code, out, errOut := run(t, "completion", shell)
+		if code != ExitOK || !strings.Contains(out, "csi-agent") || len(out) < 1000 {
+			t.Errorf("completion %s: exit %d, %d bytes, stderr %q", shell, code, len(out), errOut)
+		}
+	}
+}
+
+// TestSingleDashLongFlags: -name works as --name, as it did with Go's
+// flag package, so scripts written for it keep working; "--" ends flags.
+func TestSingleDashLongFlags(t *testing.T) {
+	code, out, errOut := run(t, "check-config", "-output", "json", "../testdata/plugins")
+	if code != ExitOK || !json.Valid([]byte(out)) {
+		t.Errorf("check-config -output json: exit %d, stderr %q\n%s", code, errOut, out)
+	}
+	code, out, _ = run(t, "check-config", "-output=json", "../testdata/plugins")
+	if code != ExitOK || !json.Valid([]byte(out)) {
+		t.Errorf("check-config -output=json: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := run(t, "check-config", "--", "-output"); code != ExitProblem || !strings.Contains(errOut, "-output") {
+		t.Errorf("check-config -- -output: exit %d, stderr %q; want the directory -output not found", code, errOut)
+	}
+}
+
 func TestPluginsAgainstRunningAgent(t *testing.T) {
 	conf := t.TempDir()
 	runDir, err := os.MkdirTemp("", "csc")
@@ -124,6 +180,9 @@ func TestPluginsAgainstRunningAgent(t *testing.T) {
 	// The agent may not be listening yet; the CLI fails fast, so watch
 	// for its socket first.
 	waitForFile(t, socket)
+	// The API serves before the first config scan is applied: wait until
+	// the plugin is listed.
+	waitForPlugin(t, socket, "u.example")
 	code, out, errOut := run(t, "plugins", "--api-socket", socket)
 	if code != ExitOK {
 		t.Fatalf("plugins: exit %d: %s", code, errOut)
@@ -136,6 +195,11 @@ func TestPluginsAgainstRunningAgent(t *testing.T) {
 	code, out, _ = run(t, "plugins", "--api-socket", socket, "--output", "json", "u.example")
 	if code != ExitOK || !strings.Contains(out, `"type": "u.example"`) || !strings.Contains(out, `"PLUGIN_STATE_STARTING"`) {
 		t.Errorf("plugins NAME --output json: exit %d\n%s", code, out)
+	}
+	// As the README writes it: the type first, the flags after.
+	code, out, errOut = run(t, "plugins", "u.example", "--api-socket", socket)
+	if code != ExitOK || !strings.Contains(out, "Type:") || !strings.Contains(out, "u.example") {
+		t.Errorf("plugins TYPE --api-socket: exit %d, stderr %q\n%s", code, errOut, out)
 	}
 	code, _, errOut = run(t, "plugins", "--api-socket", socket, "nope")
 	if code != ExitProblem || !strings.Contains(errOut, `NotFound: no plugin of type "nope"`) {
@@ -160,6 +224,33 @@ func TestServeFlagErrors(t *testing.T) {
 	} {
 		if code, _, errOut := run(t, args...); code != ExitUsage {
 			t.Errorf("%q: exit %d (%s), want %d", args, code, errOut, ExitUsage)
+		}
+	}
+}
+
+// waitForPlugin follows WatchPlugins until a plugin of type typ is listed.
+func waitForPlugin(t *testing.T, socket, typ string) {
+	t.Helper()
+	client, closeConn, err := dialAgent(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConn()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := client.WatchPlugins(ctx, &agentv1.ListPluginsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("waiting for plugin %s to be listed: %v", typ, err)
+		}
+		for _, p := range resp.GetPlugins() {
+			if p.GetType() == typ {
+				return
+			}
 		}
 	}
 }

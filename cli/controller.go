@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -16,11 +15,14 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/volumegroup"
 )
@@ -34,38 +36,6 @@ import (
 // first.
 const ctrlGrace = 30 * time.Second
 
-// subcommand is one verb of a command group.
-type subcommand struct {
-	summary string
-	run     func(ctx context.Context, e *env, name string, args []string) int
-}
-
-// dispatch runs the subcommand args[0] of the command group parent.
-func dispatch(ctx context.Context, e *env, parent, summary string, subs map[string]subcommand, args []string) int {
-	usage := func(w io.Writer) {
-		fmt.Fprintf(w, "usage: csi-agent %s SUBCOMMAND [flags]\n\n%s\n\nsubcommands:\n", parent, summary)
-		for _, n := range slices.Sorted(maps.Keys(subs)) {
-			fmt.Fprintf(w, "  %-9s %s\n", n, subs[n].summary)
-		}
-		fmt.Fprintf(w, "\nRun 'csi-agent %s SUBCOMMAND -h' for its flags.\n", parent)
-	}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		if len(args) == 0 {
-			usage(e.stderr)
-			return ExitUsage
-		}
-		usage(e.stdout)
-		return ExitOK
-	}
-	sub, ok := subs[args[0]]
-	if !ok {
-		fmt.Fprintf(e.stderr, "csi-agent %s: unknown subcommand %q\n", parent, args[0])
-		usage(e.stderr)
-		return ExitUsage
-	}
-	return sub.run(ctx, e, parent+" "+args[0], args[1:])
-}
-
 // ctrlFlags are the flags every controller command has.
 type ctrlFlags struct {
 	socket, output, plugin, secretsFile *string
@@ -73,16 +43,16 @@ type ctrlFlags struct {
 	backoff, maxBackoff, timeout        *time.Duration
 }
 
-func addCtrlFlags(fs *flag.FlagSet) *ctrlFlags {
+func addCtrlFlags(fs *pflag.FlagSet) *ctrlFlags {
 	return &ctrlFlags{
 		socket:      apiSocketFlag(fs),
 		output:      outputFlag(fs),
 		plugin:      fs.String("plugin", "", "the plugin's type, as 'csi-agent plugins' lists it (required)"),
 		secretsFile: fs.String("secrets-file", "", "JSON file with an object of strings passed to the plugin as the request's secrets (never logged)"),
-		maxAttempts: fs.Uint("max-attempts", 5, "calls of an RPC in all for errors the spec says to retry (1: no retries; at most 100)"),
-		backoff:     fs.Duration("backoff", 500*time.Millisecond, "wait after the first failed call; doubles after each"),
-		maxBackoff:  fs.Duration("max-backoff", 30*time.Second, "longest wait between calls"),
-		timeout:     fs.Duration("timeout", 10*time.Minute, "bounds the whole operation, retries and waits for readiness included"),
+		maxAttempts: fs.Uint("max-attempts", retrypolicy.DefaultAttempts, fmt.Sprintf("calls of an RPC in all for errors the spec says to retry (1: no retries; at most %d)", retrypolicy.MaxAttempts)),
+		backoff:     fs.Duration("backoff", retrypolicy.DefaultBackoff, "wait after the first failed call; doubles after each"),
+		maxBackoff:  fs.Duration("max-backoff", retrypolicy.DefaultMaxBackoff, "longest wait between calls"),
+		timeout:     fs.Duration("timeout", retrypolicy.DefaultTimeout, "bounds the whole operation, retries and waits for readiness included"),
 	}
 }
 
@@ -96,20 +66,21 @@ type ctrlCall struct {
 	retry   *agentv1.RetryPolicy
 }
 
-// withController parses a controller command's flags, checks the common
-// ones, reads the secrets, connects to the agent and runs call.
-func withController(ctx context.Context, e *env, fs *flag.FlagSet, args []string,
-	call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) int {
+// withController declares the flags every controller command has and
+// returns its body: it checks them, reads the secrets, connects to the
+// agent and runs call.
+func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) runFunc {
 	f := addCtrlFlags(fs)
-	if code, done := e.parseFlags(fs, args, ""); done {
-		return code
+	return func(ctx context.Context, name string, _ []string) int {
+		return e.controller(ctx, name, f, call)
 	}
+}
+
+// controller runs a controller command's call with the flags f.
+func (e *env) controller(ctx context.Context, name string, f *ctrlFlags, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) int {
 	fail := func(code int, err error) int {
-		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return code
-	}
-	if fs.NArg() > 0 {
-		return fail(ExitUsage, fmt.Errorf("unexpected arguments %q: every value is given by a flag (see -h)", fs.Args()))
 	}
 	if err := checkOutput(*f.output); err != nil {
 		return fail(ExitUsage, err)
@@ -118,14 +89,14 @@ func withController(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 		return fail(ExitUsage, errors.New("--plugin is required: the plugin's type, as 'csi-agent plugins' lists it"))
 	}
 	switch {
-	case *f.maxAttempts < 1 || *f.maxAttempts > 100:
-		return fail(ExitUsage, fmt.Errorf("--max-attempts %d: between 1 and 100", *f.maxAttempts))
-	case *f.backoff < 10*time.Millisecond:
-		return fail(ExitUsage, fmt.Errorf("--backoff %v: at least 10ms", *f.backoff))
+	case *f.maxAttempts < 1 || *f.maxAttempts > retrypolicy.MaxAttempts:
+		return fail(ExitUsage, fmt.Errorf("--max-attempts %d: between 1 and %d", *f.maxAttempts, retrypolicy.MaxAttempts))
+	case *f.backoff < retrypolicy.MinBackoff:
+		return fail(ExitUsage, fmt.Errorf("--backoff %v: at least %v", *f.backoff, retrypolicy.MinBackoff))
 	case *f.maxBackoff < *f.backoff:
 		return fail(ExitUsage, fmt.Errorf("--max-backoff %v: less than --backoff %v", *f.maxBackoff, *f.backoff))
-	case *f.timeout <= 0 || *f.timeout > 24*time.Hour:
-		return fail(ExitUsage, fmt.Errorf("--timeout %v: more than 0 and at most 24h", *f.timeout))
+	case *f.timeout <= 0 || *f.timeout > retrypolicy.MaxTimeout:
+		return fail(ExitUsage, fmt.Errorf("--timeout %v: more than 0 and at most %v", *f.timeout, retrypolicy.MaxTimeout))
 	}
 	var secrets map[string]string
 	if *f.secretsFile != "" {
@@ -135,7 +106,7 @@ func withController(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 		}
 		secrets = s
 	}
-	c := &ctrlCall{e: e, name: fs.Name(), output: *f.output, plugin: *f.plugin, secrets: secrets, retry: &agentv1.RetryPolicy{
+	c := &ctrlCall{e: e, name: name, output: *f.output, plugin: *f.plugin, secrets: secrets, retry: &agentv1.RetryPolicy{
 		MaxAttempts: uint32(*f.maxAttempts), InitialBackoff: durationpb.New(*f.backoff),
 		MaxBackoff: durationpb.New(*f.maxBackoff), Timeout: durationpb.New(*f.timeout),
 	}}
@@ -151,7 +122,7 @@ func withController(ctx context.Context, e *env, fs *flag.FlagSet, args []string
 		if errors.As(err, &usage) {
 			return fail(ExitUsage, err)
 		}
-		fmt.Fprintf(e.stderr, "csi-agent %s: %s\n", fs.Name(), apiError(*f.socket, err))
+		fmt.Fprintf(e.stderr, "%s: %s\n", name, apiError(*f.socket, err))
 		return ExitProblem
 	}
 	return ExitOK
@@ -197,7 +168,10 @@ func (p paramsFlag) Set(s string) error {
 	return nil
 }
 
-func paramFlag(fs *flag.FlagSet, what string) paramsFlag {
+// Type is the value's name in -h.
+func (p paramsFlag) Type() string { return "KEY=VALUE" }
+
+func paramFlag(fs *pflag.FlagSet, what string) paramsFlag {
 	p := paramsFlag{}
 	fs.Var(p, "param", what+" (KEY=VALUE, repeatable)")
 	return p
@@ -252,7 +226,7 @@ func follow[R any, P progressed[R]](c *ctrlCall, stream grpc.ServerStreamingClie
 			return nil, err
 		}
 		if p := P(msg).GetProgress(); p != nil {
-			fmt.Fprintf(c.e.stderr, "csi-agent %s: %s\n", c.name, progressLine(p))
+			fmt.Fprintf(c.e.stderr, "%s: %s\n", c.name, progressLine(p))
 			continue
 		}
 		result = msg
@@ -284,22 +258,23 @@ func progressLine(p *agentv1.Progress) string {
 
 // Volume groups.
 
-func runGroup(ctx context.Context, e *env, args []string) int {
-	return dispatch(ctx, e, "group", "Manage csi-addons volume groups on a plugin's controller (volumegroup.Controller).", map[string]subcommand{
-		"create": {"create a volume group (idempotent by --name)", runGroupCreate},
-		"modify": {"set a volume group's members", runGroupModify},
-		"delete": {"delete a volume group and the volumes in it", runGroupDelete},
-		"get":    {"show a volume group", runGroupGet},
-		"list":   {"list volume groups (every page, or one with --page)", runGroupList},
-	}, args)
+func (e *env) groupCmd() *cobra.Command {
+	return e.group("group", "csi-addons volume groups: create, modify, delete, get, list",
+		"Manage csi-addons volume groups on a plugin's controller (volumegroup.Controller).",
+		command("create [flags]", "create a volume group (idempotent by --name)", noArgs, e.groupCreateCmd),
+		command("modify [flags]", "set a volume group's members", noArgs, e.groupModifyCmd),
+		command("delete [flags]", "delete a volume group and the volumes in it", noArgs, e.groupDeleteCmd),
+		command("get [flags]", "show a volume group", noArgs, e.groupGetCmd),
+		command("list [flags]", "list volume groups (every page, or one with --page)", noArgs, e.groupListCmd),
+	)
 }
 
-func runGroupCreate(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupCreateCmd is csi-agent group create.
+func (e *env) groupCreateCmd(fs *pflag.FlagSet) runFunc {
 	groupName := fs.String("name", "", "the group's name; repeating a create with the same name is safe (required)")
 	volumes := fs.String("volumes", "", "comma-separated ids of existing volumes to put in the group")
 	params := paramFlag(fs, "plugin parameter")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *groupName == "" {
 			return usageError("--name is required")
 		}
@@ -318,13 +293,13 @@ func runGroupCreate(ctx context.Context, e *env, name string, args []string) int
 	})
 }
 
-func runGroupModify(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupModifyCmd is csi-agent group modify.
+func (e *env) groupModifyCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("id", "", "the volume group id (required)")
 	volumes := fs.String("volumes", "", "comma-separated ids of every volume the group is to have: others are removed")
 	removeAll := fs.Bool("remove-all", false, "remove every volume from the group (instead of --volumes)")
 	params := paramFlag(fs, "plugin parameter")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		ids, err := splitIDs("volumes", *volumes)
 		switch {
 		case err != nil:
@@ -347,10 +322,10 @@ func runGroupModify(ctx context.Context, e *env, name string, args []string) int
 	})
 }
 
-func runGroupDelete(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupDeleteCmd is csi-agent group delete.
+func (e *env) groupDeleteCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("id", "", "the volume group id (required)")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *id == "" {
 			return usageError("--id is required")
 		}
@@ -367,10 +342,10 @@ func runGroupDelete(ctx context.Context, e *env, name string, args []string) int
 	})
 }
 
-func runGroupGet(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupGetCmd is csi-agent group get.
+func (e *env) groupGetCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("id", "", "the volume group id (required)")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *id == "" {
 			return usageError("--id is required")
 		}
@@ -383,12 +358,12 @@ func runGroupGet(ctx context.Context, e *env, name string, args []string) int {
 	})
 }
 
-func runGroupList(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupListCmd is csi-agent group list.
+func (e *env) groupListCmd(fs *pflag.FlagSet) runFunc {
 	maxEntries := fs.Int("max-entries", 0, "page size asked of the plugin (0: the plugin decides)")
 	token := fs.String("starting-token", "", "start at this page token (from an earlier --page listing)")
 	page := fs.Bool("page", false, "list one page only and print the next page's token")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *maxEntries < 0 || *maxEntries > 1<<31-1 {
 			return usageError(fmt.Sprintf("--max-entries %d: must not be negative", *maxEntries))
 		}
@@ -436,26 +411,24 @@ type replicationVerb struct {
 	done string // past tense for the table output
 }
 
-func runReplication(ctx context.Context, e *env, args []string) int {
-	verb := func(v replicationVerb) func(ctx context.Context, e *env, name string, args []string) int {
-		return func(ctx context.Context, e *env, name string, args []string) int {
-			return runReplicationVerb(ctx, e, name, args, v)
-		}
+func (e *env) replicationCmd() *cobra.Command {
+	verb := func(use, short string, v replicationVerb) *cobra.Command {
+		return command(use+" [flags]", short, noArgs, func(fs *pflag.FlagSet) runFunc { return e.replicationVerbCmd(fs, v) })
 	}
-	return dispatch(ctx, e, "replication", "Run csi-addons replication on a plugin's controller (replication.Controller) for a volume or a volume group.", map[string]subcommand{
-		"enable":  {"enable replication", verb(replicationVerb{params: true, done: "replication enabled", call: agentv1.ControllerClient.EnableReplication})},
-		"disable": {"disable replication", verb(replicationVerb{params: true, done: "replication disabled", call: agentv1.ControllerClient.DisableReplication})},
-		"promote": {"promote to primary", verb(replicationVerb{params: true, force: true, done: "promoted", call: agentv1.ControllerClient.PromoteVolume})},
-		"demote":  {"demote to secondary", verb(replicationVerb{params: true, force: true, done: "demoted", call: agentv1.ControllerClient.DemoteVolume})},
-		"resync":  {"resync, waiting until ready (unless --no-wait)", verb(replicationVerb{params: true, force: true, wait: true, done: "resynced", call: agentv1.ControllerClient.ResyncVolume})},
-		"info":    {"show the health and the last sync: status, time, duration, bytes", verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo})},
-		"destination": {"show the peer's volume (or group and volumes) replicating this one",
-			verb(replicationVerb{call: agentv1.ControllerClient.GetReplicationDestination})},
-	}, args)
+	return e.group("replication", "csi-addons replication: enable, disable, promote, demote, resync, info",
+		"Run csi-addons replication on a plugin's controller (replication.Controller) for a volume or a volume group.",
+		verb("enable", "enable replication", replicationVerb{params: true, done: "replication enabled", call: agentv1.ControllerClient.EnableReplication}),
+		verb("disable", "disable replication", replicationVerb{params: true, done: "replication disabled", call: agentv1.ControllerClient.DisableReplication}),
+		verb("promote", "promote to primary", replicationVerb{params: true, force: true, done: "promoted", call: agentv1.ControllerClient.PromoteVolume}),
+		verb("demote", "demote to secondary", replicationVerb{params: true, force: true, done: "demoted", call: agentv1.ControllerClient.DemoteVolume}),
+		verb("resync", "resync, waiting until ready (unless --no-wait)", replicationVerb{params: true, force: true, wait: true, done: "resynced", call: agentv1.ControllerClient.ResyncVolume}),
+		verb("info", "show the health and the last sync: status, time, duration, bytes", replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo}),
+		verb("destination", "show the peer's volume (or group and volumes) replicating this one", replicationVerb{call: agentv1.ControllerClient.GetReplicationDestination}),
+	)
 }
 
-func runReplicationVerb(ctx context.Context, e *env, name string, args []string, v replicationVerb) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// replicationVerbCmd is csi-agent replication VERB.
+func (e *env) replicationVerbCmd(fs *pflag.FlagSet, v replicationVerb) runFunc {
 	volume := fs.String("volume", "", "the volume id (this or --group is required)")
 	group := fs.String("group", "", "the volume group id (this or --volume is required)")
 	replicationID := fs.String("replication-id", "", "which replication of the volume, for plugins that keep several")
@@ -470,7 +443,7 @@ func runReplicationVerb(ctx context.Context, e *env, name string, args []string,
 	if v.params {
 		params = paramFlag(fs, "plugin parameter")
 	}
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		req := &agentv1.ReplicationRequest{PluginName: c.plugin, ReplicationId: *replicationID, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry}
 		what := ""
 		switch {
@@ -526,7 +499,7 @@ func runReplicationVerb(ctx context.Context, e *env, name string, args []string,
 			}
 			return tw.Flush()
 		case v.wait && !res.GetReady():
-			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with 'csi-agent %s' without --no-wait)\n", what, name)
+			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with '%s' without --no-wait)\n", what, c.name)
 		default:
 			fmt.Fprintf(c.e.stdout, "%s: %s\n", what, v.done)
 		}
@@ -536,21 +509,22 @@ func runReplicationVerb(ctx context.Context, e *env, name string, args []string,
 
 // Group snapshots.
 
-func runGroupSnapshot(ctx context.Context, e *env, args []string) int {
-	return dispatch(ctx, e, "group-snapshot", "Take CSI group snapshots on a plugin's controller (csi.v1.GroupController): crash-consistent snapshots of several volumes at once.", map[string]subcommand{
-		"create": {"snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", runGroupSnapshotCreate},
-		"get":    {"show a group snapshot", runGroupSnapshotGet},
-		"delete": {"delete a group snapshot and its snapshots", runGroupSnapshotDelete},
-	}, args)
+func (e *env) groupSnapshotCmd() *cobra.Command {
+	return e.group("group-snapshot", "CSI group snapshots: create, get, delete",
+		"Take CSI group snapshots on a plugin's controller (csi.v1.GroupController): crash-consistent snapshots of several volumes at once.",
+		command("create [flags]", "snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", noArgs, e.groupSnapshotCreateCmd),
+		command("get [flags]", "show a group snapshot", noArgs, e.groupSnapshotGetCmd),
+		command("delete [flags]", "delete a group snapshot and its snapshots", noArgs, e.groupSnapshotDeleteCmd),
+	)
 }
 
-func runGroupSnapshotCreate(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupSnapshotCreateCmd is csi-agent group-snapshot create.
+func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
 	snapName := fs.String("name", "", "the group snapshot's name; repeating a create with the same name is safe (required)")
 	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (required)")
 	noWait := fs.Bool("no-wait", false, "return once the snapshot is cut, even if not ready to use yet")
 	params := paramFlag(fs, "plugin parameter")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		ids, err := splitIDs("volumes", *volumes)
 		switch {
 		case err != nil:
@@ -570,7 +544,7 @@ func runGroupSnapshotCreate(ctx context.Context, e *env, name string, args []str
 }
 
 // snapshotRefFlags are get's and delete's flags.
-func snapshotRefFlags(fs *flag.FlagSet) (id, snapshotIDs *string) {
+func snapshotRefFlags(fs *pflag.FlagSet) (id, snapshotIDs *string) {
 	return fs.String("id", "", "the group snapshot id (required)"),
 		fs.String("snapshot-ids", "", "comma-separated ids of the group's snapshots, as create printed them (required by CSI)")
 }
@@ -586,10 +560,10 @@ func checkSnapshotRef(id, snapshotIDs string) ([]string, error) {
 	return ids, nil
 }
 
-func runGroupSnapshotGet(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupSnapshotGetCmd is csi-agent group-snapshot get.
+func (e *env) groupSnapshotGetCmd(fs *pflag.FlagSet) runFunc {
 	id, snapshotIDs := snapshotRefFlags(fs)
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		ids, err := checkSnapshotRef(*id, *snapshotIDs)
 		if err != nil {
 			return err
@@ -603,10 +577,10 @@ func runGroupSnapshotGet(ctx context.Context, e *env, name string, args []string
 	})
 }
 
-func runGroupSnapshotDelete(ctx context.Context, e *env, name string, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// groupSnapshotDeleteCmd is csi-agent group-snapshot delete.
+func (e *env) groupSnapshotDeleteCmd(fs *pflag.FlagSet) runFunc {
 	id, snapshotIDs := snapshotRefFlags(fs)
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		ids, err := checkSnapshotRef(*id, *snapshotIDs)
 		if err != nil {
 			return err

@@ -349,7 +349,7 @@ func TestControllerCLIUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"group"}, "usage: csi-agent group SUBCOMMAND"},
+		{[]string{"group"}, "  csi-agent group [command]\n\nAvailable Commands:\n  create"},
 		{[]string{"group", "rename"}, `unknown subcommand "rename"`},
 		{[]string{"group", "create", "--name", "x"}, "--plugin is required"},
 		{[]string{"group", "create", "--plugin", "p"}, "--name is required"},
@@ -364,8 +364,8 @@ func TestControllerCLIUsage(t *testing.T) {
 		{[]string{"group", "modify", "--plugin", "p", "--id", "g", "--volumes", "a", "--remove-all"}, "exclude each other"},
 		{[]string{"replication", "enable", "--plugin", "p"}, "exactly one of --volume and --group"},
 		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--group", "g"}, "exactly one of --volume and --group"},
-		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--force"}, "flag provided but not defined: -force"},
-		{[]string{"replication", "info", "--plugin", "p", "--volume", "v", "--param", "a=b"}, "flag provided but not defined: -param"},
+		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--force"}, "unknown flag: --force"},
+		{[]string{"replication", "info", "--plugin", "p", "--volume", "v", "--param", "a=b"}, "unknown flag: --param"},
 		{[]string{"group-snapshot", "create", "--plugin", "p", "--name", "n"}, "--name and --volumes are required"},
 		{[]string{"group-snapshot", "get", "--plugin", "p", "--id", "g"}, "--id and --snapshot-ids are required"},
 		{[]string{"group-snapshot", "delete", "--plugin", "p", "--snapshot-ids", "a"}, "--id and --snapshot-ids are required"},
@@ -388,7 +388,7 @@ func TestControllerCLIUsage(t *testing.T) {
 		t.Errorf("a usage error reached the agent: %s", method)
 	}
 	for _, args := range [][]string{{"group", "-h"}, {"replication", "--help"}, {"group-snapshot", "help"}, {"group", "list", "-h"}} {
-		if code, out, errOut := run(t, args...); code != ExitOK || !strings.Contains(out+errOut, "usage: csi-agent "+args[0]) {
+		if code, out, errOut := run(t, args...); code != ExitOK || !strings.Contains(out, "Usage:\n  csi-agent "+args[0]) {
 			t.Errorf("%q: exit %d, %q", args, code, out+errOut)
 		}
 	}

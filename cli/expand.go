@@ -2,20 +2,20 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
+
+	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/loopplugin"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// runExpand is 'csi-agent expand': NodeExpandVolume for a volume published
+// expandCmd is csi-agent expand: NodeExpandVolume for a volume published
 // on this host, after it was grown on the backend.
-func runExpand(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("expand", flag.ContinueOnError)
+func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
 	volume := fs.String("volume", "", "the volume id (published on this host)")
 	size := fs.String("size", "", "the size to reach, e.g. 2GiB (default: what the backend holds)")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *volume == "" {
 			return usageError("--volume is required")
 		}

@@ -2,54 +2,39 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"strings"
+
+	"github.com/spf13/pflag"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// cidrsFlag collects repeated --cidr flags (each may hold a comma list).
-type cidrsFlag []string
-
-func (c *cidrsFlag) String() string { return strings.Join(*c, ",") }
-
-func (c *cidrsFlag) Set(v string) error {
-	for _, x := range strings.Split(v, ",") {
-		if x = strings.TrimSpace(x); x != "" {
-			*c = append(*c, x)
-		}
-	}
-	return nil
-}
-
-// runFence is 'csi-agent fence': FenceClusterNetwork, or with --list
+// fenceCmd is csi-agent fence: FenceClusterNetwork, or with --list
 // ListClusterFence.
-func runFence(ctx context.Context, e *env, args []string) int {
-	return runFenceOp(ctx, e, "fence", true, args)
-}
+func (e *env) fenceCmd(fs *pflag.FlagSet) runFunc { return e.fenceOpCmd(fs, true) }
 
-// runUnfence is 'csi-agent unfence': UnfenceClusterNetwork.
-func runUnfence(ctx context.Context, e *env, args []string) int {
-	return runFenceOp(ctx, e, "unfence", false, args)
-}
+// unfenceCmd is csi-agent unfence: UnfenceClusterNetwork.
+func (e *env) unfenceCmd(fs *pflag.FlagSet) runFunc { return e.fenceOpCmd(fs, false) }
 
-func runFenceOp(ctx context.Context, e *env, name string, fenceCmd bool, args []string) int {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	var cidrs cidrsFlag
-	fs.Var(&cidrs, "cidr", "a network to "+name+", e.g. 10.90.1.0/24 (repeat, or a comma list)")
+func (e *env) fenceOpCmd(fs *pflag.FlagSet, fence bool) runFunc {
+	verb := "unfence"
+	if fence {
+		verb = "fence"
+	}
+	cidrs := fs.StringSlice("cidr", nil, "a network to "+verb+", e.g. 10.90.1.0/24 (repeatable, or a comma list)")
 	var list *bool
-	if fenceCmd {
+	if fence {
 		list = fs.Bool("list", false, "list the fenced networks instead (no --cidr)")
 	}
 	params := paramFlag(fs, "plugin parameter (e.g. clusterID=...)")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
-		req := &agentv1.FenceRequest{PluginName: c.plugin, Cidrs: cidrs, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry}
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		req := &agentv1.FenceRequest{PluginName: c.plugin, Cidrs: *cidrs, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry}
 		call, done := client.UnfenceNetwork, "unfenced"
 		switch {
 		case list != nil && *list:
 			call, done = client.ListFences, ""
-		case fenceCmd:
+		case fence:
 			call, done = client.FenceNetwork, "fenced"
 		}
 		stream, err := call(ctx, req)
@@ -66,7 +51,7 @@ func runFenceOp(ctx context.Context, e *env, name string, fenceCmd bool, args []
 			}
 			return nil
 		}
-		fmt.Fprintf(c.e.stdout, "%s: %s\n", strings.Join(cidrs, ", "), done)
+		fmt.Fprintf(c.e.stdout, "%s: %s\n", strings.Join(*cidrs, ", "), done)
 		return nil
 	})
 }

@@ -3,19 +3,19 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+
+	"github.com/spf13/pflag"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// runKeyRotate is 'csi-agent keyrotate': EncryptionKeyRotate for a volume
+// keyRotateCmd is csi-agent keyrotate: EncryptionKeyRotate for a volume
 // published on this host.
-func runKeyRotate(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("keyrotate", flag.ContinueOnError)
+func (e *env) keyRotateCmd(fs *pflag.FlagSet) runFunc {
 	volume := fs.String("volume", "", "the volume id (published on this host)")
 	params := paramFlag(fs, "plugin parameter")
-	return withController(ctx, e, fs, args, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *volume == "" {
 			return usageError("--volume is required")
 		}

@@ -4,13 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,26 +37,42 @@ type ociState struct {
 	Annotations map[string]string `json:"annotations"`
 }
 
-// runOCIHook is csi-agent oci-hook create-runtime|poststop. It prints one
+// ociHookStages are the hook's stages: the OCI hooks it is written for.
+var ociHookStages = []string{"create-runtime", "poststop"}
+
+// ociHookCmd is csi-agent oci-hook create-runtime|poststop. It prints one
 // line on stderr and exits 1 on failure, which makes runc fail the
 // container's start (createRuntime) cleanly.
-func runOCIHook(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("oci-hook", flag.ContinueOnError)
+func (e *env) ociHookCmd() *cobra.Command {
+	cmd := command("oci-hook [flags] create-runtime|poststop", "OCI runtime hook: create-runtime prepares, poststop cleans up",
+		func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 || !slices.Contains(ociHookStages, args[0]) {
+				return fmt.Errorf("expected create-runtime or poststop, got %q", args)
+			}
+			return nil
+		}, e.ociHookFlags)
+	cmd.ValidArgs = ociHookStages
+	cmd.Long = "The OCI runtime hook: add it to a bundle's config.json as createRuntime (args: csi-agent oci-hook create-runtime)\n" +
+		"and poststop (args: csi-agent oci-hook poststop). It reads the container state on stdin."
+	return cmd
+}
+
+// ociHookFlags declares the hook's flags and returns its body.
+func (e *env) ociHookFlags(fs *pflag.FlagSet) runFunc {
 	socket := apiSocketFlag(fs)
 	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
-	if code, done := e.parseFlags(fs, args, "create-runtime|poststop"); done {
-		return code
+	return func(ctx context.Context, name string, args []string) int {
+		return e.ociHook(ctx, name+" "+args[0], args[0], *socket, *timeout)
 	}
-	if fs.NArg() != 1 || (fs.Arg(0) != "create-runtime" && fs.Arg(0) != "poststop") {
-		fmt.Fprintln(e.stderr, "csi-agent oci-hook: expected create-runtime or poststop")
-		return ExitUsage
-	}
-	stage := fs.Arg(0)
+}
+
+// ociHook runs the hook's stage.
+func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout time.Duration) int {
 	fail := func(err error) int {
-		fmt.Fprintf(e.stderr, "csi-agent oci-hook %s: %v\n", stage, err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitProblem
 	}
-	st, err := readOCIState(os.Stdin)
+	st, err := readOCIState(e.stdin)
 	if err != nil {
 		return fail(err)
 	}
@@ -62,9 +80,9 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 	if !ok {
 		return ExitOK // no CSI volumes: nothing to do
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client, closeConn, err := dialAgent(*socket)
+	client, closeConn, err := dialAgent(socket)
 	if err != nil {
 		return fail(err)
 	}
@@ -74,7 +92,7 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 	wait := grpc.WaitForReady(true)
 	if stage == "poststop" {
 		if _, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: st.ID}, wait); err != nil {
-			return fail(hookError(*socket, err))
+			return fail(hookError(socket, err))
 		}
 		return ExitOK
 	}
@@ -88,7 +106,7 @@ func runOCIHook(ctx context.Context, e *env, args []string) int {
 	}
 	_, err = client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: rootfs, Pid: int32(st.Pid), User: user}, wait)
 	if err != nil {
-		return fail(hookError(*socket, err))
+		return fail(hookError(socket, err))
 	}
 	return ExitOK
 }

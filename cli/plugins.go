@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -25,7 +25,7 @@ import (
 const apiTimeout = 30 * time.Second
 
 // apiSocketFlag registers --api-socket for client commands.
-func apiSocketFlag(fs *flag.FlagSet) *string {
+func apiSocketFlag(fs *pflag.FlagSet) *string {
 	return fs.String("api-socket", agent.DefaultRuntimeDir+"/agent.sock", "the agent API socket")
 }
 
@@ -72,20 +72,21 @@ func printJSON(w io.Writer, m proto.Message) error {
 	return err
 }
 
-func runPlugins(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
+// pluginsCmd is csi-agent plugins [TYPE].
+func (e *env) pluginsCmd(fs *pflag.FlagSet) runFunc {
 	wait := fs.Duration("wait", 0, "first wait up to this long for the agent to start and every plugin (or TYPE) to be READY; exit 1 if they are not")
-	return withAgent(ctx, e, fs, args, "[TYPE]", func(ctx context.Context, client agentv1.AgentClient, output string) error {
-		if fs.NArg() > 1 {
-			return usageError(fmt.Sprintf("expected at most one plugin type, got %d arguments", fs.NArg()))
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, args []string) error {
+		typ := ""
+		if len(args) == 1 {
+			typ = args[0]
 		}
 		if *wait > 0 {
-			if err := waitReady(ctx, client, fs.Arg(0), *wait); err != nil {
+			if err := waitReady(ctx, client, typ, *wait); err != nil {
 				return err
 			}
 		}
-		if fs.NArg() == 1 {
-			resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: fs.Arg(0)})
+		if typ != "" {
+			resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: typ})
 			if err != nil {
 				return err
 			}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,14 +11,17 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/spf13/pflag"
+
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/supervisor"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
-func runServe(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+// serveCmd is csi-agent serve.
+func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	var cfg agent.Config
 	fs.StringVar(&cfg.ConfigDir, "csi-plugin-config-dir", agent.DefaultConfigDir, "directory of CSIPluginInfo JSON files, watched for changes")
 	fs.StringVar(&cfg.WorkDir, "work-dir", agent.DefaultWorkDir, "persistent state: plugin records, logs, volume checkpoints")
@@ -29,8 +31,8 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	apiGroup := fs.String("api-group", "", "group (name or gid) whose members may use the API besides root")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", agent.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
-	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", agent.DefaultProbeInterval, "period of health probes of ready plugins")
+	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", supervisor.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
+	fs.DurationVar(&cfg.ProbeInterval, "plugin-probe-interval", supervisor.DefaultProbeInterval, "period of health probes of ready plugins")
 	fs.StringVar(&cfg.SecretsDir, "secrets-dir", "", "directory for volumes' REFERENCE secrets: name is a file of JSON key/values in it")
 	fs.DurationVar(&cfg.RPCTimeout, "node-rpc-timeout", isolator.DefaultRPCTimeout, "deadline of each node RPC step (stage, publish, ...), retries included")
 	fs.DurationVar(&cfg.ReclaimDefaults.Interval, "reclaim-interval", agent.DefaultReclaimInterval, "default interval between two reclaims of a volume (0 disables); a plugin's config may override it")
@@ -41,35 +43,35 @@ func runServe(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
-	if code, done := e.parseFlags(fs, args, ""); done {
-		return code
+	return func(ctx context.Context, name string, _ []string) int {
+		return e.serve(ctx, name, cfg, *apiGroup, *logFormat, *logLevel)
 	}
-	if fs.NArg() != 0 {
-		fmt.Fprintf(e.stderr, "csi-agent serve: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
-	}
-	logger, err := newLogger(e, *logFormat, *logLevel)
+}
+
+// serve runs the daemon until ctx ends.
+func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
+	logger, err := newLogger(e, logFormat, logLevel)
 	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	cfg.Logger = logger
 	cfg.APIGroup = -1
-	if *apiGroup != "" {
-		if cfg.APIGroup, err = lookupGroup(*apiGroup); err != nil {
-			fmt.Fprintln(e.stderr, "csi-agent serve: --api-group:", err)
+	if apiGroup != "" {
+		if cfg.APIGroup, err = lookupGroup(apiGroup); err != nil {
+			fmt.Fprintf(e.stderr, "%s: --api-group: %v\n", name, err)
 			return ExitUsage
 		}
 	}
 	if cfg.CrashPoint, err = crashPointFromEnv(); err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	// Before New, which reads every checkpoint.
 	logger.Info("csi-agent starting", "version", version.Version, "pid", os.Getpid())
 	a, err := agent.New(cfg)
 	if err != nil {
-		fmt.Fprintln(e.stderr, "csi-agent serve:", err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
 	hup := make(chan os.Signal, 1)

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,38 +10,40 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// withAgent parses a client command's flags, connects to the agent and
-// runs call (each of its unary calls is bounded by apiTimeout).
-func withAgent(ctx context.Context, e *env, fs *flag.FlagSet, args []string, argsUsage string,
-	call func(ctx context.Context, client agentv1.AgentClient, output string) error) int {
+// withAgent declares a client command's --api-socket and --output and
+// returns its body: it connects to the agent and runs call (each of its
+// unary calls is bounded by apiTimeout).
+func (e *env) withAgent(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.AgentClient, output string, args []string) error) runFunc {
 	socket := apiSocketFlag(fs)
 	output := outputFlag(fs)
-	if code, done := e.parseFlags(fs, args, argsUsage); done {
-		return code
-	}
-	if err := checkOutput(*output); err != nil {
-		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
-		return ExitUsage
-	}
-	client, closeConn, err := dialAgent(*socket)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
-		return ExitProblem
-	}
-	defer closeConn()
-	if err := call(ctx, client, *output); err != nil {
-		if _, usage := err.(usageError); usage {
-			fmt.Fprintf(e.stderr, "csi-agent %s: %v\n", fs.Name(), err)
+	return func(ctx context.Context, name string, args []string) int {
+		if err := checkOutput(*output); err != nil {
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 			return ExitUsage
 		}
-		fmt.Fprintf(e.stderr, "csi-agent %s: %s\n", fs.Name(), apiError(*socket, err))
-		return ExitProblem
+		client, closeConn, err := dialAgent(*socket)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+			return ExitProblem
+		}
+		defer closeConn()
+		if err := call(ctx, client, *output, args); err != nil {
+			var usage usageError
+			if errors.As(err, &usage) {
+				fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+				return ExitUsage
+			}
+			fmt.Fprintf(e.stderr, "%s: %s\n", name, apiError(*socket, err))
+			return ExitProblem
+		}
+		return ExitOK
 	}
-	return ExitOK
 }
 
 // usageError is a command-line mistake found after flag parsing.
@@ -50,21 +51,21 @@ type usageError string
 
 func (u usageError) Error() string { return string(u) }
 
-func runPrepare(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("prepare", flag.ContinueOnError)
+// prepareCmd is csi-agent prepare.
+func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("container", "", "container id (required)")
 	file := fs.String("volumes", "", "JSON file: a list of Mesos Volume objects (required; - for stdin)")
 	rootfs := fs.String("rootfs", "", "the container's root filesystem on the host")
 	sandbox := fs.String("sandbox", "", "the container's sandbox on the host (relative container paths)")
 	user := fs.String("user", "", "user that created mount point directories are given to")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		if *id == "" || *file == "" {
 			return usageError("--container and --volumes are required")
 		}
 		var data []byte
 		var err error
 		if *file == "-" {
-			data, err = io.ReadAll(os.Stdin)
+			data, err = io.ReadAll(e.stdin)
 		} else {
 			data, err = os.ReadFile(*file)
 		}
@@ -100,10 +101,10 @@ func printMounts(e *env, mounts []*agentv1.ContainerMount) {
 	tw.Flush()
 }
 
-func runCleanup(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+// cleanupCmd is csi-agent cleanup.
+func (e *env) cleanupCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("container", "", "container id (required)")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, _ string) error {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, _ string, _ []string) error {
 		if *id == "" {
 			return usageError("--container is required")
 		}
@@ -112,10 +113,10 @@ func runCleanup(ctx context.Context, e *env, args []string) int {
 	})
 }
 
-func runVolumes(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("volumes", flag.ContinueOnError)
+// volumesCmd is csi-agent volumes.
+func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 	refresh := fs.Bool("refresh-stats", false, "poll the published volumes' usage and health now rather than show the last poll")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		resp, err := client.ListVolumes(ctx, &agentv1.ListVolumesRequest{RefreshStats: *refresh})
 		if err != nil {
 			return err
@@ -197,14 +198,14 @@ func bytesHuman(n int64) string {
 	return fmt.Sprintf("%s%.1f %ciB", sign, float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-func runReclaim(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("reclaim", flag.ContinueOnError)
+// reclaimCmd is csi-agent reclaim.
+func (e *env) reclaimCmd(fs *pflag.FlagSet) runFunc {
 	volume := fs.String("volume", "", "reclaim this volume id")
 	plugin := fs.String("plugin", "", "the volume's plugin type (needed when the id is ambiguous, and with --offline)")
 	containerID := fs.String("container", "", "reclaim every volume of this container")
 	all := fs.Bool("all", false, "reclaim every published volume")
 	offline := fs.Bool("offline", false, "call ControllerReclaimSpace for --plugin/--volume, a volume not published on this host")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		req := &agentv1.ReclaimSpaceRequest{Offline: *offline}
 		n := 0
 		if *volume != "" {
@@ -265,9 +266,9 @@ func runReclaim(ctx context.Context, e *env, args []string) int {
 	})
 }
 
-func runContainers(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("containers", flag.ContinueOnError)
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+// containersCmd is csi-agent containers.
+func (e *env) containersCmd(fs *pflag.FlagSet) runFunc {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		resp, err := client.ListContainers(ctx, &agentv1.ListContainersRequest{})
 		if err != nil {
 			return err
@@ -288,10 +289,10 @@ func runContainers(ctx context.Context, e *env, args []string) int {
 	})
 }
 
-func runReconcile(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+// reconcileCmd is csi-agent reconcile.
+func (e *env) reconcileCmd(fs *pflag.FlagSet) runFunc {
 	live := fs.String("live", "", "comma-separated ids of the containers still running; every other container is cleaned up")
-	return withAgent(ctx, e, fs, args, "", func(ctx context.Context, client agentv1.AgentClient, output string) error {
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		var ids []string
 		for _, id := range strings.Split(*live, ",") {
 			if id = strings.TrimSpace(id); id != "" {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/keyedlock"
 )
 
 const (
@@ -116,8 +117,8 @@ type Isolator struct {
 	// commit rounds.
 	commit atomicfile.Committer
 
-	volumeLocks    keyedMutex
-	containerLocks keyedMutex
+	volumeLocks    keyedlock.Map
+	containerLocks keyedlock.Map
 
 	mu sync.Mutex
 	// volumes caches every volume checkpoint in memory, by key; the disk
@@ -226,47 +227,3 @@ func (iso *Isolator) syncWorkDir() {
 
 // Recovered is closed once the first recovery pass has finished.
 func (iso *Isolator) Recovered() <-chan struct{} { return iso.recovered }
-
-// keyedMutex serialises operations per key; a waiter whose ctx ends gets
-// ctx.Err().
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[string]chan struct{}
-}
-
-func (k *keyedMutex) lock(ctx context.Context, key string) (func(), error) {
-	for {
-		k.mu.Lock()
-		if k.locks == nil {
-			k.locks = map[string]chan struct{}{}
-		}
-		held, busy := k.locks[key]
-		if !busy {
-			ch := make(chan struct{})
-			k.locks[key] = ch
-			k.mu.Unlock()
-			return func() {
-				k.mu.Lock()
-				delete(k.locks, key)
-				k.mu.Unlock()
-				close(ch)
-			}, nil
-		}
-		k.mu.Unlock()
-		select {
-		case <-held:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// tryLock takes the lock only if it is free.
-func (k *keyedMutex) tryLock(key string) (func(), bool) {
-	// With a cancelled context, lock takes a free lock and gives up at
-	// once on a held one.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	unlock, err := k.lock(ctx, key)
-	return unlock, err == nil
-}

@@ -37,7 +37,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		return nil, err
 	}
 	id := req.GetContainerId()
-	unlock, err := iso.containerLocks.lock(ctx, id)
+	unlock, err := iso.containerLocks.Lock(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
 	}
@@ -305,7 +305,7 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string) error {
 	if err := ValidateContainerID(id); err != nil {
 		return err
 	}
-	unlock, err := iso.containerLocks.lock(ctx, id)
+	unlock, err := iso.containerLocks.Lock(ctx, id)
 	if err != nil {
 		return fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
 	}

@@ -2,7 +2,6 @@ package isolator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -14,10 +13,8 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+	"github.com/csiagent/csiagent/reclaim"
 )
-
-// ErrNotPublished: the volume is not (or no longer) published here.
-var ErrNotPublished = errors.New("volume is not published")
 
 // ReclaimNode is the csi-addons call the isolator makes on a plugin.
 type ReclaimNode interface {
@@ -62,7 +59,7 @@ func (iso *Isolator) Published() []PublishedVolume {
 func (iso *Isolator) ScheduleReclaim(ctx context.Context, plugin, id string, next time.Time) error {
 	return iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
 		if v == nil {
-			return ErrNotPublished
+			return reclaim.ErrNotPublished
 		}
 		return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.NextReclaim = timestamppb.New(next) })
 	})
@@ -73,7 +70,7 @@ func (iso *Isolator) ScheduleReclaim(ctx context.Context, plugin, id string, nex
 // the volume; the cleanup that removes the volume's last user cancels it.
 // The result is kept with the volume. The error is the plugin's status
 // error (its code drives the caller's retry policy), or wraps
-// ErrNotPublished.
+// reclaim.ErrNotPublished.
 func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugin, id string) (*agentv1.ReclaimResult, error) {
 	key := volumeKey{plugin, id}
 	ctx, cancel := context.WithCancel(ctx)
@@ -90,7 +87,7 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 	var callErr error
 	err := iso.withVolume(ctx, key, func(v *volume) error {
 		if v == nil || v.cp.GetState() != stPublished {
-			return fmt.Errorf("volume %s: %w", key, ErrNotPublished)
+			return fmt.Errorf("volume %s: %w", key, reclaim.ErrNotPublished)
 		}
 		static := v.cp.GetStaticProvisioning()
 		secrets, err := iso.resolveSecrets(static.GetNodeStageSecrets())

@@ -67,7 +67,7 @@ func (iso *Isolator) forEachVolume(f func(v *volume)) {
 	}
 	iso.mu.Unlock()
 	for _, k := range keys {
-		unlock, ok := iso.volumeLocks.tryLock(k.String())
+		unlock, ok := iso.volumeLocks.TryLock(k.String())
 		if !ok {
 			continue
 		}
@@ -82,7 +82,7 @@ func (iso *Isolator) forEachVolume(f func(v *volume)) {
 }
 
 func (iso *Isolator) withContainerIfFree(id string, f func(c *container)) {
-	unlock, ok := iso.containerLocks.tryLock(id)
+	unlock, ok := iso.containerLocks.TryLock(id)
 	if !ok {
 		return
 	}
@@ -182,7 +182,7 @@ func (iso *Isolator) removeOrphanDirs() {
 				continue
 			}
 			key := volumeKey{filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(d)))), id}
-			unlock, ok := iso.volumeLocks.tryLock(key.String())
+			unlock, ok := iso.volumeLocks.TryLock(key.String())
 			if !ok {
 				continue
 			}

@@ -44,7 +44,7 @@ const (
 // withVolume runs f with the volume's lock held. v is nil when the agent
 // does not track the volume.
 func (iso *Isolator) withVolume(ctx context.Context, key volumeKey, f func(v *volume) error) error {
-	unlock, err := iso.volumeLocks.lock(ctx, key.String())
+	unlock, err := iso.volumeLocks.Lock(ctx, key.String())
 	if err != nil {
 		return fmt.Errorf("volume %s: waiting for another operation on it: %w", key, err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
@@ -118,12 +119,12 @@ func TestSyncImage(t *testing.T) {
 // TestCopyReflink: on a filesystem with reflink (xfs), snapshot copies
 // share extents with their source instead of copying.
 func TestCopyReflink(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	mkfs := lookTool("mkfs.xfs")
 	if mkfs == "" {
 		t.Fatal("mkfs.xfs is not installed: make deps installs xfsprogs")
 	}
-	dir := testDir(t)
+	dir := testhelp.LeakCheckedDir(t)
 	img := filepath.Join(dir, "xfs.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)

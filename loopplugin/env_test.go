@@ -10,26 +10,16 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/moby/sys/mountinfo"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
-	"github.com/csiagent/csiagent/mount"
+	"github.com/csiagent/csiagent/internal/testhelp"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
 	rep "github.com/csiagent/csiagent/proto/replication"
 	vg "github.com/csiagent/csiagent/proto/volumegroup"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: attaches loop devices and mounts filesystems")
-	}
-}
 
 // testEnv is a plugin served in-process on a unix socket in a temporary
 // directory, with clients for every service.
@@ -58,7 +48,7 @@ func (w tWriter) Write(b []byte) (int, error) {
 // a pool file is left, removing them so later tests are not affected.
 func newEnv(t *testing.T, logLevel slog.Level) *testEnv {
 	t.Helper()
-	dir := testDir(t)
+	dir := testhelp.LeakCheckedDir(t)
 	pool := filepath.Join(dir, "pool")
 	if err := os.Mkdir(pool, 0o700); err != nil {
 		t.Fatal(err)
@@ -71,7 +61,7 @@ func newEnv(t *testing.T, logLevel slog.Level) *testEnv {
 // of replicated volumes.
 func newReplicaPair(t *testing.T, logLevel slog.Level) (a, b *testEnv) {
 	t.Helper()
-	dir := testDir(t)
+	dir := testhelp.LeakCheckedDir(t)
 	pa, pb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	for _, p := range []string{pa, pb} {
 		if err := os.Mkdir(p, 0o700); err != nil {
@@ -79,18 +69,6 @@ func newReplicaPair(t *testing.T, logLevel slog.Level) (a, b *testEnv) {
 		}
 	}
 	return startEnv(t, logLevel, dir, pa, pb), startEnv(t, logLevel, dir, pb, pa)
-}
-
-// testDir returns a canonical temporary directory that is checked for
-// leaked mounts and loop devices when the test ends.
-func testDir(t *testing.T) string {
-	t.Helper()
-	dir, err := mount.Canonical(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { checkNoLeaks(t, dir, dir) })
-	return dir
 }
 
 // startEnv serves a plugin on pool (with an optional replica pool) on a
@@ -132,29 +110,6 @@ func startEnv(t *testing.T, logLevel slog.Level, dir, pool, replica string) *tes
 	e.rsNode, e.rsCtrl = rs.NewReclaimSpaceNodeClient(conn), rs.NewReclaimSpaceControllerClient(conn)
 	e.vg, e.rep = vg.NewControllerClient(conn), rep.NewControllerClient(conn)
 	return e
-}
-
-func checkNoLeaks(t *testing.T, dir, pool string) {
-	t.Helper()
-	ms, err := mount.List(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		t.Error(err)
-	}
-	for i := len(ms) - 1; i >= 0; i-- {
-		t.Errorf("left mounted: %s (%s)", ms[i].Mountpoint, ms[i].FSType)
-		_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
-	}
-	if os.Geteuid() != 0 {
-		return
-	}
-	attached, err := loopdev.List(pool)
-	if err != nil {
-		t.Error(err)
-	}
-	for _, a := range attached {
-		t.Errorf("left attached: %s -> %s", a.Path, a.BackingFile)
-		_ = loopdev.Detach(a.Device, a.BackingFile)
-	}
 }
 
 func mountCap(fsType string, mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {

@@ -12,6 +12,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // TestExpandOnline grows a published volume while it is mounted and
@@ -19,7 +21,7 @@ import (
 // filesystem (NodeExpandVolume); statfs at the target sees the new size,
 // the data stays.
 func TestExpandOnline(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, fsType := range []string{"ext4", "xfs"} {
 		t.Run(fsType, func(t *testing.T) {
 			e := newEnv(t, slog.LevelWarn)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	vg "github.com/csiagent/csiagent/proto/volumegroup"
 )
 
@@ -191,7 +192,7 @@ func TestVolumeGroups(t *testing.T) {
 // TestDeleteVolumeGroupInUse: a group with a staged member is in use;
 // nothing is deleted until it is unstaged.
 func TestDeleteVolumeGroupInUse(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelWarn)
 	ctx := context.Background()
 	a, b := e.createVolume(t, "a", 16<<20), e.createVolume(t, "b", 16<<20)

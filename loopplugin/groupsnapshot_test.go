@@ -19,6 +19,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -105,7 +106,7 @@ func writable(t *testing.T, dir string) {
 // of records as a, or one fewer (b's record k is written only after a's
 // record k completed).
 func TestGroupSnapshotWhileWriting(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	c := mountCap("ext4", snw)
@@ -256,7 +257,7 @@ func snapshotIDs(g *csi.VolumeGroupSnapshot) []string {
 // copy that outlives the freeze deadline. A member staged for block access
 // cannot be frozen: FailedPrecondition.
 func TestGroupSnapshotThaws(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	vols := []string{e.createVolume(t, "th-a", 32<<20), e.createVolume(t, "th-b", 32<<20)}

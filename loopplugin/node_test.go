@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
@@ -28,7 +29,7 @@ import (
 // re-stages and re-publishes are AlreadyExists, out-of-order calls are
 // FailedPrecondition, and nothing stays mounted or attached.
 func TestMountLifecycle(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
 		fsType string
 		size   int64
@@ -152,7 +153,7 @@ func TestMountLifecycle(t *testing.T) {
 // is a usable block device node whose writes land in the image and survive
 // unstage and restage.
 func TestBlockLifecycle(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	id := e.createVolume(t, "blockvol", 32<<20)
@@ -242,7 +243,7 @@ func readAt(t *testing.T, path string, off int64, n int) []byte {
 // attach races are retried and different volumes do not wait for each
 // other.
 func TestParallelVolumes(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelWarn)
 	const n = 6
 	var wg sync.WaitGroup
@@ -292,7 +293,7 @@ func TestVolumeLockSerializes(t *testing.T) {
 // TestReaderOnlyStage: a SINGLE_NODE_READER_ONLY volume is staged and
 // published read-only; a blank one is not formatted for it.
 func TestReaderOnlyStage(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	ro := mountCap("", csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY)
@@ -327,7 +328,7 @@ func TestReaderOnlyStage(t *testing.T) {
 // by the killed mkfs) the next stage formats it again; without one, the
 // data is someone else's and the stage refuses to touch it.
 func TestInterruptedFormat(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	snw := csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
@@ -375,7 +376,7 @@ func TestInterruptedFormat(t *testing.T) {
 // healthy volume, DEGRADED once ext4 counted an error, INACCESSIBLE once
 // the backing image is removed.
 func TestVolumeStatsAndHealth(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelWarn)
 	ctx := context.Background()
 	id := e.createVolume(t, "health", 64<<20)

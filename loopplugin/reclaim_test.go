@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
 )
 
@@ -71,7 +72,7 @@ func syncDirFS(t *testing.T, dir string) {
 // allocation measured independently (st_blocks) to within 1 MiB. Both the
 // published target path and the staging path work.
 func TestNodeReclaimSpace(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
 		name       string
 		fsType     string
@@ -139,7 +140,7 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 // TestReclaimSpaceErrors covers the csi-addons error table and the block and
 // offline paths.
 func TestReclaimSpaceErrors(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelInfo)
 	ctx := context.Background()
 	id := e.createVolume(t, "rvol", 64<<20)
@@ -228,7 +229,7 @@ func TestReclaimSpaceErrors(t *testing.T) {
 // discard for ext4, a private mount and FITRIM for xfs) and refuses staged
 // ones.
 func TestControllerReclaimSpace(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, fsType := range []string{"ext4", "xfs"} {
 		t.Run(fsType, func(t *testing.T) {
 			e := newEnv(t, slog.LevelInfo)

@@ -15,6 +15,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	rep "github.com/csiagent/csiagent/proto/replication"
 )
 
@@ -83,7 +84,7 @@ func randomData(n int) []byte {
 // GetVolumeReplicationInfo reports real syncs: bytes > 0 after writes,
 // the sync time moves.
 func TestReplicationFailover(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	a, b := newReplicaPair(t, slog.LevelInfo)
 	ctx := context.Background()
 	id := a.createVolume(t, "rv", 64<<20)
@@ -285,7 +286,7 @@ func TestReplicationFailover(t *testing.T) {
 // itself, frozen, while it is staged and written to; each sync moves the
 // last sync time and reports the bytes the writes changed.
 func TestReplicationScheduled(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	a, b := newReplicaPair(t, slog.LevelInfo)
 	a.p.replicationTick = 50 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())

@@ -8,6 +8,8 @@ import (
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // TestSanity runs the kubernetes-csi sanity suite (identity, controller and
@@ -15,7 +17,7 @@ import (
 // once with block access, on real loop devices and mounts. Ginkgo allows one
 // RunSpecs per process, so both runs are registered in one suite.
 func TestSanity(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newEnv(t, slog.LevelWarn)
 	var contexts []*sanity.TestContext
 	for _, accessType := range []string{"mount", "block"} {

@@ -235,10 +235,17 @@ func TestVolumeLocks(t *testing.T) {
 			t.Fatalf("n = %d", n)
 		}
 	})
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.m) != 0 {
-		t.Fatalf("%d lock entries left", len(l.m))
+	for _, id := range []string{"a", "b", "c"} {
+		u, err := l.tryLock(id)
+		if err != nil {
+			t.Fatalf("%s left held: %v", id, err)
+		}
+		u()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.lock(ctx, "free"); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "volume free") {
+		t.Fatalf("an ended context on a free lock: err = %v, want context.Canceled naming the volume", err)
 	}
 }
 

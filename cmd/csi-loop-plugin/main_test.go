@@ -16,16 +16,15 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/loopplugin"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
-	"github.com/csiagent/csiagent/mount"
 	"github.com/csiagent/csiagent/proto/replication"
 )
 
@@ -34,19 +33,14 @@ import (
 var pluginBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "csi-loop-plugin-bin-")
+	bins, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-loop-plugin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	pluginBin = filepath.Join(dir, "csi-loop-plugin")
-	if out, err := exec.Command("go", "build", "-o", pluginBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
+	pluginBin = bins[0]
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -123,39 +117,6 @@ func connect(t *testing.T, sock string) (csi.NodeClient, csi.IdentityClient) {
 	return csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
 }
 
-// testDir returns a canonical temporary directory, and fails the test if
-// anything is mounted below it or a loop device is backed by a file in it
-// when the test ends (undoing that, so other tests are not affected).
-func testDir(t *testing.T) string {
-	t.Helper()
-	dir, err := mount.Canonical(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ms, err := mount.List(mountinfo.PrefixFilter(dir))
-		if err != nil {
-			t.Error(err)
-		}
-		for i := len(ms) - 1; i >= 0; i-- {
-			t.Errorf("left mounted: %s", ms[i].Mountpoint)
-			_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
-		}
-		if os.Geteuid() != 0 {
-			return
-		}
-		attached, err := loopdev.List(dir)
-		if err != nil {
-			t.Error(err)
-		}
-		for _, a := range attached {
-			t.Errorf("left attached: %s -> %s", a.Path, a.BackingFile)
-			_ = loopdev.Detach(a.Device, a.BackingFile)
-		}
-	})
-	return dir
-}
-
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
@@ -218,7 +179,7 @@ func TestCLIVolumes(t *testing.T) {
 // CSI_ENDPOINT, refuses to take over a live plugin's socket, and on SIGTERM
 // stops cleanly and removes its socket.
 func TestServeLifecycle(t *testing.T) {
-	dir := testDir(t)
+	dir := testhelp.LeakCheckedDir(t)
 	sock := filepath.Join(dir, "sub", "csi.sock") // directory gets created
 	pool := filepath.Join(dir, "pool")
 	if err := os.Mkdir(pool, 0o700); err != nil {
@@ -271,7 +232,7 @@ func TestKillBetweenStageAndPublish(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := testDir(t)
+			dir := testhelp.LeakCheckedDir(t)
 			pool, sock := filepath.Join(dir, "pool"), filepath.Join(dir, "csi.sock")
 			staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "pods", "p", "vol")
 			if err := os.Mkdir(pool, 0o700); err != nil {
@@ -384,7 +345,7 @@ func readVolume(t *testing.T, target string, block bool, n int) []byte {
 // the group controller and replicates a volume into the replica pool;
 // a replica pool that does not exist is refused at start.
 func TestServeReplicaPool(t *testing.T) {
-	dir := testDir(t)
+	dir := testhelp.LeakCheckedDir(t)
 	pool, replica, sock := filepath.Join(dir, "pool"), filepath.Join(dir, "replica"), filepath.Join(dir, "csi.sock")
 	for _, p := range []string{pool, replica} {
 		if err := os.Mkdir(p, 0o700); err != nil {

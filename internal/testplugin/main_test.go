@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 )
 
@@ -169,23 +170,13 @@ func probe(t *testing.T, p *proc) (ready bool, code codes.Code) {
 	return resp.GetReady().GetValue(), codes.OK
 }
 
-// buildPlugin builds this package's binary, as the agent's tests do.
-func buildPlugin(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed to build the plugin: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "testplugin")
-	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func TestPlugin(t *testing.T) {
-	bin := buildPlugin(t)
+	bins, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/internal/testplugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(remove)
+	bin := bins[0]
 
 	t.Run("identity and node, launch recorded", func(t *testing.T) {
 		t.Parallel()

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
@@ -42,27 +41,6 @@ const (
 	targetsDir = "#targets"
 )
 
-// keyedMutex refuses a second concurrent operation on one volume, with the
-// CSI code for that (Aborted), instead of queueing it.
-type keyedMutex struct {
-	mu   sync.Mutex
-	held map[string]bool
-}
-
-func (k *keyedMutex) tryLock(key string) (unlock func(), ok bool) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.held[key] {
-		return nil, false
-	}
-	k.held[key] = true
-	return func() {
-		k.mu.Lock()
-		delete(k.held, key)
-		k.mu.Unlock()
-	}, true
-}
-
 // begin checks that node volume calls are enabled and takes the volume's
 // lock.
 func (p *plugin) begin(method, volumeID string) (unlock func(), err error) {
@@ -72,7 +50,9 @@ func (p *plugin) begin(method, volumeID string) (unlock func(), err error) {
 	if volumeID == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
-	unlock, ok := p.volumes.tryLock(volumeID)
+	// A second concurrent operation is refused with the CSI code for
+	// that (Aborted), not queued.
+	unlock, ok := p.volumes.TryLock(volumeID)
 	if !ok {
 		return nil, status.Errorf(codes.Aborted, "an operation on volume %q is in progress", volumeID)
 	}

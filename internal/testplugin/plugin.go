@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/csiagent/csiagent/internal/keyedlock"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 )
 
@@ -37,7 +38,7 @@ type plugin struct {
 	codec    *poisonCodec
 	stopOnce sync.Once
 	// volumes refuses concurrent node calls on one volume id.
-	volumes keyedMutex
+	volumes keyedlock.Map
 }
 
 var (
@@ -57,7 +58,6 @@ func newPlugin(cfg config, logger *log.Logger) *plugin {
 		logger:   logger,
 		nodeID:   nodeID,
 		stopping: make(chan struct{}),
-		volumes:  keyedMutex{held: map[string]bool{}},
 		codec:    newPoisonCodec(),
 	}
 }

@@ -10,15 +10,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 )
-
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: attaches real loop devices")
-	}
-}
 
 // image creates a sparse file of size bytes and registers a cleanup that
 // fails the test if a loop device is still backed by it.
@@ -43,7 +37,7 @@ func image(t *testing.T, size int64) string {
 }
 
 func TestAttachFindDetach(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
 		name      string
 		autoClear bool
@@ -107,7 +101,7 @@ func TestAttachFindDetach(t *testing.T) {
 // Concurrent attachers race for the same free device; Attach retries on
 // EBUSY and every image ends up on its own device.
 func TestAttachConcurrent(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	const n = 6
 	imgs := make([]string, n)
 	for i := range imgs {
@@ -138,7 +132,7 @@ func TestAttachConcurrent(t *testing.T) {
 }
 
 func TestDetachLeavesReusedDeviceAlone(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	a, b := image(t, 8<<20), image(t, 8<<20)
 	dev, f, err := loopdev.Attach(context.Background(), b, loopdev.Options{})
 	if err != nil {

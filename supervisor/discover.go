@@ -1,4 +1,4 @@
-package agent
+package supervisor
 
 import (
 	"context"
@@ -55,10 +55,10 @@ type discovery struct {
 	addonsEndpoint, addonsIdentity string
 }
 
-// waitForSocket returns when path exists as a socket, watching its
+// WaitForSocket returns when path exists as a socket, watching its
 // directory with inotify rather than polling. It gives up when ctx ends or
 // abort is closed (the process died).
-func waitForSocket(ctx context.Context, path string, abort <-chan struct{}) error {
+func WaitForSocket(ctx context.Context, path string, abort <-chan struct{}) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watching for socket %s: %w", path, err)
@@ -85,10 +85,13 @@ func waitForSocket(ctx context.Context, path string, abort <-chan struct{}) erro
 
 // dial makes a client connection to a plugin's unix socket. It connects
 // lazily; calls fail fast (no WaitForReady) while nothing listens. Every
-// call on it is counted in m under the plugin type typ.
-func dial(socket, typ string, m *metrics) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(m.clientInterceptor(typ)))
+// call on it goes through interceptor(typ), if set.
+func dial(socket, typ string, interceptor func(typ string) grpc.UnaryClientInterceptor) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if interceptor != nil {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(interceptor(typ)))
+	}
+	conn, err := grpc.NewClient("unix://"+socket, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", socket, err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package supervisor
 
 import (
 	"fmt"
@@ -8,29 +8,29 @@ import (
 	"github.com/csiagent/csiagent/pluginconfig"
 )
 
-// limiter enforces managed plugins' Mesos resources (cpus, mem) with
-// cgroup v2, where the host allows it.
-type limiter struct {
+// Limiter enforces managed plugins' Mesos resources (cpus, mem) with
+// cgroup v2, where the host allows it. A nil *Limiter enforces nothing.
+type Limiter struct {
 	m *cgroup.Manager // nil: limits are not enforced
 }
 
-// newLimiter finds out, once, whether limits can be enforced, and says so
+// NewLimiter finds out, once, whether limits can be enforced, and says so
 // when they cannot.
-func newLimiter(log *slog.Logger) *limiter {
+func NewLimiter(log *slog.Logger) *Limiter {
 	m, err := cgroup.Detect(cgroup.Config{Logger: log})
 	if err != nil {
 		log.Warn("plugin resource limits (cpus, mem) will not be enforced; plugins run without them", "reason", err)
-		return &limiter{}
+		return &Limiter{}
 	}
-	return &limiter{m: m}
+	return &Limiter{m: m}
 }
 
 // prepare returns a cgroup directory fd for the plugin's process to be
 // born in, or -1 when there is nothing to enforce, and a cleanup that
 // closes the agent's copy of the fd.
-func (l *limiter) prepare(in *instance, resources []pluginconfig.Resource) (int, func(), error) {
+func (l *Limiter) prepare(in *instance, resources []pluginconfig.Resource) (int, func(), error) {
 	nothing := func() {}
-	if l.m == nil {
+	if l == nil || l.m == nil {
 		return -1, nothing, nil
 	}
 	var cpus, mem float64
@@ -60,8 +60,8 @@ func (l *limiter) prepare(in *instance, resources []pluginconfig.Resource) (int,
 }
 
 // release removes an instance's cgroup once its process has exited.
-func (l *limiter) release(in *instance) {
-	if l.m == nil {
+func (l *Limiter) release(in *instance) {
+	if l == nil || l.m == nil {
 		return
 	}
 	if err := l.m.Remove(in.cgroupName()); err != nil {

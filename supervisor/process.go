@@ -1,4 +1,4 @@
-package agent
+package supervisor
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/proclog"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/pluginconfig"
 )
 
@@ -29,9 +30,8 @@ const (
 	// terminateTimeout is how long a plugin process group gets between
 	// SIGTERM and SIGKILL.
 	terminateTimeout = 10 * time.Second
-	// maxSocketPath is the longest path a unix socket address holds
-	// (sun_path is 108 bytes with the terminating NUL).
-	maxSocketPath = 107
+	// MaxSocketPath is the longest path a unix socket address holds.
+	MaxSocketPath = unixsock.MaxPath
 	// pluginPath is the PATH of plugin processes, which do not inherit the
 	// agent's environment.
 	pluginPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -69,6 +69,7 @@ type launchSpec struct {
 	addons     string // the csi-addons socket offered in $CSIADDONS_ENDPOINT
 	nodeID     string
 	dir        string // the instance's state directory
+	runtimeDir string // holds the socket's directory
 	logDir     string
 	logPrefix  string
 	configHash string
@@ -142,16 +143,20 @@ func launch(spec launchSpec) (*process, *processRecord, error) {
 		}
 	}
 	attr := &syscall.SysProcAttr{Setpgid: true}
+	dir := spec.dir
 	if cmd.User != "" {
 		cred, err := credential(cmd.User)
 		if err != nil {
 			return nil, nil, err
 		}
 		attr.Credential = cred
-		// The plugin creates its socket in this directory.
-		if err := os.Chown(filepath.Dir(spec.socket), int(cred.Uid), int(cred.Gid)); err != nil {
-			return nil, nil, fmt.Errorf("giving the socket directory to user %q: %w", cmd.User, err)
+		if err := giveSocketDir(spec.runtimeDir, filepath.Dir(spec.socket), cred); err != nil {
+			return nil, nil, fmt.Errorf("command.user %q: %w", cmd.User, err)
 		}
+		// The state directory is the agent's (the process record must not
+		// be the plugin's to forge), and Go changes directory after
+		// setuid: start in /, as systemd does.
+		dir = "/"
 	}
 	if spec.cgroupFD >= 0 {
 		attr.UseCgroupFD, attr.CgroupFD = true, spec.cgroupFD
@@ -166,7 +171,7 @@ func launch(spec launchSpec) (*process, *processRecord, error) {
 		return nil, nil, fmt.Errorf("opening plugin log: %w", err)
 	}
 	defer stderr.Close()
-	c := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: spec.dir, Stdout: stdout, Stderr: stderr, SysProcAttr: attr}
+	c := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: dir, Stdout: stdout, Stderr: stderr, SysProcAttr: attr}
 	if err := c.Start(); err != nil {
 		return nil, nil, fmt.Errorf("starting %s: %w", path, err)
 	}
@@ -194,6 +199,30 @@ func exitError(err error) error {
 		return fmt.Errorf("exited with status %d", ee.ExitCode())
 	}
 	return err
+}
+
+// giveSocketDir gives the directory the plugin creates its socket in to
+// the plugin's user, and lets every user search (not list) the directories
+// from root down to it, so the user can reach it whatever umask made them.
+func giveSocketDir(root, dir string, cred *syscall.Credential) error {
+	if rel, err := filepath.Rel(root, dir); err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return fmt.Errorf("socket directory %s is not below %s", dir, root)
+	}
+	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+		return fmt.Errorf("giving the socket directory to the user: %w", err)
+	}
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("reaching the socket directory: %w", err)
+		}
+		if err := os.Chmod(d, st.Mode().Perm()|0o011); err != nil {
+			return fmt.Errorf("reaching the socket directory: %w", err)
+		}
+		if d == root {
+			return nil
+		}
+	}
 }
 
 func credential(name string) (*syscall.Credential, error) {

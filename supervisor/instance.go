@@ -1,4 +1,4 @@
-package agent
+package supervisor
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // instance is one container (managed) or endpoint (unmanaged) of a plugin,
 // with the goroutine that keeps it healthy.
 type instance struct {
-	a        *Agent
+	cfg      *Config
 	log      *slog.Logger
 	typ      string
 	pluginID string // <type>:<name>
@@ -85,7 +85,7 @@ func (in *instance) update(f func(s *agentv1.PluginInstance)) {
 		in.status.StateSince = timestamppb.Now()
 	}
 	in.mu.Unlock()
-	in.a.changed.notify()
+	in.cfg.OnChange()
 }
 
 func (in *instance) snapshot() *agentv1.PluginInstance {
@@ -96,7 +96,7 @@ func (in *instance) snapshot() *agentv1.PluginInstance {
 
 // run keeps the instance healthy until ctx ends.
 func (in *instance) run(ctx context.Context) {
-	bo := backoff{base: in.a.cfg.BackoffBase, max: in.a.cfg.BackoffMax, reset: in.a.cfg.BackoffReset}
+	bo := backoff{base: in.cfg.BackoffBase, max: in.cfg.BackoffMax, reset: in.cfg.BackoffReset}
 	for {
 		healthy, err := in.life(ctx)
 		if ctx.Err() != nil {
@@ -171,9 +171,8 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 	})
 	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)
 	// A new process (or connection) may implement what the last did not.
-	in.a.reclaimer.ResetPlugin(in.typ)
-	in.a.reclaimer.Poke()
-	tick := time.NewTicker(in.a.cfg.ProbeInterval)
+	in.cfg.OnReady(in.typ)
+	tick := time.NewTicker(in.cfg.ProbeInterval)
 	defer tick.Stop()
 	failures := 0
 	for {
@@ -207,12 +206,12 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 // plugin, all within the ready timeout. addons is the csi-addons
 // endpoint's connection, nil when csi-addons is looked for on conn.
 func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (conn, addons *grpc.ClientConn, _ *discovery, _ error) {
-	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.ReadyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, in.cfg.ReadyTimeout)
 	defer cancel()
-	if err := waitForSocket(ctx, in.socket, exited); err != nil {
+	if err := WaitForSocket(ctx, in.socket, exited); err != nil {
 		return nil, nil, nil, in.withExit(err, exited)
 	}
-	conn, err := dial(in.socket, in.typ, in.a.metrics)
+	conn, err := dial(in.socket, in.typ, in.cfg.Interceptor)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -234,11 +233,11 @@ func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (co
 		if in.managed() {
 			st, err := os.Stat(in.addonsSocket)
 			use = err == nil && st.Mode()&os.ModeSocket != 0
-		} else if err := waitForSocket(ctx, in.addonsSocket, exited); err != nil {
+		} else if err := WaitForSocket(ctx, in.addonsSocket, exited); err != nil {
 			return fail(fmt.Errorf("csi-addons endpoint: %w", err))
 		}
 		if use {
-			if addons, err = dial(in.addonsSocket, in.typ, in.a.metrics); err != nil {
+			if addons, err = dial(in.addonsSocket, in.typ, in.cfg.Interceptor); err != nil {
 				return fail(err)
 			}
 		}
@@ -329,9 +328,9 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 			return p, err
 		}
 	}
-	if len(in.socket) > maxSocketPath {
+	if len(in.socket) > MaxSocketPath {
 		return nil, fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket address holds; use a shorter --runtime-dir, plugin type or name",
-			in.socket, len(in.socket), maxSocketPath)
+			in.socket, len(in.socket), MaxSocketPath)
 	}
 	if err := os.MkdirAll(filepath.Dir(in.socket), 0o750); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
@@ -342,14 +341,14 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 	if err := os.MkdirAll(in.dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating plugin state directory: %w", err)
 	}
-	cgroupFD, cleanup, err := in.a.limits.prepare(in, in.container.Resources)
+	cgroupFD, cleanup, err := in.cfg.Limits.prepare(in, in.container.Resources)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
 	p, rec, err := launch(launchSpec{
-		container: *in.container, socket: in.socket, addons: in.addonsSocket, nodeID: in.a.cfg.NodeID,
-		dir: in.dir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
+		container: *in.container, socket: in.socket, addons: in.addonsSocket, nodeID: in.cfg.NodeID,
+		dir: in.dir, runtimeDir: in.cfg.RuntimeDir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
 	})
 	if err != nil {
 		return nil, err
@@ -401,7 +400,7 @@ func (in *instance) setProc(p *process, adopted bool) {
 	in.status.Pid = int32(p.pid)
 	in.status.Adopted = adopted
 	in.mu.Unlock()
-	in.a.changed.notify()
+	in.cfg.OnChange()
 }
 
 // stopProcess terminates the instance's process, if any, and forgets it:
@@ -416,7 +415,7 @@ func (in *instance) stopProcess(ctx context.Context) {
 	}
 	terminate(ctx, p)
 	p.release()
-	in.a.limits.release(in)
+	in.cfg.Limits.release(in)
 	for _, f := range []string{in.recordPath(), in.socket} {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			in.log.Warn("cleaning up after plugin process", "error", err)

@@ -1,0 +1,141 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// hookAgent is the agent's Prepare and Cleanup for hook tests: it
+// records each request.
+type hookAgent struct {
+	agentv1.UnimplementedAgentServer
+	mu   sync.Mutex
+	reqs []proto.Message
+}
+
+func (h *hookAgent) Prepare(_ context.Context, r *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	h.record(r)
+	return &agentv1.PrepareResponse{}, nil
+}
+
+func (h *hookAgent) Cleanup(_ context.Context, r *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	h.record(r)
+	return &agentv1.CleanupResponse{}, nil
+}
+
+func (h *hookAgent) record(m proto.Message) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reqs = append(h.reqs, proto.Clone(m))
+}
+
+func (h *hookAgent) take() []proto.Message {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := h.reqs
+	h.reqs = nil
+	return r
+}
+
+func startHookAgent(t *testing.T) (*hookAgent, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csh") // short: a socket path has a limit
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	socket := filepath.Join(dir, "agent.sock")
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hookAgent{}
+	srv := grpc.NewServer()
+	agentv1.RegisterAgentServer(srv, h)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return h, socket
+}
+
+// TestOCIHookFlagsAnywhere: the hook runs as the README writes it
+// (oci-hook STAGE --api-socket PATH) and with the flags first; both
+// stages reach the agent with the container's id, create-runtime with its
+// rootfs, pid and volumes.
+func TestOCIHookFlagsAnywhere(t *testing.T) {
+	h, socket := startHookAgent(t)
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"root":{"path":"rootfs"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vols := `[{"container_path":"/data","mode":"RW","source":{"type":"CSI_VOLUME","csi_volume":{"plugin_name":"loop","static_provisioning":{"volume_id":"v1","volume_capability":{"mount":{},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}}}}}]`
+	state, err := json.Marshal(ociState{ID: "c1", Pid: 4242, Bundle: bundle, Annotations: map[string]string{VolumesAnnotation: vols}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"oci-hook", "create-runtime", "--api-socket", socket},
+		{"oci-hook", "poststop", "--api-socket", socket},
+		{"oci-hook", "--api-socket", socket, "--timeout", "10s", "create-runtime"},
+		{"oci-hook", "--api-socket=" + socket, "poststop", "--timeout=10s"},
+	} {
+		var out, errOut bytes.Buffer
+		e := &env{stdin: bytes.NewReader(state), stdout: &out, stderr: &errOut}
+		if code := e.run(context.Background(), args); code != ExitOK {
+			t.Fatalf("%q: exit %d, stderr %q", args, code, errOut.String())
+		}
+		reqs := h.take()
+		if len(reqs) != 1 {
+			t.Fatalf("%q: the agent got %d requests, want 1", args, len(reqs))
+		}
+		switch r := reqs[0].(type) {
+		case *agentv1.PrepareRequest:
+			if args[1] == "poststop" || args[len(args)-1] == "poststop" {
+				t.Fatalf("%q: prepared", args)
+			}
+			if r.GetContainerId() != "c1" || r.GetPid() != 4242 || r.GetRootfs() != filepath.Join(bundle, "rootfs") || len(r.GetVolumes()) != 1 {
+				t.Errorf("%q: prepare request %v", args, r)
+			}
+		case *agentv1.CleanupRequest:
+			if args[1] == "create-runtime" || args[len(args)-1] == "create-runtime" {
+				t.Fatalf("%q: cleaned up", args)
+			}
+			if r.GetContainerId() != "c1" {
+				t.Errorf("%q: cleanup request %v", args, r)
+			}
+		}
+	}
+	for _, args := range [][]string{
+		{"oci-hook"},
+		{"oci-hook", "prestart", "--api-socket", socket},
+		{"oci-hook", "create-runtime", "poststop"},
+		{"oci-hook", "poststop", "--no-such-flag"},
+	} {
+		var errOut bytes.Buffer
+		e := &env{stdin: bytes.NewReader(state), stdout: &bytes.Buffer{}, stderr: &errOut}
+		if code := e.run(context.Background(), args); code != ExitUsage || !strings.Contains(errOut.String(), "csi-agent oci-hook") {
+			t.Errorf("%q: exit %d, stderr %q; want %d", args, code, errOut.String(), ExitUsage)
+		}
+	}
+	if reqs := h.take(); len(reqs) != 0 {
+		t.Errorf("usage errors reached the agent: %v", reqs)
+	}
+}

@@ -1,0 +1,150 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
+	"github.com/csiagent/csiagent/pluginconfig"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// testPlugin is internal/testplugin, built once by TestMain.
+var testPlugin string
+
+func TestMain(m *testing.M) {
+	bins, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/internal/testplugin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testPlugin = bins[0]
+	code := m.Run()
+	remove()
+	os.Exit(code)
+}
+
+// changes makes an OnChange that wakes the returned channel.
+func changes() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	return ch, func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitState waits, woken by changes, until p's first instance satisfies
+// cond, and returns it.
+func waitState(t *testing.T, p *Plugin, changed <-chan struct{}, what string, cond func(*agentv1.PluginInstance) bool) *agentv1.PluginInstance {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		in := p.Status().GetInstances()[0]
+		if cond(in) {
+			return in
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("not %s after 30s: %s (%s)", what, in.GetState(), in.GetLastError())
+		}
+	}
+}
+
+func managedPlugin(t *testing.T, bin string) *pluginconfig.Plugin {
+	t.Helper()
+	raw, _ := json.Marshal(map[string]any{
+		"type": "t.example",
+		"containers": []any{map[string]any{
+			"services": []string{"NODE_SERVICE"},
+			"command":  map[string]any{"value": bin, "shell": false, "arguments": []string{"testplugin"}},
+		}},
+	})
+	info, err := pluginconfig.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pluginconfig.Plugin{File: "t.json", Info: info}
+}
+
+// TestManagedLifecycle: a managed plugin is launched and becomes ready;
+// killed, it is restarted after its backoff; stopped without terminate,
+// its process is handed to a successor that keeps it; stopped with
+// terminate, the process and its record go.
+func TestManagedLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	changed, notify := changes()
+	var mu sync.Mutex
+	var ready []string
+	cfg := Config{
+		WorkDir: filepath.Join(dir, "w"), RuntimeDir: filepath.Join(dir, "r"), NodeID: "n1",
+		BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond, ProbeInterval: time.Hour,
+		OnChange: notify, OnReady: func(typ string) {
+			mu.Lock()
+			ready = append(ready, typ)
+			mu.Unlock()
+		},
+	}
+	plugin := managedPlugin(t, testPlugin)
+	isReady := func(in *agentv1.PluginInstance) bool { return in.GetState() == agentv1.PluginState_PLUGIN_STATE_READY }
+
+	p := Start(t.Context(), cfg, plugin, nil)
+	first := waitState(t, p, changed, "ready", isReady)
+	if first.GetPid() == 0 || first.GetPluginName() != "test.csi.csiagent.io" || first.GetNodeId() != "n1" {
+		t.Fatalf("ready instance %v: want a pid and what discovery found", first)
+	}
+	if s, conn, ok := p.Instance(pluginconfig.NodeService); !ok || conn == nil || s.GetPid() != first.GetPid() {
+		t.Errorf("Instance(node) = %v, %v, %v; want the ready instance with its connection", s, conn, ok)
+	}
+	if _, _, ok := p.Instance(pluginconfig.ControllerService); ok {
+		t.Error("Instance(controller) found one; the plugin has no controller container")
+	}
+
+	if err := unix.Kill(int(first.GetPid()), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	second := waitState(t, p, changed, "restarted", func(in *agentv1.PluginInstance) bool {
+		return isReady(in) && in.GetPid() != first.GetPid()
+	})
+	if second.GetRestarts() != 1 {
+		t.Errorf("restarts = %d, want 1", second.GetRestarts())
+	}
+
+	handover := p.Stop(false)
+	if st := p.Status(); st.GetState() != agentv1.PluginState_PLUGIN_STATE_STOPPED || len(handover) != 1 {
+		t.Fatalf("after Stop(false): %s, %d processes handed over; want STOPPED and 1", st.GetState(), len(handover))
+	}
+	p = Start(t.Context(), cfg, plugin, handover)
+	kept := waitState(t, p, changed, "ready", isReady)
+	if kept.GetPid() != second.GetPid() {
+		t.Errorf("the successor runs pid %d, want the handed-over %d", kept.GetPid(), second.GetPid())
+	}
+	mu.Lock()
+	if len(ready) != 3 || ready[0] != "t.example" {
+		t.Errorf("OnReady calls %q, want t.example three times", ready)
+	}
+	mu.Unlock()
+
+	p.Stop(true)
+	if err := unix.Kill(int(kept.GetPid()), 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("pid %d after Stop(true): kill 0 = %v, want ESRCH", kept.GetPid(), err)
+	}
+	record := filepath.Join(cfg.WorkDir, "csi", "t.example", plugin.Info.Name, "containers", "0", "process.json")
+	if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("process record after Stop(true): %v, want it gone", err)
+	}
+	if !strings.HasSuffix(p.LogDir(), filepath.Join("t.example", plugin.Info.Name, "logs")) {
+		t.Errorf("LogDir = %s", p.LogDir())
+	}
+}
