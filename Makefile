@@ -17,7 +17,7 @@ FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # nothing and costs minutes: make test runs them without -race. Every
 # other package, including the root ones that run our mount and
 # supervision code in-process, runs with -race.
-E2E_PKGS     := ./agent ./bench
+E2E_PKGS     := ./agent ./bench ./dockerplugin
 TEST_TIMEOUT ?= 9m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
@@ -37,15 +37,18 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-install: build ## install the binaries to $(PREFIX)/bin and the systemd unit to $(UNITDIR) (DESTDIR honoured)
+install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(UNITDIR), the Podman/CRI-O hook and the Docker plugin spec (DESTDIR honoured)
 	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
 	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
 	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)$(UNITDIR)/csi-agent.service
 	install -d -m 0755 $(DESTDIR)/etc/csi-agent/plugins.d
+	install -D -m 0644 deploy/oci-hooks.d/csi-agent.json $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
+	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
+	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec
 	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
-deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd)
+deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd, docker.io, podman)
 	bash hack/install-deps.sh
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
@@ -57,6 +60,7 @@ test: deps ## run every test (root tests included when run as root; TestSoak is 
 
 bench: ## (root) run the performance benchmarks at full size (~3 min), print the table and write bench/results.md; see docs/benchmarks.md
 	$(GO) test -count=1 -v -timeout 30m ./bench -args -full -out $(CURDIR)/bench/results.md
+	$(GO) test -count=1 -v -timeout 10m -run TestDockerRunOverhead ./dockerplugin -args -engine-pairs 20
 
 fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME each (default 3s)
 	@set -e; for file in $$(grep -rlE --include='*_test.go' --exclude-dir=.tools --exclude-dir=.git '^func Fuzz[A-Za-z0-9_]*\(' . | sort); do \

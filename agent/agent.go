@@ -94,6 +94,9 @@ type Config struct {
 	// net/http/pprof at /debug/pprof/ (off by default: profiles reveal
 	// internals; bind it to localhost).
 	DebugAddress string
+	// DockerPluginSocket, when set, is where Run serves Docker's volume
+	// plugin protocol for the named volumes (see package dockerplugin).
+	DockerPluginSocket string
 
 	Logger *slog.Logger
 }
@@ -149,6 +152,9 @@ type Agent struct {
 	stats *volumestats.Poller
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
+	// configured is closed once the config directory's first load is
+	// applied: before, the plugin list would be empty, not true.
+	configured chan struct{}
 	// metrics is the agent's Prometheus registry (metrics.go).
 	metrics *metrics
 
@@ -179,7 +185,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
 		}
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{}), configured: make(chan struct{})}
 	a.metrics = newMetrics(a)
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
@@ -241,8 +247,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer stopDebug()
 
+	// The engine endpoint answers before the API, so that the API being
+	// up means the agent is (API calls are what tests and the hooks watch).
+	stopEngines, err := a.startEngines()
+	if err != nil {
+		return err
+	}
 	lis, err := a.listen()
 	if err != nil {
+		stopEngines()
 		return err
 	}
 	defer os.Remove(a.cfg.APISocket)
@@ -252,6 +265,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	w, err := pluginconfig.Watch(runCtx, pluginconfig.WatchConfig{Dir: a.cfg.ConfigDir, Logger: a.log})
 	if err != nil {
 		lis.Close()
+		stopEngines()
 		return err
 	}
 	a.watcher = w
@@ -293,6 +307,7 @@ loop:
 			}
 			a.apply(runCtx, u)
 			if !isoStarted {
+				close(a.configured)
 				// Recovery needs the plugins the first update defines.
 				isoStarted = true
 				go func() {
@@ -328,6 +343,7 @@ loop:
 	sd.stopping()
 	close(a.stopping)
 	a.stopAPI(srv)
+	stopEngines()
 	cancel()
 	if isoStarted {
 		<-isoDone
@@ -364,9 +380,15 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
-	lis, err := unixsock.Listen(a.cfg.APISocket, unixsock.Owner{GID: a.cfg.APIGroup})
+	return a.listenUnix(a.cfg.APISocket, "API socket")
+}
+
+// listenUnix creates one of the agent's sockets: 0600 root (0660
+// root:APIGroup).
+func (a *Agent) listenUnix(path, what string) (net.Listener, error) {
+	lis, err := unixsock.Listen(path, unixsock.Owner{GID: a.cfg.APIGroup})
 	if err != nil {
-		return nil, fmt.Errorf("API socket: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return lis, nil
 }

@@ -27,8 +27,13 @@ type apiServer struct {
 
 var _ agentv1.AgentServer = (*apiServer)(nil)
 
-func (s *apiServer) ListPlugins(_ context.Context, _ *agentv1.ListPluginsRequest) (*agentv1.ListPluginsResponse, error) {
-	return s.list(), nil
+func (s *apiServer) ListPlugins(ctx context.Context, _ *agentv1.ListPluginsRequest) (*agentv1.ListPluginsResponse, error) {
+	select {
+	case <-s.a.configured:
+		return s.list(), nil
+	case <-ctx.Done():
+		return nil, status.Errorf(codes.Unavailable, "the agent has not read its config directory yet: %v", ctx.Err())
+	}
 }
 
 func (s *apiServer) list() *agentv1.ListPluginsResponse {
@@ -81,25 +86,34 @@ type peerInfo struct {
 func (peerInfo) AuthType() string { return "peercred" }
 
 func (peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	cred, err := peerCred(conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, peerInfo{cred: cred}, nil
+}
+
+// peerCred reads a unix socket connection's peer credentials.
+func peerCred(conn net.Conn) (*unix.Ucred, error) {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
-		return nil, nil, fmt.Errorf("API connection is not a unix socket: %T", conn)
+		return nil, fmt.Errorf("API connection is not a unix socket: %T", conn)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading peer credentials: %w", err)
+		return nil, fmt.Errorf("reading peer credentials: %w", err)
 	}
 	var cred *unix.Ucred
 	var credErr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return nil, nil, fmt.Errorf("reading peer credentials: %w", err)
+		return nil, fmt.Errorf("reading peer credentials: %w", err)
 	}
 	if credErr != nil {
-		return nil, nil, fmt.Errorf("reading peer credentials: %w", credErr)
+		return nil, fmt.Errorf("reading peer credentials: %w", credErr)
 	}
-	return conn, peerInfo{cred: cred}, nil
+	return cred, nil
 }
 
 func (peerCredentials) ClientHandshake(_ context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -140,14 +154,20 @@ func (a *Agent) allowed(ctx context.Context) error {
 	if !ok || pi.cred == nil {
 		return status.Error(codes.Unauthenticated, "no peer credentials")
 	}
-	c := pi.cred
+	if !a.permitted(pi.cred) {
+		return status.Errorf(codes.PermissionDenied, "uid %d may not use the csi-agent API: only root and members of the --api-group may", pi.cred.Uid)
+	}
+	return nil
+}
+
+// permitted reports whether a peer may use the agent's sockets: root, or
+// a member of --api-group.
+func (a *Agent) permitted(c *unix.Ucred) bool {
 	if c.Uid == 0 {
-		return nil
+		return true
 	}
-	if g := a.cfg.APIGroup; g >= 0 && (int(c.Gid) == g || inGroup(int(c.Pid), g)) {
-		return nil
-	}
-	return status.Errorf(codes.PermissionDenied, "uid %d may not use the csi-agent API: only root and members of the --api-group may", c.Uid)
+	g := a.cfg.APIGroup
+	return g >= 0 && (int(c.Gid) == g || inGroup(int(c.Pid), g))
 }
 
 // inGroup reports whether process pid has gid among its supplementary

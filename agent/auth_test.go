@@ -27,6 +27,7 @@ func TestAPIPeerCredentials(t *testing.T) {
 	const apiGroup = 4321
 	cfg := fastConfig(h)
 	cfg.APIGroup = apiGroup
+	cfg.DockerPluginSocket = filepath.Join(h.run, "docker-plugin.sock")
 	h.start(cfg)
 	socket := filepath.Join(h.run, "agent.sock")
 	supervisor.WaitForSocket(t.Context(), socket, nil)
@@ -37,38 +38,51 @@ func TestAPIPeerCredentials(t *testing.T) {
 	if st.Mode().Perm() != 0o660 || st.Sys().(*syscall.Stat_t).Gid != apiGroup {
 		t.Fatalf("socket mode %v gid %d, want 0660 gid %d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Gid, apiGroup)
 	}
+	// The volume plugin socket (container engines) is guarded alike.
+	plugSocket := cfg.DockerPluginSocket
 	cases := []struct {
-		name      string
-		cred      *syscall.Credential
-		chmod     os.FileMode
-		wantError string
+		name                 string
+		cred                 *syscall.Credential
+		chmod                os.FileMode
+		wantError, wantPlugs string
 	}{
-		{"root", nil, 0, ""},
-		{"api group member (primary group)", &syscall.Credential{Uid: 5000, Gid: apiGroup}, 0, ""},
-		{"api group member (supplementary)", &syscall.Credential{Uid: 5000, Gid: 5000, Groups: []uint32{apiGroup}}, 0, ""},
-		{"stranger, socket mode refuses", &syscall.Credential{Uid: 5000, Gid: 5000}, 0, "may not connect to the agent at"},
+		{"root", nil, 0, "", ""},
+		{"api group member (primary group)", &syscall.Credential{Uid: 5000, Gid: apiGroup}, 0, "", ""},
+		{"api group member (supplementary)", &syscall.Credential{Uid: 5000, Gid: 5000, Groups: []uint32{apiGroup}}, 0, "", ""},
+		{"stranger, socket mode refuses", &syscall.Credential{Uid: 5000, Gid: 5000}, 0, "may not connect to the agent at", "may not connect to " + plugSocket},
 		{"stranger, socket world-writable", &syscall.Credential{Uid: 5000, Gid: 5000}, 0o666,
-			"PermissionDenied: uid 5000 may not use the csi-agent API: only root and members of the --api-group may"},
+			"PermissionDenied: uid 5000 may not use the csi-agent API: only root and members of the --api-group may",
+			"only root and members of the agent's --api-group may use this socket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.chmod != 0 {
-				if err := os.Chmod(socket, tc.chmod); err != nil {
-					t.Fatal(err)
+				for _, s := range []string{socket, plugSocket} {
+					if err := os.Chmod(s, tc.chmod); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { os.Chmod(s, 0o660) })
 				}
-				t.Cleanup(func() { os.Chmod(socket, 0o660) })
 			}
-			cmd := exec.Command(bins.agent, "plugins", "--api-socket", socket)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: tc.cred}
-			out, err := cmd.CombinedOutput()
-			if tc.wantError == "" {
-				if err != nil {
-					t.Fatalf("refused: %v\n%s", err, out)
+			for _, c := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"plugins", "--api-socket", socket}, tc.wantError},
+				{[]string{"volume", "ls", "--docker-plugin-socket", plugSocket}, tc.wantPlugs},
+			} {
+				cmd := exec.Command(bins.agent, c.args...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: tc.cred}
+				out, err := cmd.CombinedOutput()
+				if c.want == "" {
+					if err != nil {
+						t.Fatalf("%v refused: %v\n%s", c.args, err, out)
+					}
+					continue
 				}
-				return
-			}
-			if err == nil || !strings.Contains(string(out), tc.wantError) {
-				t.Fatalf("got %v, output %q; want an error containing %q", err, out, tc.wantError)
+				if err == nil || !strings.Contains(string(out), c.want) {
+					t.Fatalf("%v: got %v, output %q; want an error containing %q", c.args, err, out, c.want)
+				}
 			}
 		})
 	}

@@ -239,3 +239,37 @@ func TestFirstReclaimShownNotWritten(t *testing.T) {
 	}
 	h.mustCleanup("c")
 }
+
+// TestCleanupCancelsEveryReclaim: two on-demand reclaims of one volume
+// (the plugin's cap allows two calls) while its plugin hangs in
+// NodeReclaimSpace: only one runs, and the cleanup of the volume's last
+// container cancels it and returns within 2 s.
+func TestCleanupCancelsEveryReclaim(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	h.writeConfig("t.json", testPluginConfig("slow", "--data-dir="+h.dir("plugin-data"), "--reclaim", "--reclaim-hang"))
+	cfg := fastConfig(h)
+	cfg.ReclaimDefaults.MaxConcurrent = 2
+	cfg.ReclaimDefaults.Timeout = 15 * time.Second // ends an uncancelled reclaim
+	h.start(cfg)
+	h.mustPrepare("c", h.dir("sb"), "", volumeSpec{plugin: "slow", id: "v", path: "d"})
+	done := make(chan error, 2)
+	reclaim := func() {
+		_, err := h.reclaimNow(&agentv1.ReclaimSpaceRequest{Target: &agentv1.ReclaimSpaceRequest_All{All: true}})
+		done <- err
+	}
+	go reclaim()
+	h.waitVolume("v", "reclaiming", func(v *agentv1.VolumeStatus) bool { return v.Reclaiming })
+	go reclaim()
+	start := time.Now()
+	h.mustCleanup("c")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("cleanup took %v with reclaims running; want at most 2 s", d)
+	}
+	for range 2 {
+		if err := <-done; err != nil && status.Code(err) != codes.Canceled {
+			t.Errorf("reclaim ended with %v", err)
+		}
+	}
+	h.assertClean()
+}

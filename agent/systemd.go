@@ -41,7 +41,8 @@ func (n *sdNotifier) stopping() { n.send(daemon.SdNotifyStopping + "\nSTATUS=shu
 // alive feeds the watchdog and refreshes the status.
 func (n *sdNotifier) alive() { n.send(daemon.SdNotifyWatchdog + "\n" + n.status()) }
 
-// status is a STATUS= line: plugins ready, volumes published, containers.
+// status is a STATUS= line: plugins ready, volumes published, containers,
+// and what is pending (a plugin down holds up its volumes).
 func (n *sdNotifier) status() string {
 	plugins, _ := n.a.snapshot()
 	ready := 0
@@ -56,5 +57,9 @@ func (n *sdNotifier) status() string {
 			published++
 		}
 	}
-	return fmt.Sprintf("STATUS=%d/%d plugins ready, %d volumes published, %d containers", ready, len(plugins), published, len(n.a.iso.ListContainers()))
+	line := fmt.Sprintf("STATUS=%d/%d plugins ready, %d volumes published, %d containers", ready, len(plugins), published, len(n.a.iso.ListContainers()))
+	if p := n.a.iso.Pending(); p != "" {
+		line += "; " + p
+	}
+	return line
 }

@@ -185,15 +185,26 @@ func toStatus(err error) error {
 // arrives at start (the API serves before that) waits rather than fail on
 // a plugin not configured yet.
 func (s *apiServer) recovered(ctx context.Context) error {
+	if err := s.a.waitRecovered(ctx); err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return nil
+}
+
+// waitRecovered waits for the isolator's first recovery pass, or ctx.
+func (a *Agent) waitRecovered(ctx context.Context) error {
 	select {
-	case <-s.a.iso.Recovered():
+	case <-a.iso.Recovered():
 		return nil
 	case <-ctx.Done():
-		return status.Errorf(codes.Unavailable, "the agent is still recovering its volumes: %v", ctx.Err())
+		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
 	}
 }
 
 func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	if err := checkNotEngineID(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
@@ -203,10 +214,13 @@ func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*
 }
 
 func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	if err := checkNotEngineID(req.GetContainerId()); err != nil {
+		return nil, toStatus(err)
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	err := s.a.iso.Cleanup(ctx, req.GetContainerId())
+	err := s.a.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
 	s.a.reclaimer.Poke()
 	if err != nil {
 		return nil, toStatus(err)
@@ -247,7 +261,14 @@ func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	resp := s.a.iso.Reconcile(ctx, req.GetLiveContainerIds())
+	// The engines' mounts are the engine endpoint's to release.
+	live := req.GetLiveContainerIds()
+	for _, c := range s.a.iso.ListContainers() {
+		if checkNotEngineID(c.GetContainerId()) != nil {
+			live = append(live, c.GetContainerId())
+		}
+	}
+	resp := s.a.iso.Reconcile(ctx, live)
 	s.a.reclaimer.Poke()
 	return resp, nil
 }

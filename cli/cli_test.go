@@ -205,6 +205,17 @@ func TestPluginsAgainstRunningAgent(t *testing.T) {
 	if code != ExitProblem || !strings.Contains(errOut, `NotFound: no plugin of type "nope"`) {
 		t.Errorf("unknown plugin: exit %d, %q", code, errOut)
 	}
+	// An unknown container is clean already, forced or not.
+	for _, args := range [][]string{{"--force", "gone"}, {"--container", "gone", "--force"}, {"gone"}} {
+		if code, _, errOut := run(t, append([]string{"cleanup", "--api-socket", socket}, args...)...); code != ExitOK {
+			t.Errorf("cleanup %v: exit %d: %s", args, code, errOut)
+		}
+	}
+	for _, args := range [][]string{{}, {"a", "b"}, {"--container", "a", "b"}} {
+		if code, _, errOut := run(t, append([]string{"cleanup", "--api-socket", socket}, args...)...); code != ExitUsage || !strings.Contains(errOut, "container id") {
+			t.Errorf("cleanup %v: exit %d, %q; want a usage error about the container id", args, code, errOut)
+		}
+	}
 }
 
 func TestPluginsWithoutAgent(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -25,6 +27,11 @@ import (
 // volumes: a JSON list of Mesos Volume objects.
 const VolumesAnnotation = "csi.csiagent.io/volumes"
 
+// MountsAnnotation lists a container's named volumes as
+// NAME:/path[:ro][;NAME:/path[:ro]...]: no JSON, so that it survives
+// engines that parse annotation values as CSV (podman run --annotation).
+const MountsAnnotation = "csi.csiagent.io/mounts"
+
 // DefaultHookTimeout bounds a hook's whole run, waiting for the agent
 // included.
 const DefaultHookTimeout = 60 * time.Second
@@ -32,6 +39,7 @@ const DefaultHookTimeout = 60 * time.Second
 // ociState is the container state a runtime passes to hooks on stdin.
 type ociState struct {
 	ID          string            `json:"id"`
+	Status      string            `json:"status"`
 	Pid         int               `json:"pid"`
 	Bundle      string            `json:"bundle"`
 	Annotations map[string]string `json:"annotations"`
@@ -44,16 +52,17 @@ var ociHookStages = []string{"create-runtime", "poststop"}
 // line on stderr and exits 1 on failure, which makes runc fail the
 // container's start (createRuntime) cleanly.
 func (e *env) ociHookCmd() *cobra.Command {
-	cmd := command("oci-hook [flags] create-runtime|poststop", "OCI runtime hook: create-runtime prepares, poststop cleans up",
+	cmd := command("oci-hook [flags] [create-runtime|poststop]", "OCI runtime hook: create-runtime prepares, poststop cleans up",
 		func(_ *cobra.Command, args []string) error {
-			if len(args) != 1 || !slices.Contains(ociHookStages, args[0]) {
-				return fmt.Errorf("expected create-runtime or poststop, got %q", args)
+			if len(args) > 1 || (len(args) == 1 && !slices.Contains(ociHookStages, args[0])) {
+				return fmt.Errorf("expected create-runtime, poststop or nothing (the stage follows from the container's status), got %q", args)
 			}
 			return nil
 		}, e.ociHookFlags)
 	cmd.ValidArgs = ociHookStages
 	cmd.Long = "The OCI runtime hook: add it to a bundle's config.json as createRuntime (args: csi-agent oci-hook create-runtime)\n" +
-		"and poststop (args: csi-agent oci-hook poststop). It reads the container state on stdin."
+		"and poststop (args: csi-agent oci-hook poststop). It reads the container state on stdin. Without a stage it takes\n" +
+		"it from the state's status (creating: create-runtime; stopped: poststop), so that one hooks.d file serves both."
 	return cmd
 }
 
@@ -61,23 +70,40 @@ func (e *env) ociHookCmd() *cobra.Command {
 func (e *env) ociHookFlags(fs *pflag.FlagSet) runFunc {
 	socket := apiSocketFlag(fs)
 	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
+	pluginSocket := dockerPluginSocketFlag(fs, "the agent's --docker-plugin-socket, where the named volumes of "+MountsAnnotation+" are looked up")
 	return func(ctx context.Context, name string, args []string) int {
-		return e.ociHook(ctx, name+" "+args[0], args[0], *socket, *timeout)
+		stage := ""
+		if len(args) == 1 {
+			stage = args[0]
+		}
+		return e.ociHook(ctx, name, stage, *socket, *pluginSocket, *timeout)
 	}
 }
 
-// ociHook runs the hook's stage.
-func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout time.Duration) int {
+// ociHook runs the hook's stage ("": the one the container's status
+// says).
+func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket string, timeout time.Duration) int {
 	fail := func(err error) int {
-		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+		fmt.Fprintf(e.stderr, "%s: %v\n", strings.TrimSpace(name+" "+stage), err)
 		return ExitProblem
 	}
 	st, err := readOCIState(e.stdin)
 	if err != nil {
 		return fail(err)
 	}
-	raw, ok := st.Annotations[VolumesAnnotation]
-	if !ok {
+	if stage == "" {
+		switch st.Status {
+		case "creating", "created":
+			stage = "create-runtime"
+		case "stopped":
+			stage = "poststop"
+		default:
+			return fail(fmt.Errorf("container status %q: expected creating (createRuntime) or stopped (poststop); name the stage", st.Status))
+		}
+	}
+	raw, hasVolumes := st.Annotations[VolumesAnnotation]
+	mounts, hasMounts := st.Annotations[MountsAnnotation]
+	if !hasVolumes && !hasMounts {
 		return ExitOK // no CSI volumes: nothing to do
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -96,9 +122,18 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout t
 		}
 		return ExitOK
 	}
-	vols, err := isolator.ParseVolumes([]byte(raw))
-	if err != nil {
-		return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+	var vols []*agentv1.Volume
+	if hasVolumes {
+		if vols, err = isolator.ParseVolumes([]byte(raw)); err != nil {
+			return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+		}
+	}
+	if hasMounts {
+		named, err := namedVolumes(ctx, pluginSocket, mounts)
+		if err != nil {
+			return fail(fmt.Errorf("annotation %s: %w", MountsAnnotation, err))
+		}
+		vols = append(vols, named...)
 	}
 	rootfs, user, err := readBundle(st.Bundle)
 	if err != nil {
@@ -165,4 +200,31 @@ func readBundle(bundle string) (rootfs, user string, _ error) {
 		return filepath.Clean(cfg.Root.Path), user, nil
 	}
 	return filepath.Join(bundle, cfg.Root.Path), user, nil
+}
+
+// namedVolumes reads named mounts NAME:PATH[:ro];... (the mounts
+// annotation, prepare --mounts) and looks the names up in the agent; the
+// agent checks the paths as any container path.
+func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
+	c := dockerplugin.NewClient(socket)
+	var out []*agentv1.Volume
+	for i, m := range strings.Split(value, ";") {
+		parts := strings.Split(m, ":")
+		ro := false
+		if len(parts) == 3 && parts[2] == "ro" {
+			ro, parts = true, parts[:2]
+		}
+		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
+			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, m)
+		}
+		d, err := c.Definition(ctx, parts[0])
+		if err != nil {
+			return nil, fmt.Errorf("mount %d: %w", i+1, err)
+		}
+		if d.Block {
+			return nil, fmt.Errorf("mount %d: volume %s is a block volume; name it in %s instead", i+1, d.Name, VolumesAnnotation)
+		}
+		out = append(out, d.Volume(parts[1], ro))
+	}
+	return out, nil
 }

@@ -124,7 +124,6 @@ func TestOCIHookFlagsAnywhere(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"oci-hook"},
 		{"oci-hook", "prestart", "--api-socket", socket},
 		{"oci-hook", "create-runtime", "poststop"},
 		{"oci-hook", "poststop", "--no-such-flag"},
@@ -137,5 +136,45 @@ func TestOCIHookFlagsAnywhere(t *testing.T) {
 	}
 	if reqs := h.take(); len(reqs) != 0 {
 		t.Errorf("usage errors reached the agent: %v", reqs)
+	}
+}
+
+// TestOCIHookStageFromStatus: without a stage argument (one hooks.d file
+// for both stages) the container's status says which: creating prepares,
+// stopped cleans up, anything else is an error that reaches no agent.
+func TestOCIHookStageFromStatus(t *testing.T) {
+	h, socket := startHookAgent(t)
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"root":{"path":"rootfs"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vols := `[{"container_path":"/data","mode":"RW","source":{"type":"CSI_VOLUME","csi_volume":{"plugin_name":"loop","static_provisioning":{"volume_id":"v1","volume_capability":{"mount":{},"access_mode":{"mode":"SINGLE_NODE_WRITER"}}}}}}]`
+	for _, tc := range []struct {
+		status string
+		code   int
+		want   string
+	}{{"creating", ExitOK, "prepare"}, {"stopped", ExitOK, "cleanup"}, {"running", ExitProblem, ""}, {"", ExitProblem, ""}} {
+		state, err := json.Marshal(ociState{ID: "c1", Status: tc.status, Pid: 4242, Bundle: bundle, Annotations: map[string]string{VolumesAnnotation: vols}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errOut bytes.Buffer
+		e := &env{stdin: bytes.NewReader(state), stdout: &bytes.Buffer{}, stderr: &errOut}
+		if code := e.run(context.Background(), []string{"oci-hook", "--api-socket", socket}); code != tc.code {
+			t.Errorf("status %q: exit %d (%s), want %d", tc.status, code, errOut.String(), tc.code)
+		}
+		reqs := h.take()
+		got := ""
+		if len(reqs) == 1 {
+			switch reqs[0].(type) {
+			case *agentv1.PrepareRequest:
+				got = "prepare"
+			case *agentv1.CleanupRequest:
+				got = "cleanup"
+			}
+		}
+		if got != tc.want || len(reqs) > 1 {
+			t.Errorf("status %q: the agent got %v, want %q", tc.status, reqs, tc.want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -43,6 +44,7 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
+	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker, Podman and 'csi-agent volume' (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
 		return e.serve(ctx, name, cfg, *apiGroup, *logFormat, *logLevel)
 	}
@@ -50,6 +52,12 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 
 // serve runs the daemon until ctx ends.
 func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
+	switch cfg.DockerPluginSocket {
+	case "":
+		cfg.DockerPluginSocket = filepath.Join(cfg.RuntimeDir, dockerPluginSocketName)
+	case "none":
+		cfg.DockerPluginSocket = ""
+	}
 	logger, err := newLogger(e, logFormat, logLevel)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)

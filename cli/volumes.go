@@ -54,27 +54,38 @@ func (u usageError) Error() string { return string(u) }
 // prepareCmd is csi-agent prepare.
 func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("container", "", "container id (required)")
-	file := fs.String("volumes", "", "JSON file: a list of Mesos Volume objects (required; - for stdin)")
+	file := fs.String("volumes", "", "JSON file: a list of Mesos Volume objects (- for stdin)")
+	mounts := fs.String("mounts", "", "named volumes, NAME:PATH[:ro][;NAME:PATH[:ro]...] (see csi-agent volume)")
+	pluginSocket := dockerPluginSocketFlag(fs, "the agent's --docker-plugin-socket, where the names of --mounts are looked up")
 	rootfs := fs.String("rootfs", "", "the container's root filesystem on the host")
 	sandbox := fs.String("sandbox", "", "the container's sandbox on the host (relative container paths)")
 	user := fs.String("user", "", "user that created mount point directories are given to")
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
-		if *id == "" || *file == "" {
-			return usageError("--container and --volumes are required")
+		if *id == "" || (*file == "" && *mounts == "") {
+			return usageError("--container, and --volumes or --mounts, are required")
 		}
-		var data []byte
-		var err error
-		if *file == "-" {
-			data, err = io.ReadAll(e.stdin)
-		} else {
-			data, err = os.ReadFile(*file)
+		var vols []*agentv1.Volume
+		if *file != "" {
+			var data []byte
+			var err error
+			if *file == "-" {
+				data, err = io.ReadAll(e.stdin)
+			} else {
+				data, err = os.ReadFile(*file)
+			}
+			if err != nil {
+				return usageError(err.Error())
+			}
+			if vols, err = isolator.ParseVolumes(data); err != nil {
+				return usageError(fmt.Sprintf("%s: %v", *file, err))
+			}
 		}
-		if err != nil {
-			return usageError(err.Error())
-		}
-		vols, err := isolator.ParseVolumes(data)
-		if err != nil {
-			return usageError(fmt.Sprintf("%s: %v", *file, err))
+		if *mounts != "" {
+			named, err := namedVolumes(ctx, *pluginSocket, *mounts)
+			if err != nil {
+				return fmt.Errorf("--mounts: %w", err)
+			}
+			vols = append(vols, named...)
 		}
 		resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: *id, Volumes: vols, Rootfs: *rootfs, Sandbox: *sandbox, User: *user})
 		if err != nil {
@@ -103,12 +114,18 @@ func printMounts(e *env, mounts []*agentv1.ContainerMount) {
 
 // cleanupCmd is csi-agent cleanup.
 func (e *env) cleanupCmd(fs *pflag.FlagSet) runFunc {
-	id := fs.String("container", "", "container id (required)")
-	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, _ string, _ []string) error {
-		if *id == "" {
-			return usageError("--container is required")
+	id := fs.String("container", "", "container id (or give it as the argument)")
+	force := fs.Bool("force", false, "finish even where a volume's plugin fails its teardown (see README)")
+	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, _ string, rest []string) error {
+		switch {
+		case len(rest) > 1 || (len(rest) == 1 && *id != ""):
+			return usageError("give the container id once: --container ID or ID")
+		case len(rest) == 1:
+			*id = rest[0]
+		case *id == "":
+			return usageError("a container id is required: --container ID or ID")
 		}
-		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id})
+		_, err := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: *id, Force: *force})
 		return err
 	})
 }

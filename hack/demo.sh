@@ -102,6 +102,24 @@ cat "$work/sandbox/data/hello.txt"
 $agent volumes --api-socket "$sock"
 $agent containers --api-socket "$sock"
 
+if command -v podman >/dev/null && [[ -x /bin/busybox || -x /usr/bin/busybox ]]; then
+	step "a Podman container reads it too, through the agent's volume plugin socket (named volume 'demo')"
+	pm="$work/podman"
+	mkdir -p "$pm/img/bin"
+	cp "$(command -v busybox)" "$pm/img/bin/busybox"
+	ln -s busybox "$pm/img/bin/cat"
+	printf '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n[engine.volume_plugins]\ncsi-agent = "%s"\n' \
+		"$work/run/docker-plugin.sock" >"$pm/containers.conf"
+	podman_() { CONTAINERS_CONF="$pm/containers.conf" podman --root "$pm/root" --runroot "$pm/runroot" --tmpdir "$pm/tmp" "$@"; }
+	tar -C "$pm/img" -c . | podman_ import -q - demo-busybox >/dev/null
+	podman_ volume create --driver csi-agent -o plugin=loop.csi.csiagent.io -o volume_id=demo-vol -o fs_type=ext4 demo
+	podman_ run --rm --network none --ulimit nofile=1024:4096 --ulimit nproc=1024:4096 -v demo:/data demo-busybox cat /data/hello.txt
+	$agent volume ls --docker-plugin-socket "$work/run/docker-plugin.sock"
+	podman_ volume rm demo >/dev/null
+	podman_ rmi -a -f >/dev/null 2>&1 || true
+	{ grep " $pm/" /proc/self/mountinfo || true; } | cut -d' ' -f5 | sort -r | xargs -r -n1 umount -l
+fi
+
 step "write 128 MiB, delete it: the sparse image keeps the blocks"
 dd if=/dev/urandom of="$work/sandbox/data/big" bs=1M count=128 status=none
 sync

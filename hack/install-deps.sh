@@ -14,6 +14,10 @@ declare -A want=(
 	[protoc]=protobuf-compiler
 	[runc]=runc
 	[systemd-analyze]=systemd
+	[debugfs]=e2fsprogs
+	# The container engine tests (package dockerplugin) run real engines.
+	[dockerd]=docker.io
+	[podman]=podman
 )
 missing=()
 for cmd in "${!want[@]}"; do

@@ -6,16 +6,18 @@
 // mount namespace), and Cleanup takes them away, the last user of a volume
 // unpublishing and unstaging it. Prepare is all or nothing.
 //
-// Every transition is checkpointed under the work directory (Mesos layout,
-// one file per volume and per container) before the node call that may act,
-// and a volume's users are persisted with it, so a crash or a reboot never
-// loses track of a mount: Run recovers first (redoing a transitional state
-// the whole way, remounting what a reboot removed, dropping users no
-// container backs) and then keeps every volume and container converged.
-// Operations are serialised per volume and per container. Reclaim-space
-// calls (ReclaimSpace on a volume published here, ReclaimOffline on one
-// that is not) run under the volume's lock too, so they never overlap a
-// prepare or a cleanup.
+// Every transition is checkpointed under the work directory before the
+// node call that may act, and a volume's users are persisted with it, so a
+// crash or a reboot never loses track of a mount: Run recovers first
+// (redoing a transitional state the whole way, remounting what a reboot
+// removed, dropping users no container backs) and then keeps every volume
+// and container converged. Each wait for a plugin and each node call has
+// a deadline, and a plugin that is down holds up only its own volumes
+// (skipped, state kept, retried on the next pass). Operations are
+// serialised per volume and per container. Reclaim-space calls run under
+// the volume's lock too, so they never overlap a prepare or a cleanup;
+// one runs per volume at a time, and the cleanup of the volume's last
+// user cancels it.
 //
 // It finds plugins through the Plugins interface the daemon implements and
 // never dials or supervises them. Not for: provisioning volumes (CSI

@@ -69,7 +69,7 @@ func TestCleanupWaitsForItsIntentToBeDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = iso.Cleanup(context.Background(), "c1")
+	err = iso.Cleanup(context.Background(), "c1", false)
 	close(returned)
 	if err != nil {
 		t.Fatal(err)

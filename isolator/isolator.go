@@ -126,10 +126,13 @@ type Isolator struct {
 	volumes map[volumeKey]*volume
 	// containers likewise caches container checkpoints.
 	containers map[string]*container
-	// reclaiming holds the cancel of each reclaim running or waiting for
-	// its volume's lock; reclaimActive the volumes whose reclaim RPC runs.
+	// reclaiming holds the cancel of the reclaim running or waiting for
+	// its volume's lock (one per volume); reclaimActive the volumes whose
+	// reclaim RPC runs; releasing counts the cleanups removing a volume's
+	// last user, which keep reclaims off it.
 	reclaiming    map[volumeKey]context.CancelFunc
 	reclaimActive map[volumeKey]bool
+	releasing     map[volumeKey]int
 	// recovered is closed when the first recovery pass has run.
 	recovered chan struct{}
 }
@@ -170,6 +173,7 @@ func New(cfg Config) (*Isolator, error) {
 		containers:    map[string]*container{},
 		reclaiming:    map[volumeKey]context.CancelFunc{},
 		reclaimActive: map[volumeKey]bool{},
+		releasing:     map[volumeKey]int{},
 		recovered:     make(chan struct{}),
 		commit:        atomicfile.Committer{Fsync: cfg.Fsync, InPlace: true},
 	}

@@ -55,7 +55,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		}
 		// An interrupted prepare or cleanup: finish undoing it, then
 		// start afresh.
-		if err := iso.cleanupLocked(ctx, c); err != nil {
+		if err := iso.cleanupLocked(ctx, c, false); err != nil {
 			return nil, err
 		}
 	}
@@ -84,7 +84,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
 		iso.log.Warn("prepare failed; rolling back", "container", id, "error", err)
 		// The caller's ctx may be what ended: roll back regardless.
-		if rerr := iso.cleanupLocked(context.WithoutCancel(ctx), c); rerr != nil {
+		if rerr := iso.cleanupLocked(context.WithoutCancel(ctx), c, false); rerr != nil {
 			iso.log.Error("rolling back a failed prepare", "container", id, "error", rerr)
 			return nil, fmt.Errorf("%w (and rolling back failed, to be retried: %v)", err, rerr)
 		}
@@ -301,7 +301,14 @@ func (iso *Isolator) durable(ctx context.Context, c *container, intent uint64) e
 
 // Cleanup takes a container's volumes away. An unknown container is
 // already clean.
-func (iso *Isolator) Cleanup(ctx context.Context, id string) error {
+//
+// With force, a volume whose teardown fails (its plugin refuses it, is
+// gone or down) does not keep the container: the container stops being
+// its user, and the volume is forgotten when nothing is mounted at its
+// staging and target paths, else kept (without this user) for the resync
+// to retry. A mount of the container that does not unmount still fails
+// the cleanup: no mount is ever forgotten.
+func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 	if err := ValidateContainerID(id); err != nil {
 		return err
 	}
@@ -316,13 +323,13 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string) error {
 	if c == nil {
 		return nil
 	}
-	return iso.cleanupLocked(ctx, c)
+	return iso.cleanupLocked(ctx, c, force)
 }
 
 // cleanupLocked unmounts a container's mounts, releases its volumes and
 // forgets it. On failure the container stays CLEANING, with the error,
-// for Cleanup, Reconcile or the resync to finish.
-func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
+// for Cleanup, Reconcile or the resync to finish. force: see Cleanup.
+func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool) error {
 	if c.cp.GetPhase() != agentv1.ContainerStatus_CLEANING {
 		if err := iso.setPhase(c, agentv1.ContainerStatus_CLEANING); err != nil {
 			return err
@@ -331,7 +338,12 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 	intent := c.written
 	var errs []error
 	for _, m := range c.cp.GetMounts() {
-		if err := iso.unmountFor(ctx, c, m); err != nil {
+		// A busy mount is retried for one step's deadline, then left to
+		// the next attempt.
+		uctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+		err := iso.unmountFor(uctx, c, m)
+		cancel()
+		if err != nil {
 			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.GetMountPoint(), err))
 		}
 		iso.cfg.CrashPoint("unbind")
@@ -348,14 +360,20 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 		for i, v := range vols {
 			csiVol := v.GetSource().GetCsiVolume()
 			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
-			if len(vols) == 1 {
+			release := func() {
 				rerrs[i] = iso.release(ctx, key, c.id)
+				if rerrs[i] != nil && force {
+					rerrs[i] = iso.forceRelease(ctx, key, c.id, rerrs[i])
+				}
+			}
+			if len(vols) == 1 {
+				release()
 				continue
 			}
 			wg.Go(func() {
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				rerrs[i] = iso.release(ctx, key, c.id)
+				release()
 			})
 		}
 		wg.Wait()
@@ -381,18 +399,32 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container) error {
 	return nil
 }
 
-// Reconcile cleans up every container not in live.
+// Reconcile cleans up every container not in live. A plugin found down
+// (its wait has the RPC deadline) is not waited for again: the other
+// containers using it are reported failed, not tried.
 func (iso *Isolator) Reconcile(ctx context.Context, live []string) *agentv1.ReconcileResponse {
 	alive := map[string]bool{}
 	for _, id := range live {
 		alive[id] = true
 	}
 	resp := &agentv1.ReconcileResponse{Failed: map[string]string{}}
+	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		if alive[id] {
 			continue
 		}
-		if err := iso.Cleanup(ctx, id); err != nil {
+		iso.mu.Lock()
+		var req *agentv1.PrepareRequest
+		if c := iso.containers[id]; c != nil {
+			req = c.cp.GetRequest()
+		}
+		iso.mu.Unlock()
+		if p, ok := down.of(req); ok {
+			resp.Failed[id] = fmt.Sprintf("container %s: not tried: plugin %s did not answer for another container", id, p)
+			continue
+		}
+		if err := iso.Cleanup(ctx, id, false); err != nil {
+			down.note(err)
 			resp.Failed[id] = err.Error()
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -66,8 +67,10 @@ func (iso *Isolator) ScheduleReclaim(ctx context.Context, plugin, id string, nex
 }
 
 // ReclaimSpace calls NodeReclaimSpace on a published volume with its lock
-// held, so it never overlaps a prepare, a cleanup or another reclaim of
-// the volume; the cleanup that removes the volume's last user cancels it.
+// held, so it never overlaps a prepare or a cleanup of the volume; a
+// second reclaim of the volume while one runs fails with Aborted; the
+// cleanup that removes the volume's last user cancels it and refuses new
+// ones (ErrNotPublished).
 // The result is kept with the volume. The error is the plugin's status
 // error (its code drives the caller's retry policy), or wraps
 // reclaim.ErrNotPublished.
@@ -76,6 +79,14 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	iso.mu.Lock()
+	switch {
+	case iso.reclaiming[key] != nil:
+		iso.mu.Unlock()
+		return nil, status.Errorf(codes.Aborted, "volume %s: a reclaim of it is already running", key)
+	case iso.releasing[key] > 0:
+		iso.mu.Unlock()
+		return nil, fmt.Errorf("volume %s: its last container is being cleaned up: %w", key, reclaim.ErrNotPublished)
+	}
 	iso.reclaiming[key] = cancel
 	iso.mu.Unlock()
 	defer func() {
@@ -163,19 +174,34 @@ func reclaimResult(start time.Time, pre, post int64, hasPre, hasPost bool, err e
 	return res
 }
 
-// cancelReclaim stops a reclaim running on a volume whose last user is
-// being released, so the cleanup does not wait for it.
-func (iso *Isolator) cancelReclaim(key volumeKey, id string) {
+// releaseLast, when id is the volume's last user, keeps new reclaims of
+// the volume off and cancels the one running (at most one runs), so the
+// cleanup does not wait for it. It reports whether it cancelled one; done
+// lets reclaims in again.
+func (iso *Isolator) releaseLast(key volumeKey, id string) (cancelled bool, done func()) {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
 	v := iso.volumes[key]
 	if v == nil || len(v.cp.GetUsers()) != 1 || v.cp.GetUsers()[0] != id {
-		return
+		return false, func() {}
 	}
+	iso.releasing[key]++
 	if cancel := iso.reclaiming[key]; cancel != nil {
 		cancel()
+		cancelled = true
+	}
+	return cancelled, func() {
+		iso.mu.Lock()
+		if iso.releasing[key]--; iso.releasing[key] == 0 {
+			delete(iso.releasing, key)
+		}
+		iso.mu.Unlock()
 	}
 }
+
+// reclaimCancelWait bounds a cleanup's wait for a reclaim it cancelled to
+// let go of the volume.
+const reclaimCancelWait = 5 * time.Second
 
 func (iso *Isolator) setReclaimActive(key volumeKey, on bool) {
 	iso.mu.Lock()

@@ -3,8 +3,10 @@ package isolator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -20,18 +22,25 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	if recovery {
 		iso.forEachVolume(func(v *volume) { iso.recoverVolume(v) })
 	}
+	// A plugin that is not ready holds up its own volumes and containers
+	// only, and only once per pass (each wait for it has the RPC
+	// deadline): the next pass retries them, their state kept.
+	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
-				if err := iso.cleanupLocked(ctx, c); err != nil {
-					iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
-				}
+			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+				return
+			}
+			if p, ok := down.of(c.cp.GetRequest()); ok {
+				iso.log.Warn("leaving an interrupted prepare or cleanup for a later pass: its plugin is down", "container", id, "plugin", p)
+				return
+			}
+			if err := iso.cleanupLocked(ctx, c, false); err != nil {
+				down.note(err)
+				iso.log.Warn("finishing an interrupted prepare or cleanup", "container", id, "error", err)
 			}
 		})
 	}
-	// A plugin that is not ready holds up its own volumes only, and only
-	// once per pass: the next pass retries them.
-	down := map[string]bool{}
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated
 		if len(v.cp.Users) > 0 {
@@ -44,9 +53,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		err := iso.converge(vctx, v, want)
 		cancel()
 		if err != nil {
-			if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnknownPlugin) {
-				down[v.key.plugin] = true
-			}
+			down.note(err)
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})
@@ -56,6 +63,27 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		}
 		iso.removeOrphanDirs()
 	}
+}
+
+// downPlugins are the plugins found down in one pass over containers or
+// volumes: each is waited for once per pass.
+type downPlugins map[string]bool
+
+// note records the plugin err says is down, if any.
+func (d downPlugins) note(err error) {
+	if p, ok := downPlugin(err); ok {
+		d[p] = true
+	}
+}
+
+// of names a plugin of the request's volumes that is down.
+func (d downPlugins) of(req *agentv1.PrepareRequest) (string, bool) {
+	for _, v := range req.GetVolumes() {
+		if p := v.GetSource().GetCsiVolume().GetPluginName(); d[p] {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // forEachVolume runs f on each volume whose lock is free, lock held.
@@ -199,4 +227,41 @@ func (iso *Isolator) removeOrphanDirs() {
 			unlock()
 		}
 	}
+}
+
+// Pending says what is not where it should be: containers whose prepare
+// or cleanup is unfinished and volumes not in their wanted state, with
+// their plugins; "" when nothing is.
+func (iso *Isolator) Pending() string {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	containers := 0
+	for _, c := range iso.containers {
+		if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+			containers++
+		}
+	}
+	volumes := 0
+	var plugins []string
+	for k, v := range iso.volumes {
+		want := stCreated
+		if len(v.cp.Users) > 0 {
+			want = stPublished
+		}
+		if v.cp.State != want || v.cp.LastError != "" {
+			volumes++
+			if !slices.Contains(plugins, k.plugin) {
+				plugins = append(plugins, k.plugin)
+			}
+		}
+	}
+	if containers == 0 && volumes == 0 {
+		return ""
+	}
+	line := fmt.Sprintf("%d containers and %d volumes pending", containers, volumes)
+	if len(plugins) > 0 {
+		slices.Sort(plugins)
+		line += " (plugins " + strings.Join(plugins, ", ") + ")"
+	}
+	return line
 }

@@ -212,6 +212,13 @@ func readOnlyAccess(c *csi.VolumeCapability) bool {
 	return false
 }
 
+// singleUser reports whether a capability allows one container at a time:
+// SINGLE_NODE_SINGLE_WRITER (published once, read-write, at a time; a
+// second container, even read-only, would share that publication).
+func singleUser(c *csi.VolumeCapability) bool {
+	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+}
+
 // sameUse reports whether two requests for one volume are compatible:
 // the same capability and context (secrets may differ: a later user's are
 // not needed once the volume is published).

@@ -72,7 +72,11 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			}
 			v = nv
 		} else if !sameUse(v.cp.StaticProvisioning, pm.static) {
-			return fmt.Errorf("%w: volume %s is in use by %v with a different volume_capability or volume_context", ErrPrecondition, pm.key, v.cp.Users)
+			// Other containers are not named to this one's caller.
+			return fmt.Errorf("%w: volume %s is in use by another container with a different volume_capability or volume_context", ErrPrecondition, pm.key)
+		}
+		if singleUser(pm.static.GetVolumeCapability()) && slices.ContainsFunc(v.cp.Users, func(u string) bool { return u != id }) {
+			return fmt.Errorf("%w: volume %s is in use by another container and its access mode %s allows one", ErrPrecondition, pm.key, pm.static.GetVolumeCapability().GetAccessMode().GetMode())
 		}
 		if !slices.Contains(v.cp.Users, id) {
 			// The new user is recorded with the first checkpoint the
@@ -107,8 +111,15 @@ func (iso *Isolator) writePending(v *volume) error {
 // release removes container id from the volume's users; the last user
 // going tears the volume down (unpublish, unstage, forget).
 func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) error {
-	iso.cancelReclaim(key, id)
-	return iso.withVolume(ctx, key, func(v *volume) error {
+	cancelled, done := iso.releaseLast(key, id)
+	defer done()
+	lctx := ctx
+	if cancelled {
+		var cancel context.CancelFunc
+		lctx, cancel = context.WithTimeout(ctx, reclaimCancelWait)
+		defer cancel()
+	}
+	return iso.withVolume(lctx, key, func(v *volume) error {
 		if v == nil {
 			return nil
 		}
@@ -129,6 +140,34 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 			return err
 		}
 		return iso.writePending(v)
+	})
+}
+
+// forceRelease, after release of the volume failed with failure, removes
+// container id from its users all the same. A volume left without users
+// is forgotten (its directories removed, never across a mount point) when
+// nothing is mounted at its staging or target path; otherwise it is kept,
+// with failure, for the resync to tear down.
+func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string, failure error) error {
+	return iso.withVolume(ctx, key, func(v *volume) error {
+		if v == nil {
+			return nil
+		}
+		users := slices.DeleteFunc(slices.Clone(v.cp.Users), func(u string) bool { return u == id })
+		mounted := false
+		for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
+			if ok, err := mount.IsMountPoint(p); ok || err != nil {
+				mounted = true
+			}
+		}
+		if len(users) > 0 || mounted {
+			if len(users) == 0 {
+				iso.log.Warn("forced cleanup: keeping a volume that is still mounted for the resync to tear down", "volume", key.String(), "container", id, "error", failure)
+			}
+			return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.Users = users })
+		}
+		iso.log.Warn("forced cleanup: forgetting a volume whose teardown failed; nothing is mounted at its paths", "volume", key.String(), "container", id, "error", failure)
+		return iso.teardownDirs(v)
 	})
 }
 
@@ -193,19 +232,31 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	case want == stCreated && (v.cp.State == stCreated || v.cp.State == stNodeReady):
 		return v.cp.State, iso.teardownDirs(v)
 	}
-	node, err := iso.cfg.Plugins.Node(ctx, v.key.plugin)
+	// The wait for a plugin that is not ready is one step, with the
+	// step's deadline.
+	nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+	node, err := iso.cfg.Plugins.Node(nctx, v.key.plugin)
+	cancel()
 	if err != nil {
-		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, err)
+		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
 	}
-	steps := iso.path(v.cp.State, want, node.StageUnstage)
+	before := v.cp.State
+	steps := iso.path(before, want, node.StageUnstage)
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
 		if err := iso.setState(v, steps[0].during); err != nil {
 			return v.cp.State, err
 		}
 	}
 	var reached vstate
-	for _, s := range steps {
+	for i, s := range steps {
 		if err := s.rpc(ctx, node, v); err != nil {
+			if i == 0 && iso.refusedUntouched(before, err, v) {
+				// The plugin refused the first call of the way up
+				// outright and nothing is mounted: the volume is where
+				// it was, and undoing it needs no call the plugin
+				// would refuse the same way.
+				return before, err
+			}
 			// A failed call may have acted (a plugin that mounted and
 			// then failed to answer): the volume is between the states
 			// before and after it.
@@ -217,6 +268,27 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		return reached, iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
 	}
 	return reached, iso.teardownDirs(v)
+}
+
+// refusedUntouched reports whether err, from the first node call of a
+// volume on its way up from a state with nothing staged or published, is
+// a refusal that means the plugin did nothing (InvalidArgument, NotFound,
+// FailedPrecondition) and nothing is mounted at its staging or target
+// path.
+func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool {
+	if before != stCreated && before != stNodeReady {
+		return false
+	}
+	code, ok := RPCCode(err)
+	if !ok || (code != codes.InvalidArgument && code != codes.NotFound && code != codes.FailedPrecondition) {
+		return false
+	}
+	for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
+		if mounted, merr := mount.IsMountPoint(p); mounted || merr != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // readState finds out a reconstructed volume's state from the mount table.
@@ -375,6 +447,29 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 		}
 		pause = min(pause*2, retryMax)
 	}
+}
+
+// pluginDownError: the plugin was unknown or not ready in time.
+type pluginDownError struct {
+	plugin string
+	err    error
+}
+
+func (e *pluginDownError) Error() string { return e.err.Error() }
+func (e *pluginDownError) Unwrap() error { return e.err }
+
+// downPlugin names the plugin err says is down: unknown, not ready in
+// time, or unreachable until its calls' deadline.
+func downPlugin(err error) (string, bool) {
+	var pd *pluginDownError
+	if errors.As(err, &pd) {
+		return pd.plugin, true
+	}
+	var re *rpcError
+	if errors.As(err, &re) && (re.Code() == codes.Unavailable || re.Code() == codes.DeadlineExceeded) {
+		return re.plugin, true
+	}
+	return "", false
 }
 
 // rpcError is a plugin's error, which keeps its gRPC code.

@@ -868,8 +868,14 @@ func (x *ContainerMount) GetReadonly() bool {
 }
 
 type CleanupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// force: finish the cleanup even where it cannot be done cleanly: a
+	// mount that does not unmount and a volume whose plugin refuses its
+	// teardown are reported and left, the container is forgotten, and a
+	// volume without users with nothing mounted at its paths is forgotten
+	// too (see README, "csi-agent cleanup --force").
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -909,6 +915,13 @@ func (x *CleanupRequest) GetContainerId() string {
 		return x.ContainerId
 	}
 	return ""
+}
+
+func (x *CleanupRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type CleanupResponse struct {
@@ -2820,9 +2833,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\thost_path\x18\x04 \x01(\tR\bhostPath\x12\x1f\n" +
 	"\vmount_point\x18\x05 \x01(\tR\n" +
 	"mountPoint\x12\x1a\n" +
-	"\breadonly\x18\x06 \x01(\bR\breadonly\"3\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\"I\n" +
 	"\x0eCleanupRequest\x12!\n" +
-	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x11\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +
 	"\x0fCleanupResponse\"9\n" +
 	"\x12ListVolumesRequest\x12#\n" +
 	"\rrefresh_stats\x18\x01 \x01(\bR\frefreshStats\"P\n" +

@@ -1,0 +1,838 @@
+package dockerplugin_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/go-plugins-helpers/volume"
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/csiagent/csiagent/dockerplugin"
+)
+
+// waitTimeout bounds every wait for an expected state.
+const waitTimeout = 30 * time.Second
+
+// image is the test image: a busybox-static rootfs, imported.
+const image = "csiagent-test-busybox"
+
+var (
+	bins struct{ agent, loop string }
+	// dockerHost is the test's own dockerd; dockerSkip says why there is
+	// none.
+	dockerHost, dockerSkip string
+	// podmanRoot holds the podman storage with the test image imported;
+	// podmanSkip says why there is none.
+	podmanRoot, podmanSkip string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "csidp")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	for _, b := range []struct {
+		pkg string
+		out *string
+	}{{"github.com/csiagent/csiagent/cmd/csi-agent", &bins.agent}, {"github.com/csiagent/csiagent/cmd/csi-loop-plugin", &bins.loop}} {
+		*b.out = filepath.Join(dir, filepath.Base(b.pkg))
+		cmd := exec.Command("go", "build", "-o", *b.out, b.pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", b.pkg, err)
+			return 1
+		}
+	}
+	stop := startDockerd(filepath.Join(dir, "docker"))
+	defer stop()
+	setUpPodman(filepath.Join(dir, "podman"))
+	defer podmanCleanUp()
+	return m.Run()
+}
+
+// startDockerd starts a dockerd of the tests' own (own data root, exec
+// root and socket; no network setup) and imports the test image, or sets
+// dockerSkip.
+func startDockerd(dir string) (stop func()) {
+	stop = func() {}
+	if os.Geteuid() != 0 {
+		dockerSkip = "needs root: runs dockerd"
+		return stop
+	}
+	if _, err := exec.LookPath("dockerd"); err != nil {
+		dockerSkip = "dockerd is not installed"
+		return stop
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		dockerSkip = err.Error()
+		return stop
+	}
+	sock := filepath.Join(dir, "docker.sock")
+	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
+	if err != nil {
+		dockerSkip = err.Error()
+		return stop
+	}
+	cmd := exec.Command("dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
+		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "dockerd.pid"), "-H", "unix://"+sock)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		dockerSkip = "dockerd cannot start: " + err.Error()
+		return stop
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(waitTimeout):
+			cmd.Process.Kill()
+			<-exited
+		}
+		logf.Close()
+		// What dockerd left mounted under its roots (it unmounts its own
+		// on a clean stop).
+		if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); err == nil {
+			for i := len(ms) - 1; i >= 0; i-- {
+				syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+			}
+		}
+	}
+	dockerHost = "unix://" + sock
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if out, err := dockerCmd("version"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			log, _ := os.ReadFile(logf.Name())
+			dockerSkip = fmt.Sprintf("dockerd does not start on this machine: %v: %s\n%s", err, out, tail(log))
+			return stop
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logf.Name())
+			dockerSkip = "dockerd exited at start: " + tail(log)
+			return stop
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	img, err := busyboxTar()
+	if err == nil {
+		c := exec.Command("docker", "-H", dockerHost, "import", "-", image)
+		c.Stdin = bytes.NewReader(img)
+		var out []byte
+		if out, err = c.CombinedOutput(); err != nil {
+			err = fmt.Errorf("docker import: %w: %s", err, out)
+		}
+	}
+	if err != nil {
+		dockerSkip = "cannot make the test image: " + err.Error()
+	}
+	return stop
+}
+
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// busyboxTar is a rootfs of busybox-static and the applets the tests use.
+func busyboxTar() ([]byte, error) {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return nil, fmt.Errorf("busybox-static is not installed: %w", err)
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777})
+	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data))})
+	tw.Write(data)
+	for _, applet := range []string{"sh", "cat", "echo", "sleep", "touch", "ls", "true", "grep"} {
+		tw.WriteHeader(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox"})
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// dockerCmd runs the docker CLI against the test's dockerd.
+func dockerCmd(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "docker", append([]string{"-H", dockerHost}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func docker(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := dockerCmd(args...)
+	if err != nil {
+		t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// dockerFails runs a docker command that must fail and returns its output.
+func dockerFails(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := dockerCmd(args...)
+	if err == nil {
+		t.Fatalf("docker %s succeeded, want an error\n%s", strings.Join(args, " "), out)
+	}
+	return out
+}
+
+func needDocker(t *testing.T) {
+	t.Helper()
+	if dockerSkip != "" {
+		t.Skip(dockerSkip)
+	}
+}
+
+// env is one agent with a csi-loop-plugin, registered with Docker under
+// a name of its own.
+type env struct {
+	t                          *testing.T
+	dir, pool, conf, work, run string
+	driver                     string
+	socket                     string
+	agent                      *exec.Cmd
+	agentDone                  chan struct{}
+	logs                       *os.File
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	needDocker(t)
+	e := newEnvFor(t)
+	// Docker remembers volumes by name across drivers: forget this test's
+	// once its containers are gone (cleanups run last first).
+	t.Cleanup(func() {
+		if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
+			dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
+		}
+	})
+	return e
+}
+
+func newEnvFor(t *testing.T) *env {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csidp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir, pool: filepath.Join(dir, "pool"), conf: filepath.Join(dir, "conf"),
+		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run")}
+	e.socket = filepath.Join(e.run, "docker-plugin.sock")
+	for _, d := range []string{e.pool, e.conf} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.logs, err = os.Create(filepath.Join(dir, "agent.log")); err != nil {
+		t.Fatal(err)
+	}
+	// An unmanaged plugin, so that the test owns its process.
+	plugSock := filepath.Join(dir, "loop.sock")
+	plugin := exec.Command(bins.loop, "--endpoint", "unix://"+plugSock, "--pool", e.pool, "--node-id", "node-1")
+	plugin.Stderr = e.logs
+	if err := plugin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"type": "loop.test", "endpoints": []any{
+		map[string]string{"csi_service": "NODE_SERVICE", "endpoint": plugSock},
+	}})
+	if err := os.WriteFile(filepath.Join(e.conf, "loop.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	e.driver = "csi-agent-test-" + hex.EncodeToString(rnd[:])
+	spec := filepath.Join("/etc/docker/plugins", e.driver+".spec")
+	if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(spec, []byte("unix://"+e.socket+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.stopAgent()
+		plugin.Process.Kill()
+		plugin.Wait()
+		os.Remove(spec)
+		if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); len(ms) > 0 {
+			t.Errorf("left mounted under %s: %v", dir, ms[0].Mountpoint)
+			for i := len(ms) - 1; i >= 0; i-- {
+				syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+			}
+		}
+		if t.Failed() {
+			log, _ := os.ReadFile(e.logs.Name())
+			t.Logf("agent and plugin log:\n%s", tail(log))
+		}
+		e.logs.Close()
+		os.RemoveAll(dir)
+	})
+	e.startAgent()
+	return e
+}
+
+// startAgent runs csi-agent serve and waits for its plugin socket.
+func (e *env) startAgent() {
+	e.t.Helper()
+	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", e.conf, "--work-dir", e.work, "--runtime-dir", e.run)
+	cmd.Stdout, cmd.Stderr = e.logs, e.logs
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.agent, e.agentDone = cmd, make(chan struct{})
+	done := e.agentDone
+	go func() { cmd.Wait(); close(done) }()
+	c := dockerplugin.NewClient(e.socket)
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.List(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the agent's plugin socket does not answer: %v", err)
+		}
+		select {
+		case <-done:
+			e.t.Fatal("csi-agent serve exited at start")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stopAgent stops the agent with SIGTERM (a no-op if it is not running).
+func (e *env) stopAgent() { e.signalAgent(syscall.SIGTERM) }
+
+func (e *env) killAgent() { e.signalAgent(syscall.SIGKILL) }
+
+func (e *env) signalAgent(sig syscall.Signal) {
+	if e.agent == nil {
+		return
+	}
+	e.agent.Process.Signal(sig)
+	select {
+	case <-e.agentDone:
+	case <-time.After(waitTimeout):
+		e.t.Errorf("the agent did not stop on %v", sig)
+		e.agent.Process.Kill()
+		<-e.agentDone
+	}
+	e.agent = nil
+}
+
+// cli runs csi-agent volume ... against this agent.
+func (e *env) cli(args ...string) (string, error) {
+	args = append(args, "--docker-plugin-socket", e.socket)
+	out, err := exec.Command(bins.agent, append([]string{"volume"}, args...)...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (e *env) inspect(name string) *volume.Volume {
+	e.t.Helper()
+	out, err := e.cli("inspect", name)
+	if err != nil {
+		e.t.Fatalf("csi-agent volume inspect %s: %v\n%s", name, err, out)
+	}
+	v := &volume.Volume{}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		e.t.Fatalf("inspect output: %v\n%s", err, out)
+	}
+	return v
+}
+
+// loopVolume pre-provisions a loop volume and returns its image.
+func (e *env) loopVolume(id string) string {
+	e.t.Helper()
+	out, err := exec.Command(bins.loop, "create-volume", "--pool", e.pool, "--name", id, "--size", "32MiB").CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("create-volume: %v\n%s", err, out)
+	}
+	return filepath.Join(e.pool, id+".img")
+}
+
+// container runs a detached container that sleeps, removed at the end.
+func (e *env) container(args ...string) string {
+	e.t.Helper()
+	id := docker(e.t, append(append([]string{"run", "-d", "--network", "none"}, args...), image, "sleep", "600")...)
+	e.t.Cleanup(func() { dockerCmd("rm", "-f", id) })
+	return id
+}
+
+// mountsOf is the number of engine mounts inspect reports.
+func mountsOf(v *volume.Volume) int {
+	m, _ := v.Status["mounts"].([]any)
+	return len(m)
+}
+
+// publishedUnder lists the mounts of the agent's work dir (publish targets
+// and engine binds).
+func (e *env) publishedUnder() []*mountinfo.Info {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(e.work))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ms
+}
+
+// debugfsCat reads a file of an unmounted ext4 image.
+func debugfsCat(t *testing.T, img, path string) string {
+	t.Helper()
+	out, err := exec.Command("debugfs", "-R", "cat "+path, img).Output()
+	if err != nil {
+		t.Fatalf("debugfs cat %s: %v", path, err)
+	}
+	return string(out)
+}
+
+func TestDockerNamedVolume(t *testing.T) {
+	e := newEnv(t)
+	img := e.loopVolume("vol1")
+	if out := docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "fs_type=ext4", "data"); out != "data" {
+		t.Fatalf("docker volume create said %q", out)
+	}
+	if out := docker(t, "volume", "ls", "--format", "{{.Driver}} {{.Name}}"); !strings.Contains(out, e.driver+" data") {
+		t.Errorf("docker volume ls does not list the volume:\n%s", out)
+	}
+	writer := e.container("-v", "data:/data")
+	docker(t, "exec", writer, "sh", "-c", "echo hello > /data/f")
+	reader := e.container("-v", "data:/data:ro")
+	if out := docker(t, "exec", reader, "cat", "/data/f"); out != "hello" {
+		t.Errorf("the second container reads %q, want hello", out)
+	}
+	if out := dockerFails(t, "exec", reader, "touch", "/data/g"); !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing through :ro: %s, want Read-only file system", out)
+	}
+	v := e.inspect("data")
+	if mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" || v.Status["containers"] != float64(2) {
+		t.Errorf("with two containers, inspect says %v, want 2 mounts of a PUBLISHED volume with 2 users", v.Status)
+	}
+	if out := dockerFails(t, "volume", "rm", "data"); !strings.Contains(out, "in use") {
+		t.Errorf("docker volume rm of a volume in use: %s", out)
+	}
+	// docker cp mounts the volume again under the container's mount id,
+	// and unmounts it after: the container keeps its mount.
+	copied := filepath.Join(t.TempDir(), "f")
+	docker(t, "cp", writer+":/data/f", copied)
+	if b, err := os.ReadFile(copied); err != nil || string(b) != "hello\n" {
+		t.Errorf("docker cp copied %q, %v", b, err)
+	}
+	if out := docker(t, "exec", writer, "cat", "/data/f"); out != "hello" {
+		t.Errorf("after docker cp the writer reads %q", out)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" {
+		t.Errorf("after docker cp, inspect says %v, want the 2 containers' mounts", v.Status)
+	}
+	docker(t, "rm", "-f", writer)
+	if v := e.inspect("data"); mountsOf(v) != 1 {
+		t.Errorf("with one container left, inspect says %v", v.Status)
+	}
+	docker(t, "rm", "-f", reader)
+	if v := e.inspect("data"); mountsOf(v) != 0 || v.Status["state"] != "NOT_PUBLISHED" {
+		t.Errorf("after the last container, inspect says %v, want no mounts, NOT_PUBLISHED", v.Status)
+	}
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the last container, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hello\n" {
+		t.Errorf("the loop image holds %q, want hello", got)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.work, "engine-mounts")); len(ents) != 0 {
+		t.Errorf("engine mount directories left: %v", ents)
+	}
+	docker(t, "volume", "rm", "data")
+	if out, err := e.cli("ls"); err != nil || strings.Contains(out, "data") {
+		t.Errorf("csi-agent volume ls after docker volume rm: %v\n%s", err, out)
+	}
+	// A reader-only definition is published read-only, whatever the
+	// container asks for.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "access_mode=SINGLE_NODE_READER_ONLY", "shelf")
+	out, err := dockerCmd("run", "--rm", "--network", "none", "-v", "shelf:/data", image, "sh", "-c", "cat /data/f && touch /data/g")
+	if err == nil || !strings.Contains(out, "hello") || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("a reader-only volume mounted without :ro: %v\n%s\nwant the data readable and writes refused", err, out)
+	}
+}
+
+func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
+	e := newEnv(t)
+	img := e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	c := e.container("-v", "data:/data")
+	docker(t, "exec", c, "sh", "-c", "echo one > /data/f")
+	e.killAgent()
+	// The container keeps its volume while no agent runs.
+	docker(t, "exec", c, "sh", "-c", "echo two >> /data/f")
+	e.startAgent()
+	v := e.inspect("data")
+	if mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
+		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
+	}
+	// Reconciling with the engine's live mount ids keeps them.
+	if out, err := e.cli("reconcile", "--live-mount-ids", v.Status["mounts"].([]any)[0].(string)); err != nil || out != "" {
+		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
+	}
+	docker(t, "exec", c, "sh", "-c", "echo three >> /data/f")
+	docker(t, "stop", "-t", "1", c)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after docker stop, still mounted: %s", ms[0].Mountpoint)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 0 {
+		t.Errorf("after docker stop, inspect says %v", v.Status)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "one\ntwo\nthree\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+}
+
+func TestDockerBadInput(t *testing.T) {
+	e := newEnv(t)
+	e.loopVolume("vol1")
+	// Something mounted, which no bad call may disturb.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "good")
+	c := e.container("-v", "good:/data")
+	long := strings.Repeat("x", 10000)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "size=1G", "bad"}, `unknown option "size"`},
+		{[]string{"--opt", "volume_id=v", "bad"}, "option plugin is required"},
+		{[]string{"--opt", "plugin=loop.test", "bad"}, "option volume_id is required"},
+		{[]string{"--opt", "plugin=nope", "--opt", "volume_id=v", "bad"}, "option plugin=nope"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=" + long, "bad"}, "option volume_id is 10000 bytes"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "a..b/c"}, "a..b/c"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", long[:300]}, "longer than 128"},
+	} {
+		out := dockerFails(t, append([]string{"volume", "create", "-d", e.driver}, tc.args...)...)
+		if !strings.Contains(out, tc.want) || len(out) > 2000 {
+			t.Errorf("docker volume create %.80v: %.300s\nwant an error containing %q", tc.args, out, tc.want)
+		}
+	}
+	// A volume id the plugin does not know: the Mount fails, and leaves
+	// no directory behind.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=missing", "ghost")
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "ghost:/data", image, "true"); !strings.Contains(out, "missing") {
+		t.Errorf("mounting a volume the plugin does not have: %s", out)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.work, "engine-mounts")); len(ents) != 2 {
+		t.Errorf("engine mount entries %v, want the good volume's directory and record only", ents)
+	}
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "block=true", "raw")
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "raw:/data", image, "true"); !strings.Contains(out, "block volume") {
+		t.Errorf("mounting a block volume: %s", out)
+	}
+	// The agent API keeps its callers off the engines' mounts: their ids
+	// are refused, and a reconcile of the API's containers keeps them.
+	api := filepath.Join(e.run, "agent.sock")
+	if out, err := exec.Command(bins.agent, "cleanup", "--container", "engine+0123", "--api-socket", api).CombinedOutput(); err == nil || !strings.Contains(string(out), "container engines' volume mounts") {
+		t.Errorf("cleanup of an engine container id: %v %s", err, out)
+	}
+	if out, err := exec.Command(bins.agent, "reconcile", "--live", "none", "--api-socket", api).CombinedOutput(); err != nil {
+		t.Errorf("reconcile: %v %s", err, out)
+	}
+	if out := docker(t, "exec", c, "sh", "-c", "echo ok > /data/f && cat /data/f"); out != "ok" {
+		t.Errorf("the mounted volume after the bad calls: %q", out)
+	}
+	if v := e.inspect("good"); mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
+		t.Errorf("after the bad calls and a reconcile, inspect says %v", v.Status)
+	}
+}
+
+// setUpPodman imports the test image into podman storage of the tests'
+// own, or sets podmanSkip.
+func setUpPodman(dir string) {
+	switch {
+	case os.Geteuid() != 0:
+		podmanSkip = "needs root: runs podman containers"
+		return
+	case func() bool { _, err := exec.LookPath("podman"); return err != nil }():
+		podmanSkip = "podman is not installed"
+		return
+	}
+	podmanRoot = dir
+	img, err := busyboxTar()
+	if err != nil {
+		podmanSkip = "cannot make the test image: " + err.Error()
+		return
+	}
+	conf := filepath.Join(dir, "containers.conf")
+	if err = os.MkdirAll(dir, 0o700); err == nil {
+		err = os.WriteFile(conf, []byte(podmanConf), 0o600)
+	}
+	if err != nil {
+		podmanSkip = err.Error()
+		return
+	}
+	c := podmanCommand(conf, "import", "-", image)
+	c.Stdin = bytes.NewReader(img)
+	if out, err := c.CombinedOutput(); err != nil {
+		podmanSkip = fmt.Sprintf("podman does not work on this machine: import: %v: %s", err, tail(out))
+	}
+}
+
+// podmanCleanUp unmounts what podman's storage left mounted.
+func podmanCleanUp() {
+	if podmanRoot == "" {
+		return
+	}
+	podmanCommand(filepath.Join(podmanRoot, "containers.conf"), "rm", "--all", "--force", "--time", "0").Run()
+	if ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(podmanRoot)); err == nil {
+		for i := len(ms) - 1; i >= 0; i-- {
+			syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
+		}
+	}
+}
+
+// podmanConf is the tests' containers.conf: runc (crun fails on hybrid
+// cgroups), cgroupfs; volume plugins are added per test.
+const podmanConf = `[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+`
+
+// podmanCommand runs podman on the tests' storage with the config conf.
+func podmanCommand(conf string, args ...string) *exec.Cmd {
+	c := exec.Command("podman", append([]string{"--root", filepath.Join(podmanRoot, "root"), "--runroot", filepath.Join(podmanRoot, "runroot"),
+		"--tmpdir", filepath.Join(podmanRoot, "tmp")}, args...)...)
+	c.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	return c
+}
+
+// podman runs a podman command with this test's config, which names the
+// agent's socket as the volume plugin e.driver.
+func (e *env) podman(args ...string) (string, error) {
+	conf := filepath.Join(e.dir, "containers.conf")
+	if _, err := os.Stat(conf); err != nil {
+		// The shipped hook, run from this test's binary against this
+		// test's agent.
+		hooks := filepath.Join(e.dir, "hooks.d")
+		shipped, err := os.ReadFile("../deploy/oci-hooks.d/csi-agent.json")
+		if err != nil {
+			return "", err
+		}
+		var hook map[string]any
+		if err := json.Unmarshal(shipped, &hook); err != nil {
+			return "", err
+		}
+		hook["hook"] = map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook",
+			"--api-socket", filepath.Join(e.run, "agent.sock"), "--docker-plugin-socket", e.socket}}
+		b, _ := json.Marshal(hook)
+		if err := os.MkdirAll(hooks, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(hooks, "csi-agent.json"), b, 0o644); err != nil {
+			return "", err
+		}
+		c := strings.Replace(podmanConf, "[engine]\n", "[engine]\nhooks_dir = [\""+hooks+"\"]\n", 1) +
+			"\n[engine.volume_plugins]\n" + e.driver + " = \"" + e.socket + "\"\n"
+		if err := os.WriteFile(conf, []byte(c), 0o600); err != nil {
+			return "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	c := podmanCommand(conf, args...)
+	c = exec.CommandContext(ctx, c.Path, c.Args[1:]...)
+	c.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
+	out, err := c.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (e *env) mustPodman(args ...string) string {
+	e.t.Helper()
+	out, err := e.podman(args...)
+	if err != nil {
+		e.t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// podmanRunArgs start a container as this host allows.
+var podmanRunArgs = []string{"run", "--network", "none", "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=1024:4096"}
+
+func newPodmanEnv(t *testing.T) *env {
+	t.Helper()
+	if podmanSkip != "" {
+		t.Skip(podmanSkip)
+	}
+	return newEnvFor(t)
+}
+
+func TestPodmanNamedVolume(t *testing.T) {
+	e := newPodmanEnv(t)
+	img := e.loopVolume("vol1")
+	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "data")
+	writer := e.mustPodman(append(podmanRunArgs, "-d", "-v", "data:/data", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", writer) })
+	e.mustPodman("exec", writer, "sh", "-c", "echo hello > /data/f")
+	reader := e.mustPodman(append(podmanRunArgs, "-d", "-v", "data:/data:ro", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", reader) })
+	if out := e.mustPodman("exec", reader, "cat", "/data/f"); out != "hello" {
+		t.Errorf("the second container reads %q, want hello", out)
+	}
+	if out, err := e.podman("exec", reader, "touch", "/data/g"); err == nil || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing through :ro: %v %s, want Read-only file system", err, out)
+	}
+	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || mountsOf(v) != 1 {
+		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume (Podman mounts it once for both)", v.Status)
+	}
+	if out, err := e.podman("volume", "rm", "data"); err == nil || !strings.Contains(out, "being used") {
+		t.Errorf("podman volume rm of a volume in use: %v %s", err, out)
+	}
+	e.mustPodman("rm", "-f", "-t", "0", writer, reader)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the last container, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hello\n" {
+		t.Errorf("the loop image holds %q, want hello", got)
+	}
+	e.mustPodman("volume", "rm", "data")
+	if _, err := os.Stat(filepath.Join(e.work, "named-volumes", "data.json")); err == nil {
+		t.Error("podman volume rm left the definition")
+	}
+}
+
+// The mounts annotation as typed, through Podman's hooks.d: no JSON, so
+// Podman's CSV parsing of annotation values leaves it whole.
+func TestPodmanHookMountsAnnotation(t *testing.T) {
+	e := newPodmanEnv(t)
+	img := e.loopVolume("vol1")
+	// A reader-only volume must hold a filesystem already.
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", e.loopVolume("vol2")).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v\n%s", err, out)
+	}
+	for _, def := range [][]string{{"data", "--volume-id", "vol1"}, {"logs", "--volume-id", "vol2", "--access-mode", "SINGLE_NODE_READER_ONLY"}} {
+		if out, err := e.cli(append([]string{"create", def[0], "--plugin", "loop.test", "--fs-type", "ext4"}, def[1:]...)...); err != nil {
+			t.Fatalf("csi-agent volume create: %v\n%s", err, out)
+		}
+	}
+	c := e.mustPodman(append(podmanRunArgs, "-d", "--annotation", "csi.csiagent.io/mounts=data:/data;logs:/logs", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", c) })
+	e.mustPodman("exec", c, "sh", "-c", "echo hooked > /data/f")
+	if out, err := e.podman("exec", c, "touch", "/logs/x"); err == nil || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing to a reader-only volume: %v %s, want Read-only file system", err, out)
+	}
+	e.mustPodman("stop", "-t", "0", c)
+	if ms := e.publishedUnder(); len(ms) != 0 {
+		t.Errorf("after the container stopped, still mounted: %s", ms[0].Mountpoint)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "hooked\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+	out, err := e.podman(append(podmanRunArgs, "--rm", "--annotation", "csi.csiagent.io/mounts=nosuch:/data", image, "true")...)
+	if err == nil || !strings.Contains(out, "no such named volume: nosuch") {
+		t.Errorf("a container naming an unknown volume: %v %s", err, out)
+	}
+}
+
+var enginePairs = flag.Int("engine-pairs", 2, "TestDockerRunOverhead: pairs of docker runs timed (make bench: 20)")
+
+// TestDockerRunOverhead times docker run --rm -v NAME:/data … true through
+// csiagent against the same with Docker's local driver binding the same
+// mounted filesystem, alternating, and reports the median ratio. A
+// holder container keeps the volume published, so what is timed is the
+// plugin's per-container work (Mount, Unmount: a bind and its removal,
+// each checkpointed).
+func TestDockerRunOverhead(t *testing.T) {
+	e := newEnv(t)
+	e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	e.container("-v", "data:/data")
+	mp := e.inspect("data").Mountpoint
+	local := "local-" + e.driver
+	docker(t, "volume", "create", "--driver", "local", "--opt", "type=none", "--opt", "o=bind", "--opt", "device="+mp, local)
+	t.Cleanup(func() { dockerCmd("volume", "rm", "-f", local) })
+	timeRun := func(vol string) time.Duration {
+		start := time.Now()
+		docker(t, "run", "--rm", "--network", "none", "-v", vol+":/data", image, "true")
+		return time.Since(start)
+	}
+	var ours, theirs, ratios []time.Duration
+	for range *enginePairs {
+		o, l := timeRun("data"), timeRun(local)
+		ours, theirs = append(ours, o), append(theirs, l)
+		ratios = append(ratios, time.Duration(float64(o)/float64(l)*1000))
+	}
+	median := func(d []time.Duration) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	t.Logf("docker run --rm -v NAME:/data true, %d pairs: csi-agent median %v, local bind median %v, median ratio %.3f",
+		*enginePairs, median(ours).Round(time.Millisecond), median(theirs).Round(time.Millisecond), float64(median(ratios))/1000)
+}
+
+// Named volumes can be given to csi-agent prepare (--mounts), as
+// everywhere a volume is named.
+func TestPrepareNamedVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: stages and mounts a loop volume")
+	}
+	e := newEnvFor(t)
+	img := e.loopVolume("vol1")
+	if out, err := e.cli("create", "data", "--plugin", "loop.test", "--volume-id", "vol1", "--fs-type", "ext4"); err != nil {
+		t.Fatalf("volume create: %v\n%s", err, out)
+	}
+	sandbox := filepath.Join(e.dir, "sandbox")
+	if err := os.Mkdir(sandbox, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	api := []string{"--api-socket", filepath.Join(e.run, "agent.sock")}
+	out, err := exec.Command(bins.agent, append([]string{"prepare", "--container", "c1", "--mounts", "data:data", "--sandbox", sandbox,
+		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("prepare --mounts: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(sandbox, "data", "f"), []byte("named\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bins.agent, append([]string{"cleanup", "--container", "c1"}, api...)...).CombinedOutput(); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "named\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+	out, err = exec.Command(bins.agent, append([]string{"prepare", "--container", "c2", "--mounts", "nosuch:data", "--sandbox", sandbox,
+		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "no such named volume: nosuch") {
+		t.Errorf("prepare --mounts of an unknown name: %v\n%s", err, out)
+	}
+}

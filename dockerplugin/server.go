@@ -1,0 +1,558 @@
+package dockerplugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/docker/go-plugins-helpers/sdk"
+	"github.com/docker/go-plugins-helpers/volume"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/namedvol"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// ContainerIDPrefix starts the isolator container id of every engine
+// mount; the agent API refuses such ids from its own callers.
+const ContainerIDPrefix = "engine+"
+
+// ReconcilePath is the endpoint of Reconcile (not a Docker call).
+const ReconcilePath = "/CSIAgent.ReconcileEngineMounts"
+
+// StatusOptions is the key of a volume's Status that holds its definition
+// as options.
+const StatusOptions = "options"
+
+// mountDir is where, inside a mount's own directory, the volume is bound.
+const mountDir = "/data"
+
+// maxRequest bounds a request body.
+const maxRequest = 1 << 20
+
+// Backend is the agent's isolator, as the server uses it.
+type Backend interface {
+	Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error)
+	Cleanup(ctx context.Context, containerID string) error
+	ListContainers() []*agentv1.ContainerStatus
+	ListVolumes() []*agentv1.VolumeStatus
+	// CheckPlugin says why a plugin type cannot be used (not configured).
+	CheckPlugin(pluginType string) error
+}
+
+// Config configures a Server.
+type Config struct {
+	Store   *namedvol.Store
+	Backend Backend
+	// Dir holds the engine mounts: a directory and a record per mount.
+	Dir    string
+	Logger *slog.Logger
+}
+
+// Server is the volume plugin endpoint.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	commit atomicfile.Committer
+
+	locksMu sync.Mutex
+	locks   map[string]chan struct{}
+
+	mu    sync.Mutex
+	users map[string]*user // by container id
+}
+
+// user is one engine mount of a named volume, as recorded in Dir/ID.json.
+type user struct {
+	Name string `json:"name"`
+	// ID is the engine's mount id.
+	ID string `json:"id"`
+	// Count is how many Mounts of the pair have not been unmounted.
+	Count int `json:"count"`
+}
+
+// New loads the recorded engine mounts. Records whose container the
+// isolator does not have (a crash before the prepare, or after the
+// cleanup) are removed with their directories.
+func New(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, locks: map[string]chan struct{}{}, users: map[string]*user{}}
+	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
+	}
+	known := map[string]bool{}
+	for _, c := range cfg.Backend.ListContainers() {
+		known[c.GetContainerId()] = true
+	}
+	ents, err := os.ReadDir(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("reading the engine mount records: %w", err)
+	}
+	for _, e := range ents {
+		cid, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !strings.HasPrefix(cid, ContainerIDPrefix) {
+			continue
+		}
+		u := &user{}
+		data, err := os.ReadFile(filepath.Join(cfg.Dir, e.Name()))
+		if err == nil {
+			err = json.Unmarshal(data, u)
+		}
+		if err != nil || containerID(u.Name, u.ID) != cid || !known[cid] {
+			s.log.Info("removing an engine mount record without its container", "record", e.Name(), "error", err)
+			if err := s.forget(cid); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		s.users[cid] = u
+	}
+	return s, nil
+}
+
+// containerID names an engine mount's isolator container.
+func containerID(name, mountID string) string {
+	h := sha256.Sum256([]byte(name + "\x00" + mountID))
+	return ContainerIDPrefix + hex.EncodeToString(h[:16])
+}
+
+func (s *Server) recordPath(cid string) string { return filepath.Join(s.cfg.Dir, cid+".json") }
+func (s *Server) rootfs(cid string) string     { return filepath.Join(s.cfg.Dir, cid) }
+
+// record writes a user's record, durably.
+func (s *Server) record(ctx context.Context, cid string, u *user) error {
+	data, err := json.Marshal(u)
+	if err != nil {
+		return fmt.Errorf("encoding the mount record: %w", err)
+	}
+	n, err := s.commit.Put(s.recordPath(cid), data, 0o600)
+	if err != nil {
+		return fmt.Errorf("recording the mount: %w", err)
+	}
+	return s.commit.Wait(ctx, n)
+}
+
+// forget removes a mount's directory (only if empty: nothing is mounted
+// on it) and then its record.
+func (s *Server) forget(cid string) error {
+	root := s.rootfs(cid)
+	for _, dir := range []string{root + mountDir, root} {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing the mount directory: %w", err)
+		}
+	}
+	if _, err := s.commit.Remove(s.recordPath(cid)); err != nil {
+		return fmt.Errorf("removing the mount record: %w", err)
+	}
+	s.mu.Lock()
+	delete(s.users, cid)
+	s.mu.Unlock()
+	return nil
+}
+
+// lock serialises the calls on one volume name.
+func (s *Server) lock(ctx context.Context, name string) (func(), error) {
+	s.locksMu.Lock()
+	ch := s.locks[name]
+	if ch == nil {
+		ch = make(chan struct{}, 1)
+		s.locks[name] = ch
+	}
+	s.locksMu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("volume %s: waiting for another call on it: %w", name, ctx.Err())
+	}
+}
+
+// usersOf lists a volume's engine mounts.
+func (s *Server) usersOf(name string) []*user {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*user
+	for _, u := range s.users {
+		if u.Name == name {
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Create defines a named volume from engine options.
+func (s *Server) Create(ctx context.Context, req *volume.CreateRequest) error {
+	if err := namedvol.ValidateName(req.Name); err != nil {
+		return err
+	}
+	d, err := namedvol.ParseOptions(req.Name, req.Options)
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Backend.CheckPlugin(d.Plugin); err != nil {
+		return fmt.Errorf("option %s=%s: %w", namedvol.KeyPlugin, d.Plugin, err)
+	}
+	unlock, err := s.lock(ctx, req.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := s.cfg.Store.Create(ctx, d); err != nil {
+		return err
+	}
+	s.log.Info("named volume created", "name", d.Name, "plugin", d.Plugin, "volume_id", d.VolumeID)
+	return nil
+}
+
+// Remove deletes a named volume that no engine has mounted.
+func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
+	if err := namedvol.ValidateName(req.Name); err != nil {
+		return err
+	}
+	unlock, err := s.lock(ctx, req.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if us := s.usersOf(req.Name); len(us) > 0 {
+		return fmt.Errorf("volume %s is in use by %d mount(s); unmount it first", req.Name, len(us))
+	}
+	if err := s.cfg.Store.Remove(ctx, req.Name); err != nil {
+		return err
+	}
+	s.log.Info("named volume removed", "name", req.Name)
+	return nil
+}
+
+// Mount stages and publishes the volume for one engine mount and returns
+// the directory the engine binds into its container.
+func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.MountResponse, error) {
+	unlock, err := s.lock(ctx, req.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	d, err := s.cfg.Store.Get(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	if d.Block {
+		return nil, fmt.Errorf("volume %s is a block volume: container engines' volume plugins mount filesystems only", req.Name)
+	}
+	if req.ID == "" || len(req.ID) > namedvol.MaxValue {
+		return nil, fmt.Errorf("mount id %q: expected 1 to %d bytes", req.ID, namedvol.MaxValue)
+	}
+	cid := containerID(req.Name, req.ID)
+	s.mu.Lock()
+	u := s.users[cid]
+	s.mu.Unlock()
+	if u != nil && !s.prepared(cid) {
+		// A Mount that a crash interrupted (then rolled back by the
+		// isolator's recovery) never answered the engine: not a user.
+		u = nil
+	}
+	next := &user{Name: req.Name, ID: req.ID, Count: 1}
+	if u != nil {
+		next.Count = u.Count + 1
+	}
+	// Recorded first: after a crash, a record without its container is
+	// removed; a container without its record cannot exist.
+	if err := s.record(ctx, cid, next); err != nil {
+		return nil, err
+	}
+	root := s.rootfs(cid)
+	resp, err := func() (*agentv1.PrepareResponse, error) {
+		if err := os.MkdirAll(root, 0o700); err != nil {
+			return nil, fmt.Errorf("creating the mount directory: %w", err)
+		}
+		return s.cfg.Backend.Prepare(ctx, &agentv1.PrepareRequest{
+			ContainerId: cid, Rootfs: root, Volumes: []*agentv1.Volume{d.Volume(mountDir, false)},
+		})
+	}()
+	if err != nil {
+		if u == nil {
+			// The failed prepare was rolled back: nothing is mounted.
+			if ferr := s.forget(cid); ferr != nil {
+				s.log.Error("removing a failed mount's directory", "volume", req.Name, "error", ferr)
+			}
+		} else if rerr := s.record(context.WithoutCancel(ctx), cid, u); rerr != nil {
+			s.log.Error("restoring a mount record", "volume", req.Name, "error", rerr)
+		}
+		return nil, fmt.Errorf("mounting volume %s: %w", req.Name, err)
+	}
+	s.mu.Lock()
+	s.users[cid] = next
+	s.mu.Unlock()
+	s.log.Info("engine mounted a volume", "volume", req.Name, "mount_id", req.ID, "count", next.Count)
+	return &volume.MountResponse{Mountpoint: resp.GetMounts()[0].GetMountPoint()}, nil
+}
+
+// prepared reports whether the isolator holds an engine mount's container
+// prepared.
+func (s *Server) prepared(cid string) bool {
+	for _, c := range s.cfg.Backend.ListContainers() {
+		if c.GetContainerId() == cid {
+			return c.GetPhase() == agentv1.ContainerStatus_PREPARED
+		}
+	}
+	return false
+}
+
+// Unmount releases one engine mount; the last release of a pair cleans
+// its container up (the volume's last user unpublishes it).
+func (s *Server) Unmount(ctx context.Context, req *volume.UnmountRequest) error {
+	unlock, err := s.lock(ctx, req.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cid := containerID(req.Name, req.ID)
+	s.mu.Lock()
+	u := s.users[cid]
+	s.mu.Unlock()
+	if u == nil {
+		return nil
+	}
+	if u.Count > 1 {
+		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1}
+		if err := s.record(ctx, cid, next); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.users[cid] = next
+		s.mu.Unlock()
+		return nil
+	}
+	if err := s.releaseLocked(ctx, cid, req.Name); err != nil {
+		return err
+	}
+	s.log.Info("engine unmounted a volume", "volume", req.Name, "mount_id", req.ID)
+	return nil
+}
+
+// releaseLocked cleans up an engine mount's container and forgets it;
+// the caller holds the volume's lock.
+func (s *Server) releaseLocked(ctx context.Context, cid, name string) error {
+	if err := s.cfg.Backend.Cleanup(ctx, cid); err != nil {
+		return fmt.Errorf("unmounting volume %s: %w", name, err)
+	}
+	return s.forget(cid)
+}
+
+// ReconcileRequest lists the mount ids an engine still uses; the
+// response names the engine mounts released because they were not among
+// them (as NAME/ID), and those whose release failed, with the error.
+type ReconcileRequest struct {
+	LiveMountIDs []string
+}
+
+// ReconcileResponse is the answer to a ReconcileRequest.
+type ReconcileResponse struct {
+	Released []string
+	Failed   map[string]string `json:",omitempty"`
+}
+
+// Reconcile releases, whatever their counts, the engine mounts whose id
+// is not live: what an engine forgot to unmount (it crashed, or lost its
+// state) would otherwise stay published.
+func (s *Server) Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileResponse, error) {
+	live := map[string]bool{}
+	for _, id := range req.LiveMountIDs {
+		live[id] = true
+	}
+	s.mu.Lock()
+	var gone []user
+	for _, u := range s.users {
+		if !live[u.ID] {
+			gone = append(gone, *u)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(gone, func(i, j int) bool { return gone[i].Name+gone[i].ID < gone[j].Name+gone[j].ID })
+	resp := &ReconcileResponse{Released: []string{}, Failed: map[string]string{}}
+	for _, u := range gone {
+		if err := s.release(ctx, u.Name, u.ID); err != nil {
+			resp.Failed[u.Name+"/"+u.ID] = err.Error()
+			continue
+		}
+		resp.Released = append(resp.Released, u.Name+"/"+u.ID)
+	}
+	return resp, nil
+}
+
+// release drops every count of one engine mount.
+func (s *Server) release(ctx context.Context, name, id string) error {
+	unlock, err := s.lock(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	cid := containerID(name, id)
+	s.mu.Lock()
+	u := s.users[cid]
+	s.mu.Unlock()
+	if u == nil {
+		return nil
+	}
+	if err := s.releaseLocked(ctx, cid, name); err != nil {
+		return err
+	}
+	s.log.Info("released an engine mount the engine no longer uses", "volume", name, "mount_id", id, "count", u.Count)
+	return nil
+}
+
+// mountpoint is where a volume is mounted for the engine (its first
+// mount), or "".
+func (s *Server) mountpoint(name string) string {
+	if us := s.usersOf(name); len(us) > 0 {
+		return s.rootfs(containerID(name, us[0].ID)) + mountDir
+	}
+	return ""
+}
+
+// Path reports where the volume is mounted.
+func (s *Server) Path(req *volume.PathRequest) (*volume.PathResponse, error) {
+	if _, err := s.cfg.Store.Get(req.Name); err != nil {
+		return nil, err
+	}
+	return &volume.PathResponse{Mountpoint: s.mountpoint(req.Name)}, nil
+}
+
+// Get reports one named volume.
+func (s *Server) Get(req *volume.GetRequest) (*volume.GetResponse, error) {
+	d, err := s.cfg.Store.Get(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	return &volume.GetResponse{Volume: s.describe(d, s.cfg.Backend.ListVolumes())}, nil
+}
+
+// List reports every named volume.
+func (s *Server) List() (*volume.ListResponse, error) {
+	defs, err := s.cfg.Store.List()
+	if err != nil && len(defs) == 0 {
+		return nil, err
+	}
+	if err != nil {
+		s.log.Warn("listing named volumes", "error", err)
+	}
+	vols := s.cfg.Backend.ListVolumes()
+	out := &volume.ListResponse{Volumes: []*volume.Volume{}}
+	for _, d := range defs {
+		out.Volumes = append(out.Volumes, s.describe(d, vols))
+	}
+	return out, nil
+}
+
+// describe is a volume as Get and List show it: Status holds the
+// definition's options (secret references, never values; they parse back
+// with namedvol.ParseOptions), the volume's state in the agent and its
+// engine mounts.
+func (s *Server) describe(d *namedvol.Definition, vols []*agentv1.VolumeStatus) *volume.Volume {
+	status := map[string]any{StatusOptions: d.Options()}
+	state := "NOT_PUBLISHED"
+	for _, v := range vols {
+		if v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID {
+			state = v.GetState().String()
+			status["containers"] = len(v.GetContainers())
+		}
+	}
+	status["state"] = state
+	mounts := []string{}
+	for _, u := range s.usersOf(d.Name) {
+		mounts = append(mounts, u.ID)
+	}
+	status["mounts"] = mounts
+	return &volume.Volume{Name: d.Name, Mountpoint: s.mountpoint(d.Name), Status: status}
+}
+
+// Handler serves the protocol. Each call is bounded by timeout.
+func (s *Server) Handler(timeout time.Duration) http.Handler {
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, res any, err error) {
+		if err != nil {
+			sdk.EncodeResponse(w, volume.NewErrorResponse(err.Error()), true)
+			return
+		}
+		sdk.EncodeResponse(w, res, false)
+	}
+	// handle decodes a request of type Req and answers with what f
+	// returns.
+	handle := func(path string, f func(ctx context.Context, body []byte) (any, error)) {
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), timeout)
+			defer cancel()
+			body, err := readBody(w, r)
+			if err != nil {
+				reply(w, nil, err)
+				return
+			}
+			res, err := f(ctx, body)
+			switch {
+			case errors.Is(err, namedvol.ErrNotFound):
+				// Engines ask for volumes of other drivers.
+				s.log.Debug("volume plugin call failed", "call", path, "error", err)
+			case err != nil:
+				s.log.Warn("volume plugin call failed", "call", path, "error", err)
+			}
+			reply(w, res, err)
+		})
+	}
+	handle("/Plugin.Activate", func(context.Context, []byte) (any, error) {
+		return map[string][]string{"Implements": {"VolumeDriver"}}, nil
+	})
+	handle("/VolumeDriver.Capabilities", func(context.Context, []byte) (any, error) {
+		return &volume.CapabilitiesResponse{Capabilities: volume.Capability{Scope: "local"}}, nil
+	})
+	handle("/VolumeDriver.List", func(context.Context, []byte) (any, error) { return s.List() })
+	handle("/VolumeDriver.Create", decoded(func(ctx context.Context, req *volume.CreateRequest) (any, error) {
+		return struct{}{}, s.Create(ctx, req)
+	}))
+	handle("/VolumeDriver.Remove", decoded(func(ctx context.Context, req *volume.RemoveRequest) (any, error) {
+		return struct{}{}, s.Remove(ctx, req)
+	}))
+	handle("/VolumeDriver.Mount", decoded(s.Mount))
+	handle("/VolumeDriver.Unmount", decoded(func(ctx context.Context, req *volume.UnmountRequest) (any, error) {
+		return struct{}{}, s.Unmount(ctx, req)
+	}))
+	handle("/VolumeDriver.Path", decoded(func(_ context.Context, req *volume.PathRequest) (any, error) { return s.Path(req) }))
+	handle("/VolumeDriver.Get", decoded(func(_ context.Context, req *volume.GetRequest) (any, error) { return s.Get(req) }))
+	// csiagent's own call, outside the Docker protocol.
+	handle(ReconcilePath, decoded(s.Reconcile))
+	return mux
+}
+
+// decoded adapts a typed call to the mux: the body is the JSON of Req.
+func decoded[Req any, Res any](f func(context.Context, *Req) (Res, error)) func(context.Context, []byte) (any, error) {
+	return func(ctx context.Context, body []byte) (any, error) {
+		req := new(Req)
+		if err := json.Unmarshal(body, req); err != nil {
+			return nil, fmt.Errorf("decoding the request: %w", err)
+		}
+		return f(ctx, req)
+	}
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequest))
+	if err != nil {
+		return nil, fmt.Errorf("reading the request: %w", err)
+	}
+	return body, nil
+}

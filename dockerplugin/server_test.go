@@ -1,0 +1,187 @@
+package dockerplugin
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/docker/go-plugins-helpers/volume"
+
+	"github.com/csiagent/csiagent/namedvol"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// fakeBackend records prepared containers; prepare, when set, runs
+// instead of succeeding.
+type fakeBackend struct {
+	mu         sync.Mutex
+	containers map[string]*agentv1.PrepareRequest
+	cleanups   int
+	prepare    func(ctx context.Context) error
+}
+
+func (f *fakeBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	if f.prepare != nil {
+		if err := f.prepare(ctx); err != nil {
+			return nil, err
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.containers[req.GetContainerId()] = req
+	return &agentv1.PrepareResponse{Mounts: []*agentv1.ContainerMount{{MountPoint: req.GetRootfs() + mountDir}}}, nil
+}
+
+func (f *fakeBackend) Cleanup(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.containers, id)
+	f.cleanups++
+	return nil
+}
+
+func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*agentv1.ContainerStatus
+	for id := range f.containers {
+		out = append(out, &agentv1.ContainerStatus{ContainerId: id, Phase: agentv1.ContainerStatus_PREPARED})
+	}
+	return out
+}
+
+func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return nil }
+func (f *fakeBackend) CheckPlugin(string) error             { return nil }
+
+func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
+	t.Helper()
+	dir := t.TempDir()
+	store, err := namedvol.OpenStore(filepath.Join(dir, "named"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Store: store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(context.Background(), &volume.CreateRequest{Name: "data", Options: map[string]string{"plugin": "p", "volume_id": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	return s, dir
+}
+
+// Docker's cp mounts again with the container's mount id, and Podman uses
+// one id for all its mounts: each Mount of a pair needs its Unmount.
+func TestMountsOfOneIDAreCounted(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, dir := newTestServer(t, b)
+	for range 2 {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if b.cleanups != 0 {
+		t.Fatal("the first of two Unmounts released the volume")
+	}
+	// The count survives a restart of the agent.
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("Remove of a mounted volume: %v, want in use", err)
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if b.cleanups != 1 || len(b.containers) != 0 {
+		t.Errorf("after the last Unmount: %d cleanups, %d containers; want 1, 0", b.cleanups, len(b.containers))
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "m1"}); err != nil || b.cleanups != 1 {
+		t.Errorf("a repeated Unmount: %v, %d cleanups", err, b.cleanups)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "engine")); len(ents) != 0 {
+		t.Errorf("left in the engine directory: %v", ents)
+	}
+	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
+		t.Errorf("Remove of an unmounted volume: %v", err)
+	}
+}
+
+// A Mount whose engine gave up (its context ends) leaves no record and no
+// directory.
+func TestAbandonedMountLeavesNothing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b.prepare = func(ctx context.Context) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	s, dir := newTestServer(t, b)
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned Mount: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "engine")); len(ents) != 0 {
+		t.Errorf("left in the engine directory: %v", ents)
+	}
+	if len(s.usersOf("data")) != 0 {
+		t.Error("the abandoned Mount is counted as a user")
+	}
+}
+
+// Reconcile releases, whatever their counts, the engine mounts whose id
+// the engine no longer uses, and only those.
+func TestReconcileReleasesForgottenMounts(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	for _, id := range []string{"live", "gone", "gone"} {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := s.Reconcile(ctx, &ReconcileRequest{LiveMountIDs: []string{"live"}})
+	if err != nil || len(resp.Released) != 1 || resp.Released[0] != "data/gone" || len(resp.Failed) != 0 {
+		t.Fatalf("Reconcile = %+v, %v; want data/gone released", resp, err)
+	}
+	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "live" || len(b.containers) != 1 {
+		t.Errorf("after Reconcile: users %v, %d containers; want the live mount only", us, len(b.containers))
+	}
+}
+
+// A Mount interrupted by a crash (its record written, its container
+// rolled back by recovery) is not counted: the engine's next Mount of the
+// id is its first.
+func TestInterruptedMountIsNotCounted(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, dir := newTestServer(t, b)
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent restarts; recovery rolled the container back after the
+	// engine mount's record was loaded.
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(b.containers, containerID("data", "m1"))
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
+		t.Errorf("one Mount after the interrupted one, one Unmount: %d containers, users %v; want none", len(b.containers), s.usersOf("data"))
+	}
+}

@@ -1,0 +1,276 @@
+package namedvol
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// ErrInvalid marks a definition or option that is malformed.
+var ErrInvalid = errors.New("invalid named volume")
+
+const (
+	// MaxName bounds a volume's name (a file name and part of engine
+	// paths).
+	MaxName = 128
+	// MaxValue bounds every option value.
+	MaxValue = 1024
+)
+
+// Option keys, as Mesos and CSI name the fields.
+const (
+	KeyPlugin        = "plugin"
+	KeyVolumeID      = "volume_id"
+	KeyFSType        = "fs_type"
+	KeyBlock         = "block"
+	KeyAccessMode    = "access_mode"
+	KeyMountFlags    = "mount_flags"
+	KeyStageSecret   = "stage_secret"
+	KeyPublishSecret = "publish_secret"
+	// ContextPrefix starts the keys of volume_context entries.
+	ContextPrefix = "context."
+)
+
+var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, ContextPrefix + "KEY"}
+
+// Definition is a named volume.
+type Definition struct {
+	Name     string `json:"name"`
+	Plugin   string `json:"plugin"`
+	VolumeID string `json:"volume_id"`
+	// FSType is the mount capability's fs_type ("" lets the plugin choose);
+	// Block asks for a raw block device instead.
+	FSType string `json:"fs_type,omitempty"`
+	Block  bool   `json:"block,omitempty"`
+	// AccessMode is a CSI access mode name; SINGLE_NODE_WRITER when empty.
+	AccessMode    string            `json:"access_mode,omitempty"`
+	MountFlags    []string          `json:"mount_flags,omitempty"`
+	VolumeContext map[string]string `json:"volume_context,omitempty"`
+	// StageSecret and PublishSecret are secret references NAME/KEY,
+	// resolved by the agent from its secrets directory; the values are
+	// never stored here.
+	StageSecret   string `json:"stage_secret,omitempty"`
+	PublishSecret string `json:"publish_secret,omitempty"`
+}
+
+// ParseOptions makes a definition from engine options (docker volume
+// create --opt KEY=VALUE): the keys are the constants above; mount_flags
+// is a comma-separated list. Unknown keys, missing plugin or volume_id
+// and bad values are errors naming the key.
+func ParseOptions(name string, opts map[string]string) (*Definition, error) {
+	d := &Definition{Name: name}
+	keys := make([]string, 0, len(opts))
+	for k := range opts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := opts[k]
+		switch {
+		case k == KeyPlugin:
+			d.Plugin = v
+		case k == KeyVolumeID:
+			d.VolumeID = v
+		case k == KeyFSType:
+			d.FSType = v
+		case k == KeyBlock:
+			switch v {
+			case "true", "":
+				d.Block = true
+			case "false":
+			default:
+				return nil, fmt.Errorf("%w: option %s=%q: expected true or false", ErrInvalid, k, v)
+			}
+		case k == KeyAccessMode:
+			d.AccessMode = v
+		case k == KeyMountFlags:
+			if v != "" {
+				d.MountFlags = strings.Split(v, ",")
+			}
+		case k == KeyStageSecret:
+			d.StageSecret = v
+		case k == KeyPublishSecret:
+			d.PublishSecret = v
+		case strings.HasPrefix(k, ContextPrefix) && len(k) > len(ContextPrefix):
+			if d.VolumeContext == nil {
+				d.VolumeContext = map[string]string{}
+			}
+			d.VolumeContext[strings.TrimPrefix(k, ContextPrefix)] = v
+		default:
+			return nil, fmt.Errorf("%w: unknown option %q; known options: %s", ErrInvalid, truncate(k), strings.Join(knownKeys, ", "))
+		}
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Options is the inverse of ParseOptions: the definition as engine
+// options, for display.
+func (d *Definition) Options() map[string]string {
+	o := map[string]string{KeyPlugin: d.Plugin, KeyVolumeID: d.VolumeID, KeyAccessMode: d.accessMode().String()}
+	set := func(k, v string) {
+		if v != "" {
+			o[k] = v
+		}
+	}
+	set(KeyFSType, d.FSType)
+	if d.Block {
+		o[KeyBlock] = "true"
+	}
+	set(KeyMountFlags, strings.Join(d.MountFlags, ","))
+	set(KeyStageSecret, d.StageSecret)
+	set(KeyPublishSecret, d.PublishSecret)
+	for k, v := range d.VolumeContext {
+		o[ContextPrefix+k] = v
+	}
+	return o
+}
+
+// ValidateName checks a volume name: letters, digits, '_', '.', '-', not
+// starting with '.' or '-', at most MaxName bytes.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: a name is required", ErrInvalid)
+	case len(name) > MaxName:
+		return fmt.Errorf("%w: name %q... is %d bytes, longer than %d", ErrInvalid, name[:32], len(name), MaxName)
+	case name[0] == '.' || name[0] == '-':
+		return fmt.Errorf("%w: name %q must start with a letter, a digit or '_'", ErrInvalid, name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-", r)) {
+			return fmt.Errorf("%w: name %q has the character %q; use letters, digits, '.', '_' and '-'", ErrInvalid, name, r)
+		}
+	}
+	return nil
+}
+
+// Validate checks a definition, naming the option that is wrong.
+func (d *Definition) Validate() error {
+	if err := ValidateName(d.Name); err != nil {
+		return err
+	}
+	if d.Plugin == "" {
+		return fmt.Errorf("%w: option %s is required (the CSI plugin's type)", ErrInvalid, KeyPlugin)
+	}
+	if d.VolumeID == "" {
+		return fmt.Errorf("%w: option %s is required (the pre-provisioned volume's id)", ErrInvalid, KeyVolumeID)
+	}
+	check := func(key, v string) error {
+		if len(v) > MaxValue {
+			return fmt.Errorf("%w: option %s is %d bytes, longer than %d", ErrInvalid, truncate(key), len(v), MaxValue)
+		}
+		if strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%w: option %s contains a NUL byte", ErrInvalid, truncate(key))
+		}
+		return nil
+	}
+	for k, v := range d.Options() {
+		if err := check(k, v); err != nil {
+			return err
+		}
+	}
+	for k := range d.VolumeContext {
+		if err := check(ContextPrefix+"KEY", k); err != nil {
+			return err
+		}
+	}
+	if d.Block && d.FSType != "" {
+		return fmt.Errorf("%w: options %s and %s exclude each other", ErrInvalid, KeyBlock, KeyFSType)
+	}
+	if d.AccessMode != "" {
+		if m, ok := csi.VolumeCapability_AccessMode_Mode_value[d.AccessMode]; !ok || m == 0 {
+			return fmt.Errorf("%w: option %s=%q is not a CSI access mode (SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY, MULTI_NODE_SINGLE_WRITER, MULTI_NODE_MULTI_WRITER, SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER)", ErrInvalid, KeyAccessMode, truncate(d.AccessMode))
+		}
+	}
+	for key, ref := range map[string]string{KeyStageSecret: d.StageSecret, KeyPublishSecret: d.PublishSecret} {
+		if ref == "" {
+			continue
+		}
+		if _, _, err := splitSecret(ref); err != nil {
+			return fmt.Errorf("%w: option %s: %w", ErrInvalid, key, err)
+		}
+	}
+	return nil
+}
+
+// splitSecret parses a secret reference NAME/KEY.
+func splitSecret(ref string) (name, key string, err error) {
+	name, key, ok := strings.Cut(ref, "/")
+	if !ok || name == "" || key == "" || strings.Contains(key, "/") {
+		return "", "", errors.New("expected a secret reference NAME/KEY (a file of the agent's secrets directory and a key in it)")
+	}
+	return name, key, nil
+}
+
+func (d *Definition) accessMode() csi.VolumeCapability_AccessMode_Mode {
+	if m, ok := csi.VolumeCapability_AccessMode_Mode_value[d.AccessMode]; ok && m != 0 {
+		return csi.VolumeCapability_AccessMode_Mode(m)
+	}
+	return csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+}
+
+// ReadOnly reports whether the definition's access mode allows reading
+// only: such a volume is published, and mounted, read-only.
+func (d *Definition) ReadOnly() bool {
+	switch d.accessMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return true
+	}
+	return false
+}
+
+// Volume is the definition as a Mesos CSI volume at containerPath; a
+// read-only definition is always mounted read-only.
+func (d *Definition) Volume(containerPath string, readonly bool) *agentv1.Volume {
+	capability := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: d.accessMode()}}
+	if d.Block {
+		capability.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+	} else {
+		capability.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: d.FSType, MountFlags: d.MountFlags}}
+	}
+	static := &agentv1.StaticProvisioning{VolumeId: d.VolumeID, VolumeCapability: capability, VolumeContext: d.VolumeContext}
+	if d.StageSecret != "" {
+		static.NodeStageSecrets = secretRef(d.StageSecret)
+	}
+	if d.PublishSecret != "" {
+		static.NodePublishSecrets = secretRef(d.PublishSecret)
+	}
+	mode := agentv1.Volume_RW
+	if readonly || d.ReadOnly() {
+		mode = agentv1.Volume_RO
+	}
+	return &agentv1.Volume{
+		ContainerPath: containerPath,
+		Mode:          mode,
+		Source: &agentv1.Volume_Source{
+			Type:      agentv1.Volume_Source_CSI_VOLUME,
+			CsiVolume: &agentv1.CSIVolume{PluginName: d.Plugin, StaticProvisioning: static},
+		},
+	}
+}
+
+// secretRef makes the one-entry secret map of a NAME/KEY reference: the
+// CSI secret is called KEY.
+func secretRef(ref string) map[string]*agentv1.Secret {
+	name, key, _ := splitSecret(ref)
+	return map[string]*agentv1.Secret{key: {
+		Type:      agentv1.Secret_REFERENCE,
+		Reference: &agentv1.Secret_Reference{Name: name, Key: key},
+	}}
+}
+
+// truncate shortens what an error quotes back.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

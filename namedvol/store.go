@@ -1,0 +1,126 @@
+package namedvol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+)
+
+// Errors of the Store.
+var (
+	ErrNotFound = errors.New("no such named volume")
+	ErrExists   = errors.New("named volume exists with another definition")
+)
+
+// Store keeps definitions as DIR/NAME.json. Changes to one name must not
+// race each other: the caller serialises them (the agent holds the
+// volume's lock).
+type Store struct {
+	dir    string
+	commit atomicfile.Committer
+}
+
+// OpenStore makes the directory if needed.
+func OpenStore(dir string) (*Store, error) {
+	s := &Store{dir: dir}
+	if err := s.commit.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the named volume directory: %w", err)
+	}
+	return s, nil
+}
+
+func (s *Store) path(name string) string { return filepath.Join(s.dir, name+".json") }
+
+// Create stores d, durably. The same definition again is no change;
+// another one under the same name is ErrExists.
+func (s *Store) Create(ctx context.Context, d *Definition) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	old, err := s.Get(d.Name)
+	switch {
+	case err == nil && reflect.DeepEqual(old, d):
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w: %s (remove it first)", ErrExists, d.Name)
+	case !errors.Is(err, ErrNotFound):
+		return err
+	}
+	data, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", d.Name, err)
+	}
+	n, err := s.commit.Put(s.path(d.Name), append(data, '\n'), 0o600)
+	if err != nil {
+		return fmt.Errorf("storing %s: %w", d.Name, err)
+	}
+	return s.commit.Wait(ctx, n)
+}
+
+// Get reads one definition.
+func (s *Store) Get(name string) (*Definition, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(s.path(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", name, err)
+	}
+	d := &Definition{}
+	if err := json.Unmarshal(data, d); err != nil {
+		return nil, fmt.Errorf("reading %s: %s: %w", name, s.path(name), err)
+	}
+	if d.Name != name {
+		return nil, fmt.Errorf("reading %s: %s defines %q", name, s.path(name), d.Name)
+	}
+	return d, nil
+}
+
+// List reads every definition, sorted by name; a file that cannot be read
+// is reported in the error and skipped.
+func (s *Store) List() ([]*Definition, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing named volumes: %w", err)
+	}
+	var out []*Definition
+	var errs []error
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !e.Type().IsRegular() || ValidateName(name) != nil {
+			continue
+		}
+		d, err := s.Get(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, errors.Join(errs...)
+}
+
+// Remove deletes a definition, durably; an unknown name is ErrNotFound.
+func (s *Store) Remove(ctx context.Context, name string) error {
+	if _, err := s.Get(name); err != nil {
+		return err
+	}
+	n, err := s.commit.Remove(s.path(name))
+	if err != nil {
+		return fmt.Errorf("removing %s: %w", name, err)
+	}
+	return s.commit.Wait(ctx, n)
+}
