@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
@@ -23,6 +24,7 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
 	"github.com/csiagent/csiagent/supervisor"
+	"github.com/csiagent/csiagent/volumestats"
 )
 
 // Defaults of Config.
@@ -80,6 +82,10 @@ type Config struct {
 	ReclaimMaxConcurrent int
 	// ReclaimClock is for tests; nil: the real clock.
 	ReclaimClock reclaim.Clock
+	// VolumeStatsInterval is how often each published volume's usage and
+	// health are polled (plugins with GET_VOLUME_STATS or
+	// GET_VOLUME_HEALTH); 0: volumestats.DefaultInterval.
+	VolumeStatsInterval time.Duration
 
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
@@ -142,6 +148,8 @@ type Agent struct {
 	iso         *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
+	// stats polls published volumes' usage and health.
+	stats *volumestats.Poller
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
 	// configured is closed once the config directory's first load is
@@ -192,6 +200,7 @@ func New(cfg Config) (*Agent, error) {
 		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
+	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
 
@@ -265,7 +274,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
-	agentv1.RegisterControllerServer(srv, &controllerServer{a: a})
+	agentv1.RegisterControllerServer(srv, controllerops.New(controllerPlugins{a}, a.log))
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
@@ -313,6 +322,7 @@ loop:
 						case <-runCtx.Done():
 						}
 					})
+					wg.Go(func() { a.stats.Run(runCtx) })
 					a.iso.Run(runCtx)
 					wg.Wait()
 				}()

@@ -21,6 +21,12 @@ import (
 
 func apiClient(t *testing.T, socket string) agentv1.AgentClient {
 	t.Helper()
+	return agentv1.NewAgentClient(apiConn(t, socket))
+}
+
+// apiConn is a connection to the agent API, closed when the test ends.
+func apiConn(t *testing.T, socket string) *grpc.ClientConn {
+	t.Helper()
 	// WaitForReady: the socket file exists a moment before the agent
 	// accepts on it.
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -29,7 +35,7 @@ func apiClient(t *testing.T, socket string) agentv1.AgentClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return agentv1.NewAgentClient(conn)
+	return conn
 }
 
 // TestManagedLoopPlugin starts the real csi-loop-plugin from a config file

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,8 +22,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/redact"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/fence"
 	"github.com/csiagent/csiagent/proto/replication"
 	"github.com/csiagent/csiagent/proto/volumegroup"
 )
@@ -217,51 +220,59 @@ type fakeRepl struct {
 }
 
 // replKey is the object a replication request is about.
-func replKey(volumeID string, src *replication.ReplicationSource) string {
+func replKey(src *replication.ReplicationSource) string {
 	if id := src.GetVolumegroup().GetVolumeGroupId(); id != "" {
 		return "group:" + id
 	}
-	return "volume:" + volumeID
+	return "volume:" + src.GetVolume().GetVolumeId()
 }
 
 func (s fakeRepl) EnableVolumeReplication(ctx context.Context, req *replication.EnableVolumeReplicationRequest) (*replication.EnableVolumeReplicationResponse, error) {
-	return answer(ctx, s.f, "EnableVolumeReplication", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.EnableVolumeReplicationResponse {
+	return answer(ctx, s.f, "EnableVolumeReplication", replKey(req.GetReplicationSource()), req, func() *replication.EnableVolumeReplicationResponse {
 		return &replication.EnableVolumeReplicationResponse{}
 	})
 }
 
 func (s fakeRepl) DisableVolumeReplication(ctx context.Context, req *replication.DisableVolumeReplicationRequest) (*replication.DisableVolumeReplicationResponse, error) {
-	return answer(ctx, s.f, "DisableVolumeReplication", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.DisableVolumeReplicationResponse {
+	return answer(ctx, s.f, "DisableVolumeReplication", replKey(req.GetReplicationSource()), req, func() *replication.DisableVolumeReplicationResponse {
 		return &replication.DisableVolumeReplicationResponse{}
 	})
 }
 
 func (s fakeRepl) PromoteVolume(ctx context.Context, req *replication.PromoteVolumeRequest) (*replication.PromoteVolumeResponse, error) {
-	return answer(ctx, s.f, "PromoteVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.PromoteVolumeResponse {
+	return answer(ctx, s.f, "PromoteVolume", replKey(req.GetReplicationSource()), req, func() *replication.PromoteVolumeResponse {
 		return &replication.PromoteVolumeResponse{}
 	})
 }
 
 func (s fakeRepl) DemoteVolume(ctx context.Context, req *replication.DemoteVolumeRequest) (*replication.DemoteVolumeResponse, error) {
-	return answer(ctx, s.f, "DemoteVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.DemoteVolumeResponse {
+	return answer(ctx, s.f, "DemoteVolume", replKey(req.GetReplicationSource()), req, func() *replication.DemoteVolumeResponse {
 		return &replication.DemoteVolumeResponse{}
 	})
 }
 
 func (s fakeRepl) ResyncVolume(ctx context.Context, req *replication.ResyncVolumeRequest) (*replication.ResyncVolumeResponse, error) {
-	return answer(ctx, s.f, "ResyncVolume", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.ResyncVolumeResponse {
+	return answer(ctx, s.f, "ResyncVolume", replKey(req.GetReplicationSource()), req, func() *replication.ResyncVolumeResponse {
 		return &replication.ResyncVolumeResponse{Ready: true}
 	})
 }
 
+func (s fakeRepl) GetReplicationDestinationInfo(ctx context.Context, req *replication.GetReplicationDestinationInfoRequest) (*replication.GetReplicationDestinationInfoResponse, error) {
+	return answer(ctx, s.f, "GetReplicationDestinationInfo", replKey(req.GetReplicationSource()), req, func() *replication.GetReplicationDestinationInfoResponse {
+		return &replication.GetReplicationDestinationInfoResponse{ReplicationDestination: &replication.ReplicationDestination{
+			Type: &replication.ReplicationDestination_Volume{Volume: &replication.ReplicationDestination_VolumeDestination{VolumeId: "peer-" + req.GetReplicationSource().GetVolume().GetVolumeId()}}}}
+	})
+}
+
 func (s fakeRepl) GetVolumeReplicationInfo(ctx context.Context, req *replication.GetVolumeReplicationInfoRequest) (*replication.GetVolumeReplicationInfoResponse, error) {
-	if req.GetVolumeId() == "" && req.GetReplicationSource() == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+	if req.GetReplicationSource() == nil {
+		return nil, status.Error(codes.InvalidArgument, "replication_source is required")
 	}
-	return answer(ctx, s.f, "GetVolumeReplicationInfo", replKey(req.GetVolumeId(), req.GetReplicationSource()), req, func() *replication.GetVolumeReplicationInfoResponse {
+	return answer(ctx, s.f, "GetVolumeReplicationInfo", replKey(req.GetReplicationSource()), req, func() *replication.GetVolumeReplicationInfoResponse {
 		return &replication.GetVolumeReplicationInfoResponse{
 			LastSyncTime:     timestamppb.New(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)),
 			LastSyncDuration: durationpb.New(90 * time.Second), LastSyncBytes: 4096,
+			Status: replication.GetVolumeReplicationInfoResponse_DEGRADED, StatusMessage: "behind by 3 syncs",
 		}
 	})
 }
@@ -328,6 +339,7 @@ func serveFakeController(t *testing.T, socket string, f *fakeController) {
 	csi.RegisterGroupControllerServer(srv, fakeGC{f: f})
 	volumegroup.RegisterControllerServer(srv, fakeVG{f: f})
 	replication.RegisterControllerServer(srv, fakeRepl{f: f})
+	fence.RegisterFenceControllerServer(srv, fakeFence{f: f})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -365,7 +377,7 @@ func newCtrlHarness(t *testing.T) *ctrlHarness {
 	h.start(cfg)
 	p := h.waitPlugin("fake", "ready", ready)
 	h.waitPlugin("nodeonly", "ready", ready)
-	for _, svc := range []string{volumeGroupService, replicationService, groupControllerService} {
+	for _, svc := range []string{controllerops.VolumeGroupService, controllerops.ReplicationService, controllerops.GroupControllerService} {
 		if !strings.Contains(strings.Join(p.Instances[0].AddonsServices, " "), svc) {
 			t.Fatalf("discovery did not find %s: %v", svc, p.Instances[0].AddonsServices)
 		}
@@ -782,7 +794,7 @@ func TestControllerReplication(t *testing.T) {
 		t.Fatalf("enable: %v %v", res, err)
 	}
 	en := f.request("EnableVolumeReplication", 0).(*replication.EnableVolumeReplicationRequest)
-	if en.GetVolumeId() != "vol-1" || en.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" || en.GetReplicationId() != "r1" ||
+	if en.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" || en.GetReplicationId() != "r1" ||
 		en.GetParameters()["mirroringMode"] != "snapshot" || en.GetSecrets()["key"] != "s3cr3t-repl" {
 		t.Errorf("enable request %v", en)
 	}
@@ -793,7 +805,7 @@ func TestControllerReplication(t *testing.T) {
 		t.Fatal(err)
 	}
 	pr := f.request("PromoteVolume", 0).(*replication.PromoteVolumeRequest)
-	if pr.GetVolumeId() != "" || pr.GetReplicationSource().GetVolumegroup().GetVolumeGroupId() != "vg-1" || !pr.GetForce() {
+	if pr.GetReplicationSource().GetVolumegroup().GetVolumeGroupId() != "vg-1" || !pr.GetForce() {
 		t.Errorf("promote request %v", pr)
 	}
 	_, _, err = collect(c.DemoteVolume(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Force: true}))
@@ -846,6 +858,23 @@ func TestControllerReplication(t *testing.T) {
 		!res.GetInfo().GetLastSyncTime().AsTime().Equal(time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Errorf("info: %v %v", res, err)
 	}
+	if res.GetInfo().GetStatus() != "DEGRADED" || res.GetInfo().GetStatusMessage() != "behind by 3 syncs" {
+		t.Errorf("info status = %q %q, want the plugin's DEGRADED and its message", res.GetInfo().GetStatus(), res.GetInfo().GetStatusMessage())
+	}
+
+	// Destination, with the spec's UNAVAILABLE row (not known yet) retried.
+	f.arm()
+	f.script("GetReplicationDestinationInfo", fail(codes.Unavailable, "destination not yet known"))
+	ps, res, err := collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: fast()}))
+	if err != nil || res.GetDestination().GetVolumeId() != "peer-vol-1" || !slices.Equal(kinds(ps), []agentv1.Progress_Kind{agentv1.Progress_RETRY}) {
+		t.Errorf("destination: %v %v %v", kinds(ps), res, err)
+	}
+	if got := f.request("GetReplicationDestinationInfo", 0).(*replication.GetReplicationDestinationInfoRequest); got.GetReplicationSource().GetVolume().GetVolumeId() != "vol-1" {
+		t.Errorf("GetReplicationDestinationInfo got %v", got)
+	}
+	f.script("GetReplicationDestinationInfo", fail(codes.FailedPrecondition, "not replicated"))
+	_, _, err = collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: fast()}))
+	wantStatus(t, err, codes.FailedPrecondition, "not replicated", "1 call, not retried", "csi-agent replication enable")
 
 	// Invalid requests never reach the plugin.
 	for _, tc := range []struct {
@@ -869,6 +898,10 @@ func TestControllerReplication(t *testing.T) {
 			_, _, err := collect(c.EnableReplication(opCtx(t), &agentv1.ReplicationRequest{Source: vol}))
 			return err
 		}, "plugin_name is required"},
+		{"parameters on destination", func() error {
+			_, _, err := collect(c.GetReplicationDestination(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Parameters: map[string]string{"a": "b"}}))
+			return err
+		}, "takes no parameters"},
 		{"bad policy", func() error {
 			_, _, err := collect(c.EnableReplication(opCtx(t), &agentv1.ReplicationRequest{PluginName: "fake", Source: vol, Retry: &agentv1.RetryPolicy{MaxAttempts: 1000}}))
 			return err
@@ -1064,7 +1097,7 @@ func TestControllerLoopPluginE2E(t *testing.T) {
 		`{"csi_service":"NODE_SERVICE","endpoint":"unix://`+sock+`"}]}`)
 	h.start(fastConfig(h))
 	p := h.waitPlugin("loop", "ready", ready)
-	for _, svc := range []string{volumeGroupService, groupControllerService} {
+	for _, svc := range []string{controllerops.VolumeGroupService, controllerops.GroupControllerService} {
 		if !strings.Contains(strings.Join(p.Instances[0].AddonsServices, " "), svc) {
 			t.Fatalf("csi-loop-plugin does not offer %s: %v", svc, p.Instances[0].AddonsServices)
 		}

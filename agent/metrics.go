@@ -83,6 +83,7 @@ func newMetrics(a *Agent) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration,
 		newStateCollector(a),
+		newVolumeStatsCollector(a),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_writes_total",
 			Help: "Checkpoint writes of volumes and containers (a checksummed version in a free slot of the record: visible at once, durable with the next commit round).",

@@ -107,18 +107,38 @@ type liveReclaim struct {
 }
 
 func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
-	c, err := liveNode(l).conn(ctx)
+	c, err := liveNode(l).conn(ctx, nodeReclaimService)
 	if err != nil {
 		return nil, err
 	}
 	return reclaimspace.NewReclaimSpaceNodeClient(c).NodeReclaimSpace(ctx, in, opts...)
 }
 
-// controllerConn waits for the plugin's controller service to be ready;
-// errors are status errors.
-func (a *Agent) controllerConn(ctx context.Context, typ string) (*grpc.ClientConn, error) {
+// controllerConn waits for the plugin's controller service to be ready
+// and returns the connection that serves service there; errors are status
+// errors.
+func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
 	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
-	return conn, toStatus(err)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return a.connFor(typ, pluginconfig.ControllerService, service, conn), nil
+}
+
+// connFor is the connection that serves service (a discovery name) on the
+// plugin's instance serving svc: its csi-addons endpoint's when it has one
+// and service is csi-addons', else csiConn.
+func (a *Agent) connFor(typ string, svc pluginconfig.Service, service string, csiConn *grpc.ClientConn) *grpc.ClientConn {
+	a.mu.Lock()
+	r := a.plugins[typ]
+	a.mu.Unlock()
+	if r == nil {
+		return csiConn
+	}
+	if c := r.sup.ConnFor(svc, service); c != nil {
+		return c
+	}
+	return csiConn
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.
@@ -127,15 +147,14 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 		return nil
 	}
 	t := a.reclaimer.Totals(typ)
-	out := &agentv1.ReclaimTotals{Scheduled: true, Runs: t.Runs, Failures: t.Failures, BytesReclaimed: t.BytesFreed}
+	out := &agentv1.ReclaimTotals{Scheduled: true, Runs: t.Runs, Failures: t.Failures, BytesReclaimed: t.BytesFreed,
+		UnsupportedVolumes: a.reclaimer.Unsupported(typ)}
 	if t.LastError != nil {
 		out.LastError = t.LastError.Error()
 	}
 	switch {
 	case a.reclaimPolicy(typ).Interval == 0:
 		out.Scheduled, out.Reason = false, "disabled (interval 0)"
-	case a.reclaimer.Unsupported(typ):
-		out.Scheduled, out.Reason = false, "the plugin answered Unimplemented; retried when its config or process changes"
 	case !a.pluginOffers(typ, nodeReclaimService):
 		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
 	}
@@ -233,7 +252,7 @@ func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpac
 	if !s.a.pluginOffers(ref.GetPluginName(), controllerReclaimSvc) {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
 	}
-	conn, err := s.a.controllerConn(ctx, ref.GetPluginName())
+	conn, err := s.a.controllerConn(ctx, ref.GetPluginName(), controllerReclaimSvc)
 	if err != nil {
 		return err
 	}

@@ -83,18 +83,19 @@ type liveNode struct {
 	typ string
 }
 
-// conn is the plugin's node connection once it is ready.
-func (n liveNode) conn(ctx context.Context) (*grpc.ClientConn, error) {
+// conn is the plugin's connection that serves service on its node
+// instance, once it is ready.
+func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
 	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
 	if err != nil {
 		// A status error: the isolator's retry policy reads its code.
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return conn, nil
+	return n.a.connFor(n.typ, pluginconfig.NodeService, service, conn), nil
 }
 
 func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
-	conn, err := n.conn(ctx)
+	conn, err := n.conn(ctx, "csi.v1.Node")
 	if err != nil {
 		return nil, err
 	}
@@ -227,9 +228,15 @@ func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*
 	return &agentv1.CleanupResponse{}, nil
 }
 
-func (s *apiServer) ListVolumes(context.Context, *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+func (s *apiServer) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+	if req.GetRefreshStats() {
+		s.a.stats.Refresh(ctx, statsSource{s.a}.Volumes())
+	}
 	vols := s.a.iso.ListVolumes()
 	for _, v := range vols {
+		if st, ok := s.a.stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
+			v.Stats = statsOf(st)
+		}
 		// A volume never reclaimed has its first run scheduled but not
 		// checkpointed (it follows from when it was published).
 		if v.NextReclaim == nil {

@@ -45,6 +45,7 @@ type volumeSpec struct {
 	ro               bool
 	access           csi.VolumeCapability_AccessMode_Mode
 	block            bool
+	fsType           string
 	stageSecrets     map[string]*agentv1.Secret
 }
 
@@ -61,7 +62,7 @@ func (s volumeSpec) volume() *agentv1.Volume {
 	if s.block {
 		capability.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	} else {
-		capability.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}}
+		capability.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: s.fsType}}
 	}
 	return &agentv1.Volume{
 		ContainerPath: s.path,

@@ -96,6 +96,10 @@ func (e *env) newRoot() *cobra.Command {
 		e.groupCmd(),
 		e.replicationCmd(),
 		e.groupSnapshotCmd(),
+		command("fence [flags]", "csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", noArgs, e.fenceCmd),
+		command("unfence [flags]", "csi-addons network fencing: give fenced networks their access back", noArgs, e.unfenceCmd),
+		command("keyrotate [flags]", "csi-addons encryption key rotation of a volume published here", noArgs, e.keyRotateCmd),
+		command("expand [flags]", "grow a published volume on the node (NodeExpandVolume) after the backend grew it", noArgs, e.expandCmd),
 		e.ociHookCmd(),
 		command("serve [flags]", "run the agent daemon", noArgs, e.serveCmd),
 		command("version", "print the version", noArgs, func(*pflag.FlagSet) runFunc {

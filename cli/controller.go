@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -421,7 +422,8 @@ func (e *env) replicationCmd() *cobra.Command {
 		verb("promote", "promote to primary", replicationVerb{params: true, force: true, done: "promoted", call: agentv1.ControllerClient.PromoteVolume}),
 		verb("demote", "demote to secondary", replicationVerb{params: true, force: true, done: "demoted", call: agentv1.ControllerClient.DemoteVolume}),
 		verb("resync", "resync, waiting until ready (unless --no-wait)", replicationVerb{params: true, force: true, wait: true, done: "resynced", call: agentv1.ControllerClient.ResyncVolume}),
-		verb("info", "show the last sync: time, duration, bytes", replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo}),
+		verb("info", "show the health and the last sync: status, time, duration, bytes", replicationVerb{call: agentv1.ControllerClient.GetReplicationInfo}),
+		verb("destination", "show the peer's volume (or group and volumes) replicating this one", replicationVerb{call: agentv1.ControllerClient.GetReplicationDestination}),
 	)
 }
 
@@ -470,7 +472,7 @@ func (e *env) replicationVerbCmd(fs *pflag.FlagSet, v replicationVerb) runFunc {
 		case res.GetInfo() != nil:
 			in := res.GetInfo()
 			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SOURCE\tLAST SYNC\tDURATION\tBYTES")
+			fmt.Fprintln(tw, "SOURCE\tSTATUS\tLAST SYNC\tDURATION\tBYTES\tMESSAGE")
 			last, dur, bytes := "-", "-", "-"
 			if in.GetLastSyncTime() != nil {
 				last = in.GetLastSyncTime().AsTime().Local().Format(time.DateTime)
@@ -481,7 +483,20 @@ func (e *env) replicationVerbCmd(fs *pflag.FlagSet, v replicationVerb) runFunc {
 			if in.GetLastSyncBytes() > 0 {
 				bytes = bytesHuman(in.GetLastSyncBytes())
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", what, last, dur, bytes)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", what, cmp.Or(in.GetStatus(), "UNKNOWN"), last, dur, bytes, cmp.Or(in.GetStatusMessage(), "-"))
+			return tw.Flush()
+		case res.GetDestination() != nil:
+			d := res.GetDestination()
+			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SOURCE\tDESTINATION")
+			if d.GetVolumeId() != "" {
+				fmt.Fprintf(tw, "%s\tvolume %s\n", what, d.GetVolumeId())
+			} else {
+				fmt.Fprintf(tw, "%s\tvolume group %s\n", what, d.GetVolumeGroupId())
+				for _, src := range slices.Sorted(maps.Keys(d.GetVolumeIds())) {
+					fmt.Fprintf(tw, "  volume %s\tvolume %s\n", src, d.GetVolumeIds()[src])
+				}
+			}
 			return tw.Flush()
 		case v.wait && !res.GetReady():
 			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with '%s' without --no-wait)\n", what, c.name)

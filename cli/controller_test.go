@@ -94,6 +94,10 @@ func (f *fakeAgent) GetReplicationInfo(r *agentv1.ReplicationRequest, s grpc.Ser
 	return serve(f, "GetReplicationInfo", r, s)
 }
 
+func (f *fakeAgent) GetReplicationDestination(r *agentv1.ReplicationRequest, s grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
+	return serve(f, "GetReplicationDestination", r, s)
+}
+
 func (f *fakeAgent) CreateGroupSnapshot(r *agentv1.CreateGroupSnapshotRequest, s grpc.ServerStreamingServer[agentv1.GroupSnapshotReply]) error {
 	return serve(f, "CreateGroupSnapshot", r, s)
 }
@@ -284,14 +288,23 @@ func TestControllerCLIReplication(t *testing.T) {
 	}
 
 	f.set(nil, &agentv1.ReplicationReply{Done: true, Ready: true, Info: &agentv1.ReplicationInfo{
-		LastSyncTime: timestamppb.Now(), LastSyncDuration: durationpb.New(90 * time.Second), LastSyncBytes: 4096}})
+		LastSyncTime: timestamppb.Now(), LastSyncDuration: durationpb.New(90 * time.Second), LastSyncBytes: 4096,
+		Status: "DEGRADED", StatusMessage: "behind by 3 syncs"}})
 	code, out, _ = run(t, "replication", "info", "--api-socket", socket, "--plugin", "loop", "--volume", "v1")
-	if code != ExitOK || !strings.Contains(out, "LAST SYNC") || !strings.Contains(out, "1m30s") || !strings.Contains(out, "4.0 KiB") {
+	if code != ExitOK || !strings.Contains(out, "LAST SYNC") || !strings.Contains(out, "1m30s") || !strings.Contains(out, "4.0 KiB") ||
+		!strings.Contains(out, "DEGRADED") || !strings.Contains(out, "behind by 3 syncs") {
 		t.Errorf("exit %d: %s", code, out)
 	}
 	code, out, _ = run(t, "replication", "info", "--api-socket", socket, "--plugin", "loop", "--volume", "v1", "--output", "json")
 	if code != ExitOK || !strings.Contains(out, `"last_sync_bytes": "4096"`) {
 		t.Errorf("exit %d: %s", code, out)
+	}
+
+	f.set(nil, &agentv1.ReplicationReply{Done: true, Ready: true, Destination: &agentv1.ReplicationDestination{
+		VolumeGroupId: "peer-g", VolumeIds: map[string]string{"v2": "peer-v2", "v1": "peer-v1"}}})
+	code, out, _ = run(t, "replication", "destination", "--api-socket", socket, "--plugin", "loop", "--group", "g")
+	if want := "SOURCE          DESTINATION\nvolume group g  volume group peer-g\n  volume v1     volume peer-v1\n  volume v2     volume peer-v2\n"; code != ExitOK || out != want {
+		t.Errorf("destination: exit %d:\n%s\nwant\n%s", code, out, want)
 	}
 }
 

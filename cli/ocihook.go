@@ -135,11 +135,11 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket str
 		}
 		vols = append(vols, named...)
 	}
-	rootfs, err := bundleRootfs(st.Bundle)
+	rootfs, user, err := readBundle(st.Bundle)
 	if err != nil {
 		return fail(err)
 	}
-	_, err = client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: rootfs, Pid: int32(st.Pid)}, wait)
+	_, err = client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: rootfs, Pid: int32(st.Pid), User: user}, wait)
 	if err != nil {
 		return fail(hookError(socket, err))
 	}
@@ -165,31 +165,41 @@ func hookError(socket string, err error) error {
 	return errors.New(apiError(socket, err))
 }
 
-// bundleRootfs reads root.path from the bundle's config.json; a relative
-// path is relative to the bundle.
-func bundleRootfs(bundle string) (string, error) {
+// readBundle reads root.path (a relative path is relative to the bundle)
+// and process.user from the bundle's config.json. user is "UID:GID" for a
+// container that runs as another user than root, else "".
+func readBundle(bundle string) (rootfs, user string, _ error) {
 	if !filepath.IsAbs(bundle) {
-		return "", fmt.Errorf("bundle %q is not an absolute path", bundle)
+		return "", "", fmt.Errorf("bundle %q is not an absolute path", bundle)
 	}
 	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if err != nil {
-		return "", fmt.Errorf("reading the bundle's config.json: %w", err)
+		return "", "", fmt.Errorf("reading the bundle's config.json: %w", err)
 	}
 	var cfg struct {
 		Root struct {
 			Path string `json:"path"`
 		} `json:"root"`
+		Process struct {
+			User struct {
+				UID uint32 `json:"uid"`
+				GID uint32 `json:"gid"`
+			} `json:"user"`
+		} `json:"process"`
 	}
 	if err := json.Unmarshal(b, &cfg); err != nil {
-		return "", fmt.Errorf("parsing %s: %w", filepath.Join(bundle, "config.json"), err)
+		return "", "", fmt.Errorf("parsing %s: %w", filepath.Join(bundle, "config.json"), err)
 	}
 	if cfg.Root.Path == "" {
-		return "", errors.New("the bundle's config.json has no root.path")
+		return "", "", errors.New("the bundle's config.json has no root.path")
+	}
+	if u := cfg.Process.User; u.UID != 0 || u.GID != 0 {
+		user = fmt.Sprintf("%d:%d", u.UID, u.GID)
 	}
 	if filepath.IsAbs(cfg.Root.Path) {
-		return filepath.Clean(cfg.Root.Path), nil
+		return filepath.Clean(cfg.Root.Path), user, nil
 	}
-	return filepath.Join(bundle, cfg.Root.Path), nil
+	return filepath.Join(bundle, cfg.Root.Path), user, nil
 }
 
 // namedVolumes reads named mounts NAME:PATH[:ro];... (the mounts

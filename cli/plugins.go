@@ -178,6 +178,9 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		}
 		kv("Reclaim", fmt.Sprintf("%s; %d run(s), %d failure(s), %s freed", sched, rc.GetRuns(), rc.GetFailures(), bytesHuman(rc.GetBytesReclaimed())))
 		kv("Reclaim last error", rc.GetLastError())
+		if ids := rc.GetUnsupportedVolumes(); len(ids) > 0 {
+			kv("Reclaim unsupported", strings.Join(ids, ", ")+" (Unimplemented: cannot discard; retried when the plugin changes)")
+		}
 	}
 	for i, in := range p.GetInstances() {
 		fmt.Fprintf(tw, "Instance %d:\t\n", i)
@@ -196,6 +199,9 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		kv("  Node capabilities", strings.Join(in.GetNodeCapabilities(), ", "))
 		kv("  Node ID", in.GetNodeId())
 		kv("  csi-addons services", strings.Join(in.GetAddonsServices(), ", "))
+		if ep := in.GetAddonsEndpoint(); ep != "" {
+			kv("  csi-addons endpoint", strings.TrimSpace(ep+" "+parens(in.GetAddonsIdentity()))+" (csi-addons services; csi.v1.* on Endpoint)")
+		}
 		kv("  Last error", in.GetLastError())
 	}
 	tw.Flush()
@@ -245,4 +251,12 @@ func waitReady(ctx context.Context, client agentv1.AgentClient, typ string, d ti
 			return nil
 		}
 	}
+}
+
+// parens is "(s)", or "" for an empty s.
+func parens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "(" + s + ")"
 }

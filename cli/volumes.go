@@ -132,8 +132,9 @@ func (e *env) cleanupCmd(fs *pflag.FlagSet) runFunc {
 
 // volumesCmd is csi-agent volumes.
 func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
+	refresh := fs.Bool("refresh-stats", false, "poll the published volumes' usage and health now rather than show the last poll")
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
-		resp, err := client.ListVolumes(ctx, &agentv1.ListVolumesRequest{})
+		resp, err := client.ListVolumes(ctx, &agentv1.ListVolumesRequest{RefreshStats: *refresh})
 		if err != nil {
 			return err
 		}
@@ -141,17 +142,43 @@ func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 			return printJSON(e.stdout, resp)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tLAST RECLAIM\tNEXT RECLAIM\tTARGET\tERROR")
+		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tTARGET\tERROR")
 		for _, v := range resp.GetVolumes() {
 			next := "-"
 			if v.GetNextReclaim() != nil {
 				next = v.GetNextReclaim().AsTime().Local().Format(time.DateTime)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
-				orDash(strings.Join(v.GetContainers(), ",")), reclaimCell(v.GetLastReclaim()), next, v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+			use, cond := statsCells(v.GetStats())
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+				orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), next, v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
 		}
 		return tw.Flush()
 	})
+}
+
+// statsCells summarises a volume's last stats poll: use ("42% of 1.0
+// GiB", or the size alone) and condition ("ok", "ABNORMAL: ...").
+func statsCells(s *agentv1.VolumeStats) (use, cond string) {
+	switch {
+	case s == nil:
+		return "-", "-"
+	case s.GetError() != "":
+		return "-", "poll failed: " + oneLine(s.GetError())
+	}
+	use, cond = "-", "-"
+	if s.GetBytesKnown() && s.GetCapacityBytes() > 0 {
+		use = bytesHuman(s.GetCapacityBytes())
+		if s.GetUsedBytes() > 0 || s.GetAvailableBytes() > 0 {
+			use = fmt.Sprintf("%d%% of %s", s.GetUsedBytes()*100/s.GetCapacityBytes(), use)
+		}
+	}
+	if s.GetHealthKnown() {
+		cond = "ok"
+		if s.GetAbnormal() {
+			cond = "ABNORMAL: " + oneLine(s.GetCondition())
+		}
+	}
+	return use, cond
 }
 
 // reclaimCell summarises a reclaim result: when, and bytes freed or why

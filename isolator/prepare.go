@@ -261,6 +261,11 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	if pm.readonly && pm.block {
 		hostPath = vcp.GetRoTargetPath() // a device its users cannot write
 	}
+	if !pm.readonly && !pm.block {
+		if err := giveVolumeRoot(hostPath, uid, gid); err != nil {
+			return nil, err
+		}
+	}
 	p := &pendingMount{pm: pm, rec: &agentv1.ContainerMount{
 		PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
 		HostPath: hostPath, Readonly: pm.readonly, MountNamespace: ns,
@@ -666,11 +671,20 @@ func sameRequest(a, b *agentv1.PrepareRequest) bool {
 	return proto.Equal(norm(a), norm(b))
 }
 
-// lookupUser resolves the user mount point directories are given to; -1
-// means keep root.
+// lookupUser resolves the user mount point directories are given to: a
+// name, a numeric uid, or "UID:GID" as the OCI hook passes process.user;
+// -1 means keep root.
 func lookupUser(name string) (uid, gid int, err error) {
 	if name == "" {
 		return -1, -1, nil
+	}
+	if u, g, ok := strings.Cut(name, ":"); ok {
+		uid, uerr := strconv.ParseUint(u, 10, 31)
+		gid, gerr := strconv.ParseUint(g, 10, 31)
+		if uerr != nil || gerr != nil {
+			return 0, 0, fmt.Errorf("%w: user %q: want a name, a uid or UID:GID", ErrInvalid, name)
+		}
+		return int(uid), int(gid), nil
 	}
 	u, err := user.Lookup(name)
 	if err != nil {

@@ -34,6 +34,8 @@ func toolDirs() []string { return []string{"/usr/sbin", "/sbin", "/usr/bin", "/b
 type tools struct {
 	mkfs   map[string]string // fs type -> mkfs program
 	e2fsck string            // "" if missing
+	// grow: fs type -> the program that grows it online ("" if missing).
+	grow map[string]string
 }
 
 func findTools() tools {
@@ -44,6 +46,7 @@ func findTools() tools {
 		}
 	}
 	t.e2fsck = lookTool("e2fsck")
+	t.grow = map[string]string{"ext4": lookTool("resize2fs"), "ext3": lookTool("resize2fs"), "xfs": lookTool("xfs_growfs")}
 	return t
 }
 

@@ -6,6 +6,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/csiagent/csiagent/proto/identity"
 )
 
 type identityServer struct {
@@ -29,6 +31,9 @@ func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCa
 			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}},
 		})
 	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE},
+	}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
@@ -38,4 +43,38 @@ func (s *identityServer) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeRe
 		return nil, preconditionf("pool unavailable: %v", err)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
+
+// addonsIdentityServer is csi-addons' identity on a separate csi-addons
+// endpoint: what the plugin offers there.
+type addonsIdentityServer struct {
+	identity.UnimplementedIdentityServer
+	p *Plugin
+}
+
+func (s *addonsIdentityServer) GetIdentity(context.Context, *identity.GetIdentityRequest) (*identity.GetIdentityResponse, error) {
+	return &identity.GetIdentityResponse{Name: s.p.name, VendorVersion: s.p.version}, nil
+}
+
+func (s *addonsIdentityServer) GetCapabilities(context.Context, *identity.GetCapabilitiesRequest) (*identity.GetCapabilitiesResponse, error) {
+	caps := []*identity.Capability{
+		{Type: &identity.Capability_Service_{Service: &identity.Capability_Service{Type: identity.Capability_Service_CONTROLLER_SERVICE}}},
+		{Type: &identity.Capability_Service_{Service: &identity.Capability_Service{Type: identity.Capability_Service_NODE_SERVICE}}},
+		{Type: &identity.Capability_ReclaimSpace_{ReclaimSpace: &identity.Capability_ReclaimSpace{Type: identity.Capability_ReclaimSpace_ONLINE}}},
+		{Type: &identity.Capability_ReclaimSpace_{ReclaimSpace: &identity.Capability_ReclaimSpace{Type: identity.Capability_ReclaimSpace_OFFLINE}}},
+		{Type: &identity.Capability_VolumeGroup_{VolumeGroup: &identity.Capability_VolumeGroup{Type: identity.Capability_VolumeGroup_VOLUME_GROUP}}},
+	}
+	if s.p.replica != nil {
+		caps = append(caps,
+			&identity.Capability{Type: &identity.Capability_VolumeReplication_{VolumeReplication: &identity.Capability_VolumeReplication{Type: identity.Capability_VolumeReplication_VOLUME_REPLICATION}}},
+			&identity.Capability{Type: &identity.Capability_VolumeReplication_{VolumeReplication: &identity.Capability_VolumeReplication{Type: identity.Capability_VolumeReplication_GET_REPLICATION_DESTINATION_INFO}}})
+	}
+	return &identity.GetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (s *addonsIdentityServer) Probe(ctx context.Context, _ *identity.ProbeRequest) (*identity.ProbeResponse, error) {
+	if _, err := (&identityServer{p: s.p}).Probe(ctx, nil); err != nil {
+		return nil, err
+	}
+	return &identity.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }

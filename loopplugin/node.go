@@ -1,15 +1,19 @@
 package loopplugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -33,6 +37,8 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	for _, c := range []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{
@@ -209,42 +215,18 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 // or staging path): bytes and inodes for a filesystem, the size for a block
 // device. A path where the volume is not is NotFound.
 func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if path == "" {
-		return nil, invalidf("volume_path is required")
-	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	at, unlock, err := s.volumeAt(ctx, req.GetVolumeId(), req.GetVolumePath(), "volume_path")
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
-	ds, err := devicesOf(vol)
-	if err != nil {
-		return nil, err
-	}
-	m, mounted, err := mount.Lookup(path)
-	if err != nil {
-		return nil, err
-	}
-	var dev loopdev.Device
-	ok := false
-	if mounted {
-		dev, ok = ds.at(m, path)
-	}
-	if !ok {
-		return nil, notFoundf("volume %s is not at %s", id, path)
-	}
-	if !sameDev(m, dev) { // block
-		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{
-			Unit: csi.VolumeUsage_BYTES, Total: vol.Size,
-		}}}, nil
+	path := req.GetVolumePath()
+	if !at.fs {
+		size, err := blockSize(path)
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
@@ -265,4 +247,164 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 			Used:      int64(st.Files - st.Ffree),
 		},
 	}}, nil
+}
+
+// NodeGetVolumeHealth reports the volume's adverse conditions at its
+// publish (or staging) path: INACCESSIBLE when its backing image is gone
+// (the loop device still serves the deleted file, whose data goes with
+// the device), DEGRADED when ext4 counted errors on it. None: healthy.
+func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	path := cmp.Or(req.GetVolumePublishPath(), req.GetStagingTargetPath())
+	if path == "" {
+		return s.healthByID(ctx, req.GetVolumeId())
+	}
+	at, unlock, err := s.volumeAt(ctx, req.GetVolumeId(), path, "volume_publish_path")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return healthOf(req.GetVolumeId(), at), nil
+}
+
+// healthByID is the health of a volume named without a path: its image
+// must exist; the filesystem of the device it is attached to, if any, is
+// checked.
+func (s *nodeServer) healthByID(ctx context.Context, id string) (*csi.NodeGetVolumeHealthResponse, error) {
+	if err := requireVolumeID(id); err != nil {
+		return nil, err
+	}
+	unlock, err := s.p.locks.lock(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	vol, err := s.p.pool.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := devicesOf(vol)
+	if err != nil {
+		return nil, err
+	}
+	at := volumeLocation{image: vol.Path}
+	if len(ds) > 0 {
+		at.rdev = ds[0].Rdev()
+	}
+	return healthOf(id, at), nil
+}
+
+// healthOf is the health of the volume found at at.
+func healthOf(id string, at volumeLocation) *csi.NodeGetVolumeHealthResponse {
+	h := &csi.VolumeHealth{VolumeId: id}
+	if at.deleted {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
+			Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: "BackingImageRemoved",
+			Message: fmt.Sprintf("the backing image %s was removed; the loop device still serves the deleted file until it is detached", at.image),
+		})
+	}
+	if n := ext4Errors(at.rdev); at.rdev != 0 && n > 0 {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
+			Status: csi.VolumeHealthErrorType_DEGRADED, Reason: "FilesystemErrors",
+			Message: fmt.Sprintf("ext4 counted %d error(s) on the filesystem (errors_count): check it with e2fsck", n),
+		})
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}
+}
+
+// volumeLocation is where a staged volume is found at a path.
+type volumeLocation struct {
+	rdev    uint64 // its loop device
+	fs      bool   // a filesystem on it is mounted at the path (else the node is bound)
+	image   string // its backing image
+	deleted bool   // the image was unlinked
+}
+
+// volumeAt takes the volume's lock and finds it at path (field names the
+// request field): NotFound unless path is a mount of the volume's loop
+// device or of a filesystem on it. It identifies the device by its
+// backing file, so a volume whose image was removed is still found.
+func (s *nodeServer) volumeAt(ctx context.Context, id, path, field string) (volumeLocation, func(), error) {
+	var at volumeLocation
+	if err := requireVolumeID(id); err != nil {
+		return at, nil, err
+	}
+	if path == "" {
+		return at, nil, invalidf("%s is required", field)
+	}
+	unlock, err := s.p.locks.lock(ctx, id)
+	if err != nil {
+		return at, nil, err
+	}
+	fail := func(err error) (volumeLocation, func(), error) {
+		unlock()
+		return at, nil, err
+	}
+	m, mounted, err := mount.Lookup(path)
+	if err != nil {
+		return fail(err)
+	}
+	if !mounted {
+		return fail(notFoundf("volume %s is not at %s", id, path))
+	}
+	at.rdev, at.fs = unix.Mkdev(uint32(m.Major), uint32(m.Minor)), true
+	if node, ok, err := deviceNodeAt(path); err != nil {
+		return fail(err)
+	} else if ok {
+		at.rdev, at.fs = node, false
+	}
+	backing, err := loopBacking(at.rdev)
+	at.image = strings.TrimSuffix(backing, deletedSuffix)
+	// The kernel shows the path with the pool directory's symlinks resolved.
+	want := s.p.pool.path(id)
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(want)); err == nil {
+		want = filepath.Join(dir, filepath.Base(want))
+	}
+	if err != nil || at.image != want {
+		return fail(notFoundf("volume %s is not at %s", id, path))
+	}
+	at.deleted = at.image != backing
+	return at, unlock, nil
+}
+
+// deletedSuffix is what the kernel appends to a loop device's backing_file
+// once the file is unlinked.
+const deletedSuffix = " (deleted)"
+
+// loopBacking is the backing file of the loop device rdev, as sysfs shows
+// it; an error when rdev is not a bound loop device.
+func loopBacking(rdev uint64) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(rdev), unix.Minor(rdev)))
+	if err != nil {
+		return "", fmt.Errorf("device %d:%d is not a loop device: %w", unix.Major(rdev), unix.Minor(rdev), err)
+	}
+	return strings.TrimRight(string(b), "\n"), nil
+}
+
+// ext4Errors is the error count ext4 keeps for the filesystem on rdev (0
+// when it is not ext4 or has none).
+func ext4Errors(rdev uint64) int {
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(rdev), unix.Minor(rdev)))
+	if err != nil {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/ext4", filepath.Base(link), "errors_count"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+// blockSize is the size of the block device at path.
+func blockSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", path, err)
+	}
+	return n, nil
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -226,15 +225,6 @@ func TestBlockLifecycle(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition)
 }
 
-func blockSize(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	return f.Seek(0, io.SeekEnd)
-}
-
 func readAt(t *testing.T, path string, off int64, n int) []byte {
 	t.Helper()
 	f, err := os.Open(path)
@@ -378,5 +368,100 @@ func TestInterruptedFormat(t *testing.T) {
 			}
 			e.unstage(t, id, staging)
 		})
+	}
+}
+
+// TestVolumeStatsAndHealth: NodeGetVolumeStats reports what statfs says of
+// the published filesystem; NodeGetVolumeHealth reports nothing for a
+// healthy volume, DEGRADED once ext4 counted an error, INACCESSIBLE once
+// the backing image is removed.
+func TestVolumeStatsAndHealth(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelWarn)
+	ctx := context.Background()
+	id := e.createVolume(t, "health", 64<<20)
+	c := mountCap("ext4", snw)
+	staging, target := filepath.Join(e.dir, "staging"), filepath.Join(e.dir, "target")
+	e.stage(t, id, staging, c)
+	e.publish(t, id, staging, target, c, false)
+	image := filepath.Join(e.pool, id+imageSuffix)
+	keep := filepath.Join(e.dir, "keep.img")
+	defer func() {
+		// Put the image back (same inode) so that unstage finds its device.
+		if _, err := os.Stat(image); errors.Is(err, os.ErrNotExist) {
+			if err := os.Link(keep, image); err != nil {
+				t.Error(err)
+			}
+		}
+		e.unpublish(t, id, target)
+		e.unstage(t, id, staging)
+	}()
+	if err := os.WriteFile(filepath.Join(target, "fill"), make([]byte, 8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	stats, err := e.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		t.Fatal(err)
+	}
+	bs := st.Bsize
+	b, i := stats.GetUsage()[0], stats.GetUsage()[1]
+	if b.GetTotal() != int64(st.Blocks)*bs || b.GetUsed() != int64(st.Blocks-st.Bfree)*bs || b.GetAvailable() != int64(st.Bavail)*bs ||
+		i.GetTotal() != int64(st.Files) || i.GetAvailable() != int64(st.Ffree) || b.GetUsed() < 8<<20 {
+		t.Errorf("stats %v; statfs blocks %d free %d avail %d bsize %d files %d ffree %d", stats, st.Blocks, st.Bfree, st.Bavail, bs, st.Files, st.Ffree)
+	}
+
+	health := func() []*csi.VolumeHealth_VolumeHealthEntry {
+		t.Helper()
+		r, err := e.node.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: id, VolumePublishPath: target, StagingTargetPath: staging})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetVolumeHealth().GetVolumeId() != id {
+			t.Errorf("health of %q", r.GetVolumeHealth().GetVolumeId())
+		}
+		return r.GetVolumeHealth().GetHealthStatuses()
+	}
+	if h := health(); len(h) != 0 {
+		t.Fatalf("a healthy volume reports %v", h)
+	}
+
+	// An ext4 error, as the kernel records one.
+	var dev unix.Stat_t
+	if err := unix.Stat(target, &dev); err != nil {
+		t.Fatal(err)
+	}
+	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(dev.Dev), unix.Minor(dev.Dev)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(link), "trigger_fs_error")
+	if err := os.WriteFile(trigger, []byte("injected by a test"), 0o200); err != nil {
+		t.Skipf("cannot inject an ext4 error (%s): %v", trigger, err)
+	}
+	// ext4 counts the error in a work item: it shows within moments.
+	deadline := time.Now().Add(10 * time.Second)
+	h := health()
+	for len(h) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // polling the kernel's counter, which has no event to wait on
+		h = health()
+	}
+	if len(h) != 1 || h[0].GetStatus() != csi.VolumeHealthErrorType_DEGRADED || h[0].GetReason() != "FilesystemErrors" {
+		t.Errorf("after an ext4 error: %v", h)
+	}
+
+	if err := os.Link(image, keep); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(image); err != nil {
+		t.Fatal(err)
+	}
+	h = health()
+	if len(h) != 2 || h[0].GetStatus() != csi.VolumeHealthErrorType_INACCESSIBLE || h[0].GetReason() != "BackingImageRemoved" {
+		t.Errorf("after the image was removed: %v", h)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
 	"github.com/csiagent/csiagent/proto/volumegroup"
@@ -156,6 +157,19 @@ func (p *Plugin) NewServer() *grpc.Server {
 	return s
 }
 
+// newAddonsServer is the server of a separate csi-addons endpoint (as
+// ceph-csi's --csi-addons-endpoint): csi-addons identity, ReclaimSpace,
+// VolumeGroup and Replication.
+func (p *Plugin) newAddonsServer() *grpc.Server {
+	s := grpc.NewServer(grpc.UnaryInterceptor(p.intercept))
+	identity.RegisterIdentityServer(s, &addonsIdentityServer{p: p})
+	reclaimspace.RegisterReclaimSpaceControllerServer(s, &reclaimControllerServer{p: p})
+	reclaimspace.RegisterReclaimSpaceNodeServer(s, &reclaimNodeServer{p: p})
+	volumegroup.RegisterControllerServer(s, &volumeGroupServer{p: p})
+	replication.RegisterControllerServer(s, &replicationServer{p: p})
+	return s
+}
+
 // readOnlyMethod reports whether a method only reads; such calls are logged
 // at debug level when they succeed.
 func readOnlyMethod(fullMethod string) bool {
@@ -198,9 +212,11 @@ func (p *Plugin) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 // Serve listens on endpoint (see ParseEndpoint; a stale socket left by a
 // dead plugin is removed) and serves until ctx ends, then stops gracefully,
-// giving in-flight calls up to gracefulStopTimeout. It returns nil after a
-// stop through ctx. Volumes stay staged and published across restarts.
-func (p *Plugin) Serve(ctx context.Context, endpoint string) error {
+// giving in-flight calls up to gracefulStopTimeout. With addonsEndpoint
+// (optional) it also serves csi-addons, with its identity, there. It
+// returns nil after a stop through ctx. Volumes stay staged and published
+// across restarts.
+func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) error {
 	path, err := ParseEndpoint(endpoint)
 	if err != nil {
 		return err
@@ -211,8 +227,24 @@ func (p *Plugin) Serve(ctx context.Context, endpoint string) error {
 	}
 	p.logAttached()
 	srv := p.NewServer()
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(lis) }()
+	if addonsEndpoint != "" {
+		apath, err := ParseEndpoint(addonsEndpoint)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		alis, err := listenUnix(apath)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		asrv := p.newAddonsServer()
+		go func() { served <- asrv.Serve(alis) }()
+		defer asrv.Stop() // after the CSI server's graceful stop below
+		p.log.Info("serving csi-addons", "endpoint", apath)
+	}
 	schedCtx, stopSched := context.WithCancel(ctx)
 	schedDone := make(chan struct{})
 	go func() { defer close(schedDone); p.runReplication(schedCtx) }()

@@ -32,7 +32,8 @@ var _ rs.ReclaimSpaceNodeServer = (*reclaimNodeServer)(nil)
 // staging or volume path), which punches holes into the sparse image. The
 // usages are the image's allocated bytes before and after. For a block
 // volume nothing is trimmed (the plugin cannot know which blocks are free)
-// and both usages are the current allocation.
+// and both usages are the current allocation; a block volume whose device
+// cannot discard is Unimplemented, as the spec says for it.
 func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeReclaimSpaceRequest) (*rs.NodeReclaimSpaceResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if err := requireVolumeID(id); err != nil {
@@ -57,7 +58,10 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 	if len(ds) == 0 {
 		return nil, notFoundf("volume %s is not staged on this node", id)
 	}
-	var fsPath string
+	var (
+		fsPath string
+		block  loopdev.Device
+	)
 	isBlock := false
 	for _, p := range []string{req.GetStagingTargetPath(), path} {
 		if p == "" {
@@ -74,14 +78,21 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 			fsPath = p
 			break
 		}
-		if _, node := ds.at(m, p); node {
-			isBlock = true
+		if d, node := ds.at(m, p); node {
+			block, isBlock = d, true
 		}
 	}
 	if fsPath == "" && !isBlock {
 		return nil, notFoundf("volume %s is not at %s", id, path)
 	}
 	if fsPath == "" {
+		// The spec's UNIMPLEMENTED: this volume cannot discard, and the
+		// CO stops reclaiming it (only it).
+		if can, err := canDiscard(block); err != nil {
+			return nil, err
+		} else if !can {
+			return nil, unimplementedf("volume %s: device %s cannot discard (discard_max_bytes is 0): its space cannot be reclaimed", id, block.Path)
+		}
 		b, err := Allocated(vol.Path)
 		if err != nil {
 			return nil, err
@@ -113,6 +124,17 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 	}
 	s.p.log.Info("reclaimed space", "volume", id, "path", fsPath, "trimmed", trimmed, "pre_usage", pre, "post_usage", post)
 	return &rs.NodeReclaimSpaceResponse{PreUsage: usage(pre), PostUsage: usage(post)}, nil
+}
+
+// canDiscard reports whether the device accepts discards (its queue's
+// discard_max_bytes is not 0).
+func canDiscard(d loopdev.Device) (bool, error) {
+	p := fmt.Sprintf("/sys/dev/block/%d:%d/queue/discard_max_bytes", d.Major, d.Minor)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return false, fmt.Errorf("device %s: %w", d.Path, err)
+	}
+	return strings.TrimSpace(string(b)) != "0", nil
 }
 
 func syncFS(path string) error {

@@ -4,13 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
@@ -182,6 +185,37 @@ func TestReclaimSpaceErrors(t *testing.T) {
 		}
 	})
 
+	t.Run("block volume whose device cannot discard is Unimplemented", func(t *testing.T) {
+		bid := e.createVolume(t, "rnodiscard", 16<<20)
+		c := blockCap(snw)
+		e.stage(t, bid, staging, c)
+		e.publish(t, bid, staging, target, c, false)
+		var st unix.Stat_t
+		if err := unix.Stat(target, &st); err != nil {
+			t.Fatal(err)
+		}
+		// Once discard_max_bytes is 0 the kernel refuses any other value
+		// (the discard granularity drops to 0), so the device is removed
+		// and made anew after the volume is unstaged: the next user gets
+		// a device that discards.
+		defer func() {
+			e.unpublish(t, bid, target)
+			e.unstage(t, bid, staging)
+			renewLoopDevice(t, int(unix.Minor(st.Rdev)))
+		}()
+		knob := fmt.Sprintf("/sys/dev/block/%d:%d/queue/discard_max_bytes", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		if err := os.WriteFile(knob, []byte("0"), 0o644); err != nil {
+			t.Skipf("cannot turn discard off on the loop device: %v", err)
+		}
+		_, err := e.rsNode.NodeReclaimSpace(ctx, &rs.NodeReclaimSpaceRequest{
+			VolumeId: bid, VolumePath: target, StagingTargetPath: staging, VolumeCapability: c,
+		})
+		wantCode(t, err, codes.Unimplemented)
+		if !strings.Contains(status.Convert(err).Message(), "cannot discard") {
+			t.Errorf("message %q does not say why", status.Convert(err).Message())
+		}
+	})
+
 	t.Run("wrong path", func(t *testing.T) {
 		c := mountCap("", snw)
 		e.stage(t, id, staging, c)
@@ -230,5 +264,24 @@ func TestControllerReclaimSpace(t *testing.T) {
 				t.Errorf("blank volume: %v, %v", resp, err)
 			}
 		})
+	}
+}
+
+// renewLoopDevice removes the detached loop device n and adds it again,
+// with the kernel's default queue limits.
+func renewLoopDevice(t *testing.T, n int) {
+	t.Helper()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		t.Errorf("renew loop%d: %v", n, err)
+		return
+	}
+	defer ctl.Close()
+	if err := unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n); err != nil {
+		t.Errorf("renew loop%d: LOOP_CTL_REMOVE: %v (its discard stays off)", n, err)
+		return
+	}
+	if err := unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_ADD, n); err != nil && !errors.Is(err, unix.EEXIST) {
+		t.Errorf("renew loop%d: LOOP_CTL_ADD: %v", n, err)
 	}
 }

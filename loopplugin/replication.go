@@ -128,18 +128,34 @@ type replCall struct {
 	release     func()
 }
 
-// beginReplication validates the volume fields, takes the volume's lock and both
+// replicatedVolume is the volume a request's replication_source names
+// (the spec reserves the old volume_id field).
+func replicatedVolume(src *rep.ReplicationSource) (string, error) {
+	switch {
+	case src.GetVolumegroup() != nil:
+		return "", invalidf("replication of volume groups is not supported")
+	case src.GetVolume() == nil:
+		return "", invalidf("replication_source.volume is required: the volume to replicate")
+	}
+	id := src.GetVolume().GetVolumeId()
+	if id == "" {
+		return "", invalidf("replication_source.volume.volume_id is required")
+	}
+	return id, ValidateVolumeID(id)
+}
+
+// volumeSource is the replication source of one volume.
+func volumeSource(id string) *rep.ReplicationSource {
+	return &rep.ReplicationSource{Type: &rep.ReplicationSource_Volume{Volume: &rep.ReplicationSource_VolumeSource{VolumeId: id}}}
+}
+
+// beginReplication validates the source, takes the volume's lock and both
 // sides' lock files without waiting (ErrBusy: Aborted), and loads both
 // sides' records.
-func (p *Plugin) beginReplication(volumeID string, src *rep.ReplicationSource) (*replCall, error) {
-	if err := requireVolumeID(volumeID); err != nil {
+func (p *Plugin) beginReplication(src *rep.ReplicationSource) (*replCall, error) {
+	volumeID, err := replicatedVolume(src)
+	if err != nil {
 		return nil, err
-	}
-	if src.GetVolumegroup() != nil {
-		return nil, invalidf("replication of volume groups is not supported")
-	}
-	if v := src.GetVolume(); v != nil && v.GetVolumeId() != volumeID {
-		return nil, invalidf("replication_source.volume.volume_id %q differs from volume_id %q", v.GetVolumeId(), volumeID)
 	}
 	if p.replica == nil {
 		return nil, unimplementedf("replication needs a replica pool (--replica-pool)")
@@ -317,7 +333,7 @@ func (c *replCall) sync(ctx context.Context, from, to *Pool, fromRec, toRec *rep
 // again succeeds without changing roles. Parameters: schedulingInterval,
 // freezeTimeout.
 func (s *replicationServer) EnableVolumeReplication(ctx context.Context, req *rep.EnableVolumeReplicationRequest) (*rep.EnableVolumeReplicationResponse, error) {
-	c, err := s.p.beginReplication(req.GetVolumeId(), req.GetReplicationSource())
+	c, err := s.p.beginReplication(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -395,7 +411,7 @@ func (s *replicationServer) EnableVolumeReplication(ctx context.Context, req *re
 // DisableVolumeReplication removes both sides' replication state; both
 // copies stay as independent volumes. Not enabled is already disabled.
 func (s *replicationServer) DisableVolumeReplication(ctx context.Context, req *rep.DisableVolumeReplicationRequest) (*rep.DisableVolumeReplicationResponse, error) {
-	c, err := s.p.beginReplication(req.GetVolumeId(), req.GetReplicationSource())
+	c, err := s.p.beginReplication(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +439,7 @@ func (s *replicationServer) DisableVolumeReplication(ctx context.Context, req *r
 // primary, then syncs nothing more here and must be demoted and
 // resynced). Already primary is success.
 func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteVolumeRequest) (*rep.PromoteVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetVolumeId(), req.GetReplicationSource())
+	c, err := s.p.beginReplication(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -461,7 +477,7 @@ func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteV
 // staged here. force demotes even if the final sync fails or the other
 // side's state is missing. Already secondary is success.
 func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVolumeRequest) (*rep.DemoteVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetVolumeId(), req.GetReplicationSource())
+	c, err := s.p.beginReplication(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -507,7 +523,7 @@ func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVol
 // nothing to sync from and it reports not ready. A primary is
 // FailedPrecondition, and so is a copy staged here.
 func (s *replicationServer) ResyncVolume(ctx context.Context, req *rep.ResyncVolumeRequest) (*rep.ResyncVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetVolumeId(), req.GetReplicationSource())
+	c, err := s.p.beginReplication(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -533,8 +549,8 @@ func (s *replicationServer) ResyncVolume(ctx context.Context, req *rep.ResyncVol
 
 // GetVolumeReplicationInfo reports the last sync of a primary.
 func (s *replicationServer) GetVolumeReplicationInfo(ctx context.Context, req *rep.GetVolumeReplicationInfoRequest) (*rep.GetVolumeReplicationInfoResponse, error) {
-	id := req.GetVolumeId()
-	if err := requireVolumeID(id); err != nil {
+	id, err := replicatedVolume(req.GetReplicationSource())
+	if err != nil {
 		return nil, err
 	}
 	if s.p.replica == nil {
@@ -555,11 +571,45 @@ func (s *replicationServer) GetVolumeReplicationInfo(ctx context.Context, req *r
 	case r.LastSync == nil:
 		return nil, notFoundf("volume %s has not been synced yet", id)
 	}
-	return &rep.GetVolumeReplicationInfoResponse{
+	resp := &rep.GetVolumeReplicationInfoResponse{
 		LastSyncTime:     timestamppb.New(r.LastSync.Time),
 		LastSyncDuration: durationpb.New(r.LastSync.Duration),
 		LastSyncBytes:    r.LastSync.Bytes,
-	}, nil
+		Status:           rep.GetVolumeReplicationInfoResponse_HEALTHY,
+	}
+	// A scheduled replication two intervals behind is degraded.
+	if interval, _, err := replParams(r.Parameters); err == nil && interval > 0 {
+		if late := time.Since(r.LastSync.Time); late > 2*interval {
+			resp.Status = rep.GetVolumeReplicationInfoResponse_DEGRADED
+			resp.StatusMessage = fmt.Sprintf("last sync %s ago, scheduling interval %s", late.Round(time.Second), interval)
+		}
+	}
+	return resp, nil
+}
+
+// GetReplicationDestinationInfo names the replica's copy: the replica pool
+// keeps the volume under the same id.
+func (s *replicationServer) GetReplicationDestinationInfo(ctx context.Context, req *rep.GetReplicationDestinationInfoRequest) (*rep.GetReplicationDestinationInfoResponse, error) {
+	id, err := replicatedVolume(req.GetReplicationSource())
+	if err != nil {
+		return nil, err
+	}
+	if s.p.replica == nil {
+		return nil, unimplementedf("replication needs a replica pool (--replica-pool)")
+	}
+	if _, err := s.p.pool.Get(id); err != nil {
+		return nil, err
+	}
+	r, err := s.p.pool.replication(id)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		return nil, preconditionf("replication is not enabled for volume %s", id)
+	}
+	return &rep.GetReplicationDestinationInfoResponse{ReplicationDestination: &rep.ReplicationDestination{
+		Type: &rep.ReplicationDestination_Volume{Volume: &rep.ReplicationDestination_VolumeDestination{VolumeId: r.VolumeID}},
+	}}, nil
 }
 
 // runReplication syncs, every tick, the primaries whose
@@ -603,7 +653,7 @@ func (p *Plugin) scheduledSync(ctx context.Context, id string) error {
 	if err != nil || interval == 0 || (r.LastSync != nil && time.Since(r.LastSync.Time) < interval) {
 		return err
 	}
-	c, err := p.beginReplication(id, nil)
+	c, err := p.beginReplication(volumeSource(id))
 	if err != nil {
 		return err
 	}

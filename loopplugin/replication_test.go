@@ -63,7 +63,7 @@ func readOn(t *testing.T, e *testEnv, id, name string) []byte {
 
 func info(t *testing.T, e *testEnv, id string) *rep.GetVolumeReplicationInfoResponse {
 	t.Helper()
-	r, err := e.rep.GetVolumeReplicationInfo(context.Background(), &rep.GetVolumeReplicationInfoRequest{VolumeId: id})
+	r, err := e.rep.GetVolumeReplicationInfo(context.Background(), &rep.GetVolumeReplicationInfoRequest{ReplicationSource: volumeSource(id)})
 	if err != nil {
 		t.Fatalf("GetVolumeReplicationInfo on %s: %v", filepath.Base(e.pool), err)
 	}
@@ -100,7 +100,7 @@ func TestReplicationFailover(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(target, "first"), first, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	enable := &rep.EnableVolumeReplicationRequest{VolumeId: id, ReplicationId: "r1"}
+	enable := &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource(id), ReplicationId: "r1"}
 	if _, err := a.rep.EnableVolumeReplication(ctx, enable); err != nil {
 		t.Fatalf("enable: %v", err)
 	}
@@ -111,27 +111,35 @@ func TestReplicationFailover(t *testing.T) {
 	if i1.GetLastSyncBytes() < 1<<20 || i1.GetLastSyncTime() == nil || i1.GetLastSyncDuration().AsDuration() <= 0 {
 		t.Errorf("info after enable = %v", i1)
 	}
+	if i1.GetStatus() != rep.GetVolumeReplicationInfoResponse_HEALTHY {
+		t.Errorf("status after enable = %v (%q), want HEALTHY", i1.GetStatus(), i1.GetStatusMessage())
+	}
+	dest, err := a.rep.GetReplicationDestinationInfo(ctx, &rep.GetReplicationDestinationInfoRequest{ReplicationSource: volumeSource(id)})
+	if err != nil || dest.GetReplicationDestination().GetVolume().GetVolumeId() != id {
+		t.Fatalf("GetReplicationDestinationInfo = %v, %v; want volume %s", dest, err, id)
+	}
 
 	// The error table while a is primary.
+	other := a.createVolume(t, "other", 8<<20)
 	for _, tc := range []struct {
 		name string
 		call func() error
 		code codes.Code
 	}{
 		{"info on the secondary", func() error {
-			_, err := b.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{VolumeId: id})
+			_, err := b.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.FailedPrecondition},
 		{"resync the primary", func() error {
-			_, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id})
+			_, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.FailedPrecondition},
 		{"promote the secondary while the primary is primary", func() error {
-			_, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id})
+			_, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.FailedPrecondition},
 		{"demote a staged primary", func() error {
-			_, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id})
+			_, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.FailedPrecondition},
 		{"stage the secondary", func() error {
@@ -146,12 +154,20 @@ func TestReplicationFailover(t *testing.T) {
 			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{})
 			return err
 		}, codes.InvalidArgument},
+		{"enable with an empty source volume id", func() error {
+			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource("")})
+			return err
+		}, codes.InvalidArgument},
+		{"destination of a volume not replicated", func() error {
+			_, err := a.rep.GetReplicationDestinationInfo(ctx, &rep.GetReplicationDestinationInfoRequest{ReplicationSource: volumeSource(other)})
+			return err
+		}, codes.FailedPrecondition},
 		{"enable an unknown volume", func() error {
-			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{VolumeId: "ghost"})
+			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource("ghost")})
 			return err
 		}, codes.NotFound},
 		{"enable a group", func() error {
-			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{VolumeId: id, ReplicationSource: &rep.ReplicationSource{
+			_, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{ReplicationSource: &rep.ReplicationSource{
 				Type: &rep.ReplicationSource_Volumegroup{Volumegroup: &rep.ReplicationSource_VolumeGroupSource{VolumeGroupId: "g"}}}})
 			return err
 		}, codes.InvalidArgument},
@@ -161,7 +177,7 @@ func TestReplicationFailover(t *testing.T) {
 				return err
 			}
 			defer unlock()
-			_, err = a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id})
+			_, err = a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.Aborted},
 		{"operation pending on the other side", func() error {
@@ -170,7 +186,7 @@ func TestReplicationFailover(t *testing.T) {
 				return err
 			}
 			defer unlock()
-			_, err = a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id})
+			_, err = a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)})
 			return err
 		}, codes.Aborted},
 	} {
@@ -185,13 +201,13 @@ func TestReplicationFailover(t *testing.T) {
 	a.unpublish(t, id, target)
 	a.unstage(t, id, staging)
 	time.Sleep(10 * time.Millisecond) // sync times must differ visibly
-	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatalf("demote a: %v", err)
 	}
-	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatalf("demote a again: %v", err)
 	}
-	if _, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatalf("promote b: %v", err)
 	}
 	if sha(t, imgA) != sha(t, imgB) {
@@ -201,7 +217,7 @@ func TestReplicationFailover(t *testing.T) {
 	if !i2.GetLastSyncTime().AsTime().After(i1.GetLastSyncTime().AsTime()) || i2.GetLastSyncBytes() < 2<<20 {
 		t.Errorf("info after the failover sync = %v, before %v", i2, i1)
 	}
-	_, err := a.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{VolumeId: id})
+	_, err = a.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.FailedPrecondition)
 	if got := readOn(t, b, id, "second"); !bytes.Equal(got, second) {
 		t.Error("b does not serve the data written on a")
@@ -210,11 +226,11 @@ func TestReplicationFailover(t *testing.T) {
 	// a, demoted, resyncs from b; b, primary, cannot.
 	third := randomData(512 << 10)
 	writeOn(t, b, id, "third", third)
-	r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id})
+	r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)})
 	if err != nil || !r.GetReady() {
 		t.Fatalf("resync a = %v, %v", r, err)
 	}
-	_, err = b.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id})
+	_, err = b.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.FailedPrecondition)
 	i3 := info(t, b, id)
 	if !i3.GetLastSyncTime().AsTime().After(i2.GetLastSyncTime().AsTime()) || i3.GetLastSyncBytes() < 512<<10 {
@@ -224,7 +240,7 @@ func TestReplicationFailover(t *testing.T) {
 		t.Fatal("after resync the two images differ")
 	}
 	// A forced full resync rewrites the same content.
-	r, err = a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id, Force: true})
+	r, err = a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id), Force: true})
 	if err != nil || !r.GetReady() || sha(t, imgA) != sha(t, imgB) {
 		t.Fatalf("forced resync = %v, %v", r, err)
 	}
@@ -233,12 +249,12 @@ func TestReplicationFailover(t *testing.T) {
 	}
 
 	// Fail back: b demotes (nothing new to sync), a is promoted.
-	if _, err := b.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := b.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{VolumeId: id})
+	_, err = a.rep.GetVolumeReplicationInfo(ctx, &rep.GetVolumeReplicationInfoRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.FailedPrecondition) // both demoted
-	if _, err := a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := readOn(t, a, id, "third"); !bytes.Equal(got, third) {
@@ -249,13 +265,13 @@ func TestReplicationFailover(t *testing.T) {
 	}
 
 	// Disable on either side removes both states; both copies stay.
-	if _, err := b.rep.DisableVolumeReplication(ctx, &rep.DisableVolumeReplicationRequest{VolumeId: id}); err != nil {
+	if _, err := b.rep.DisableVolumeReplication(ctx, &rep.DisableVolumeReplicationRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.rep.DisableVolumeReplication(ctx, &rep.DisableVolumeReplicationRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.DisableVolumeReplication(ctx, &rep.DisableVolumeReplicationRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id})
+	_, err = a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.FailedPrecondition) // not enabled
 	_, err = a.rep.EnableVolumeReplication(ctx, enable)
 	wantCode(t, err, codes.FailedPrecondition) // the stale copy in b
@@ -284,7 +300,7 @@ func TestReplicationScheduled(t *testing.T) {
 	a.stage(t, id, staging, c)
 	t.Cleanup(func() { cancel(); <-done; a.unstage(t, id, staging) })
 	if _, err := a.rep.EnableVolumeReplication(context.Background(), &rep.EnableVolumeReplicationRequest{
-		VolumeId: id, Parameters: map[string]string{"schedulingInterval": "1s", "freezeTimeout": "10s"},
+		ReplicationSource: volumeSource(id), Parameters: map[string]string{"schedulingInterval": "1s", "freezeTimeout": "10s"},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -329,9 +345,9 @@ func TestReplicationScheduled(t *testing.T) {
 func TestReplicationUnconfigured(t *testing.T) {
 	e := newEnv(t, slog.LevelWarn)
 	id := e.createVolume(t, "v", 8<<20)
-	_, err := e.rep.EnableVolumeReplication(context.Background(), &rep.EnableVolumeReplicationRequest{VolumeId: id})
+	_, err := e.rep.EnableVolumeReplication(context.Background(), &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.Unimplemented)
-	_, err = e.rep.GetVolumeReplicationInfo(context.Background(), &rep.GetVolumeReplicationInfoRequest{VolumeId: id})
+	_, err = e.rep.GetVolumeReplicationInfo(context.Background(), &rep.GetVolumeReplicationInfoRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.Unimplemented)
 	if _, err := New(Config{Pool: e.pool, ReplicaPool: e.pool, NodeID: "n"}); err == nil {
 		t.Error("the pool as its own replica was accepted")
@@ -362,7 +378,7 @@ func TestReplicationStates(t *testing.T) {
 		}
 	}
 	writeImage(imgA, 1<<20, 64<<10)
-	if _, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -371,7 +387,7 @@ func TestReplicationStates(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeImage(imgA, 2<<20, 8<<10)
-	if _, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.EnableVolumeReplication(ctx, &rep.EnableVolumeReplicationRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatalf("resumed enable: %v", err)
 	}
 	if i := info(t, a, id); i.GetLastSyncBytes() != 8<<10 {
@@ -382,10 +398,10 @@ func TestReplicationStates(t *testing.T) {
 	}
 
 	// Both demoted: nothing to resync from.
-	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id}); err != nil || r.GetReady() {
+	if r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil || r.GetReady() {
 		t.Errorf("resync without a primary = %v, %v; want not ready", r, err)
 	}
 
@@ -398,26 +414,26 @@ func TestReplicationStates(t *testing.T) {
 	if err := b.p.pool.writeRecord(metaReplication, id, r); err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id})
+	_, err = b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id)})
 	wantCode(t, err, codes.FailedPrecondition)
-	if _, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id, Force: true}); err != nil {
+	if _, err := b.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id), Force: true}); err != nil {
 		t.Fatalf("forced promote: %v", err)
 	}
 
 	// Split brain by force: a promoted too, b writes, a demotes without
 	// overwriting b, then resyncs from it.
-	if _, err := a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{VolumeId: id, Force: true}); err != nil {
+	if _, err := a.rep.PromoteVolume(ctx, &rep.PromoteVolumeRequest{ReplicationSource: volumeSource(id), Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	writeImage(imgB, 3<<20, 4<<10)
 	bBefore := sha(t, imgB)
-	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := a.rep.DemoteVolume(ctx, &rep.DemoteVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil {
 		t.Fatal(err)
 	}
 	if sha(t, imgB) != bBefore {
 		t.Fatal("demoting the old primary overwrote the promoted copy")
 	}
-	if r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{VolumeId: id}); err != nil || !r.GetReady() {
+	if r, err := a.rep.ResyncVolume(ctx, &rep.ResyncVolumeRequest{ReplicationSource: volumeSource(id)}); err != nil || !r.GetReady() {
 		t.Fatalf("resync = %v, %v", r, err)
 	}
 	if sha(t, imgA) != sha(t, imgB) {

@@ -566,10 +566,14 @@ func TestControllerAndErrorCodes(t *testing.T) {
 			_, err := e.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "v0", VolumePath: e.dir})
 			return err
 		}, codes.NotFound},
-		{"expand: not offered", func() error {
+		{"expand: no volume_path", func() error {
 			_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "v0"})
 			return err
-		}, codes.Unimplemented},
+		}, codes.InvalidArgument},
+		{"expand: not staged", func() error {
+			_, err := e.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "v0", VolumePath: e.dir})
+			return err
+		}, codes.NotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()

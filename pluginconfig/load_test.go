@@ -88,12 +88,15 @@ func TestParseDefaultsAndAccessors(t *testing.T) {
 	if got := info.Services(); len(got) != 2 || got[0] != ControllerService || got[1] != NodeService {
 		t.Errorf("Services() = %v", got)
 	}
-	un, err := Parse([]byte(`{"type":"t","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/x/../p.sock"}]}`))
+	un, err := Parse([]byte(`{"type":"t","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/x/../p.sock"}],"csiagent":{"csi_addons_endpoint":"/run//addons.sock"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if un.Managed() || un.Endpoints[0].Endpoint != "unix:///run/p.sock" || un.Endpoints[0].SocketPath() != "/run/p.sock" {
 		t.Errorf("unmanaged endpoint not normalised: %+v", un.Endpoints[0])
+	}
+	if got := un.Settings.CSIAddonsEndpoint; got != "unix:///run/addons.sock" {
+		t.Errorf("csi_addons_endpoint not normalised: %q", got)
 	}
 }
 
@@ -101,6 +104,7 @@ func TestParseDefaultsAndAccessors(t *testing.T) {
 // one, and checks the exact error an operator sees.
 func TestInvalidFiles(t *testing.T) {
 	const node = `"containers":[{"services":["NODE_SERVICE"],"command":{"value":"p"}}]`
+	const unmanaged = `"endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/p.sock"}]`
 	cases := []struct {
 		name, content, want string
 	}{
@@ -116,7 +120,7 @@ func TestInvalidFiles(t *testing.T) {
 		{"type is number", `{"type":7,` + node + `}`, "type: expected a string, got number 7"},
 		{"unknown field typo", `{"type":"a","target_path_rot":"/x",` + node + `}`, `target_path_rot: unknown field; did you mean "target_path_root"?`},
 		{"unknown nested field", `{"type":"a","containers":[{"services":["NODE_SERVICE"],"command":{"value":"p","argumnets":["x"]}}]}`, `containers[0].command.argumnets: unknown field; did you mean "arguments"?`},
-		{"unknown settings field", `{"type":"a",` + node + `,"csiagent":{"foo":1}}`, "csiagent.foo: unknown field; known fields: reclaim_space"},
+		{"unknown settings field", `{"type":"a",` + node + `,"csiagent":{"foo":1}}`, "csiagent.foo: unknown field; known fields: csi_addons_endpoint, reclaim_space"},
 		{"both containers and endpoints", `{"type":"a",` + node + `,"endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/s"}]}`, "both containers and endpoints are set; a plugin is either managed (containers) or unmanaged (endpoints)"},
 		{"neither", `{"type":"a"}`, "neither containers nor endpoints is set; a managed plugin needs containers, an unmanaged one endpoints"},
 		{"no services", `{"type":"a","containers":[{"command":{"value":"p"}}]}`, "containers[0].services: required: list CONTROLLER_SERVICE and/or NODE_SERVICE"},
@@ -138,6 +142,14 @@ func TestInvalidFiles(t *testing.T) {
 		{"bad duration", `{"type":"a",` + node + `,"csiagent":{"reclaim_space":{"interval":"weekly"}}}`, `csiagent.reclaim_space.interval: expected a duration such as "10m" or "168h", got "weekly"`},
 		{"zero timeout", `{"type":"a",` + node + `,"csiagent":{"reclaim_space":{"timeout":"0s"}}}`, `csiagent.reclaim_space.timeout: must be greater than 0 (set interval to "0" to disable reclaim)`},
 		{"fractional max_concurrent", `{"type":"a",` + node + `,"csiagent":{"reclaim_space":{"max_concurrent":1.5}}}`, "csiagent.reclaim_space.max_concurrent: expected an integer, got 1.5"},
+		{"addons endpoint on a managed plugin", `{"type":"a",` + node + `,"csiagent":{"csi_addons_endpoint":"/run/a.sock"}}`,
+			"csiagent.csi_addons_endpoint: for unmanaged plugins only: a managed plugin's command is told its csi-addons socket in $CSIADDONS_ENDPOINT"},
+		{"addons endpoint not unix", `{"type":"a",` + unmanaged + `,"csiagent":{"csi_addons_endpoint":"tcp://h:1"}}`,
+			`csiagent.csi_addons_endpoint: "tcp://h:1" is not a unix socket; only unix:// endpoints are supported`},
+		{"addons endpoint relative", `{"type":"a",` + unmanaged + `,"csiagent":{"csi_addons_endpoint":"run/a.sock"}}`,
+			`csiagent.csi_addons_endpoint: "run/a.sock" must be an absolute socket path (unix:///path or /path)`},
+		{"addons endpoint is the CSI endpoint", `{"type":"a",` + unmanaged + `,"csiagent":{"csi_addons_endpoint":"unix:///run//p.sock"}}`,
+			"csiagent.csi_addons_endpoint: unix:///run/p.sock is also a CSI endpoint; leave csi_addons_endpoint out when csi-addons is served on the CSI socket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -150,6 +150,11 @@ func (e Endpoint) SocketPath() string { return strings.TrimPrefix(e.Endpoint, un
 // Settings are csiagent's own per-plugin settings, under SettingsKey.
 type Settings struct {
 	ReclaimSpace *ReclaimPolicy `json:"reclaim_space,omitempty"`
+	// CSIAddonsEndpoint is where an unmanaged plugin serves csi-addons
+	// (ceph-csi's --csi-addons-endpoint), normalised to a unix:// URI;
+	// empty: on its CSI endpoints. Managed plugins are told theirs in
+	// $CSIADDONS_ENDPOINT instead.
+	CSIAddonsEndpoint string `json:"csi_addons_endpoint,omitempty"`
 }
 
 // ReclaimPolicy overrides the agent-wide reclaim-space defaults for one

@@ -70,6 +70,22 @@ func normalize(p *PluginInfo) error {
 		}
 		p.TargetPathRoot = filepath.Clean(p.TargetPathRoot)
 	}
+	if p.Settings != nil && p.Settings.CSIAddonsEndpoint != "" {
+		path := SettingsKey + ".csi_addons_endpoint"
+		if p.Managed() {
+			return fieldErr(path, "for unmanaged plugins only: a managed plugin's command is told its csi-addons socket in $CSIADDONS_ENDPOINT")
+		}
+		uri, err := unixURI(p.Settings.CSIAddonsEndpoint)
+		if err != nil {
+			return fieldErr(path, "%v", err)
+		}
+		for _, e := range p.Endpoints {
+			if e.Endpoint == uri {
+				return fieldErr(path, "%s is also a CSI endpoint; leave csi_addons_endpoint out when csi-addons is served on the CSI socket", uri)
+			}
+		}
+		p.Settings.CSIAddonsEndpoint = uri
+	}
 	if p.Settings != nil && p.Settings.ReclaimSpace != nil {
 		rp := p.Settings.ReclaimSpace
 		path := SettingsKey + ".reclaim_space"
@@ -146,20 +162,31 @@ func normalizeEndpoint(e *Endpoint, path string, servedBy map[Service]string) er
 	if err := claimService(e.CSIService, path+".csi_service", path, servedBy); err != nil {
 		return err
 	}
-	sock := e.Endpoint
-	switch {
-	case sock == "":
+	if e.Endpoint == "" {
 		return fieldErr(path+".endpoint", "required: the plugin's unix socket, e.g. \"unix:///run/plugin/csi.sock\"")
+	}
+	uri, err := unixURI(e.Endpoint)
+	if err != nil {
+		return fieldErr(path+".endpoint", "%v", err)
+	}
+	e.Endpoint = uri
+	return nil
+}
+
+// unixURI normalises a unix socket endpoint (unix:///path or /path) to a
+// unix:// URI.
+func unixURI(endpoint string) (string, error) {
+	sock := endpoint
+	switch {
 	case strings.HasPrefix(sock, unixScheme):
 		sock = strings.TrimPrefix(sock, unixScheme)
 	case strings.Contains(sock, "://"):
-		return fieldErr(path+".endpoint", "%q is not a unix socket; only unix:// endpoints are supported", e.Endpoint)
+		return "", fmt.Errorf("%q is not a unix socket; only unix:// endpoints are supported", endpoint)
 	}
 	if !filepath.IsAbs(sock) {
-		return fieldErr(path+".endpoint", "%q must be an absolute socket path (unix:///path or /path)", e.Endpoint)
+		return "", fmt.Errorf("%q must be an absolute socket path (unix:///path or /path)", endpoint)
 	}
-	e.Endpoint = unixScheme + filepath.Clean(sock)
-	return nil
+	return unixScheme + filepath.Clean(sock), nil
 }
 
 // claimService records that owner serves s, rejecting UNKNOWN and a

@@ -65,9 +65,11 @@
 //	                           with the volume); next cycle
 //	Unknown, DeadlineExceeded,
 //	any other error            failure; next cycle
-//	Unimplemented              failure; the plugin is Unsupported: none of its
-//	                           volumes is scheduled until ResetPlugin (or a
-//	                           successful call, e.g. by RunNow)
+//	Unimplemented              failure; the volume is Unsupported (its
+//	                           filesystem or device cannot discard): it is not
+//	                           scheduled until ResetPlugin (or a successful
+//	                           call, e.g. by RunNow); the plugin's other
+//	                           volumes go on
 //	wraps ErrNotPublished      forgotten silently
 //
 // Totals counts runs (a volume's cycle, its retries included), failed runs,

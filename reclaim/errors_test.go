@@ -87,7 +87,7 @@ func TestErrorRecovery(t *testing.T) {
 			secs(0, 10, 20), 3, 3, codes.Unknown, false},
 		{"not published: dropped silently", 10 * time.Second, gone(fmt.Errorf("reclaim: %w", reclaim.ErrNotPublished)),
 			secs(0), 0, 0, codes.OK, false},
-		{"unimplemented: plugin unsupported, no more calls", 10 * time.Second, fails(-1, st(codes.Unimplemented)),
+		{"unimplemented: volume unsupported, no more calls", 10 * time.Second, fails(-1, st(codes.Unimplemented)),
 			secs(0), 1, 1, codes.Unimplemented, true},
 	}
 	for _, tc := range tests {
@@ -132,26 +132,31 @@ func TestErrorRecovery(t *testing.T) {
 			if tc.wantCode != codes.OK && status.Code(tot.LastError) != tc.wantCode {
 				t.Errorf("Totals.LastError = %v, want code %v", tot.LastError, tc.wantCode)
 			}
-			if got := h.s.Unsupported(p); got != tc.unsupported {
-				t.Errorf("Unsupported = %v, want %v", got, tc.unsupported)
+			var want []string
+			if tc.unsupported {
+				want = []string{id}
+			}
+			if got := h.s.Unsupported(p); !slices.Equal(got, want) {
+				t.Errorf("Unsupported = %v, want %v", got, want)
 			}
 		})
 	}
 }
 
-// TestUnsupportedUntilReset: Unimplemented stops one plugin's volumes, not
-// the others', until ResetPlugin; then they run again from their next
-// slots.
-func TestUnsupportedUntilReset(t *testing.T) {
+// TestUnimplementedStopsThatVolumeOnly: Unimplemented (the spec: this
+// volume's filesystem or device cannot discard) stops that volume, not the
+// plugin's other volumes nor other plugins', until ResetPlugin; then it
+// runs again from its next slot.
+func TestUnimplementedStopsThatVolumeOnly(t *testing.T) {
 	const iv = 10 * time.Second
 	clock := reclaimtest.NewClock(t0)
 	f := newTarget(clock)
 	implemented := false
-	f.script = func(f *fakeTarget, p, _ string, _ int) (reclaim.Result, error) {
+	f.script = func(f *fakeTarget, p, id string, _ int) (reclaim.Result, error) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if p == "old" && !implemented {
-			return reclaim.Result{}, status.Error(codes.Unimplemented, "unknown service reclaimspace.ReclaimSpaceNode")
+		if p == "old" && id == "a" && !implemented {
+			return reclaim.Result{}, status.Error(codes.Unimplemented, "the device cannot discard")
 		}
 		return ok, nil
 	}
@@ -161,23 +166,25 @@ func TestUnsupportedUntilReset(t *testing.T) {
 	h := start(t, clock, f, reclaim.Config{Policy: policy(iv, 1)})
 	h.driveTo(t0.Add(3 * iv))
 
-	count := func(calls []call, plugin string) (n int) {
+	count := func(calls []call, k vkey) (n int) {
 		for _, c := range calls {
-			if c.plugin == plugin {
+			if c.vkey == k {
 				n++
 			}
 		}
 		return n
 	}
 	calls := f.Calls(false)
-	if n := count(calls, "old"); n != 1 {
-		t.Errorf("%d calls to the unsupported plugin, want 1", n)
+	if n := count(calls, vkey{"old", "a"}); n != 1 {
+		t.Errorf("%d calls to the volume that answered Unimplemented, want 1", n)
 	}
-	if n := count(calls, "other"); n != 3 {
-		t.Errorf("%d calls to the other plugin, want 3 (one per cycle)", n)
+	for _, k := range []vkey{{"old", "b"}, {"other", "c"}} {
+		if n := count(calls, k); n != 3 {
+			t.Errorf("%d calls to %v, want 3 (one per cycle)", n, k)
+		}
 	}
-	if !h.s.Unsupported("old") || h.s.Unsupported("other") {
-		t.Fatalf("Unsupported: old %v, other %v", h.s.Unsupported("old"), h.s.Unsupported("other"))
+	if got := h.s.Unsupported("old"); !slices.Equal(got, []string{"a"}) || h.s.Unsupported("other") != nil {
+		t.Fatalf("Unsupported: old %v, other %v; want [a] and none", got, h.s.Unsupported("other"))
 	}
 
 	// The plugin is upgraded.
@@ -186,26 +193,23 @@ func TestUnsupportedUntilReset(t *testing.T) {
 	f.mu.Unlock()
 	resetAt := clock.Now()
 	h.s.ResetPlugin("old")
-	if h.s.Unsupported("old") {
-		t.Error("Unsupported after ResetPlugin")
+	if got := h.s.Unsupported("old"); got != nil {
+		t.Errorf("Unsupported after ResetPlugin: %v", got)
 	}
 	h.settle()
 	if n := len(f.Calls(false)); n != len(calls) {
-		t.Errorf("ResetPlugin ran %d calls at once; want the volumes at their next slots", n-len(calls))
+		t.Errorf("ResetPlugin ran %d calls at once; want the volume at its next slot", n-len(calls))
 	}
 	h.driveTo(resetAt.Add(2 * iv))
-	for _, id := range []string{"a", "b"} {
-		var got []time.Time
-		for _, c := range f.Calls(true) {
-			if c.vkey == (vkey{"old", id}) {
-				got = append(got, c.at)
-			}
+	var got []time.Time
+	for _, c := range f.Calls(true) {
+		if c.vkey == (vkey{"old", "a"}) {
+			got = append(got, c.at)
 		}
-		first := slotAfter(resetAt, iv, "old", id)
-		want := []time.Time{first, first.Add(iv)}
-		if !slices.EqualFunc(got, want, time.Time.Equal) {
-			t.Errorf("old/%s after reset ran at %v, want %v", id, got, want)
-		}
+	}
+	first := slotAfter(resetAt, iv, "old", "a")
+	if want := []time.Time{first, first.Add(iv)}; !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Errorf("old/a after reset ran at %v, want %v", got, want)
 	}
 }
 
@@ -218,10 +222,10 @@ func TestUnsupportedCleared(t *testing.T) {
 	f.script = fails(1, status.Error(codes.Unimplemented, "no"))
 	s := reclaim.New(reclaim.Config{Target: f, Clock: clock})
 	vols := []reclaim.Volume{{Plugin: "p", ID: "v"}}
-	if sum := s.RunNow(context.Background(), vols, nil); sum.Failures != 1 || !s.Unsupported("p") {
+	if sum := s.RunNow(context.Background(), vols, nil); sum.Failures != 1 || !slices.Equal(s.Unsupported("p"), []string{"v"}) {
 		t.Fatalf("after Unimplemented: %+v, Unsupported %v", sum, s.Unsupported("p"))
 	}
-	if sum := s.RunNow(context.Background(), vols, nil); sum.Volumes != 1 || s.Unsupported("p") {
+	if sum := s.RunNow(context.Background(), vols, nil); sum.Volumes != 1 || s.Unsupported("p") != nil {
 		t.Fatalf("after a success: %+v, Unsupported %v", sum, s.Unsupported("p"))
 	}
 }

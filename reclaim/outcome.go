@@ -23,7 +23,7 @@ const (
 
 // outcome applies the recovery table of csi-addons' NodeReclaimSpace to one
 // call's result, counts finished runs in the plugin's Totals and marks the
-// plugin Unsupported. attempt counts the calls made for this run, this one
+// volume Unsupported. attempt counts the calls made for this run, this one
 // included; no retry is made at or after cycleEnd (zero: no such bound).
 // It is the one place where both the periodic runs and RunNow decide.
 //
@@ -33,7 +33,7 @@ const (
 //	NotFound, volume gone          dropped, not counted (checked in Volumes())
 //	NotFound, still published      retry with backoff (bounded), then failure
 //	Aborted                        retry with backoff (bounded), then failure
-//	Unimplemented                  failure; plugin Unsupported
+//	Unimplemented                  failure; volume Unsupported
 //	InvalidArgument, Unauthenticated,
 //	Unknown, DeadlineExceeded, ... failure, no retry: next cycle
 func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, err error, attempt int, cycleEnd time.Time) (verdict, time.Time, error) {
@@ -46,9 +46,9 @@ func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, 
 		if known {
 			ps.totals.BytesFreed += freed
 		}
-		wasUnsupported := ps.unsupported
+		wasUnsupported := ps.unsupported[id]
 		if wasUnsupported {
-			s.supportedLocked(plugin, s.clock.Now())
+			s.supportedLocked(plugin, id, s.clock.Now())
 		}
 		s.mu.Unlock()
 		if wasUnsupported {
@@ -69,9 +69,13 @@ func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, 
 	switch code {
 	case codes.Unimplemented:
 		s.mu.Lock()
-		s.pluginLocked(plugin).unsupported = true
+		ps := s.pluginLocked(plugin)
+		if ps.unsupported == nil {
+			ps.unsupported = map[string]bool{}
+		}
+		ps.unsupported[id] = true
 		s.mu.Unlock()
-		log.Info("reclaim: the plugin does not implement NodeReclaimSpace; its volumes are not scheduled until it changes", "error", err)
+		log.Info("reclaim: the volume cannot reclaim space (Unimplemented: its filesystem or device cannot discard); it is not scheduled until the plugin's config or process changes", "error", err)
 	case codes.NotFound:
 		if !s.published(plugin, id) {
 			log.Debug("reclaim: volume no longer published", "error", err)

@@ -7,7 +7,7 @@ import (
 )
 
 // RunNow reclaims the given volumes now, through the same caps and the
-// same recovery as the periodic runs (Unimplemented marks the plugin
+// same recovery as the periodic runs (Unimplemented marks the volume
 // Unsupported, a success clears the mark), and blocks until every volume is
 // done or ctx ends. progress, if not nil, is called once per volume (one
 // call at a time) with the final result or error; an error wraps

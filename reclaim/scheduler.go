@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -58,9 +59,11 @@ type entry struct {
 }
 
 type pluginState struct {
-	policy      Policy // normalised
-	known       bool   // policy has been read
-	unsupported bool   // the last call said Unimplemented
+	policy Policy // normalised
+	known  bool   // policy has been read
+	// unsupported holds the volumes whose last call said Unimplemented
+	// (the volume cannot discard); they are not scheduled.
+	unsupported map[string]bool
 	inflight    int
 	totals      Totals
 }
@@ -184,23 +187,28 @@ func (s *Scheduler) Poke() {
 }
 
 // ResetPlugin says the plugin's config or process changed: its policy is
-// read again and, if it was Unsupported, its volumes are scheduled again
-// from their next slot.
+// read again and its volumes that answered Unimplemented are scheduled
+// again from their next slot.
 func (s *Scheduler) ResetPlugin(plugin string) {
 	s.mu.Lock()
-	if ps := s.plugins[plugin]; ps != nil && ps.unsupported {
-		s.supportedLocked(plugin, s.clock.Now())
+	if ps := s.plugins[plugin]; ps != nil {
+		for id := range ps.unsupported {
+			s.supportedLocked(plugin, id, s.clock.Now())
+		}
 	}
 	s.mu.Unlock()
 	s.Poke()
 }
 
-// Unsupported reports whether the plugin's last call said Unimplemented.
-func (s *Scheduler) Unsupported(plugin string) bool {
+// Unsupported returns, sorted, the plugin's volumes whose last call said
+// Unimplemented (nil: none).
+func (s *Scheduler) Unsupported(plugin string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ps := s.plugins[plugin]
-	return ps != nil && ps.unsupported
+	if ps := s.plugins[plugin]; ps != nil && len(ps.unsupported) > 0 {
+		return slices.Sorted(maps.Keys(ps.unsupported))
+	}
+	return nil
 }
 
 // Totals returns the plugin's counters.
@@ -280,12 +288,12 @@ func (s *Scheduler) rescan(now time.Time) time.Duration {
 			persist = append(persist, Volume{Plugin: v.Plugin, ID: v.ID, Next: e.slot})
 		}
 	}
-	for k, e := range s.entries {
+	for _, e := range s.entries {
 		if e.gen != s.gen {
 			if e.running {
 				e.gone = true
 			} else {
-				delete(s.entries, k)
+				s.removeLocked(e)
 			}
 		}
 	}
@@ -306,7 +314,7 @@ func (s *Scheduler) dispatchLocked(now time.Time) ([]job, time.Time) {
 	var due []*entry
 	var next time.Time
 	for _, e := range s.entries {
-		if e.running || e.interval == 0 || s.pluginLocked(e.plugin).unsupported {
+		if e.running || e.interval == 0 || s.pluginLocked(e.plugin).unsupported[e.id] {
 			continue
 		}
 		if e.due.After(now) {
@@ -401,9 +409,11 @@ func (s *Scheduler) persist(plugin, id string, next time.Time) {
 	}
 }
 
+// removeLocked forgets an unpublished volume and its Unsupported mark.
 func (s *Scheduler) removeLocked(e *entry) {
 	if s.entries[e.key] == e {
 		delete(s.entries, e.key)
+		delete(s.pluginLocked(e.plugin).unsupported, e.id)
 	}
 }
 
@@ -427,19 +437,18 @@ func (s *Scheduler) pluginLocked(plugin string) *pluginState {
 	return ps
 }
 
-// supportedLocked clears the plugin's Unsupported mark. Its volumes whose
-// runs were skipped meanwhile go to their next slot: they were not missed
-// by a stopped agent, and running them all at once is what staggering
-// avoids. The next rescan persists the new slots.
-func (s *Scheduler) supportedLocked(plugin string, now time.Time) {
-	s.pluginLocked(plugin).unsupported = false
-	for _, e := range s.entries {
-		if e.plugin != plugin || e.running || e.interval == 0 || e.due.After(now) {
-			continue
-		}
-		e.slot = nextSlot(now, e.interval, e.hash)
-		e.due, e.attempts, e.cycleEnd = e.slot, 0, time.Time{}
+// supportedLocked clears a volume's Unsupported mark. If its run was
+// skipped meanwhile it goes to its next slot: it was not missed by a
+// stopped agent, and running skipped volumes all at once is what
+// staggering avoids. The next rescan persists the new slot.
+func (s *Scheduler) supportedLocked(plugin, id string, now time.Time) {
+	delete(s.pluginLocked(plugin).unsupported, id)
+	e := s.entries[key{plugin, id}]
+	if e == nil || e.running || e.interval == 0 || e.due.After(now) {
+		return
 	}
+	e.slot = nextSlot(now, e.interval, e.hash)
+	e.due, e.attempts, e.cycleEnd = e.slot, 0, time.Time{}
 }
 
 // policy returns the plugin's policy, read once if no rescan has yet.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -16,6 +18,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/pluginconfig"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
+	"github.com/csiagent/csiagent/proto/fence"
+	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
 	"github.com/csiagent/csiagent/proto/volumegroup"
@@ -46,6 +51,8 @@ type discovery struct {
 	pluginCaps, nodeCaps      []string
 	nodeID                    string
 	addons                    []string
+	// Set when csi-addons is served apart from CSI.
+	addonsEndpoint, addonsIdentity string
 }
 
 // WaitForSocket returns when path exists as a socket, watching its
@@ -131,8 +138,12 @@ func probeUntilReady(ctx context.Context, conn *grpc.ClientConn, abort <-chan st
 }
 
 // discover asks a ready plugin who it is and what it can do, and which
-// csi-addons services it answers (calling each: Unimplemented = absent).
-func discover(ctx context.Context, conn *grpc.ClientConn, services []pluginconfig.Service) (*discovery, error) {
+// csi-addons services it answers. csi-addons is looked for on addons when
+// not nil (a separate csi-addons endpoint, as ceph-csi serves it), else on
+// conn: the endpoint's identity.Identity/GetCapabilities says, or, when it
+// does not serve identity, each service is called (Unimplemented =
+// absent). CSI's GroupController is always on conn.
+func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []pluginconfig.Service) (*discovery, error) {
 	call := func(f func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 		defer cancel()
@@ -169,6 +180,28 @@ func discover(ctx context.Context, conn *grpc.ClientConn, services []pluginconfi
 		}
 		return false
 	}
+	addonsConn, known := conn, false
+	if addons != nil {
+		addonsConn = addons
+		var err error
+		if known, err = addonsCapabilities(ctx, addons, serves, d); err != nil {
+			return nil, err
+		}
+		if known {
+			// The GroupController is CSI's: asked on the CSI endpoint.
+			if serves(pluginconfig.ControllerService) {
+				err := call(func(ctx context.Context) error {
+					_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
+					return err
+				})
+				if ok, err := answered(err); err != nil {
+					return nil, fmt.Errorf("discovering csi.v1.GroupController: %w", err)
+				} else if ok {
+					d.addons = append(d.addons, "csi.v1.GroupController")
+				}
+			}
+		}
+	}
 	var probes []addonProbe
 	if serves(pluginconfig.NodeService) {
 		node := csi.NewNodeClient(conn)
@@ -189,22 +222,29 @@ func discover(ctx context.Context, conn *grpc.ClientConn, services []pluginconfi
 			return nil, fmt.Errorf("NodeGetInfo: %w", err)
 		}
 		probes = append(probes, addonProbe{"reclaimspace.ReclaimSpaceNode", func(ctx context.Context) error {
-			_, err := reclaimspace.NewReclaimSpaceNodeClient(conn).NodeReclaimSpace(ctx, &reclaimspace.NodeReclaimSpaceRequest{})
+			_, err := reclaimspace.NewReclaimSpaceNodeClient(addonsConn).NodeReclaimSpace(ctx, &reclaimspace.NodeReclaimSpaceRequest{})
+			return err
+		}}, addonProbe{"encryptionkeyrotation.EncryptionKeyRotationController", func(ctx context.Context) error {
+			_, err := ekr.NewEncryptionKeyRotationControllerClient(addonsConn).EncryptionKeyRotate(ctx, &ekr.EncryptionKeyRotateRequest{})
 			return err
 		}})
 	}
 	if serves(pluginconfig.ControllerService) {
 		probes = append(probes,
 			addonProbe{"reclaimspace.ReclaimSpaceController", func(ctx context.Context) error {
-				_, err := reclaimspace.NewReclaimSpaceControllerClient(conn).ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{})
+				_, err := reclaimspace.NewReclaimSpaceControllerClient(addonsConn).ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{})
 				return err
 			}},
 			addonProbe{"volumegroup.Controller", func(ctx context.Context) error {
-				_, err := volumegroup.NewControllerClient(conn).ControllerGetVolumeGroup(ctx, &volumegroup.ControllerGetVolumeGroupRequest{})
+				_, err := volumegroup.NewControllerClient(addonsConn).ControllerGetVolumeGroup(ctx, &volumegroup.ControllerGetVolumeGroupRequest{})
 				return err
 			}},
 			addonProbe{"replication.Controller", func(ctx context.Context) error {
-				_, err := replication.NewControllerClient(conn).GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{})
+				_, err := replication.NewControllerClient(addonsConn).GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{})
+				return err
+			}},
+			addonProbe{"fence.FenceController", func(ctx context.Context) error {
+				_, err := fence.NewFenceControllerClient(addonsConn).ListClusterFence(ctx, &fence.ListClusterFenceRequest{})
 				return err
 			}},
 			addonProbe{"csi.v1.GroupController", func(ctx context.Context) error {
@@ -213,19 +253,72 @@ func discover(ctx context.Context, conn *grpc.ClientConn, services []pluginconfi
 			}},
 		)
 	}
+	if known {
+		return d, nil // the csi-addons identity said
+	}
 	for _, p := range probes {
 		// Requests are empty, so a plugin that has the service answers
 		// InvalidArgument (or similar); one without it, Unimplemented.
-		err := call(p.call)
-		switch status.Code(err) {
-		case codes.Unimplemented:
-		case codes.DeadlineExceeded, codes.Unavailable, codes.Canceled:
+		ok, err := answered(call(p.call))
+		if err != nil {
 			return nil, fmt.Errorf("discovering %s: %w", p.name, err)
-		default:
+		}
+		if ok {
 			d.addons = append(d.addons, p.name)
 		}
 	}
 	return d, nil
+}
+
+// answered reads a discovery call's error: Unimplemented means the service
+// is absent, a transport failure is an error, any other answer (an empty
+// request is usually InvalidArgument) means it is there.
+func answered(err error) (bool, error) {
+	switch status.Code(err) {
+	case codes.Unimplemented:
+		return false, nil
+	case codes.DeadlineExceeded, codes.Unavailable, codes.Canceled:
+		return false, err
+	}
+	return true, nil
+}
+
+// addonsCapabilities asks a csi-addons endpoint's identity.Identity who it
+// is and what it offers, filling d (only the services of the roles the
+// instance serves). known is false when the endpoint does not serve
+// identity (Unimplemented): the caller probes each service instead.
+func addonsCapabilities(ctx context.Context, conn *grpc.ClientConn, serves func(pluginconfig.Service) bool, d *discovery) (known bool, _ error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	id := identity.NewIdentityClient(conn)
+	info, err := id.GetIdentity(ctx, &identity.GetIdentityRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("csi-addons GetIdentity: %w", err)
+	}
+	caps, err := id.GetCapabilities(ctx, &identity.GetCapabilitiesRequest{})
+	if err != nil {
+		return false, fmt.Errorf("csi-addons GetCapabilities: %w", err)
+	}
+	d.addonsIdentity = strings.TrimSpace(info.GetName() + " " + info.GetVendorVersion())
+	node, ctrl := serves(pluginconfig.NodeService), serves(pluginconfig.ControllerService)
+	add := func(ok bool, service string) {
+		if ok && !slices.Contains(d.addons, service) {
+			d.addons = append(d.addons, service)
+		}
+	}
+	for _, c := range caps.GetCapabilities() {
+		add(node && c.GetReclaimSpace().GetType() == identity.Capability_ReclaimSpace_ONLINE, "reclaimspace.ReclaimSpaceNode")
+		add(ctrl && c.GetReclaimSpace().GetType() == identity.Capability_ReclaimSpace_OFFLINE, "reclaimspace.ReclaimSpaceController")
+		add(ctrl && c.GetVolumeGroup().GetType() == identity.Capability_VolumeGroup_VOLUME_GROUP, "volumegroup.Controller")
+		add(ctrl && c.GetVolumeReplication().GetType() == identity.Capability_VolumeReplication_VOLUME_REPLICATION, "replication.Controller")
+		add(ctrl && c.GetNetworkFence().GetType() == identity.Capability_NetworkFence_NETWORK_FENCE, "fence.FenceController")
+		add(node && c.GetEncryptionKeyRotation().GetType() == identity.Capability_EncryptionKeyRotation_ENCRYPTIONKEYROTATION,
+			"encryptionkeyrotation.EncryptionKeyRotationController")
+	}
+	return true, nil
 }
 
 // addonProbe is one optional service and a harmless call that tells

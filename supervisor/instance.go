@@ -28,6 +28,10 @@ type instance struct {
 	pluginID string // <type>:<name>
 	services []pluginconfig.Service
 	socket   string
+	// addonsSocket is where csi-addons is served apart from CSI: the
+	// configured csi_addons_endpoint (unmanaged; required), or the
+	// $CSIADDONS_ENDPOINT offered to a managed command (used if created).
+	addonsSocket string
 	// Managed only.
 	container *pluginconfig.Container
 	dir       string // state directory: process record
@@ -36,10 +40,13 @@ type instance struct {
 	hash      string
 	inherit   *handover // a live process handed over by a rolled config
 
-	mu       sync.Mutex
-	status   *agentv1.PluginInstance
-	proc     *process
-	conn     *grpc.ClientConn
+	mu     sync.Mutex
+	status *agentv1.PluginInstance
+	proc   *process
+	conn   *grpc.ClientConn
+	// addons is the csi-addons endpoint's connection, nil when csi-addons
+	// is served on conn.
+	addons   *grpc.ClientConn
 	launched bool // this agent launched or adopted a process before
 }
 
@@ -51,6 +58,22 @@ type handover struct {
 }
 
 func (in *instance) managed() bool { return in.container != nil }
+
+// connFor is the connection that serves service (a discovery name such as
+// replication.Controller): the csi-addons endpoint's for csi-addons
+// services when the instance has one, else csiConn. CSI's own services
+// (csi.v1.*) are always on csiConn.
+func (in *instance) connFor(service string, csiConn *grpc.ClientConn) *grpc.ClientConn {
+	if strings.HasPrefix(service, "csi.v1.") {
+		return csiConn
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.addons != nil {
+		return in.addons
+	}
+	return csiConn
+}
 
 // update changes the instance's reported status under its lock and tells
 // waiters.
@@ -122,18 +145,21 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 			}
 		}()
 	}
-	conn, disc, err := in.becomeReady(ctx, exited)
+	conn, addons, disc, err := in.becomeReady(ctx, exited)
 	if err != nil {
 		return 0, err
 	}
 	in.mu.Lock()
-	in.conn = conn
+	in.conn, in.addons = conn, addons
 	in.mu.Unlock()
 	defer func() {
 		in.mu.Lock()
-		in.conn = nil
+		in.conn, in.addons = nil, nil
 		in.mu.Unlock()
 		conn.Close()
+		if addons != nil {
+			addons.Close()
+		}
 	}()
 	readyAt := time.Now()
 	in.update(func(s *agentv1.PluginInstance) {
@@ -141,6 +167,7 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 		s.PluginName, s.VendorVersion = disc.pluginName, disc.vendorVersion
 		s.PluginCapabilities, s.NodeCapabilities = disc.pluginCaps, disc.nodeCaps
 		s.NodeId, s.AddonsServices = disc.nodeID, disc.addons
+		s.AddonsEndpoint, s.AddonsIdentity = disc.addonsEndpoint, disc.addonsIdentity
 	})
 	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)
 	// A new process (or connection) may implement what the last did not.
@@ -176,27 +203,53 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 }
 
 // becomeReady waits for the socket, probes until ready and discovers the
-// plugin, all within the ready timeout.
-func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (*grpc.ClientConn, *discovery, error) {
+// plugin, all within the ready timeout. addons is the csi-addons
+// endpoint's connection, nil when csi-addons is looked for on conn.
+func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (conn, addons *grpc.ClientConn, _ *discovery, _ error) {
 	ctx, cancel := context.WithTimeout(ctx, in.cfg.ReadyTimeout)
 	defer cancel()
 	if err := WaitForSocket(ctx, in.socket, exited); err != nil {
-		return nil, nil, in.withExit(err, exited)
+		return nil, nil, nil, in.withExit(err, exited)
 	}
 	conn, err := dial(in.socket, in.typ, in.cfg.Interceptor)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	fail := func(err error) (*grpc.ClientConn, *grpc.ClientConn, *discovery, error) {
+		conn.Close()
+		if addons != nil {
+			addons.Close()
+		}
+		return nil, nil, nil, in.withExit(err, exited)
 	}
 	if err := probeUntilReady(ctx, conn, exited); err != nil {
-		conn.Close()
-		return nil, nil, in.withExit(err, exited)
+		return fail(err)
 	}
-	disc, err := discover(ctx, conn, in.services)
+	if in.addonsSocket != "" {
+		// A managed command serves csi-addons apart only if it passed
+		// $CSIADDONS_ENDPOINT on: by the time it is ready, the socket is
+		// there or it is not used. A configured one must come.
+		use := true
+		if in.managed() {
+			st, err := os.Stat(in.addonsSocket)
+			use = err == nil && st.Mode()&os.ModeSocket != 0
+		} else if err := WaitForSocket(ctx, in.addonsSocket, exited); err != nil {
+			return fail(fmt.Errorf("csi-addons endpoint: %w", err))
+		}
+		if use {
+			if addons, err = dial(in.addonsSocket, in.typ, in.cfg.Interceptor); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	disc, err := discover(ctx, conn, addons, in.services)
 	if err != nil {
-		conn.Close()
-		return nil, nil, in.withExit(err, exited)
+		return fail(err)
 	}
-	return conn, disc, nil
+	if addons != nil {
+		disc.addonsEndpoint = "unix://" + in.addonsSocket
+	}
+	return conn, addons, disc, nil
 }
 
 // withExit adds the process's exit status to an error caused by its exit.
@@ -294,7 +347,7 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 	}
 	defer cleanup()
 	p, rec, err := launch(launchSpec{
-		container: *in.container, socket: in.socket, nodeID: in.cfg.NodeID,
+		container: *in.container, socket: in.socket, addons: in.addonsSocket, nodeID: in.cfg.NodeID,
 		dir: in.dir, runtimeDir: in.cfg.RuntimeDir, logDir: in.logDir, logPrefix: in.logPrefix, configHash: in.hash, cgroupFD: cgroupFD,
 	})
 	if err != nil {

@@ -66,6 +66,7 @@ type process struct {
 type launchSpec struct {
 	container  pluginconfig.Container
 	socket     string
+	addons     string // the csi-addons socket offered in $CSIADDONS_ENDPOINT
 	nodeID     string
 	dir        string // the instance's state directory
 	runtimeDir string // holds the socket's directory
@@ -133,6 +134,9 @@ func launch(spec launchSpec) (*process, *processRecord, error) {
 		}
 	}
 	env = append(env, "CSI_ENDPOINT=unix://"+spec.socket)
+	if spec.addons != "" {
+		env = append(env, "CSIADDONS_ENDPOINT=unix://"+spec.addons)
+	}
 	for _, s := range spec.container.Services {
 		if s == pluginconfig.NodeService {
 			env = append(env, "MESOS_AGENT_ID="+spec.nodeID)

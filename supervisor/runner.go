@@ -97,6 +97,10 @@ func Start(ctx context.Context, cfg Config, p *pluginconfig.Plugin, inherit Hand
 		in.logDir = r.LogDir()
 		in.logPrefix = fmt.Sprintf("container-%d", i)
 		in.hash = configHash(*c, socket, cfg.NodeID)
+		// Served there only if the command passes it on (optional).
+		if addons := filepath.Join(cfg.RuntimeDir, base, fmt.Sprintf("c%d-addons.sock", i)); len(addons) <= MaxSocketPath {
+			in.addonsSocket = addons
+		}
 		in.inherit = inherit[i]
 	}
 	for i, e := range info.Endpoints {
@@ -107,7 +111,10 @@ func Start(ctx context.Context, cfg Config, p *pluginconfig.Plugin, inherit Hand
 			prev.status.Services = append(prev.status.Services, string(e.CSIService))
 			continue
 		}
-		r.newInstance([]pluginconfig.Service{e.CSIService}, e.SocketPath(), i)
+		in := r.newInstance([]pluginconfig.Service{e.CSIService}, e.SocketPath(), i)
+		if st := info.Settings; st != nil && st.CSIAddonsEndpoint != "" {
+			in.addonsSocket = pluginconfig.Endpoint{Endpoint: st.CSIAddonsEndpoint}.SocketPath()
+		}
 	}
 	// Processes of containers the config no longer has must go.
 	for i, h := range inherit {
@@ -231,6 +238,30 @@ func (r *Plugin) Instance(svc pluginconfig.Service) (status *agentv1.PluginInsta
 		conn = in.conn
 	}
 	return status, conn, true
+}
+
+// ConnFor is the connection that serves service (a discovery name such as
+// replication.Controller) on the instance serving svc, while it is ready
+// (nil otherwise): the csi-addons endpoint's for csi-addons services when
+// the instance has one, else its CSI connection.
+func (r *Plugin) ConnFor(svc pluginconfig.Service, service string) *grpc.ClientConn {
+	var in *instance
+	for _, cand := range r.instances {
+		if slices.Contains(cand.services, svc) {
+			in = cand
+		}
+	}
+	if in == nil {
+		return nil
+	}
+	in.mu.Lock()
+	conn := in.conn
+	ready := in.status.State == agentv1.PluginState_PLUGIN_STATE_READY
+	in.mu.Unlock()
+	if !ready || conn == nil {
+		return nil
+	}
+	return in.connFor(service, conn)
 }
 
 // Offers reports whether an instance's discovery found the csi-addons or

@@ -47,6 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&cfg.NodeID, "node-id", "", "node id for NodeGetInfo (default $MESOS_AGENT_ID, else the host name)")
 		fs.StringVar(&cfg.Name, "name", loopplugin.DefaultName, "plugin name for GetPluginInfo")
 		fs.StringVar(&cfg.ReplicaPool, "replica-pool", "", "pool directory replicated volumes are copied to (csi-addons replication; optional)")
+		addons := fs.String("csi-addons-endpoint", "", "also serve csi-addons (with its identity service) on this unix socket, as ceph-csi does (e.g. $CSIADDONS_ENDPOINT, which csi-agent sets for managed plugins)")
 		version := fs.Bool("version", false, "print the version and exit")
 		if err = parse(fs, args); err != nil {
 			break
@@ -63,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			cfg.NodeID, err = os.Hostname()
 		}
 		if err == nil {
-			err = serve(cfg, *endpoint)
+			err = serve(cfg, *endpoint, *addons)
 		}
 	}
 	switch {
@@ -94,7 +95,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-func serve(cfg loopplugin.Config, endpoint string) error {
+func serve(cfg loopplugin.Config, endpoint, addons string) error {
 	if endpoint == "" {
 		return errors.New("no endpoint: set --endpoint or CSI_ENDPOINT")
 	}
@@ -104,7 +105,7 @@ func serve(cfg loopplugin.Config, endpoint string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return p.Serve(ctx, endpoint)
+	return p.Serve(ctx, endpoint, addons)
 }
 
 func createVolume(pool, name, size string, stdout io.Writer) error {

@@ -377,13 +377,14 @@ func TestServeReplicaPool(t *testing.T) {
 		t.Errorf("capabilities %v lack GROUP_CONTROLLER_SERVICE", caps)
 	}
 	r := replication.NewControllerClient(conn)
-	if _, err := r.EnableVolumeReplication(ctx, &replication.EnableVolumeReplicationRequest{VolumeId: "rv"}); err != nil {
+	src := &replication.ReplicationSource{Type: &replication.ReplicationSource_Volume{Volume: &replication.ReplicationSource_VolumeSource{VolumeId: "rv"}}}
+	if _, err := r.EnableVolumeReplication(ctx, &replication.EnableVolumeReplicationRequest{ReplicationSource: src}); err != nil {
 		t.Fatalf("EnableVolumeReplication: %v", err)
 	}
 	if fi, err := os.Stat(filepath.Join(replica, "rv.img")); err != nil || fi.Size() != 8<<20 {
 		t.Errorf("replica image: %v, %v", fi, err)
 	}
-	info, err := r.GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{VolumeId: "rv"})
+	info, err := r.GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{ReplicationSource: src})
 	if err != nil || info.GetLastSyncTime() == nil {
 		t.Errorf("GetVolumeReplicationInfo = %v, %v", info, err)
 	}

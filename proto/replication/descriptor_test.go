@@ -29,6 +29,7 @@ func TestService(t *testing.T) {
 		{"DemoteVolume", replication.Controller_DemoteVolume_FullMethodName},
 		{"ResyncVolume", replication.Controller_ResyncVolume_FullMethodName},
 		{"GetVolumeReplicationInfo", replication.Controller_GetVolumeReplicationInfo_FullMethodName},
+		{"GetReplicationDestinationInfo", replication.Controller_GetReplicationDestinationInfo_FullMethodName},
 	}
 	if sd.Methods().Len() != len(tests) {
 		t.Errorf("%d methods, want %d", sd.Methods().Len(), len(tests))
@@ -46,7 +47,8 @@ func TestService(t *testing.T) {
 }
 
 func TestRequestFields(t *testing.T) {
-	// Field numbers of the fields every request shares, as in the seed.
+	// Field numbers of the fields every request shares, as in the seed;
+	// volume_id (1) is reserved, as upstream has it since 80d74f9.
 	tests := []struct {
 		message                                   protoreflect.ProtoMessage
 		secrets, replicationID, replicationSource protoreflect.FieldNumber
@@ -73,8 +75,9 @@ func TestRequestFields(t *testing.T) {
 				opts, _ := fd.Options().(*descriptorpb.FieldOptions)
 				return opts
 			}
-			if id := md.Fields().ByName("volume_id"); id == nil || id.Number() != 1 {
-				t.Error("volume_id is not field 1")
+			if md.Fields().ByName("volume_id") != nil || md.Fields().ByNumber(1) != nil ||
+				!md.ReservedRanges().Has(1) || !md.ReservedNames().Has("volume_id") {
+				t.Error("field 1 (volume_id) is not reserved by number and name")
 			}
 			if !proto.GetExtension(field("secrets", tc.secrets), csi.E_CsiSecret).(bool) {
 				t.Error("secrets lacks (csi.v1.csi_secret) = true")
@@ -84,5 +87,42 @@ func TestRequestFields(t *testing.T) {
 			}
 			field("replication_source", tc.replicationSource)
 		})
+	}
+}
+
+// TestUpstreamAdditions checks what upstream added after the seed: the
+// replication's health and GetReplicationDestinationInfo's messages.
+func TestUpstreamAdditions(t *testing.T) {
+	info := (&replication.GetVolumeReplicationInfoResponse{}).ProtoReflect().Descriptor()
+	for name, num := range map[protoreflect.Name]protoreflect.FieldNumber{"status": 4, "status_message": 5} {
+		if fd := info.Fields().ByName(name); fd == nil || fd.Number() != num {
+			t.Errorf("GetVolumeReplicationInfoResponse.%s is not field %d", name, num)
+		}
+	}
+	for name, num := range map[string]int32{"UNKNOWN": 0, "HEALTHY": 1, "DEGRADED": 2, "ERROR": 3} {
+		if got := replication.GetVolumeReplicationInfoResponse_Status_value[name]; got != num {
+			t.Errorf("Status %s = %d, want %d", name, got, num)
+		}
+	}
+	if got := info.Enums().ByName("Status").FullName(); got != "replication.GetVolumeReplicationInfoResponse.Status" {
+		t.Errorf("status enum is %s", got)
+	}
+	req := (&replication.GetReplicationDestinationInfoRequest{}).ProtoReflect().Descriptor()
+	if fd := req.Fields().ByName("secrets"); fd == nil || fd.Number() != 1 ||
+		!proto.GetExtension(fd.Options(), csi.E_CsiSecret).(bool) {
+		t.Error("GetReplicationDestinationInfoRequest.secrets is not secret field 1")
+	}
+	if fd := req.Fields().ByName("replication_source"); fd == nil || fd.Number() != 2 {
+		t.Error("GetReplicationDestinationInfoRequest.replication_source is not field 2")
+	}
+	dest := (&replication.ReplicationDestination{}).ProtoReflect().Descriptor()
+	for name, num := range map[protoreflect.Name]protoreflect.FieldNumber{"volume": 1, "volumegroup": 2} {
+		if fd := dest.Fields().ByName(name); fd == nil || fd.Number() != num || fd.ContainingOneof().Name() != "type" {
+			t.Errorf("ReplicationDestination.%s is not field %d of oneof type", name, num)
+		}
+	}
+	group := (&replication.ReplicationDestination_VolumeGroupDestination{}).ProtoReflect().Descriptor()
+	if fd := group.Fields().ByName("volume_ids"); fd == nil || fd.Number() != 2 || !fd.IsMap() {
+		t.Error("VolumeGroupDestination.volume_ids is not map field 2")
 	}
 }

@@ -1,5 +1,7 @@
 // csi-addons Replication controller contract, transcribed from the csi-addons
-// spec (replication/replication.proto; seed 003_80340f38f0901b38.txt).
+// spec (replication/replication.proto as of upstream commit 80d74f9, which
+// reserves volume_id in every request; seed 003_80340f38f0901b38.txt is an
+// older draft).
 //
 // The proto package, service, method and message names, the alpha_field
 // extension and all field numbers are exactly those of csi-addons, so a real
@@ -37,18 +39,73 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Status is the replication's health.
+type GetVolumeReplicationInfoResponse_Status int32
+
+const (
+	// The plugin does not say.
+	GetVolumeReplicationInfoResponse_UNKNOWN GetVolumeReplicationInfoResponse_Status = 0
+	// Replicating as configured.
+	GetVolumeReplicationInfoResponse_HEALTHY GetVolumeReplicationInfoResponse_Status = 1
+	// Replicating, but behind or partly failing.
+	GetVolumeReplicationInfoResponse_DEGRADED GetVolumeReplicationInfoResponse_Status = 2
+	// Not replicating.
+	GetVolumeReplicationInfoResponse_ERROR GetVolumeReplicationInfoResponse_Status = 3
+)
+
+// Enum value maps for GetVolumeReplicationInfoResponse_Status.
+var (
+	GetVolumeReplicationInfoResponse_Status_name = map[int32]string{
+		0: "UNKNOWN",
+		1: "HEALTHY",
+		2: "DEGRADED",
+		3: "ERROR",
+	}
+	GetVolumeReplicationInfoResponse_Status_value = map[string]int32{
+		"UNKNOWN":  0,
+		"HEALTHY":  1,
+		"DEGRADED": 2,
+		"ERROR":    3,
+	}
+)
+
+func (x GetVolumeReplicationInfoResponse_Status) Enum() *GetVolumeReplicationInfoResponse_Status {
+	p := new(GetVolumeReplicationInfoResponse_Status)
+	*p = x
+	return p
+}
+
+func (x GetVolumeReplicationInfoResponse_Status) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GetVolumeReplicationInfoResponse_Status) Descriptor() protoreflect.EnumDescriptor {
+	return file_proto_replication_replication_proto_enumTypes[0].Descriptor()
+}
+
+func (GetVolumeReplicationInfoResponse_Status) Type() protoreflect.EnumType {
+	return &file_proto_replication_replication_proto_enumTypes[0]
+}
+
+func (x GetVolumeReplicationInfoResponse_Status) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GetVolumeReplicationInfoResponse_Status.Descriptor instead.
+func (GetVolumeReplicationInfoResponse_Status) EnumDescriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{11, 0}
+}
+
 // EnableVolumeReplicationRequest identifies what to start replicating.
 type EnableVolumeReplicationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Opaque plugin-specific parameters. Optional.
 	Parameters map[string]string `protobuf:"bytes,2,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,4,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group to replicate. Optional.
+	// Volume or volume group to replicate. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,5,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -82,13 +139,6 @@ func (x *EnableVolumeReplicationRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use EnableVolumeReplicationRequest.ProtoReflect.Descriptor instead.
 func (*EnableVolumeReplicationRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{0}
-}
-
-func (x *EnableVolumeReplicationRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
 }
 
 func (x *EnableVolumeReplicationRequest) GetParameters() map[string]string {
@@ -159,15 +209,13 @@ func (*EnableVolumeReplicationResponse) Descriptor() ([]byte, []int) {
 // DisableVolumeReplicationRequest identifies what to stop replicating.
 type DisableVolumeReplicationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Opaque plugin-specific parameters. Optional.
 	Parameters map[string]string `protobuf:"bytes,2,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,4,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group being replicated. Optional.
+	// Volume or volume group being replicated. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,5,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -201,13 +249,6 @@ func (x *DisableVolumeReplicationRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DisableVolumeReplicationRequest.ProtoReflect.Descriptor instead.
 func (*DisableVolumeReplicationRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{2}
-}
-
-func (x *DisableVolumeReplicationRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
 }
 
 func (x *DisableVolumeReplicationRequest) GetParameters() map[string]string {
@@ -278,8 +319,6 @@ func (*DisableVolumeReplicationResponse) Descriptor() ([]byte, []int) {
 // PromoteVolumeRequest identifies the local copy to make primary.
 type PromoteVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Promote even if the peer cannot be demoted first. Optional, default
 	// false.
 	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
@@ -287,9 +326,9 @@ type PromoteVolumeRequest struct {
 	Parameters map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,5,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group being replicated. Optional.
+	// Volume or volume group being replicated. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,6,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -323,13 +362,6 @@ func (x *PromoteVolumeRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use PromoteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*PromoteVolumeRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *PromoteVolumeRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
 }
 
 func (x *PromoteVolumeRequest) GetForce() bool {
@@ -407,17 +439,15 @@ func (*PromoteVolumeResponse) Descriptor() ([]byte, []int) {
 // DemoteVolumeRequest identifies the local copy to make secondary.
 type DemoteVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Force the demotion. Optional, default false.
 	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	// Opaque plugin-specific parameters. Optional.
 	Parameters map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,5,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group being replicated. Optional.
+	// Volume or volume group being replicated. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,6,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -451,13 +481,6 @@ func (x *DemoteVolumeRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DemoteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DemoteVolumeRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *DemoteVolumeRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
 }
 
 func (x *DemoteVolumeRequest) GetForce() bool {
@@ -535,17 +558,15 @@ func (*DemoteVolumeResponse) Descriptor() ([]byte, []int) {
 // ResyncVolumeRequest identifies the local copy to resynchronise.
 type ResyncVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Force the resync. Optional, default false.
 	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	// Opaque plugin-specific parameters. Optional.
 	Parameters map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,5,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group being replicated. Optional.
+	// Volume or volume group being replicated. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,6,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -579,13 +600,6 @@ func (x *ResyncVolumeRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ResyncVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ResyncVolumeRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{8}
-}
-
-func (x *ResyncVolumeRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
 }
 
 func (x *ResyncVolumeRequest) GetForce() bool {
@@ -672,13 +686,11 @@ func (x *ResyncVolumeResponse) GetReady() bool {
 // GetVolumeReplicationInfoRequest identifies the replicated volume.
 type GetVolumeReplicationInfoRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Plugin-generated volume ID. Required.
-	VolumeId string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	// Credentials for the backend. Optional. Never log.
 	Secrets map[string]string `protobuf:"bytes,2,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Identifies this replication together with volume_id. Optional, alpha.
+	// Identifies this replication together with the source. Optional, alpha.
 	ReplicationId string `protobuf:"bytes,3,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
-	// Volume or volume group being replicated. Optional.
+	// Volume or volume group being replicated. Required.
 	ReplicationSource *ReplicationSource `protobuf:"bytes,4,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -714,13 +726,6 @@ func (*GetVolumeReplicationInfoRequest) Descriptor() ([]byte, []int) {
 	return file_proto_replication_replication_proto_rawDescGZIP(), []int{10}
 }
 
-func (x *GetVolumeReplicationInfoRequest) GetVolumeId() string {
-	if x != nil {
-		return x.VolumeId
-	}
-	return ""
-}
-
 func (x *GetVolumeReplicationInfoRequest) GetSecrets() map[string]string {
 	if x != nil {
 		return x.Secrets
@@ -751,6 +756,10 @@ type GetVolumeReplicationInfoResponse struct {
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,2,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// Bytes transferred by the last sync; never negative. Optional.
 	LastSyncBytes int64 `protobuf:"varint,3,opt,name=last_sync_bytes,json=lastSyncBytes,proto3" json:"last_sync_bytes,omitempty"`
+	// The replication's health. Optional.
+	Status GetVolumeReplicationInfoResponse_Status `protobuf:"varint,4,opt,name=status,proto3,enum=replication.GetVolumeReplicationInfoResponse_Status" json:"status,omitempty"`
+	// Why status is what it is, for humans. Optional.
+	StatusMessage string `protobuf:"bytes,5,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -806,6 +815,207 @@ func (x *GetVolumeReplicationInfoResponse) GetLastSyncBytes() int64 {
 	return 0
 }
 
+func (x *GetVolumeReplicationInfoResponse) GetStatus() GetVolumeReplicationInfoResponse_Status {
+	if x != nil {
+		return x.Status
+	}
+	return GetVolumeReplicationInfoResponse_UNKNOWN
+}
+
+func (x *GetVolumeReplicationInfoResponse) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
+// GetReplicationDestinationInfoRequest identifies the replicated source.
+type GetReplicationDestinationInfoRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Credentials for the backend. Optional. Never log.
+	Secrets map[string]string `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Volume or volume group being replicated. Required.
+	ReplicationSource *ReplicationSource `protobuf:"bytes,2,opt,name=replication_source,json=replicationSource,proto3" json:"replication_source,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetReplicationDestinationInfoRequest) Reset() {
+	*x = GetReplicationDestinationInfoRequest{}
+	mi := &file_proto_replication_replication_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicationDestinationInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicationDestinationInfoRequest) ProtoMessage() {}
+
+func (x *GetReplicationDestinationInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_replication_replication_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicationDestinationInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetReplicationDestinationInfoRequest) Descriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GetReplicationDestinationInfoRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *GetReplicationDestinationInfoRequest) GetReplicationSource() *ReplicationSource {
+	if x != nil {
+		return x.ReplicationSource
+	}
+	return nil
+}
+
+// GetReplicationDestinationInfoResponse names the destination.
+type GetReplicationDestinationInfoResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The peer's volume or volume group. Required.
+	ReplicationDestination *ReplicationDestination `protobuf:"bytes,1,opt,name=replication_destination,json=replicationDestination,proto3" json:"replication_destination,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *GetReplicationDestinationInfoResponse) Reset() {
+	*x = GetReplicationDestinationInfoResponse{}
+	mi := &file_proto_replication_replication_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicationDestinationInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicationDestinationInfoResponse) ProtoMessage() {}
+
+func (x *GetReplicationDestinationInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_replication_replication_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicationDestinationInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetReplicationDestinationInfoResponse) Descriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetReplicationDestinationInfoResponse) GetReplicationDestination() *ReplicationDestination {
+	if x != nil {
+		return x.ReplicationDestination
+	}
+	return nil
+}
+
+// ReplicationDestination is the peer's copy; exactly one of the type
+// fields is set.
+type ReplicationDestination struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Type:
+	//
+	//	*ReplicationDestination_Volume
+	//	*ReplicationDestination_Volumegroup
+	Type          isReplicationDestination_Type `protobuf_oneof:"type"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationDestination) Reset() {
+	*x = ReplicationDestination{}
+	mi := &file_proto_replication_replication_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationDestination) ProtoMessage() {}
+
+func (x *ReplicationDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_replication_replication_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationDestination.ProtoReflect.Descriptor instead.
+func (*ReplicationDestination) Descriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplicationDestination) GetType() isReplicationDestination_Type {
+	if x != nil {
+		return x.Type
+	}
+	return nil
+}
+
+func (x *ReplicationDestination) GetVolume() *ReplicationDestination_VolumeDestination {
+	if x != nil {
+		if x, ok := x.Type.(*ReplicationDestination_Volume); ok {
+			return x.Volume
+		}
+	}
+	return nil
+}
+
+func (x *ReplicationDestination) GetVolumegroup() *ReplicationDestination_VolumeGroupDestination {
+	if x != nil {
+		if x, ok := x.Type.(*ReplicationDestination_Volumegroup); ok {
+			return x.Volumegroup
+		}
+	}
+	return nil
+}
+
+type isReplicationDestination_Type interface {
+	isReplicationDestination_Type()
+}
+
+type ReplicationDestination_Volume struct {
+	// A single volume.
+	Volume *ReplicationDestination_VolumeDestination `protobuf:"bytes,1,opt,name=volume,proto3,oneof"`
+}
+
+type ReplicationDestination_Volumegroup struct {
+	// A volume group.
+	Volumegroup *ReplicationDestination_VolumeGroupDestination `protobuf:"bytes,2,opt,name=volumegroup,proto3,oneof"`
+}
+
+func (*ReplicationDestination_Volume) isReplicationDestination_Type() {}
+
+func (*ReplicationDestination_Volumegroup) isReplicationDestination_Type() {}
+
 // ReplicationSource selects what is replicated; exactly one of the type
 // fields must be set.
 type ReplicationSource struct {
@@ -821,7 +1031,7 @@ type ReplicationSource struct {
 
 func (x *ReplicationSource) Reset() {
 	*x = ReplicationSource{}
-	mi := &file_proto_replication_replication_proto_msgTypes[12]
+	mi := &file_proto_replication_replication_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -833,7 +1043,7 @@ func (x *ReplicationSource) String() string {
 func (*ReplicationSource) ProtoMessage() {}
 
 func (x *ReplicationSource) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_replication_replication_proto_msgTypes[12]
+	mi := &file_proto_replication_replication_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -846,7 +1056,7 @@ func (x *ReplicationSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationSource.ProtoReflect.Descriptor instead.
 func (*ReplicationSource) Descriptor() ([]byte, []int) {
-	return file_proto_replication_replication_proto_rawDescGZIP(), []int{12}
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplicationSource) GetType() isReplicationSource_Type {
@@ -892,6 +1102,107 @@ func (*ReplicationSource_Volume) isReplicationSource_Type() {}
 
 func (*ReplicationSource_Volumegroup) isReplicationSource_Type() {}
 
+// VolumeDestination names the peer's volume.
+type ReplicationDestination_VolumeDestination struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Volume ID on the peer. Required.
+	VolumeId      string `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationDestination_VolumeDestination) Reset() {
+	*x = ReplicationDestination_VolumeDestination{}
+	mi := &file_proto_replication_replication_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationDestination_VolumeDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationDestination_VolumeDestination) ProtoMessage() {}
+
+func (x *ReplicationDestination_VolumeDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_replication_replication_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationDestination_VolumeDestination.ProtoReflect.Descriptor instead.
+func (*ReplicationDestination_VolumeDestination) Descriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{14, 0}
+}
+
+func (x *ReplicationDestination_VolumeDestination) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+// VolumeGroupDestination names the peer's volume group and volumes.
+type ReplicationDestination_VolumeGroupDestination struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Volume group ID on the peer. Required.
+	VolumeGroupId string `protobuf:"bytes,1,opt,name=volume_group_id,json=volumeGroupId,proto3" json:"volume_group_id,omitempty"`
+	// Source volume ID to peer volume ID. Required.
+	VolumeIds     map[string]string `protobuf:"bytes,2,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationDestination_VolumeGroupDestination) Reset() {
+	*x = ReplicationDestination_VolumeGroupDestination{}
+	mi := &file_proto_replication_replication_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationDestination_VolumeGroupDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationDestination_VolumeGroupDestination) ProtoMessage() {}
+
+func (x *ReplicationDestination_VolumeGroupDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_replication_replication_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationDestination_VolumeGroupDestination.ProtoReflect.Descriptor instead.
+func (*ReplicationDestination_VolumeGroupDestination) Descriptor() ([]byte, []int) {
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{14, 1}
+}
+
+func (x *ReplicationDestination_VolumeGroupDestination) GetVolumeGroupId() string {
+	if x != nil {
+		return x.VolumeGroupId
+	}
+	return ""
+}
+
+func (x *ReplicationDestination_VolumeGroupDestination) GetVolumeIds() map[string]string {
+	if x != nil {
+		return x.VolumeIds
+	}
+	return nil
+}
+
 // VolumeSource names a single volume.
 type ReplicationSource_VolumeSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -903,7 +1214,7 @@ type ReplicationSource_VolumeSource struct {
 
 func (x *ReplicationSource_VolumeSource) Reset() {
 	*x = ReplicationSource_VolumeSource{}
-	mi := &file_proto_replication_replication_proto_msgTypes[24]
+	mi := &file_proto_replication_replication_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1226,7 @@ func (x *ReplicationSource_VolumeSource) String() string {
 func (*ReplicationSource_VolumeSource) ProtoMessage() {}
 
 func (x *ReplicationSource_VolumeSource) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_replication_replication_proto_msgTypes[24]
+	mi := &file_proto_replication_replication_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1239,7 @@ func (x *ReplicationSource_VolumeSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationSource_VolumeSource.ProtoReflect.Descriptor instead.
 func (*ReplicationSource_VolumeSource) Descriptor() ([]byte, []int) {
-	return file_proto_replication_replication_proto_rawDescGZIP(), []int{12, 0}
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{15, 0}
 }
 
 func (x *ReplicationSource_VolumeSource) GetVolumeId() string {
@@ -949,7 +1260,7 @@ type ReplicationSource_VolumeGroupSource struct {
 
 func (x *ReplicationSource_VolumeGroupSource) Reset() {
 	*x = ReplicationSource_VolumeGroupSource{}
-	mi := &file_proto_replication_replication_proto_msgTypes[25]
+	mi := &file_proto_replication_replication_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1272,7 @@ func (x *ReplicationSource_VolumeGroupSource) String() string {
 func (*ReplicationSource_VolumeGroupSource) ProtoMessage() {}
 
 func (x *ReplicationSource_VolumeGroupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_replication_replication_proto_msgTypes[25]
+	mi := &file_proto_replication_replication_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1285,7 @@ func (x *ReplicationSource_VolumeGroupSource) ProtoReflect() protoreflect.Messag
 
 // Deprecated: Use ReplicationSource_VolumeGroupSource.ProtoReflect.Descriptor instead.
 func (*ReplicationSource_VolumeGroupSource) Descriptor() ([]byte, []int) {
-	return file_proto_replication_replication_proto_rawDescGZIP(), []int{12, 1}
+	return file_proto_replication_replication_proto_rawDescGZIP(), []int{15, 1}
 }
 
 func (x *ReplicationSource_VolumeGroupSource) GetVolumeGroupId() string {
@@ -1008,9 +1319,8 @@ var File_proto_replication_replication_proto protoreflect.FileDescriptor
 
 const file_proto_replication_replication_proto_rawDesc = "" +
 	"\n" +
-	"#proto/replication/replication.proto\x12\vreplication\x1a\tcsi.proto\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
-	"\x1eEnableVolumeReplicationRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12[\n" +
+	"#proto/replication/replication.proto\x12\vreplication\x1a\tcsi.proto\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdd\x03\n" +
+	"\x1eEnableVolumeReplicationRequest\x12[\n" +
 	"\n" +
 	"parameters\x18\x02 \x03(\v2;.replication.EnableVolumeReplicationRequest.ParametersEntryR\n" +
 	"parameters\x12W\n" +
@@ -1022,10 +1332,9 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"!\n" +
-	"\x1fEnableVolumeReplicationResponse\"\xec\x03\n" +
-	"\x1fDisableVolumeReplicationRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\\\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\"!\n" +
+	"\x1fEnableVolumeReplicationResponse\"\xe0\x03\n" +
+	"\x1fDisableVolumeReplicationRequest\x12\\\n" +
 	"\n" +
 	"parameters\x18\x02 \x03(\v2<.replication.DisableVolumeReplicationRequest.ParametersEntryR\n" +
 	"parameters\x12X\n" +
@@ -1037,10 +1346,9 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\"\n" +
-	" DisableVolumeReplicationResponse\"\xe1\x03\n" +
-	"\x14PromoteVolumeRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\"\"\n" +
+	" DisableVolumeReplicationResponse\"\xd5\x03\n" +
+	"\x14PromoteVolumeRequest\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\x12Q\n" +
 	"\n" +
 	"parameters\x18\x03 \x03(\v21.replication.PromoteVolumeRequest.ParametersEntryR\n" +
@@ -1053,10 +1361,9 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x17\n" +
-	"\x15PromoteVolumeResponse\"\xde\x03\n" +
-	"\x13DemoteVolumeRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\"\x17\n" +
+	"\x15PromoteVolumeResponse\"\xd2\x03\n" +
+	"\x13DemoteVolumeRequest\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\x12P\n" +
 	"\n" +
 	"parameters\x18\x03 \x03(\v20.replication.DemoteVolumeRequest.ParametersEntryR\n" +
@@ -1069,10 +1376,9 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
-	"\x14DemoteVolumeResponse\"\xde\x03\n" +
-	"\x13ResyncVolumeRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\"\x16\n" +
+	"\x14DemoteVolumeResponse\"\xd2\x03\n" +
+	"\x13ResyncVolumeRequest\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\x12P\n" +
 	"\n" +
 	"parameters\x18\x03 \x03(\v20.replication.ResyncVolumeRequest.ParametersEntryR\n" +
@@ -1085,21 +1391,48 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\",\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\",\n" +
 	"\x14ResyncVolumeResponse\x12\x14\n" +
-	"\x05ready\x18\x01 \x01(\bR\x05ready\"\xcf\x02\n" +
-	"\x1fGetVolumeReplicationInfoRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12X\n" +
+	"\x05ready\x18\x01 \x01(\bR\x05ready\"\xc3\x02\n" +
+	"\x1fGetVolumeReplicationInfoRequest\x12X\n" +
 	"\asecrets\x18\x02 \x03(\v29.replication.GetVolumeReplicationInfoRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x12*\n" +
 	"\x0ereplication_id\x18\x03 \x01(\tB\x03\xe0D\x01R\rreplicationId\x12M\n" +
 	"\x12replication_source\x18\x04 \x01(\v2\x1e.replication.ReplicationSourceR\x11replicationSource\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x01\x10\x02R\tvolume_id\"\x87\x03\n" +
 	" GetVolumeReplicationInfoResponse\x12@\n" +
 	"\x0elast_sync_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\flastSyncTime\x12G\n" +
 	"\x12last_sync_duration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\"\xa2\x02\n" +
+	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\x12L\n" +
+	"\x06status\x18\x04 \x01(\x0e24.replication.GetVolumeReplicationInfoResponse.StatusR\x06status\x12%\n" +
+	"\x0estatus_message\x18\x05 \x01(\tR\rstatusMessage\";\n" +
+	"\x06Status\x12\v\n" +
+	"\aUNKNOWN\x10\x00\x12\v\n" +
+	"\aHEALTHY\x10\x01\x12\f\n" +
+	"\bDEGRADED\x10\x02\x12\t\n" +
+	"\x05ERROR\x10\x03\"\x90\x02\n" +
+	"$GetReplicationDestinationInfoRequest\x12]\n" +
+	"\asecrets\x18\x01 \x03(\v2>.replication.GetReplicationDestinationInfoRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x12M\n" +
+	"\x12replication_source\x18\x02 \x01(\v2\x1e.replication.ReplicationSourceR\x11replicationSource\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"%GetReplicationDestinationInfoResponse\x12\\\n" +
+	"\x17replication_destination\x18\x01 \x01(\v2#.replication.ReplicationDestinationR\x16replicationDestination\"\xee\x03\n" +
+	"\x16ReplicationDestination\x12O\n" +
+	"\x06volume\x18\x01 \x01(\v25.replication.ReplicationDestination.VolumeDestinationH\x00R\x06volume\x12^\n" +
+	"\vvolumegroup\x18\x02 \x01(\v2:.replication.ReplicationDestination.VolumeGroupDestinationH\x00R\vvolumegroup\x1a0\n" +
+	"\x11VolumeDestination\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x1a\xe8\x01\n" +
+	"\x16VolumeGroupDestination\x12&\n" +
+	"\x0fvolume_group_id\x18\x01 \x01(\tR\rvolumeGroupId\x12h\n" +
+	"\n" +
+	"volume_ids\x18\x02 \x03(\v2I.replication.ReplicationDestination.VolumeGroupDestination.VolumeIdsEntryR\tvolumeIds\x1a<\n" +
+	"\x0eVolumeIdsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
+	"\x04type\"\xa2\x02\n" +
 	"\x11ReplicationSource\x12E\n" +
 	"\x06volume\x18\x01 \x01(\v2+.replication.ReplicationSource.VolumeSourceH\x00R\x06volume\x12T\n" +
 	"\vvolumegroup\x18\x02 \x01(\v20.replication.ReplicationSource.VolumeGroupSourceH\x00R\vvolumegroup\x1a+\n" +
@@ -1107,7 +1440,7 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x1a;\n" +
 	"\x11VolumeGroupSource\x12&\n" +
 	"\x0fvolume_group_id\x18\x01 \x01(\tR\rvolumeGroupIdB\x06\n" +
-	"\x04type2\x82\x05\n" +
+	"\x04type2\x8d\x06\n" +
 	"\n" +
 	"Controller\x12v\n" +
 	"\x17EnableVolumeReplication\x12+.replication.EnableVolumeReplicationRequest\x1a,.replication.EnableVolumeReplicationResponse\"\x00\x12y\n" +
@@ -1115,7 +1448,8 @@ const file_proto_replication_replication_proto_rawDesc = "" +
 	"\rPromoteVolume\x12!.replication.PromoteVolumeRequest\x1a\".replication.PromoteVolumeResponse\"\x00\x12U\n" +
 	"\fDemoteVolume\x12 .replication.DemoteVolumeRequest\x1a!.replication.DemoteVolumeResponse\"\x00\x12U\n" +
 	"\fResyncVolume\x12 .replication.ResyncVolumeRequest\x1a!.replication.ResyncVolumeResponse\"\x00\x12y\n" +
-	"\x18GetVolumeReplicationInfo\x12,.replication.GetVolumeReplicationInfoRequest\x1a-.replication.GetVolumeReplicationInfoResponse\"\x00:?\n" +
+	"\x18GetVolumeReplicationInfo\x12,.replication.GetVolumeReplicationInfoRequest\x1a-.replication.GetVolumeReplicationInfoResponse\"\x00\x12\x88\x01\n" +
+	"\x1dGetReplicationDestinationInfo\x121.replication.GetReplicationDestinationInfoRequest\x1a2.replication.GetReplicationDestinationInfoResponse\"\x00:?\n" +
 	"\valpha_field\x12\x1d.google.protobuf.FieldOptions\x18\xcc\b \x01(\bR\n" +
 	"alphaFieldB0Z.github.com/csiagent/csiagent/proto/replicationb\x06proto3"
 
@@ -1131,78 +1465,96 @@ func file_proto_replication_replication_proto_rawDescGZIP() []byte {
 	return file_proto_replication_replication_proto_rawDescData
 }
 
-var file_proto_replication_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_proto_replication_replication_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_proto_replication_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_proto_replication_replication_proto_goTypes = []any{
-	(*EnableVolumeReplicationRequest)(nil),   // 0: replication.EnableVolumeReplicationRequest
-	(*EnableVolumeReplicationResponse)(nil),  // 1: replication.EnableVolumeReplicationResponse
-	(*DisableVolumeReplicationRequest)(nil),  // 2: replication.DisableVolumeReplicationRequest
-	(*DisableVolumeReplicationResponse)(nil), // 3: replication.DisableVolumeReplicationResponse
-	(*PromoteVolumeRequest)(nil),             // 4: replication.PromoteVolumeRequest
-	(*PromoteVolumeResponse)(nil),            // 5: replication.PromoteVolumeResponse
-	(*DemoteVolumeRequest)(nil),              // 6: replication.DemoteVolumeRequest
-	(*DemoteVolumeResponse)(nil),             // 7: replication.DemoteVolumeResponse
-	(*ResyncVolumeRequest)(nil),              // 8: replication.ResyncVolumeRequest
-	(*ResyncVolumeResponse)(nil),             // 9: replication.ResyncVolumeResponse
-	(*GetVolumeReplicationInfoRequest)(nil),  // 10: replication.GetVolumeReplicationInfoRequest
-	(*GetVolumeReplicationInfoResponse)(nil), // 11: replication.GetVolumeReplicationInfoResponse
-	(*ReplicationSource)(nil),                // 12: replication.ReplicationSource
-	nil,                                      // 13: replication.EnableVolumeReplicationRequest.ParametersEntry
-	nil,                                      // 14: replication.EnableVolumeReplicationRequest.SecretsEntry
-	nil,                                      // 15: replication.DisableVolumeReplicationRequest.ParametersEntry
-	nil,                                      // 16: replication.DisableVolumeReplicationRequest.SecretsEntry
-	nil,                                      // 17: replication.PromoteVolumeRequest.ParametersEntry
-	nil,                                      // 18: replication.PromoteVolumeRequest.SecretsEntry
-	nil,                                      // 19: replication.DemoteVolumeRequest.ParametersEntry
-	nil,                                      // 20: replication.DemoteVolumeRequest.SecretsEntry
-	nil,                                      // 21: replication.ResyncVolumeRequest.ParametersEntry
-	nil,                                      // 22: replication.ResyncVolumeRequest.SecretsEntry
-	nil,                                      // 23: replication.GetVolumeReplicationInfoRequest.SecretsEntry
-	(*ReplicationSource_VolumeSource)(nil),   // 24: replication.ReplicationSource.VolumeSource
-	(*ReplicationSource_VolumeGroupSource)(nil), // 25: replication.ReplicationSource.VolumeGroupSource
-	(*timestamppb.Timestamp)(nil),               // 26: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),                 // 27: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),           // 28: google.protobuf.FieldOptions
+	(GetVolumeReplicationInfoResponse_Status)(0),  // 0: replication.GetVolumeReplicationInfoResponse.Status
+	(*EnableVolumeReplicationRequest)(nil),        // 1: replication.EnableVolumeReplicationRequest
+	(*EnableVolumeReplicationResponse)(nil),       // 2: replication.EnableVolumeReplicationResponse
+	(*DisableVolumeReplicationRequest)(nil),       // 3: replication.DisableVolumeReplicationRequest
+	(*DisableVolumeReplicationResponse)(nil),      // 4: replication.DisableVolumeReplicationResponse
+	(*PromoteVolumeRequest)(nil),                  // 5: replication.PromoteVolumeRequest
+	(*PromoteVolumeResponse)(nil),                 // 6: replication.PromoteVolumeResponse
+	(*DemoteVolumeRequest)(nil),                   // 7: replication.DemoteVolumeRequest
+	(*DemoteVolumeResponse)(nil),                  // 8: replication.DemoteVolumeResponse
+	(*ResyncVolumeRequest)(nil),                   // 9: replication.ResyncVolumeRequest
+	(*ResyncVolumeResponse)(nil),                  // 10: replication.ResyncVolumeResponse
+	(*GetVolumeReplicationInfoRequest)(nil),       // 11: replication.GetVolumeReplicationInfoRequest
+	(*GetVolumeReplicationInfoResponse)(nil),      // 12: replication.GetVolumeReplicationInfoResponse
+	(*GetReplicationDestinationInfoRequest)(nil),  // 13: replication.GetReplicationDestinationInfoRequest
+	(*GetReplicationDestinationInfoResponse)(nil), // 14: replication.GetReplicationDestinationInfoResponse
+	(*ReplicationDestination)(nil),                // 15: replication.ReplicationDestination
+	(*ReplicationSource)(nil),                     // 16: replication.ReplicationSource
+	nil,                                           // 17: replication.EnableVolumeReplicationRequest.ParametersEntry
+	nil,                                           // 18: replication.EnableVolumeReplicationRequest.SecretsEntry
+	nil,                                           // 19: replication.DisableVolumeReplicationRequest.ParametersEntry
+	nil,                                           // 20: replication.DisableVolumeReplicationRequest.SecretsEntry
+	nil,                                           // 21: replication.PromoteVolumeRequest.ParametersEntry
+	nil,                                           // 22: replication.PromoteVolumeRequest.SecretsEntry
+	nil,                                           // 23: replication.DemoteVolumeRequest.ParametersEntry
+	nil,                                           // 24: replication.DemoteVolumeRequest.SecretsEntry
+	nil,                                           // 25: replication.ResyncVolumeRequest.ParametersEntry
+	nil,                                           // 26: replication.ResyncVolumeRequest.SecretsEntry
+	nil,                                           // 27: replication.GetVolumeReplicationInfoRequest.SecretsEntry
+	nil,                                           // 28: replication.GetReplicationDestinationInfoRequest.SecretsEntry
+	(*ReplicationDestination_VolumeDestination)(nil),      // 29: replication.ReplicationDestination.VolumeDestination
+	(*ReplicationDestination_VolumeGroupDestination)(nil), // 30: replication.ReplicationDestination.VolumeGroupDestination
+	nil,                                    // 31: replication.ReplicationDestination.VolumeGroupDestination.VolumeIdsEntry
+	(*ReplicationSource_VolumeSource)(nil), // 32: replication.ReplicationSource.VolumeSource
+	(*ReplicationSource_VolumeGroupSource)(nil), // 33: replication.ReplicationSource.VolumeGroupSource
+	(*timestamppb.Timestamp)(nil),               // 34: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),                 // 35: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),           // 36: google.protobuf.FieldOptions
 }
 var file_proto_replication_replication_proto_depIdxs = []int32{
-	13, // 0: replication.EnableVolumeReplicationRequest.parameters:type_name -> replication.EnableVolumeReplicationRequest.ParametersEntry
-	14, // 1: replication.EnableVolumeReplicationRequest.secrets:type_name -> replication.EnableVolumeReplicationRequest.SecretsEntry
-	12, // 2: replication.EnableVolumeReplicationRequest.replication_source:type_name -> replication.ReplicationSource
-	15, // 3: replication.DisableVolumeReplicationRequest.parameters:type_name -> replication.DisableVolumeReplicationRequest.ParametersEntry
-	16, // 4: replication.DisableVolumeReplicationRequest.secrets:type_name -> replication.DisableVolumeReplicationRequest.SecretsEntry
-	12, // 5: replication.DisableVolumeReplicationRequest.replication_source:type_name -> replication.ReplicationSource
-	17, // 6: replication.PromoteVolumeRequest.parameters:type_name -> replication.PromoteVolumeRequest.ParametersEntry
-	18, // 7: replication.PromoteVolumeRequest.secrets:type_name -> replication.PromoteVolumeRequest.SecretsEntry
-	12, // 8: replication.PromoteVolumeRequest.replication_source:type_name -> replication.ReplicationSource
-	19, // 9: replication.DemoteVolumeRequest.parameters:type_name -> replication.DemoteVolumeRequest.ParametersEntry
-	20, // 10: replication.DemoteVolumeRequest.secrets:type_name -> replication.DemoteVolumeRequest.SecretsEntry
-	12, // 11: replication.DemoteVolumeRequest.replication_source:type_name -> replication.ReplicationSource
-	21, // 12: replication.ResyncVolumeRequest.parameters:type_name -> replication.ResyncVolumeRequest.ParametersEntry
-	22, // 13: replication.ResyncVolumeRequest.secrets:type_name -> replication.ResyncVolumeRequest.SecretsEntry
-	12, // 14: replication.ResyncVolumeRequest.replication_source:type_name -> replication.ReplicationSource
-	23, // 15: replication.GetVolumeReplicationInfoRequest.secrets:type_name -> replication.GetVolumeReplicationInfoRequest.SecretsEntry
-	12, // 16: replication.GetVolumeReplicationInfoRequest.replication_source:type_name -> replication.ReplicationSource
-	26, // 17: replication.GetVolumeReplicationInfoResponse.last_sync_time:type_name -> google.protobuf.Timestamp
-	27, // 18: replication.GetVolumeReplicationInfoResponse.last_sync_duration:type_name -> google.protobuf.Duration
-	24, // 19: replication.ReplicationSource.volume:type_name -> replication.ReplicationSource.VolumeSource
-	25, // 20: replication.ReplicationSource.volumegroup:type_name -> replication.ReplicationSource.VolumeGroupSource
-	28, // 21: replication.alpha_field:extendee -> google.protobuf.FieldOptions
-	0,  // 22: replication.Controller.EnableVolumeReplication:input_type -> replication.EnableVolumeReplicationRequest
-	2,  // 23: replication.Controller.DisableVolumeReplication:input_type -> replication.DisableVolumeReplicationRequest
-	4,  // 24: replication.Controller.PromoteVolume:input_type -> replication.PromoteVolumeRequest
-	6,  // 25: replication.Controller.DemoteVolume:input_type -> replication.DemoteVolumeRequest
-	8,  // 26: replication.Controller.ResyncVolume:input_type -> replication.ResyncVolumeRequest
-	10, // 27: replication.Controller.GetVolumeReplicationInfo:input_type -> replication.GetVolumeReplicationInfoRequest
-	1,  // 28: replication.Controller.EnableVolumeReplication:output_type -> replication.EnableVolumeReplicationResponse
-	3,  // 29: replication.Controller.DisableVolumeReplication:output_type -> replication.DisableVolumeReplicationResponse
-	5,  // 30: replication.Controller.PromoteVolume:output_type -> replication.PromoteVolumeResponse
-	7,  // 31: replication.Controller.DemoteVolume:output_type -> replication.DemoteVolumeResponse
-	9,  // 32: replication.Controller.ResyncVolume:output_type -> replication.ResyncVolumeResponse
-	11, // 33: replication.Controller.GetVolumeReplicationInfo:output_type -> replication.GetVolumeReplicationInfoResponse
-	28, // [28:34] is the sub-list for method output_type
-	22, // [22:28] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	21, // [21:22] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	17, // 0: replication.EnableVolumeReplicationRequest.parameters:type_name -> replication.EnableVolumeReplicationRequest.ParametersEntry
+	18, // 1: replication.EnableVolumeReplicationRequest.secrets:type_name -> replication.EnableVolumeReplicationRequest.SecretsEntry
+	16, // 2: replication.EnableVolumeReplicationRequest.replication_source:type_name -> replication.ReplicationSource
+	19, // 3: replication.DisableVolumeReplicationRequest.parameters:type_name -> replication.DisableVolumeReplicationRequest.ParametersEntry
+	20, // 4: replication.DisableVolumeReplicationRequest.secrets:type_name -> replication.DisableVolumeReplicationRequest.SecretsEntry
+	16, // 5: replication.DisableVolumeReplicationRequest.replication_source:type_name -> replication.ReplicationSource
+	21, // 6: replication.PromoteVolumeRequest.parameters:type_name -> replication.PromoteVolumeRequest.ParametersEntry
+	22, // 7: replication.PromoteVolumeRequest.secrets:type_name -> replication.PromoteVolumeRequest.SecretsEntry
+	16, // 8: replication.PromoteVolumeRequest.replication_source:type_name -> replication.ReplicationSource
+	23, // 9: replication.DemoteVolumeRequest.parameters:type_name -> replication.DemoteVolumeRequest.ParametersEntry
+	24, // 10: replication.DemoteVolumeRequest.secrets:type_name -> replication.DemoteVolumeRequest.SecretsEntry
+	16, // 11: replication.DemoteVolumeRequest.replication_source:type_name -> replication.ReplicationSource
+	25, // 12: replication.ResyncVolumeRequest.parameters:type_name -> replication.ResyncVolumeRequest.ParametersEntry
+	26, // 13: replication.ResyncVolumeRequest.secrets:type_name -> replication.ResyncVolumeRequest.SecretsEntry
+	16, // 14: replication.ResyncVolumeRequest.replication_source:type_name -> replication.ReplicationSource
+	27, // 15: replication.GetVolumeReplicationInfoRequest.secrets:type_name -> replication.GetVolumeReplicationInfoRequest.SecretsEntry
+	16, // 16: replication.GetVolumeReplicationInfoRequest.replication_source:type_name -> replication.ReplicationSource
+	34, // 17: replication.GetVolumeReplicationInfoResponse.last_sync_time:type_name -> google.protobuf.Timestamp
+	35, // 18: replication.GetVolumeReplicationInfoResponse.last_sync_duration:type_name -> google.protobuf.Duration
+	0,  // 19: replication.GetVolumeReplicationInfoResponse.status:type_name -> replication.GetVolumeReplicationInfoResponse.Status
+	28, // 20: replication.GetReplicationDestinationInfoRequest.secrets:type_name -> replication.GetReplicationDestinationInfoRequest.SecretsEntry
+	16, // 21: replication.GetReplicationDestinationInfoRequest.replication_source:type_name -> replication.ReplicationSource
+	15, // 22: replication.GetReplicationDestinationInfoResponse.replication_destination:type_name -> replication.ReplicationDestination
+	29, // 23: replication.ReplicationDestination.volume:type_name -> replication.ReplicationDestination.VolumeDestination
+	30, // 24: replication.ReplicationDestination.volumegroup:type_name -> replication.ReplicationDestination.VolumeGroupDestination
+	32, // 25: replication.ReplicationSource.volume:type_name -> replication.ReplicationSource.VolumeSource
+	33, // 26: replication.ReplicationSource.volumegroup:type_name -> replication.ReplicationSource.VolumeGroupSource
+	31, // 27: replication.ReplicationDestination.VolumeGroupDestination.volume_ids:type_name -> replication.ReplicationDestination.VolumeGroupDestination.VolumeIdsEntry
+	36, // 28: replication.alpha_field:extendee -> google.protobuf.FieldOptions
+	1,  // 29: replication.Controller.EnableVolumeReplication:input_type -> replication.EnableVolumeReplicationRequest
+	3,  // 30: replication.Controller.DisableVolumeReplication:input_type -> replication.DisableVolumeReplicationRequest
+	5,  // 31: replication.Controller.PromoteVolume:input_type -> replication.PromoteVolumeRequest
+	7,  // 32: replication.Controller.DemoteVolume:input_type -> replication.DemoteVolumeRequest
+	9,  // 33: replication.Controller.ResyncVolume:input_type -> replication.ResyncVolumeRequest
+	11, // 34: replication.Controller.GetVolumeReplicationInfo:input_type -> replication.GetVolumeReplicationInfoRequest
+	13, // 35: replication.Controller.GetReplicationDestinationInfo:input_type -> replication.GetReplicationDestinationInfoRequest
+	2,  // 36: replication.Controller.EnableVolumeReplication:output_type -> replication.EnableVolumeReplicationResponse
+	4,  // 37: replication.Controller.DisableVolumeReplication:output_type -> replication.DisableVolumeReplicationResponse
+	6,  // 38: replication.Controller.PromoteVolume:output_type -> replication.PromoteVolumeResponse
+	8,  // 39: replication.Controller.DemoteVolume:output_type -> replication.DemoteVolumeResponse
+	10, // 40: replication.Controller.ResyncVolume:output_type -> replication.ResyncVolumeResponse
+	12, // 41: replication.Controller.GetVolumeReplicationInfo:output_type -> replication.GetVolumeReplicationInfoResponse
+	14, // 42: replication.Controller.GetReplicationDestinationInfo:output_type -> replication.GetReplicationDestinationInfoResponse
+	36, // [36:43] is the sub-list for method output_type
+	29, // [29:36] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	28, // [28:29] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_proto_replication_replication_proto_init() }
@@ -1210,7 +1562,11 @@ func file_proto_replication_replication_proto_init() {
 	if File_proto_replication_replication_proto != nil {
 		return
 	}
-	file_proto_replication_replication_proto_msgTypes[12].OneofWrappers = []any{
+	file_proto_replication_replication_proto_msgTypes[14].OneofWrappers = []any{
+		(*ReplicationDestination_Volume)(nil),
+		(*ReplicationDestination_Volumegroup)(nil),
+	}
+	file_proto_replication_replication_proto_msgTypes[15].OneofWrappers = []any{
 		(*ReplicationSource_Volume)(nil),
 		(*ReplicationSource_Volumegroup)(nil),
 	}
@@ -1219,13 +1575,14 @@ func file_proto_replication_replication_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_replication_replication_proto_rawDesc), len(file_proto_replication_replication_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   26,
+			NumEnums:      1,
+			NumMessages:   33,
 			NumExtensions: 1,
 			NumServices:   1,
 		},
 		GoTypes:           file_proto_replication_replication_proto_goTypes,
 		DependencyIndexes: file_proto_replication_replication_proto_depIdxs,
+		EnumInfos:         file_proto_replication_replication_proto_enumTypes,
 		MessageInfos:      file_proto_replication_replication_proto_msgTypes,
 		ExtensionInfos:    file_proto_replication_replication_proto_extTypes,
 	}.Build()

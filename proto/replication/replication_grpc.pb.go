@@ -1,5 +1,7 @@
 // csi-addons Replication controller contract, transcribed from the csi-addons
-// spec (replication/replication.proto; seed 003_80340f38f0901b38.txt).
+// spec (replication/replication.proto as of upstream commit 80d74f9, which
+// reserves volume_id in every request; seed 003_80340f38f0901b38.txt is an
+// older draft).
 //
 // The proto package, service, method and message names, the alpha_field
 // extension and all field numbers are exactly those of csi-addons, so a real
@@ -31,12 +33,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Controller_EnableVolumeReplication_FullMethodName  = "/replication.Controller/EnableVolumeReplication"
-	Controller_DisableVolumeReplication_FullMethodName = "/replication.Controller/DisableVolumeReplication"
-	Controller_PromoteVolume_FullMethodName            = "/replication.Controller/PromoteVolume"
-	Controller_DemoteVolume_FullMethodName             = "/replication.Controller/DemoteVolume"
-	Controller_ResyncVolume_FullMethodName             = "/replication.Controller/ResyncVolume"
-	Controller_GetVolumeReplicationInfo_FullMethodName = "/replication.Controller/GetVolumeReplicationInfo"
+	Controller_EnableVolumeReplication_FullMethodName       = "/replication.Controller/EnableVolumeReplication"
+	Controller_DisableVolumeReplication_FullMethodName      = "/replication.Controller/DisableVolumeReplication"
+	Controller_PromoteVolume_FullMethodName                 = "/replication.Controller/PromoteVolume"
+	Controller_DemoteVolume_FullMethodName                  = "/replication.Controller/DemoteVolume"
+	Controller_ResyncVolume_FullMethodName                  = "/replication.Controller/ResyncVolume"
+	Controller_GetVolumeReplicationInfo_FullMethodName      = "/replication.Controller/GetVolumeReplicationInfo"
+	Controller_GetReplicationDestinationInfo_FullMethodName = "/replication.Controller/GetReplicationDestinationInfo"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -58,6 +61,9 @@ type ControllerClient interface {
 	ResyncVolume(ctx context.Context, in *ResyncVolumeRequest, opts ...grpc.CallOption) (*ResyncVolumeResponse, error)
 	// GetVolumeReplicationInfo reports the last synchronisation.
 	GetVolumeReplicationInfo(ctx context.Context, in *GetVolumeReplicationInfoRequest, opts ...grpc.CallOption) (*GetVolumeReplicationInfoResponse, error)
+	// GetReplicationDestinationInfo names the peer's copy of a volume (or
+	// of each volume of a group).
+	GetReplicationDestinationInfo(ctx context.Context, in *GetReplicationDestinationInfoRequest, opts ...grpc.CallOption) (*GetReplicationDestinationInfoResponse, error)
 }
 
 type controllerClient struct {
@@ -128,6 +134,16 @@ func (c *controllerClient) GetVolumeReplicationInfo(ctx context.Context, in *Get
 	return out, nil
 }
 
+func (c *controllerClient) GetReplicationDestinationInfo(ctx context.Context, in *GetReplicationDestinationInfoRequest, opts ...grpc.CallOption) (*GetReplicationDestinationInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetReplicationDestinationInfoResponse)
+	err := c.cc.Invoke(ctx, Controller_GetReplicationDestinationInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -147,6 +163,9 @@ type ControllerServer interface {
 	ResyncVolume(context.Context, *ResyncVolumeRequest) (*ResyncVolumeResponse, error)
 	// GetVolumeReplicationInfo reports the last synchronisation.
 	GetVolumeReplicationInfo(context.Context, *GetVolumeReplicationInfoRequest) (*GetVolumeReplicationInfoResponse, error)
+	// GetReplicationDestinationInfo names the peer's copy of a volume (or
+	// of each volume of a group).
+	GetReplicationDestinationInfo(context.Context, *GetReplicationDestinationInfoRequest) (*GetReplicationDestinationInfoResponse, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -174,6 +193,9 @@ func (UnimplementedControllerServer) ResyncVolume(context.Context, *ResyncVolume
 }
 func (UnimplementedControllerServer) GetVolumeReplicationInfo(context.Context, *GetVolumeReplicationInfoRequest) (*GetVolumeReplicationInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVolumeReplicationInfo not implemented")
+}
+func (UnimplementedControllerServer) GetReplicationDestinationInfo(context.Context, *GetReplicationDestinationInfoRequest) (*GetReplicationDestinationInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReplicationDestinationInfo not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -304,6 +326,24 @@ func _Controller_GetVolumeReplicationInfo_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_GetReplicationDestinationInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReplicationDestinationInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).GetReplicationDestinationInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_GetReplicationDestinationInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).GetReplicationDestinationInfo(ctx, req.(*GetReplicationDestinationInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -334,6 +374,10 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetVolumeReplicationInfo",
 			Handler:    _Controller_GetVolumeReplicationInfo_Handler,
+		},
+		{
+			MethodName: "GetReplicationDestinationInfo",
+			Handler:    _Controller_GetReplicationDestinationInfo_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -378,7 +378,7 @@ func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerStatus_Phase.Descriptor instead.
 func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // Volume is Mesos's Volume (include/mesos/mesos.proto, Mesos 1.11), the
@@ -991,7 +991,9 @@ func (*CleanupResponse) Descriptor() ([]byte, []int) {
 }
 
 type ListVolumesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Poll the published volumes' usage and health now, not at their slots.
+	RefreshStats  bool `protobuf:"varint,1,opt,name=refresh_stats,json=refreshStats,proto3" json:"refresh_stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1024,6 +1026,13 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
 	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListVolumesRequest) GetRefreshStats() bool {
+	if x != nil {
+		return x.RefreshStats
+	}
+	return false
 }
 
 type ListVolumesResponse struct {
@@ -1088,7 +1097,10 @@ type VolumeStatus struct {
 	NextReclaim *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
 	LastReclaim *ReclaimResult         `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
 	// A NodeReclaimSpace call is running on the volume now.
-	Reclaiming    bool `protobuf:"varint,13,opt,name=reclaiming,proto3" json:"reclaiming,omitempty"`
+	Reclaiming bool `protobuf:"varint,13,opt,name=reclaiming,proto3" json:"reclaiming,omitempty"`
+	// The last usage and health poll (published volumes of plugins with
+	// GET_VOLUME_STATS or GET_VOLUME_HEALTH); unset: none yet.
+	Stats         *VolumeStats `protobuf:"bytes,14,opt,name=stats,proto3" json:"stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,6 +1226,159 @@ func (x *VolumeStatus) GetReclaiming() bool {
 	return false
 }
 
+func (x *VolumeStatus) GetStats() *VolumeStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+// VolumeStats is one poll of NodeGetVolumeStats and NodeGetVolumeHealth.
+type VolumeStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// Bytes, when bytes_known.
+	BytesKnown     bool  `protobuf:"varint,2,opt,name=bytes_known,json=bytesKnown,proto3" json:"bytes_known,omitempty"`
+	CapacityBytes  int64 `protobuf:"varint,3,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	UsedBytes      int64 `protobuf:"varint,4,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	AvailableBytes int64 `protobuf:"varint,5,opt,name=available_bytes,json=availableBytes,proto3" json:"available_bytes,omitempty"`
+	// Inodes, when inodes_known.
+	InodesKnown bool  `protobuf:"varint,6,opt,name=inodes_known,json=inodesKnown,proto3" json:"inodes_known,omitempty"`
+	Inodes      int64 `protobuf:"varint,7,opt,name=inodes,proto3" json:"inodes,omitempty"`
+	InodesUsed  int64 `protobuf:"varint,8,opt,name=inodes_used,json=inodesUsed,proto3" json:"inodes_used,omitempty"`
+	InodesFree  int64 `protobuf:"varint,9,opt,name=inodes_free,json=inodesFree,proto3" json:"inodes_free,omitempty"`
+	// The plugin reported health; abnormal with condition (its reasons and
+	// messages) when it reported adverse conditions.
+	HealthKnown bool   `protobuf:"varint,10,opt,name=health_known,json=healthKnown,proto3" json:"health_known,omitempty"`
+	Abnormal    bool   `protobuf:"varint,11,opt,name=abnormal,proto3" json:"abnormal,omitempty"`
+	Condition   string `protobuf:"bytes,12,opt,name=condition,proto3" json:"condition,omitempty"`
+	// Why the poll failed (nothing else is set then).
+	Error         string `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeStats) Reset() {
+	*x = VolumeStats{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeStats) ProtoMessage() {}
+
+func (x *VolumeStats) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeStats.ProtoReflect.Descriptor instead.
+func (*VolumeStats) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *VolumeStats) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *VolumeStats) GetBytesKnown() bool {
+	if x != nil {
+		return x.BytesKnown
+	}
+	return false
+}
+
+func (x *VolumeStats) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetUsedBytes() int64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetAvailableBytes() int64 {
+	if x != nil {
+		return x.AvailableBytes
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetInodesKnown() bool {
+	if x != nil {
+		return x.InodesKnown
+	}
+	return false
+}
+
+func (x *VolumeStats) GetInodes() int64 {
+	if x != nil {
+		return x.Inodes
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetInodesUsed() int64 {
+	if x != nil {
+		return x.InodesUsed
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetInodesFree() int64 {
+	if x != nil {
+		return x.InodesFree
+	}
+	return 0
+}
+
+func (x *VolumeStats) GetHealthKnown() bool {
+	if x != nil {
+		return x.HealthKnown
+	}
+	return false
+}
+
+func (x *VolumeStats) GetAbnormal() bool {
+	if x != nil {
+		return x.Abnormal
+	}
+	return false
+}
+
+func (x *VolumeStats) GetCondition() string {
+	if x != nil {
+		return x.Condition
+	}
+	return ""
+}
+
+func (x *VolumeStats) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // ReclaimResult is one NodeReclaimSpace (or ControllerReclaimSpace) call.
 type ReclaimResult struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -1235,7 +1400,7 @@ type ReclaimResult struct {
 
 func (x *ReclaimResult) Reset() {
 	*x = ReclaimResult{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1412,7 @@ func (x *ReclaimResult) String() string {
 func (*ReclaimResult) ProtoMessage() {}
 
 func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1425,7 @@ func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimResult.ProtoReflect.Descriptor instead.
 func (*ReclaimResult) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReclaimResult) GetStart() *timestamppb.Timestamp {
@@ -1328,7 +1493,7 @@ type ReclaimSpaceRequest struct {
 
 func (x *ReclaimSpaceRequest) Reset() {
 	*x = ReclaimSpaceRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1505,7 @@ func (x *ReclaimSpaceRequest) String() string {
 func (*ReclaimSpaceRequest) ProtoMessage() {}
 
 func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1518,7 @@ func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceRequest.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReclaimSpaceRequest) GetTarget() isReclaimSpaceRequest_Target {
@@ -1432,7 +1597,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1609,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1622,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VolumeRef) GetPluginName() string {
@@ -1486,7 +1651,7 @@ type ReclaimSpaceProgress struct {
 
 func (x *ReclaimSpaceProgress) Reset() {
 	*x = ReclaimSpaceProgress{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1663,7 @@ func (x *ReclaimSpaceProgress) String() string {
 func (*ReclaimSpaceProgress) ProtoMessage() {}
 
 func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1676,7 @@ func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceProgress.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceProgress) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReclaimSpaceProgress) GetVolume() *VolumeRef {
@@ -1546,7 +1711,7 @@ type ReclaimSummary struct {
 
 func (x *ReclaimSummary) Reset() {
 	*x = ReclaimSummary{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1723,7 @@ func (x *ReclaimSummary) String() string {
 func (*ReclaimSummary) ProtoMessage() {}
 
 func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1736,7 @@ func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSummary.ProtoReflect.Descriptor instead.
 func (*ReclaimSummary) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReclaimSummary) GetVolumes() int32 {
@@ -1603,7 +1768,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1780,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1793,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type ListContainersResponse struct {
@@ -1640,7 +1805,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1817,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1830,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
@@ -1688,7 +1853,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1865,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1878,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ContainerStatus) GetContainerId() string {
@@ -1760,7 +1925,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1937,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1950,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReconcileRequest) GetLiveContainerIds() []string {
@@ -1807,7 +1972,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +1984,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +1997,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReconcileResponse) GetCleanedUp() []string {
@@ -1857,7 +2022,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +2034,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +2047,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type ListPluginsResponse struct {
@@ -1896,7 +2061,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2073,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2086,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -1948,7 +2113,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2125,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2138,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -1992,7 +2157,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2169,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2182,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -2037,7 +2202,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2214,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2227,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -2101,7 +2266,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2278,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2291,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Plugin) GetType() string {
@@ -2188,21 +2353,25 @@ func (x *Plugin) GetReclaim() *ReclaimTotals {
 // ReclaimTotals sums a plugin's reclaims since the agent started.
 type ReclaimTotals struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when reclaim is disabled (interval 0) or the plugin answered
-	// Unimplemented (until its config or process changes).
+	// False when reclaim is disabled (interval 0) or the plugin does not
+	// offer NodeReclaimSpace.
 	Scheduled      bool   `protobuf:"varint,1,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
 	Reason         string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	Runs           int64  `protobuf:"varint,3,opt,name=runs,proto3" json:"runs,omitempty"`
 	Failures       int64  `protobuf:"varint,4,opt,name=failures,proto3" json:"failures,omitempty"`
 	BytesReclaimed int64  `protobuf:"varint,5,opt,name=bytes_reclaimed,json=bytesReclaimed,proto3" json:"bytes_reclaimed,omitempty"`
 	LastError      string `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Volumes whose last NodeReclaimSpace said Unimplemented (their
+	// filesystem or device cannot discard): not scheduled until the plugin's
+	// config or process changes. The plugin's other volumes go on.
+	UnsupportedVolumes []string `protobuf:"bytes,7,rep,name=unsupported_volumes,json=unsupportedVolumes,proto3" json:"unsupported_volumes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ReclaimTotals) Reset() {
 	*x = ReclaimTotals{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2383,7 @@ func (x *ReclaimTotals) String() string {
 func (*ReclaimTotals) ProtoMessage() {}
 
 func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2396,7 @@ func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
 func (*ReclaimTotals) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReclaimTotals) GetScheduled() bool {
@@ -2272,6 +2441,13 @@ func (x *ReclaimTotals) GetLastError() string {
 	return ""
 }
 
+func (x *ReclaimTotals) GetUnsupportedVolumes() []string {
+	if x != nil {
+		return x.UnsupportedVolumes
+	}
+	return nil
+}
+
 // PluginInstance is one process (managed) or endpoint (unmanaged).
 type PluginInstance struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2303,13 +2479,21 @@ type PluginInstance struct {
 	// csi-addons and optional CSI services the plugin answers, e.g.
 	// reclaimspace.ReclaimSpaceNode, csi.v1.GroupController.
 	AddonsServices []string `protobuf:"bytes,15,rep,name=addons_services,json=addonsServices,proto3" json:"addons_services,omitempty"`
+	// The csi-addons endpoint when csi-addons is served apart from CSI (the
+	// config's csiagent.csi_addons_endpoint, or the socket a managed plugin
+	// made at $CSIADDONS_ENDPOINT); empty: on endpoint. The csi-addons
+	// services are on it, csi.v1.GroupController on endpoint.
+	AddonsEndpoint string `protobuf:"bytes,16,opt,name=addons_endpoint,json=addonsEndpoint,proto3" json:"addons_endpoint,omitempty"`
+	// From the csi-addons endpoint's identity.Identity/GetIdentity: name and
+	// version; empty when it does not serve identity.
+	AddonsIdentity string `protobuf:"bytes,17,opt,name=addons_identity,json=addonsIdentity,proto3" json:"addons_identity,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2505,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2518,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -2442,6 +2626,20 @@ func (x *PluginInstance) GetAddonsServices() []string {
 	return nil
 }
 
+func (x *PluginInstance) GetAddonsEndpoint() string {
+	if x != nil {
+		return x.AddonsEndpoint
+	}
+	return ""
+}
+
+func (x *PluginInstance) GetAddonsIdentity() string {
+	if x != nil {
+		return x.AddonsIdentity
+	}
+	return ""
+}
+
 type Volume_Source struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Type          Volume_Source_Type     `protobuf:"varint,1,opt,name=type,proto3,enum=csiagent.agent.v1.Volume_Source_Type" json:"type,omitempty"`
@@ -2452,7 +2650,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +2662,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2702,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +2714,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2555,7 +2753,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2765,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,10 +2870,11 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0eCleanupRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +
-	"\x0fCleanupResponse\"\x14\n" +
-	"\x12ListVolumesRequest\"P\n" +
+	"\x0fCleanupResponse\"9\n" +
+	"\x12ListVolumesRequest\x12#\n" +
+	"\rrefresh_stats\x18\x01 \x01(\bR\frefreshStats\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xeb\x05\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xa1\x06\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2698,7 +2897,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12\x1e\n" +
 	"\n" +
 	"reclaiming\x18\r \x01(\bR\n" +
-	"reclaiming\"\xc9\x01\n" +
+	"reclaiming\x124\n" +
+	"\x05stats\x18\x0e \x01(\v2\x1e.csiagent.agent.v1.VolumeStatsR\x05stats\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
@@ -2713,7 +2913,26 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\fNODE_UNSTAGE\x10\b\x12\x10\n" +
 	"\fNODE_PUBLISH\x10\t\x12\x12\n" +
 	"\x0eNODE_UNPUBLISH\x10\n" +
-	"\"\x8b\x02\n" +
+	"\"\xbd\x03\n" +
+	"\vVolumeStats\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
+	"\vbytes_known\x18\x02 \x01(\bR\n" +
+	"bytesKnown\x12%\n" +
+	"\x0ecapacity_bytes\x18\x03 \x01(\x03R\rcapacityBytes\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\x04 \x01(\x03R\tusedBytes\x12'\n" +
+	"\x0favailable_bytes\x18\x05 \x01(\x03R\x0eavailableBytes\x12!\n" +
+	"\finodes_known\x18\x06 \x01(\bR\vinodesKnown\x12\x16\n" +
+	"\x06inodes\x18\a \x01(\x03R\x06inodes\x12\x1f\n" +
+	"\vinodes_used\x18\b \x01(\x03R\n" +
+	"inodesUsed\x12\x1f\n" +
+	"\vinodes_free\x18\t \x01(\x03R\n" +
+	"inodesFree\x12!\n" +
+	"\fhealth_known\x18\n" +
+	" \x01(\bR\vhealthKnown\x12\x1a\n" +
+	"\babnormal\x18\v \x01(\bR\babnormal\x12\x1c\n" +
+	"\tcondition\x18\f \x01(\tR\tcondition\x12\x14\n" +
+	"\x05error\x18\r \x01(\tR\x05error\"\x8b\x02\n" +
 	"\rReclaimResult\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
@@ -2788,7 +3007,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x1e.csiagent.agent.v1.PluginStateR\x05state\x12!\n" +
 	"\fconfig_error\x18\x06 \x01(\tR\vconfigError\x12?\n" +
 	"\tinstances\x18\a \x03(\v2!.csiagent.agent.v1.PluginInstanceR\tinstances\x12:\n" +
-	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xbd\x01\n" +
+	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xee\x01\n" +
 	"\rReclaimTotals\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\bR\tscheduled\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
@@ -2796,7 +3015,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\bfailures\x18\x04 \x01(\x03R\bfailures\x12'\n" +
 	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x06 \x01(\tR\tlastError\"\xc5\x04\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\x12/\n" +
+	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\x97\x05\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
@@ -2817,7 +3037,9 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x13plugin_capabilities\x18\f \x03(\tR\x12pluginCapabilities\x12+\n" +
 	"\x11node_capabilities\x18\r \x03(\tR\x10nodeCapabilities\x12\x17\n" +
 	"\anode_id\x18\x0e \x01(\tR\x06nodeId\x12'\n" +
-	"\x0faddons_services\x18\x0f \x03(\tR\x0eaddonsServices*\xb0\x01\n" +
+	"\x0faddons_services\x18\x0f \x03(\tR\x0eaddonsServices\x12'\n" +
+	"\x0faddons_endpoint\x18\x10 \x01(\tR\x0eaddonsEndpoint\x12'\n" +
+	"\x0faddons_identity\x18\x11 \x01(\tR\x0eaddonsIdentity*\xb0\x01\n" +
 	"\vPluginState\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15PLUGIN_STATE_STARTING\x10\x01\x12\x16\n" +
@@ -2849,7 +3071,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),               // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),               // 1: csiagent.agent.v1.Volume.Mode
@@ -2869,99 +3091,102 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(*ListVolumesRequest)(nil),     // 15: csiagent.agent.v1.ListVolumesRequest
 	(*ListVolumesResponse)(nil),    // 16: csiagent.agent.v1.ListVolumesResponse
 	(*VolumeStatus)(nil),           // 17: csiagent.agent.v1.VolumeStatus
-	(*ReclaimResult)(nil),          // 18: csiagent.agent.v1.ReclaimResult
-	(*ReclaimSpaceRequest)(nil),    // 19: csiagent.agent.v1.ReclaimSpaceRequest
-	(*VolumeRef)(nil),              // 20: csiagent.agent.v1.VolumeRef
-	(*ReclaimSpaceProgress)(nil),   // 21: csiagent.agent.v1.ReclaimSpaceProgress
-	(*ReclaimSummary)(nil),         // 22: csiagent.agent.v1.ReclaimSummary
-	(*ListContainersRequest)(nil),  // 23: csiagent.agent.v1.ListContainersRequest
-	(*ListContainersResponse)(nil), // 24: csiagent.agent.v1.ListContainersResponse
-	(*ContainerStatus)(nil),        // 25: csiagent.agent.v1.ContainerStatus
-	(*ReconcileRequest)(nil),       // 26: csiagent.agent.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 27: csiagent.agent.v1.ReconcileResponse
-	(*ListPluginsRequest)(nil),     // 28: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),    // 29: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),       // 30: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),      // 31: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),            // 32: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                 // 33: csiagent.agent.v1.Plugin
-	(*ReclaimTotals)(nil),          // 34: csiagent.agent.v1.ReclaimTotals
-	(*PluginInstance)(nil),         // 35: csiagent.agent.v1.PluginInstance
-	(*Volume_Source)(nil),          // 36: csiagent.agent.v1.Volume.Source
-	nil,                            // 37: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                            // 38: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                            // 39: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),       // 40: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),           // 41: csiagent.agent.v1.Secret.Value
-	nil,                            // 42: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	(*csi.VolumeCapability)(nil),   // 43: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 45: google.protobuf.Duration
+	(*VolumeStats)(nil),            // 18: csiagent.agent.v1.VolumeStats
+	(*ReclaimResult)(nil),          // 19: csiagent.agent.v1.ReclaimResult
+	(*ReclaimSpaceRequest)(nil),    // 20: csiagent.agent.v1.ReclaimSpaceRequest
+	(*VolumeRef)(nil),              // 21: csiagent.agent.v1.VolumeRef
+	(*ReclaimSpaceProgress)(nil),   // 22: csiagent.agent.v1.ReclaimSpaceProgress
+	(*ReclaimSummary)(nil),         // 23: csiagent.agent.v1.ReclaimSummary
+	(*ListContainersRequest)(nil),  // 24: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil), // 25: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),        // 26: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),       // 27: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),      // 28: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),     // 29: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),    // 30: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),       // 31: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),      // 32: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),            // 33: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                 // 34: csiagent.agent.v1.Plugin
+	(*ReclaimTotals)(nil),          // 35: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),         // 36: csiagent.agent.v1.PluginInstance
+	(*Volume_Source)(nil),          // 37: csiagent.agent.v1.Volume.Source
+	nil,                            // 38: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                            // 39: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                            // 40: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	(*Secret_Reference)(nil),       // 41: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),           // 42: csiagent.agent.v1.Secret.Value
+	nil,                            // 43: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	(*csi.VolumeCapability)(nil),   // 44: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),  // 45: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	36, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	37, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	8,  // 2: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	43, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	37, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	38, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	39, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	44, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	38, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	39, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	40, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
 	3,  // 7: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	40, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	41, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	41, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	42, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
 	6,  // 10: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
 	12, // 11: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	17, // 12: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 13: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	44, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	44, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	18, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	44, // 17: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	45, // 18: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	20, // 19: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	20, // 20: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	18, // 21: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	22, // 22: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	25, // 23: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 24: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	12, // 25: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	42, // 26: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	33, // 27: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	32, // 28: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	33, // 29: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 30: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	35, // 31: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	34, // 32: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	0,  // 33: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	44, // 34: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	44, // 35: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 36: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	7,  // 37: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	9,  // 38: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	9,  // 39: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	28, // 40: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	30, // 41: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	28, // 42: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	10, // 43: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	13, // 44: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	15, // 45: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	23, // 46: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	26, // 47: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	19, // 48: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	29, // 49: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	31, // 50: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	29, // 51: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // 52: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	14, // 53: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	16, // 54: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	24, // 55: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	27, // 56: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	21, // 57: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	49, // [49:58] is the sub-list for method output_type
-	40, // [40:49] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	45, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	45, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	19, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	18, // 17: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	45, // 18: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	45, // 19: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	46, // 20: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	21, // 21: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	21, // 22: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	19, // 23: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	23, // 24: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	26, // 25: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 26: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	12, // 27: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	43, // 28: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	34, // 29: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	33, // 30: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	34, // 31: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 32: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	36, // 33: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	35, // 34: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	0,  // 35: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	45, // 36: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	45, // 37: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 38: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	7,  // 39: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	9,  // 40: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	9,  // 41: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	29, // 42: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	31, // 43: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	29, // 44: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	10, // 45: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	13, // 46: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	15, // 47: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	24, // 48: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	27, // 49: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	20, // 50: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	30, // 51: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	32, // 52: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	30, // 53: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	11, // 54: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	14, // 55: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	16, // 56: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	25, // 57: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	28, // 58: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	22, // 59: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	51, // [51:60] is the sub-list for method output_type
+	42, // [42:51] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -2969,7 +3194,7 @@ func file_proto_agent_v1_agent_proto_init() {
 	if File_proto_agent_v1_agent_proto != nil {
 		return
 	}
-	file_proto_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_proto_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*ReclaimSpaceRequest_Volume)(nil),
 		(*ReclaimSpaceRequest_ContainerId)(nil),
 		(*ReclaimSpaceRequest_All)(nil),
@@ -2980,7 +3205,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

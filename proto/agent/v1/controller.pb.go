@@ -885,9 +885,9 @@ func (x *ListVolumeGroupsReply) GetRestarted() bool {
 type ReplicationRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
-	// What is replicated; one is required. A volume is sent both as
-	// volume_id and as replication_source.volume (plugins read either); a
-	// group as replication_source.volumegroup.
+	// What is replicated; one is required. A volume is sent as
+	// replication_source.volume, a group as replication_source.volumegroup
+	// (the csi-addons spec reserves the requests' old volume_id field).
 	//
 	// Types that are valid to be assigned to Source:
 	//
@@ -1037,7 +1037,9 @@ type ReplicationReply struct {
 	// Resync: the plugin's ready; true for the other operations.
 	Ready bool `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
 	// GetReplicationInfo's result.
-	Info          *ReplicationInfo `protobuf:"bytes,4,opt,name=info,proto3" json:"info,omitempty"`
+	Info *ReplicationInfo `protobuf:"bytes,4,opt,name=info,proto3" json:"info,omitempty"`
+	// GetReplicationDestination's result.
+	Destination   *ReplicationDestination `protobuf:"bytes,5,opt,name=destination,proto3" json:"destination,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1100,6 +1102,76 @@ func (x *ReplicationReply) GetInfo() *ReplicationInfo {
 	return nil
 }
 
+func (x *ReplicationReply) GetDestination() *ReplicationDestination {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
+// ReplicationDestination is the peer's copy of a replicated source: one
+// volume, or a volume group and its volumes.
+type ReplicationDestination struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeGroupId string                 `protobuf:"bytes,2,opt,name=volume_group_id,json=volumeGroupId,proto3" json:"volume_group_id,omitempty"`
+	// Source volume id to the peer's volume id (groups).
+	VolumeIds     map[string]string `protobuf:"bytes,3,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationDestination) Reset() {
+	*x = ReplicationDestination{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationDestination) ProtoMessage() {}
+
+func (x *ReplicationDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationDestination.ProtoReflect.Descriptor instead.
+func (*ReplicationDestination) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReplicationDestination) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ReplicationDestination) GetVolumeGroupId() string {
+	if x != nil {
+		return x.VolumeGroupId
+	}
+	return ""
+}
+
+func (x *ReplicationDestination) GetVolumeIds() map[string]string {
+	if x != nil {
+		return x.VolumeIds
+	}
+	return nil
+}
+
 // ReplicationInfo is GetVolumeReplicationInfoResponse.
 type ReplicationInfo struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -1108,13 +1180,18 @@ type ReplicationInfo struct {
 	LastSyncDuration *durationpb.Duration `protobuf:"bytes,2,opt,name=last_sync_duration,json=lastSyncDuration,proto3" json:"last_sync_duration,omitempty"`
 	// 0 when the plugin does not report it.
 	LastSyncBytes int64 `protobuf:"varint,3,opt,name=last_sync_bytes,json=lastSyncBytes,proto3" json:"last_sync_bytes,omitempty"`
+	// The replication's health: HEALTHY, DEGRADED, ERROR, or UNKNOWN when
+	// the plugin does not say.
+	Status string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	// Why, as the plugin puts it.
+	StatusMessage string `protobuf:"bytes,5,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicationInfo) Reset() {
 	*x = ReplicationInfo{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1203,7 @@ func (x *ReplicationInfo) String() string {
 func (*ReplicationInfo) ProtoMessage() {}
 
 func (x *ReplicationInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1216,7 @@ func (x *ReplicationInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationInfo.ProtoReflect.Descriptor instead.
 func (*ReplicationInfo) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplicationInfo) GetLastSyncTime() *timestamppb.Timestamp {
@@ -1163,6 +1240,20 @@ func (x *ReplicationInfo) GetLastSyncBytes() int64 {
 	return 0
 }
 
+func (x *ReplicationInfo) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *ReplicationInfo) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
 type CreateGroupSnapshotRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
@@ -1181,7 +1272,7 @@ type CreateGroupSnapshotRequest struct {
 
 func (x *CreateGroupSnapshotRequest) Reset() {
 	*x = CreateGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1284,7 @@ func (x *CreateGroupSnapshotRequest) String() string {
 func (*CreateGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1297,7 @@ func (x *CreateGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateGroupSnapshotRequest) GetPluginName() string {
@@ -1272,7 +1363,7 @@ type GetGroupSnapshotRequest struct {
 
 func (x *GetGroupSnapshotRequest) Reset() {
 	*x = GetGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1375,7 @@ func (x *GetGroupSnapshotRequest) String() string {
 func (*GetGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *GetGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1388,7 @@ func (x *GetGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetGroupSnapshotRequest) GetPluginName() string {
@@ -1349,7 +1440,7 @@ type DeleteGroupSnapshotRequest struct {
 
 func (x *DeleteGroupSnapshotRequest) Reset() {
 	*x = DeleteGroupSnapshotRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1452,7 @@ func (x *DeleteGroupSnapshotRequest) String() string {
 func (*DeleteGroupSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1465,7 @@ func (x *DeleteGroupSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteGroupSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteGroupSnapshotRequest) GetPluginName() string {
@@ -1423,7 +1514,7 @@ type GroupSnapshotReply struct {
 
 func (x *GroupSnapshotReply) Reset() {
 	*x = GroupSnapshotReply{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1526,7 @@ func (x *GroupSnapshotReply) String() string {
 func (*GroupSnapshotReply) ProtoMessage() {}
 
 func (x *GroupSnapshotReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1539,7 @@ func (x *GroupSnapshotReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSnapshotReply.ProtoReflect.Descriptor instead.
 func (*GroupSnapshotReply) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GroupSnapshotReply) GetProgress() *Progress {
@@ -1463,6 +1554,365 @@ func (x *GroupSnapshotReply) GetGroupSnapshot() *csi.VolumeGroupSnapshot {
 		return x.GroupSnapshot
 	}
 	return nil
+}
+
+// FenceRequest is the request of the network fencing operations.
+type FenceRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// Networks such as "10.90.1.0/24" (fence and unfence: one at least).
+	Cidrs []string `protobuf:"bytes,2,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	// Opaque, passed to the plugin (e.g. the cluster id).
+	Parameters    map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *FenceRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *FenceRequest) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *FenceRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type FenceReply struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message.
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// ListFences: the fenced networks.
+	Cidrs         []string `protobuf:"bytes,3,rep,name=cidrs,proto3" json:"cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceReply) Reset() {
+	*x = FenceReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceReply) ProtoMessage() {}
+
+func (x *FenceReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceReply.ProtoReflect.Descriptor instead.
+func (*FenceReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *FenceReply) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *FenceReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *FenceReply) GetCidrs() []string {
+	if x != nil {
+		return x.Cidrs
+	}
+	return nil
+}
+
+type RotateKeyRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// A volume published on this host.
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// Opaque, passed to the plugin.
+	Parameters    map[string]string `protobuf:"bytes,3,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateKeyRequest) Reset() {
+	*x = RotateKeyRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateKeyRequest) ProtoMessage() {}
+
+func (x *RotateKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateKeyRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RotateKeyRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *RotateKeyRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *RotateKeyRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *RotateKeyRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *RotateKeyRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type ExpandVolumeRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	PluginName string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// A volume published on this host.
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The size to reach; 0: what the backend holds.
+	RequiredBytes int64             `protobuf:"varint,3,opt,name=required_bytes,json=requiredBytes,proto3" json:"required_bytes,omitempty"`
+	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpandVolumeRequest) Reset() {
+	*x = ExpandVolumeRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpandVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpandVolumeRequest) ProtoMessage() {}
+
+func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ExpandVolumeRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *ExpandVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ExpandVolumeRequest) GetRequiredBytes() int64 {
+	if x != nil {
+		return x.RequiredBytes
+	}
+	return 0
+}
+
+func (x *ExpandVolumeRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *ExpandVolumeRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type ExpandVolumeReply struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message.
+	Done bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	// The volume's size as the plugin reports it (0: not reported).
+	CapacityBytes int64 `protobuf:"varint,3,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExpandVolumeReply) Reset() {
+	*x = ExpandVolumeReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExpandVolumeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExpandVolumeReply) ProtoMessage() {}
+
+func (x *ExpandVolumeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExpandVolumeReply.ProtoReflect.Descriptor instead.
+func (*ExpandVolumeReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ExpandVolumeReply) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *ExpandVolumeReply) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ExpandVolumeReply) GetCapacityBytes() int64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
 }
 
 var File_proto_agent_v1_controller_proto protoreflect.FileDescriptor
@@ -1588,16 +2038,27 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
-	"\x06source\"\xad\x01\n" +
+	"\x06source\"\xfa\x01\n" +
 	"\x10ReplicationReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
 	"\x05ready\x18\x03 \x01(\bR\x05ready\x126\n" +
-	"\x04info\x18\x04 \x01(\v2\".csiagent.agent.v1.ReplicationInfoR\x04info\"\xc4\x01\n" +
+	"\x04info\x18\x04 \x01(\v2\".csiagent.agent.v1.ReplicationInfoR\x04info\x12K\n" +
+	"\vdestination\x18\x05 \x01(\v2).csiagent.agent.v1.ReplicationDestinationR\vdestination\"\xf4\x01\n" +
+	"\x16ReplicationDestination\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12&\n" +
+	"\x0fvolume_group_id\x18\x02 \x01(\tR\rvolumeGroupId\x12W\n" +
+	"\n" +
+	"volume_ids\x18\x03 \x03(\v28.csiagent.agent.v1.ReplicationDestination.VolumeIdsEntryR\tvolumeIds\x1a<\n" +
+	"\x0eVolumeIdsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x83\x02\n" +
 	"\x0fReplicationInfo\x12@\n" +
 	"\x0elast_sync_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\flastSyncTime\x12G\n" +
 	"\x12last_sync_duration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
-	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\"\x81\x04\n" +
+	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12%\n" +
+	"\x0estatus_message\x18\x05 \x01(\tR\rstatusMessage\"\x81\x04\n" +
 	"\x1aCreateGroupSnapshotRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x12\n" +
@@ -1637,7 +2098,56 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x12GroupSnapshotReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12B\n" +
-	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot2\xb9\v\n" +
+	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot\"\x94\x03\n" +
+	"\fFenceRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x14\n" +
+	"\x05cidrs\x18\x02 \x03(\tR\x05cidrs\x12O\n" +
+	"\n" +
+	"parameters\x18\x03 \x03(\v2/.csiagent.agent.v1.FenceRequest.ParametersEntryR\n" +
+	"parameters\x12K\n" +
+	"\asecrets\x18\x04 \x03(\v2,.csiagent.agent.v1.FenceRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"o\n" +
+	"\n" +
+	"FenceReply\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12\x14\n" +
+	"\x05cidrs\x18\x03 \x03(\tR\x05cidrs\"\xa7\x03\n" +
+	"\x10RotateKeyRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12S\n" +
+	"\n" +
+	"parameters\x18\x03 \x03(\v23.csiagent.agent.v1.RotateKeyRequest.ParametersEntryR\n" +
+	"parameters\x12O\n" +
+	"\asecrets\x18\x04 \x03(\v20.csiagent.agent.v1.RotateKeyRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x02\n" +
+	"\x13ExpandVolumeRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12%\n" +
+	"\x0erequired_bytes\x18\x03 \x01(\x03R\rrequiredBytes\x12R\n" +
+	"\asecrets\x18\x04 \x03(\v23.csiagent.agent.v1.ExpandVolumeRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\x11ExpandVolumeReply\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\x12%\n" +
+	"\x0ecapacity_bytes\x18\x03 \x01(\x03R\rcapacityBytes2\xdd\x0f\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -1650,7 +2160,14 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\rPromoteVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12^\n" +
 	"\fDemoteVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12^\n" +
 	"\fResyncVolume\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12d\n" +
-	"\x12GetReplicationInfo\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12o\n" +
+	"\x12GetReplicationInfo\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12k\n" +
+	"\x19GetReplicationDestination\x12%.csiagent.agent.v1.ReplicationRequest\x1a#.csiagent.agent.v1.ReplicationReply\"\x000\x01\x12R\n" +
+	"\fFenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12T\n" +
+	"\x0eUnfenceNetwork\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12P\n" +
+	"\n" +
+	"ListFences\x12\x1f.csiagent.agent.v1.FenceRequest\x1a\x1d.csiagent.agent.v1.FenceReply\"\x000\x01\x12W\n" +
+	"\tRotateKey\x12#.csiagent.agent.v1.RotateKeyRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12`\n" +
+	"\fExpandVolume\x12&.csiagent.agent.v1.ExpandVolumeRequest\x1a$.csiagent.agent.v1.ExpandVolumeReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
 	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
@@ -1668,7 +2185,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -1683,101 +2200,137 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*ListVolumeGroupsReply)(nil),      // 10: csiagent.agent.v1.ListVolumeGroupsReply
 	(*ReplicationRequest)(nil),         // 11: csiagent.agent.v1.ReplicationRequest
 	(*ReplicationReply)(nil),           // 12: csiagent.agent.v1.ReplicationReply
-	(*ReplicationInfo)(nil),            // 13: csiagent.agent.v1.ReplicationInfo
-	(*CreateGroupSnapshotRequest)(nil), // 14: csiagent.agent.v1.CreateGroupSnapshotRequest
-	(*GetGroupSnapshotRequest)(nil),    // 15: csiagent.agent.v1.GetGroupSnapshotRequest
-	(*DeleteGroupSnapshotRequest)(nil), // 16: csiagent.agent.v1.DeleteGroupSnapshotRequest
-	(*GroupSnapshotReply)(nil),         // 17: csiagent.agent.v1.GroupSnapshotReply
-	nil,                                // 18: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 19: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 20: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 21: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 22: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 23: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 24: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 25: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 26: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 27: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 28: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 29: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 30: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 31: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 32: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 33: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 34: csi.v1.VolumeGroupSnapshot
+	(*ReplicationDestination)(nil),     // 13: csiagent.agent.v1.ReplicationDestination
+	(*ReplicationInfo)(nil),            // 14: csiagent.agent.v1.ReplicationInfo
+	(*CreateGroupSnapshotRequest)(nil), // 15: csiagent.agent.v1.CreateGroupSnapshotRequest
+	(*GetGroupSnapshotRequest)(nil),    // 16: csiagent.agent.v1.GetGroupSnapshotRequest
+	(*DeleteGroupSnapshotRequest)(nil), // 17: csiagent.agent.v1.DeleteGroupSnapshotRequest
+	(*GroupSnapshotReply)(nil),         // 18: csiagent.agent.v1.GroupSnapshotReply
+	(*FenceRequest)(nil),               // 19: csiagent.agent.v1.FenceRequest
+	(*FenceReply)(nil),                 // 20: csiagent.agent.v1.FenceReply
+	(*RotateKeyRequest)(nil),           // 21: csiagent.agent.v1.RotateKeyRequest
+	(*ExpandVolumeRequest)(nil),        // 22: csiagent.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeReply)(nil),          // 23: csiagent.agent.v1.ExpandVolumeReply
+	nil,                                // 24: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 25: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 26: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 27: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 28: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 29: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 30: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 31: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 32: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 33: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 34: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 35: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 36: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	nil,                                // 38: csiagent.agent.v1.FenceRequest.ParametersEntry
+	nil,                                // 39: csiagent.agent.v1.FenceRequest.SecretsEntry
+	nil,                                // 40: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	nil,                                // 41: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	nil,                                // 42: csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 44: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 46: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	31, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	31, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	31, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	43, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	43, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	43, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	31, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	43, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	18, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	19, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	24, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	25, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	20, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	21, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	26, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	27, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	22, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	28, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	23, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	29, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	32, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	24, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	44, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	30, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	32, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	25, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	26, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	44, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	31, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	32, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
-	13, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
-	33, // 27: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	31, // 28: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	27, // 29: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	28, // 30: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	1,  // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	29, // 32: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	1,  // 33: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	30, // 34: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	1,  // 35: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	2,  // 36: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	34, // 37: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	4,  // 38: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 39: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 40: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 41: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 42: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 43: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 44: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 45: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 46: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 47: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 48: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	14, // 49: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	15, // 50: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	16, // 51: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 52: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 53: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 54: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 55: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 56: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 57: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 58: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 59: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 60: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 61: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 62: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	17, // 63: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	17, // 64: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 65: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
+	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
+	33, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	45, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	43, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	34, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	35, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	36, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	37, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
+	46, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	38, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
+	39, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
+	1,  // 42: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 43: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
+	40, // 44: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	41, // 45: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	1,  // 46: csiagent.agent.v1.RotateKeyRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	42, // 47: csiagent.agent.v1.ExpandVolumeRequest.secrets:type_name -> csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	1,  // 48: csiagent.agent.v1.ExpandVolumeRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 49: csiagent.agent.v1.ExpandVolumeReply.progress:type_name -> csiagent.agent.v1.Progress
+	4,  // 50: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 51: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 52: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 53: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 54: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 55: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 56: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 57: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 58: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 59: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 60: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 61: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	19, // 62: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 63: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	19, // 64: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
+	21, // 65: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
+	22, // 66: csiagent.agent.v1.Controller.ExpandVolume:input_type -> csiagent.agent.v1.ExpandVolumeRequest
+	15, // 67: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 68: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 69: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	8,  // 70: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 71: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 72: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 73: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 74: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 75: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 76: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 77: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 78: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 79: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 80: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 81: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	20, // 82: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 83: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	20, // 84: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
+	3,  // 85: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
+	23, // 86: csiagent.agent.v1.Controller.ExpandVolume:output_type -> csiagent.agent.v1.ExpandVolumeReply
+	18, // 87: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 88: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 89: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	70, // [70:90] is the sub-list for method output_type
+	50, // [50:70] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -1795,7 +2348,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

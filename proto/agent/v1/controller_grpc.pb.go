@@ -37,20 +37,26 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Controller_CreateVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/CreateVolumeGroup"
-	Controller_ModifyVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/ModifyVolumeGroup"
-	Controller_DeleteVolumeGroup_FullMethodName   = "/csiagent.agent.v1.Controller/DeleteVolumeGroup"
-	Controller_GetVolumeGroup_FullMethodName      = "/csiagent.agent.v1.Controller/GetVolumeGroup"
-	Controller_ListVolumeGroups_FullMethodName    = "/csiagent.agent.v1.Controller/ListVolumeGroups"
-	Controller_EnableReplication_FullMethodName   = "/csiagent.agent.v1.Controller/EnableReplication"
-	Controller_DisableReplication_FullMethodName  = "/csiagent.agent.v1.Controller/DisableReplication"
-	Controller_PromoteVolume_FullMethodName       = "/csiagent.agent.v1.Controller/PromoteVolume"
-	Controller_DemoteVolume_FullMethodName        = "/csiagent.agent.v1.Controller/DemoteVolume"
-	Controller_ResyncVolume_FullMethodName        = "/csiagent.agent.v1.Controller/ResyncVolume"
-	Controller_GetReplicationInfo_FullMethodName  = "/csiagent.agent.v1.Controller/GetReplicationInfo"
-	Controller_CreateGroupSnapshot_FullMethodName = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
-	Controller_GetGroupSnapshot_FullMethodName    = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
-	Controller_DeleteGroupSnapshot_FullMethodName = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
+	Controller_CreateVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/CreateVolumeGroup"
+	Controller_ModifyVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/ModifyVolumeGroup"
+	Controller_DeleteVolumeGroup_FullMethodName         = "/csiagent.agent.v1.Controller/DeleteVolumeGroup"
+	Controller_GetVolumeGroup_FullMethodName            = "/csiagent.agent.v1.Controller/GetVolumeGroup"
+	Controller_ListVolumeGroups_FullMethodName          = "/csiagent.agent.v1.Controller/ListVolumeGroups"
+	Controller_EnableReplication_FullMethodName         = "/csiagent.agent.v1.Controller/EnableReplication"
+	Controller_DisableReplication_FullMethodName        = "/csiagent.agent.v1.Controller/DisableReplication"
+	Controller_PromoteVolume_FullMethodName             = "/csiagent.agent.v1.Controller/PromoteVolume"
+	Controller_DemoteVolume_FullMethodName              = "/csiagent.agent.v1.Controller/DemoteVolume"
+	Controller_ResyncVolume_FullMethodName              = "/csiagent.agent.v1.Controller/ResyncVolume"
+	Controller_GetReplicationInfo_FullMethodName        = "/csiagent.agent.v1.Controller/GetReplicationInfo"
+	Controller_GetReplicationDestination_FullMethodName = "/csiagent.agent.v1.Controller/GetReplicationDestination"
+	Controller_FenceNetwork_FullMethodName              = "/csiagent.agent.v1.Controller/FenceNetwork"
+	Controller_UnfenceNetwork_FullMethodName            = "/csiagent.agent.v1.Controller/UnfenceNetwork"
+	Controller_ListFences_FullMethodName                = "/csiagent.agent.v1.Controller/ListFences"
+	Controller_RotateKey_FullMethodName                 = "/csiagent.agent.v1.Controller/RotateKey"
+	Controller_ExpandVolume_FullMethodName              = "/csiagent.agent.v1.Controller/ExpandVolume"
+	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
+	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
+	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -95,6 +101,23 @@ type ControllerClient interface {
 	ResyncVolume(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
 	// GetReplicationInfo calls GetVolumeReplicationInfo.
 	GetReplicationInfo(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
+	// GetReplicationDestination calls GetReplicationDestinationInfo.
+	GetReplicationDestination(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error)
+	// FenceNetwork calls fence.FenceController/FenceClusterNetwork: the
+	// CIDRs lose access to the plugin's storage (disaster recovery).
+	FenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// UnfenceNetwork calls UnfenceClusterNetwork: the CIDRs get access back.
+	UnfenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// ListFences calls ListClusterFence (cidrs must be empty).
+	ListFences(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error)
+	// RotateKey calls encryptionkeyrotation.EncryptionKeyRotationController/
+	// EncryptionKeyRotate on the node plugin for a volume published on this
+	// host (its target path as volume_path).
+	RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
+	// ExpandVolume calls NodeExpandVolume for a volume published on this host
+	// (plugins with the EXPAND_VOLUME node capability): the node grows the
+	// device and filesystem to what the backend now holds, online.
+	ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExpandVolumeReply], error)
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -325,9 +348,123 @@ func (c *controllerClient) GetReplicationInfo(ctx context.Context, in *Replicati
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationInfoClient = grpc.ServerStreamingClient[ReplicationReply]
 
+func (c *controllerClient) GetReplicationDestination(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicationReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[11], Controller_GetReplicationDestination_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicationRequest, ReplicationReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_GetReplicationDestinationClient = grpc.ServerStreamingClient[ReplicationReply]
+
+func (c *controllerClient) FenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_FenceNetwork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_FenceNetworkClient = grpc.ServerStreamingClient[FenceReply]
+
+func (c *controllerClient) UnfenceNetwork(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_UnfenceNetwork_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_UnfenceNetworkClient = grpc.ServerStreamingClient[FenceReply]
+
+func (c *controllerClient) ListFences(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FenceReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[14], Controller_ListFences_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FenceRequest, FenceReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ListFencesClient = grpc.ServerStreamingClient[FenceReply]
+
+func (c *controllerClient) RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[15], Controller_RotateKey_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RotateKeyRequest, OperationReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_RotateKeyClient = grpc.ServerStreamingClient[OperationReply]
+
+func (c *controllerClient) ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExpandVolumeReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[16], Controller_ExpandVolume_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExpandVolumeRequest, ExpandVolumeReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ExpandVolumeClient = grpc.ServerStreamingClient[ExpandVolumeReply]
+
 func (c *controllerClient) CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[11], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[17], Controller_CreateGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +483,7 @@ type Controller_CreateGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnap
 
 func (c *controllerClient) GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[12], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[18], Controller_GetGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -365,7 +502,7 @@ type Controller_GetGroupSnapshotClient = grpc.ServerStreamingClient[GroupSnapsho
 
 func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[13], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[19], Controller_DeleteGroupSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -424,6 +561,23 @@ type ControllerServer interface {
 	ResyncVolume(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
 	// GetReplicationInfo calls GetVolumeReplicationInfo.
 	GetReplicationInfo(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
+	// GetReplicationDestination calls GetReplicationDestinationInfo.
+	GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error
+	// FenceNetwork calls fence.FenceController/FenceClusterNetwork: the
+	// CIDRs lose access to the plugin's storage (disaster recovery).
+	FenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// UnfenceNetwork calls UnfenceClusterNetwork: the CIDRs get access back.
+	UnfenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// ListFences calls ListClusterFence (cidrs must be empty).
+	ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error
+	// RotateKey calls encryptionkeyrotation.EncryptionKeyRotationController/
+	// EncryptionKeyRotate on the node plugin for a volume published on this
+	// host (its target path as volume_path).
+	RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error
+	// ExpandVolume calls NodeExpandVolume for a volume published on this host
+	// (plugins with the EXPAND_VOLUME node capability): the node grows the
+	// device and filesystem to what the backend now holds, online.
+	ExpandVolume(*ExpandVolumeRequest, grpc.ServerStreamingServer[ExpandVolumeReply]) error
 	// CreateGroupSnapshot calls csi.v1.GroupController/CreateVolumeGroupSnapshot
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
@@ -477,6 +631,24 @@ func (UnimplementedControllerServer) ResyncVolume(*ReplicationRequest, grpc.Serv
 }
 func (UnimplementedControllerServer) GetReplicationInfo(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error {
 	return status.Error(codes.Unimplemented, "method GetReplicationInfo not implemented")
+}
+func (UnimplementedControllerServer) GetReplicationDestination(*ReplicationRequest, grpc.ServerStreamingServer[ReplicationReply]) error {
+	return status.Error(codes.Unimplemented, "method GetReplicationDestination not implemented")
+}
+func (UnimplementedControllerServer) FenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method FenceNetwork not implemented")
+}
+func (UnimplementedControllerServer) UnfenceNetwork(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method UnfenceNetwork not implemented")
+}
+func (UnimplementedControllerServer) ListFences(*FenceRequest, grpc.ServerStreamingServer[FenceReply]) error {
+	return status.Error(codes.Unimplemented, "method ListFences not implemented")
+}
+func (UnimplementedControllerServer) RotateKey(*RotateKeyRequest, grpc.ServerStreamingServer[OperationReply]) error {
+	return status.Error(codes.Unimplemented, "method RotateKey not implemented")
+}
+func (UnimplementedControllerServer) ExpandVolume(*ExpandVolumeRequest, grpc.ServerStreamingServer[ExpandVolumeReply]) error {
+	return status.Error(codes.Unimplemented, "method ExpandVolume not implemented")
 }
 func (UnimplementedControllerServer) CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error {
 	return status.Error(codes.Unimplemented, "method CreateGroupSnapshot not implemented")
@@ -629,6 +801,72 @@ func _Controller_GetReplicationInfo_Handler(srv interface{}, stream grpc.ServerS
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_GetReplicationInfoServer = grpc.ServerStreamingServer[ReplicationReply]
 
+func _Controller_GetReplicationDestination_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReplicationRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).GetReplicationDestination(m, &grpc.GenericServerStream[ReplicationRequest, ReplicationReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_GetReplicationDestinationServer = grpc.ServerStreamingServer[ReplicationReply]
+
+func _Controller_FenceNetwork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).FenceNetwork(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_FenceNetworkServer = grpc.ServerStreamingServer[FenceReply]
+
+func _Controller_UnfenceNetwork_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).UnfenceNetwork(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_UnfenceNetworkServer = grpc.ServerStreamingServer[FenceReply]
+
+func _Controller_ListFences_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).ListFences(m, &grpc.GenericServerStream[FenceRequest, FenceReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ListFencesServer = grpc.ServerStreamingServer[FenceReply]
+
+func _Controller_RotateKey_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(RotateKeyRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).RotateKey(m, &grpc.GenericServerStream[RotateKeyRequest, OperationReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_RotateKeyServer = grpc.ServerStreamingServer[OperationReply]
+
+func _Controller_ExpandVolume_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExpandVolumeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).ExpandVolume(m, &grpc.GenericServerStream[ExpandVolumeRequest, ExpandVolumeReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_ExpandVolumeServer = grpc.ServerStreamingServer[ExpandVolumeReply]
+
 func _Controller_CreateGroupSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(CreateGroupSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -723,6 +961,36 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetReplicationInfo",
 			Handler:       _Controller_GetReplicationInfo_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "GetReplicationDestination",
+			Handler:       _Controller_GetReplicationDestination_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FenceNetwork",
+			Handler:       _Controller_FenceNetwork_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "UnfenceNetwork",
+			Handler:       _Controller_UnfenceNetwork_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ListFences",
+			Handler:       _Controller_ListFences_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "RotateKey",
+			Handler:       _Controller_RotateKey_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ExpandVolume",
+			Handler:       _Controller_ExpandVolume_Handler,
 			ServerStreams: true,
 		},
 		{

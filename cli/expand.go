@@ -1,0 +1,45 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/pflag"
+
+	"github.com/csiagent/csiagent/loopplugin"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// expandCmd is csi-agent expand: NodeExpandVolume for a volume published
+// on this host, after it was grown on the backend.
+func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
+	volume := fs.String("volume", "", "the volume id (published on this host)")
+	size := fs.String("size", "", "the size to reach, e.g. 2GiB (default: what the backend holds)")
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *volume == "" {
+			return usageError("--volume is required")
+		}
+		var required int64
+		if *size != "" {
+			n, err := loopplugin.ParseSize(*size)
+			if err != nil {
+				return usageError(fmt.Sprintf("--size: %v", err))
+			}
+			required = n
+		}
+		stream, err := client.ExpandVolume(ctx, &agentv1.ExpandVolumeRequest{PluginName: c.plugin, VolumeId: *volume, RequiredBytes: required, Secrets: c.secrets, Retry: c.retry})
+		res, err := follow(c, stream, err)
+		if err != nil {
+			return err
+		}
+		if c.output == "json" {
+			return printJSON(c.e.stdout, res)
+		}
+		if n := res.GetCapacityBytes(); n > 0 {
+			fmt.Fprintf(c.e.stdout, "volume %s: expanded to %s\n", *volume, bytesHuman(n))
+		} else {
+			fmt.Fprintf(c.e.stdout, "volume %s: expanded\n", *volume)
+		}
+		return nil
+	})
+}

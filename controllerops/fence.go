@@ -1,0 +1,101 @@
+package controllerops
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/proto/fence"
+)
+
+// FenceService is the csi-addons network fencing service, as discovery
+// names it.
+const FenceService = "fence.FenceController"
+
+// fenceSpec is a fence.FenceController RPC's error table (upstream
+// fence/README.md: one table for every RPC; the rest is the general
+// scheme).
+func fenceSpec(method string) rpcSpec {
+	return rpcSpec{service: FenceService, method: method, table: map[codes.Code]recovery{
+		codes.InvalidArgument: {false, "a required field is missing, or a field is not allowed by the plugin or invalid: fix the request (CIDRs, parameters)"},
+	}}
+}
+
+func fenceProgress(p *agentv1.Progress) *agentv1.FenceReply { return &agentv1.FenceReply{Progress: p} }
+
+// cidrs validates and normalises the request's CIDRs.
+func cidrs(in []string, required bool) ([]*fence.CIDR, error) {
+	if required && len(in) == 0 {
+		return nil, invalid("cidrs is required: the networks to fence or unfence, e.g. 10.90.1.0/24")
+	}
+	var out []*fence.CIDR
+	for _, c := range in {
+		p, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			return nil, invalid("cidr %q: %v", c, err)
+		}
+		out = append(out, &fence.CIDR{Cidr: p.Masked().String()})
+	}
+	return out, nil
+}
+
+func (s *Server) FenceNetwork(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {
+	return s.fenceOp(req, stream, "FenceNetwork", "FenceClusterNetwork", func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error {
+		_, err := c.FenceClusterNetwork(ctx, &fence.FenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
+		return err
+	})
+}
+
+func (s *Server) UnfenceNetwork(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {
+	return s.fenceOp(req, stream, "UnfenceNetwork", "UnfenceClusterNetwork", func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error {
+		_, err := c.UnfenceClusterNetwork(ctx, &fence.UnfenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
+		return err
+	})
+}
+
+// fenceOp runs FenceClusterNetwork or UnfenceClusterNetwork, one fencing
+// operation per plugin at a time.
+func (s *Server) fenceOp(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply], method, rpc string,
+	call func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error) error {
+	return serve(s, method, req, stream, fenceProgress, func(ctx context.Context, o *op) error {
+		cs, err := cidrs(req.GetCidrs(), true)
+		if err != nil {
+			return err
+		}
+		return o.withLock(ctx, "network fence", "", func() error {
+			if err := o.invoke(ctx, fenceSpec(rpc), req, func(ctx context.Context, conn *grpc.ClientConn) error {
+				return call(ctx, fence.NewFenceControllerClient(conn), cs)
+			}); err != nil {
+				return err
+			}
+			return stream.Send(&agentv1.FenceReply{Done: true})
+		})
+	})
+}
+
+func (s *Server) ListFences(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {
+	return serve(s, "ListFences", req, stream, fenceProgress, func(ctx context.Context, o *op) error {
+		if len(req.GetCidrs()) > 0 {
+			return invalid("cidrs must be empty: ListClusterFence lists every fenced network")
+		}
+		preq := &fence.ListClusterFenceRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
+		var resp *fence.ListClusterFenceResponse
+		if err := o.invoke(ctx, fenceSpec("ListClusterFence"), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+			resp, err = fence.NewFenceControllerClient(conn).ListClusterFence(ctx, preq)
+			return err
+		}); err != nil {
+			return err
+		}
+		var out []string
+		for _, c := range resp.GetCidrs() {
+			out = append(out, c.GetCidr())
+		}
+		slices.Sort(out)
+		return stream.Send(&agentv1.FenceReply{Done: true, Cidrs: out})
+	})
+}

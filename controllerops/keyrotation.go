@@ -1,0 +1,50 @@
+package controllerops
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
+)
+
+// KeyRotationService is the csi-addons key rotation service, as discovery
+// names it. Node plugins serve it.
+const KeyRotationService = "encryptionkeyrotation.EncryptionKeyRotationController"
+
+// keyRotateSpec is EncryptionKeyRotate's error table (upstream
+// encryptionkeyrotation/README.md).
+func keyRotateSpec() rpcSpec {
+	return rpcSpec{service: KeyRotationService, method: "EncryptionKeyRotate", node: true, table: map[codes.Code]recovery{
+		codes.InvalidArgument: {false, "a required field is missing: fix the request"},
+		codes.NotFound:        {true, "the plugin does not know the volume: verify the id and that it has not been deleted"},
+	}}
+}
+
+// RotateKey rotates the encryption key of a volume published on this host,
+// one operation per volume at a time.
+func (s *Server) RotateKey(req *agentv1.RotateKeyRequest, stream grpc.ServerStreamingServer[agentv1.OperationReply]) error {
+	return serve(s, "RotateKey", req, stream, operationProgress, func(ctx context.Context, o *op) error {
+		id := req.GetVolumeId()
+		if id == "" {
+			return invalid("volume_id is required: a volume published on this host")
+		}
+		pv, ok := s.plugins.Published(o.plugin, id)
+		if !ok {
+			return status.Errorf(codes.FailedPrecondition, "volume %s of plugin %s is not published on this host: its key is rotated where it is published", id, o.plugin)
+		}
+		return o.withLock(ctx, "volume", id, func() error {
+			preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
+			if err := o.invoke(ctx, keyRotateSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := ekr.NewEncryptionKeyRotationControllerClient(conn).EncryptionKeyRotate(ctx, preq)
+				return err
+			}); err != nil {
+				return err
+			}
+			return stream.Send(&agentv1.OperationReply{Done: true})
+		})
+	})
+}

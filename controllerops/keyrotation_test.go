@@ -1,0 +1,122 @@
+package controllerops
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
+)
+
+// fakeRotator answers EncryptionKeyRotate with the scripted codes, then OK.
+type fakeRotator struct {
+	ekr.UnimplementedEncryptionKeyRotationControllerServer
+	mu     sync.Mutex
+	script []codes.Code
+	reqs   []*ekr.EncryptionKeyRotateRequest
+}
+
+func (f *fakeRotator) EncryptionKeyRotate(_ context.Context, req *ekr.EncryptionKeyRotateRequest) (*ekr.EncryptionKeyRotateResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reqs = append(f.reqs, req)
+	if len(f.script) > 0 {
+		c := f.script[0]
+		f.script = f.script[1:]
+		return nil, status.Error(c, "scripted")
+	}
+	return &ekr.EncryptionKeyRotateResponse{}, nil
+}
+
+// fakePlugins serves one node connection and one published volume.
+type fakePlugins struct {
+	conn *grpc.ClientConn
+}
+
+func (p fakePlugins) ControllerConn(context.Context, string, string) (*grpc.ClientConn, error) {
+	return nil, status.Error(codes.FailedPrecondition, "no controller")
+}
+func (p fakePlugins) NodeConn(context.Context, string, string) (*grpc.ClientConn, error) {
+	return p.conn, nil
+}
+func (p fakePlugins) Offers(string, string) bool { return true }
+func (p fakePlugins) LogDir(string) string       { return "" }
+func (p fakePlugins) Published(plugin, id string) (PublishedVolume, bool) {
+	return PublishedVolume{TargetPath: "/var/lib/target/" + id}, plugin == "p" && id == "v1"
+}
+func (p fakePlugins) NodeCapabilities(string) []string { return []string{"EXPAND_VOLUME"} }
+
+func serveUnix(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	register(srv)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestRotateKey: the published volume's path is sent; Aborted is retried
+// (the spec's table), NotFound for a volume not published is refused
+// before any call, InvalidArgument is not retried.
+func TestRotateKey(t *testing.T) {
+	rot := &fakeRotator{script: []codes.Code{codes.Aborted}}
+	node := serveUnix(t, func(s *grpc.Server) { ekr.RegisterEncryptionKeyRotationControllerServer(s, rot) })
+	api := agentv1.NewControllerClient(serveUnix(t, func(s *grpc.Server) {
+		agentv1.RegisterControllerServer(s, New(fakePlugins{node}, slog.New(slog.DiscardHandler)))
+	}))
+	retry := &agentv1.RetryPolicy{InitialBackoff: durationpb.New(10 * time.Millisecond)}
+	run := func(req *agentv1.RotateKeyRequest) (progress int, err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stream, err := api.RotateKey(ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return progress, nil
+			}
+			if err != nil {
+				return progress, err
+			}
+			if m.GetProgress() != nil {
+				progress++
+			}
+		}
+	}
+	n, err := run(&agentv1.RotateKeyRequest{PluginName: "p", VolumeId: "v1", Secrets: map[string]string{"k": "v"}, Retry: retry})
+	if err != nil || n != 1 || len(rot.reqs) != 2 || rot.reqs[1].GetVolumePath() != "/var/lib/target/v1" || rot.reqs[1].GetSecrets()["k"] != "v" {
+		t.Fatalf("rotate: %d progress, %v; plugin got %v", n, err, rot.reqs)
+	}
+	if _, err := run(&agentv1.RotateKeyRequest{PluginName: "p", VolumeId: "v2", Retry: retry}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("a volume not published here: %v, want FailedPrecondition", err)
+	}
+	rot.script = []codes.Code{codes.InvalidArgument}
+	if _, err := run(&agentv1.RotateKeyRequest{PluginName: "p", VolumeId: "v1", Retry: retry}); status.Code(err) != codes.InvalidArgument || len(rot.reqs) != 3 {
+		t.Errorf("InvalidArgument: %v after %d calls, want not retried", err, len(rot.reqs))
+	}
+}

@@ -1,0 +1,139 @@
+package controllerops
+
+import (
+	"context"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/csiagent/csiagent/internal/redact"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// The csi-addons and CSI services the controller operations call, as
+// discovery names them.
+const (
+	VolumeGroupService     = "volumegroup.Controller"
+	ReplicationService     = "replication.Controller"
+	GroupControllerService = "csi.v1.GroupController"
+)
+
+// Plugins is what the operations need of the daemon's plugin set.
+type Plugins interface {
+	// ControllerConn waits (until ctx ends) for the plugin's controller
+	// and returns the connection that serves service (one of the *Service
+	// names): csi-addons may be served on an endpoint of its own. Its
+	// errors are status errors; Unavailable is retried.
+	ControllerConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	// Offers reports whether discovery found service on the plugin.
+	Offers(plugin, service string) bool
+	// LogDir is where the plugin's logs are, "" when the agent keeps none.
+	LogDir(plugin string) string
+	// NodeConn is ControllerConn for the plugin's node service.
+	NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	// Published is where a volume published on this host is; false when
+	// it is not published here.
+	Published(plugin, volumeID string) (PublishedVolume, bool)
+	// NodeCapabilities are the node capabilities discovery found, e.g.
+	// EXPAND_VOLUME.
+	NodeCapabilities(plugin string) []string
+}
+
+// PublishedVolume is where a volume is published on this host.
+type PublishedVolume struct {
+	TargetPath, StagingPath string
+	Block                   bool
+}
+
+// Server is the Controller API service.
+type Server struct {
+	agentv1.UnimplementedControllerServer
+	plugins Plugins
+	log     *slog.Logger
+	// locks keeps one operation in flight per plugin object.
+	locks keyedLocks
+}
+
+var _ agentv1.ControllerServer = (*Server)(nil)
+
+// New returns the Controller API service over plugins, logging to log.
+func New(plugins Plugins, log *slog.Logger) *Server {
+	return &Server{plugins: plugins, log: log}
+}
+
+// request is what every Controller API request carries.
+type request interface {
+	proto.Message
+	GetPluginName() string
+	GetRetry() *agentv1.RetryPolicy
+}
+
+// serve runs one API operation: it validates the plugin name and retry
+// policy, logs the request (secrets stripped), bounds the operation by the
+// policy's timeout, runs body with progress sent on stream (wrapped by
+// wrap), and logs how it ended, always returning a status error.
+func serve[Reply any](s *Server, method string, req request, stream grpc.ServerStreamingServer[Reply],
+	wrap func(*agentv1.Progress) *Reply, body func(ctx context.Context, o *op) error) error {
+	plugin := req.GetPluginName()
+	if plugin == "" {
+		return status.Error(codes.InvalidArgument, "plugin_name is required: the plugin's type, as 'csi-agent plugins' lists it")
+	}
+	rp, err := parseRetryPolicy(req.GetRetry())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	log := s.log.With("method", method, "plugin", plugin)
+	log.Info("controller operation", "request", redact.Value(req))
+	ctx, cancel := context.WithTimeout(stream.Context(), rp.timeout)
+	defer cancel()
+	o := &op{s: s, plugin: plugin, policy: rp, progress: func(p *agentv1.Progress) error { return stream.Send(wrap(p)) }}
+	err = body(ctx, o)
+	if err == nil {
+		log.Info("controller operation done")
+		return nil
+	}
+	err = asStatus(err)
+	log.Warn("controller operation failed", "code", status.Code(err), "error", status.Convert(err).Message())
+	return err
+}
+
+// asStatus keeps status errors; a context's end becomes its code, anything
+// else Internal (never Unknown).
+func asStatus(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if st := status.FromContextError(err); st.Code() != codes.Unknown {
+		return st.Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, args...)
+}
+
+// The progress messages of each reply type.
+
+func operationProgress(p *agentv1.Progress) *agentv1.OperationReply {
+	return &agentv1.OperationReply{Progress: p}
+}
+
+func volumeGroupProgress(p *agentv1.Progress) *agentv1.VolumeGroupReply {
+	return &agentv1.VolumeGroupReply{Progress: p}
+}
+
+func listProgress(p *agentv1.Progress) *agentv1.ListVolumeGroupsReply {
+	return &agentv1.ListVolumeGroupsReply{Progress: p}
+}
+
+func replicationProgress(p *agentv1.Progress) *agentv1.ReplicationReply {
+	return &agentv1.ReplicationReply{Progress: p}
+}
+
+func groupSnapshotProgress(p *agentv1.Progress) *agentv1.GroupSnapshotReply {
+	return &agentv1.GroupSnapshotReply{Progress: p}
+}
