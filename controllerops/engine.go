@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,23 +16,17 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/csiagent/csiagent/internal/redact"
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// Controller operations: RetryPolicy defaults and limits, and per-call
-// bounds. Which codes are retried is decided per RPC by its spec's error
+// Controller operations: per-call bounds (the RetryPolicy defaults and
+// limits are internal/retrypolicy's). Which codes are retried is decided per RPC by its spec's error
 // table (rpcSpec.recovery): Unavailable, DeadlineExceeded and Aborted
 // always; NotFound, FailedPrecondition and ResourceExhausted where the
 // table says to retry with exponential backoff; never Unimplemented,
 // InvalidArgument, Unauthenticated, PermissionDenied or Unknown.
 const (
-	defaultCtrlAttempts   = 5
-	maxCtrlAttempts       = 100
-	defaultCtrlBackoff    = 500 * time.Millisecond
-	minCtrlBackoff        = 10 * time.Millisecond
-	defaultCtrlMaxBackoff = 30 * time.Second
-	defaultCtrlTimeout    = 10 * time.Minute
-	maxCtrlTimeout        = 24 * time.Hour
 	// ctrlCallTimeout bounds each controller RPC; a call that runs out is
 	// DeadlineExceeded, which is retried.
 	ctrlCallTimeout = 2 * time.Minute
@@ -102,13 +95,13 @@ type retryPolicy struct {
 }
 
 func parseRetryPolicy(p *agentv1.RetryPolicy) (retryPolicy, error) {
-	rp := retryPolicy{attempts: defaultCtrlAttempts, initial: defaultCtrlBackoff, max: defaultCtrlMaxBackoff, timeout: defaultCtrlTimeout}
+	rp := retryPolicy{attempts: retrypolicy.DefaultAttempts, initial: retrypolicy.DefaultBackoff, max: retrypolicy.DefaultMaxBackoff, timeout: retrypolicy.DefaultTimeout}
 	if p == nil {
 		return rp, nil
 	}
 	if n := p.GetMaxAttempts(); n > 0 {
-		if n > maxCtrlAttempts {
-			return rp, fmt.Errorf("retry.max_attempts %d: at most %d", n, maxCtrlAttempts)
+		if n > retrypolicy.MaxAttempts {
+			return rp, fmt.Errorf("retry.max_attempts %d: at most %d", n, retrypolicy.MaxAttempts)
 		}
 		rp.attempts = int(n)
 	}
@@ -129,13 +122,13 @@ func parseRetryPolicy(p *agentv1.RetryPolicy) (retryPolicy, error) {
 		*into = v
 		return nil
 	}
-	if err := dur("initial_backoff", p.GetInitialBackoff(), minCtrlBackoff, maxCtrlTimeout, &rp.initial); err != nil {
+	if err := dur("initial_backoff", p.GetInitialBackoff(), retrypolicy.MinBackoff, retrypolicy.MaxTimeout, &rp.initial); err != nil {
 		return rp, err
 	}
-	if err := dur("max_backoff", p.GetMaxBackoff(), minCtrlBackoff, maxCtrlTimeout, &rp.max); err != nil {
+	if err := dur("max_backoff", p.GetMaxBackoff(), retrypolicy.MinBackoff, retrypolicy.MaxTimeout, &rp.max); err != nil {
 		return rp, err
 	}
-	if err := dur("timeout", p.GetTimeout(), time.Millisecond, maxCtrlTimeout, &rp.timeout); err != nil {
+	if err := dur("timeout", p.GetTimeout(), time.Millisecond, retrypolicy.MaxTimeout, &rp.timeout); err != nil {
 		return rp, err
 	}
 	rp.max = max(rp.max, rp.initial)
@@ -153,46 +146,6 @@ func (p retryPolicy) backoff(n int) time.Duration {
 	return d + rand.N(d/10+1)
 }
 
-// keyedLocks serialises operations per key. The zero value is ready.
-type keyedLocks struct {
-	mu   sync.Mutex
-	held map[string]chan struct{}
-}
-
-// lock takes key's lock, calling waiting once first if another holder
-// has it. A waiter whose ctx ends gets ctx.Err().
-func (k *keyedLocks) lock(ctx context.Context, key string, waiting func()) (unlock func(), err error) {
-	for {
-		k.mu.Lock()
-		if k.held == nil {
-			k.held = map[string]chan struct{}{}
-		}
-		busy, ok := k.held[key]
-		if !ok {
-			done := make(chan struct{})
-			k.held[key] = done
-			k.mu.Unlock()
-			return func() {
-				k.mu.Lock()
-				delete(k.held, key)
-				k.mu.Unlock()
-				close(done)
-			}, nil
-		}
-		k.mu.Unlock()
-		if waiting != nil {
-			waiting()
-			waiting = nil
-		}
-		select {
-		case <-busy:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// ctrlOp is one operation on one plugin: its policy, progress sink and
 // op is one operation on one plugin: its policy and progress sink.
 type op struct {
 	s        *Server
@@ -205,7 +158,7 @@ type op struct {
 // WAITING progress if another operation holds it.
 func (o *op) withLock(ctx context.Context, kind, id string, f func() error) error {
 	var sendErr error
-	unlock, err := o.s.locks.lock(ctx, o.plugin+"\x00"+kind+"\x00"+id, func() {
+	unlock, err := o.s.locks.LockWaiting(ctx, o.plugin+"\x00"+kind+"\x00"+id, func() {
 		sendErr = o.progress(&agentv1.Progress{
 			Kind:    agentv1.Progress_WAITING,
 			Message: fmt.Sprintf("another operation on %s %s of plugin %s is running through this agent; waiting for it", kind, id, o.plugin),

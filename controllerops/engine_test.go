@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -22,12 +23,12 @@ func TestParseRetryPolicy(t *testing.T) {
 		want retryPolicy
 		err  string
 	}{
-		{"defaults", nil, retryPolicy{defaultCtrlAttempts, defaultCtrlBackoff, defaultCtrlMaxBackoff, defaultCtrlTimeout}, ""},
+		{"defaults", nil, retryPolicy{retrypolicy.DefaultAttempts, retrypolicy.DefaultBackoff, retrypolicy.DefaultMaxBackoff, retrypolicy.DefaultTimeout}, ""},
 		{"set", &agentv1.RetryPolicy{MaxAttempts: 3, InitialBackoff: ms(20), MaxBackoff: ms(40), Timeout: ms(1000)},
 			retryPolicy{3, 20 * time.Millisecond, 40 * time.Millisecond, time.Second}, ""},
 		{"max below initial is raised", &agentv1.RetryPolicy{InitialBackoff: ms(900), MaxBackoff: ms(100)},
-			retryPolicy{defaultCtrlAttempts, 900 * time.Millisecond, 900 * time.Millisecond, defaultCtrlTimeout}, ""},
-		{"too many attempts", &agentv1.RetryPolicy{MaxAttempts: maxCtrlAttempts + 1}, retryPolicy{}, "retry.max_attempts 101: at most 100"},
+			retryPolicy{retrypolicy.DefaultAttempts, 900 * time.Millisecond, 900 * time.Millisecond, retrypolicy.DefaultTimeout}, ""},
+		{"too many attempts", &agentv1.RetryPolicy{MaxAttempts: retrypolicy.MaxAttempts + 1}, retryPolicy{}, "retry.max_attempts 101: at most 100"},
 		{"backoff too short", &agentv1.RetryPolicy{InitialBackoff: ms(1)}, retryPolicy{}, "retry.initial_backoff 1ms: must be between"},
 		{"invalid duration", &agentv1.RetryPolicy{Timeout: &durationpb.Duration{Seconds: 1, Nanos: -1}}, retryPolicy{}, "retry.timeout"},
 	} {
@@ -52,42 +53,6 @@ func TestBackoffDoublesToMaxWithJitter(t *testing.T) {
 				t.Fatalf("backoff(%d) = %v, want %v plus at most 10%%", n, d, base)
 			}
 		}
-	}
-}
-
-func TestKeyedLocksOneHolderPerKey(t *testing.T) {
-	var k keyedLocks
-	ctx := context.Background()
-	unlock, err := k.lock(ctx, "a", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := k.lock(ctx, "b", func() { t.Error("a different key waited") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	other()
-	waited := make(chan struct{})
-	got := make(chan error, 1)
-	go func() {
-		u, err := k.lock(ctx, "a", func() { close(waited) })
-		if err == nil {
-			u()
-		}
-		got <- err
-	}()
-	<-waited
-	unlock()
-	if err := <-got; err != nil {
-		t.Fatal(err)
-	}
-	// A waiter whose context ends gets its error.
-	unlock, _ = k.lock(ctx, "a", nil)
-	defer unlock()
-	cctx, cancel := context.WithCancel(ctx)
-	_, err = k.lock(cctx, "a", cancel)
-	if err != context.Canceled {
-		t.Fatalf("lock after cancel = %v, want context.Canceled", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/internal/keyedlock"
 	"github.com/csiagent/csiagent/internal/redact"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -54,7 +55,7 @@ type Server struct {
 	plugins Plugins
 	log     *slog.Logger
 	// locks keeps one operation in flight per plugin object.
-	locks keyedLocks
+	locks keyedlock.Map
 }
 
 var _ agentv1.ControllerServer = (*Server)(nil)
