@@ -233,6 +233,21 @@ func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
 	if us := s.usersOf(req.Name); len(us) > 0 {
 		return fmt.Errorf("volume %s is in use by %d mount(s); unmount it first", req.Name, len(us))
 	}
+	d, err := s.cfg.Store.Get(req.Name)
+	if err != nil {
+		return err
+	}
+	// Containers given the volume by name through the agent (the mounts
+	// annotation, prepare --mounts) hold its CSI volume.
+	for _, v := range s.cfg.Backend.ListVolumes() {
+		if cs := v.GetContainers(); v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID && len(cs) > 0 {
+			shown := strings.Join(cs[:min(len(cs), 3)], ", ")
+			if len(cs) > 3 {
+				shown += ", ..."
+			}
+			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first", req.Name, len(cs), shown)
+		}
+	}
 	if err := s.cfg.Store.Remove(ctx, req.Name); err != nil {
 		return err
 	}

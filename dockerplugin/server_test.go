@@ -22,6 +22,8 @@ type fakeBackend struct {
 	containers map[string]*agentv1.PrepareRequest
 	cleanups   int
 	prepare    func(ctx context.Context) error
+	// volumes is what ListVolumes reports.
+	volumes []*agentv1.VolumeStatus
 }
 
 func (f *fakeBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
@@ -54,7 +56,7 @@ func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
 	return out
 }
 
-func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return nil }
+func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return f.volumes }
 func (f *fakeBackend) CheckPlugin(string) error             { return nil }
 
 func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
@@ -183,5 +185,29 @@ func TestInterruptedMountIsNotCounted(t *testing.T) {
 	}
 	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
 		t.Errorf("one Mount after the interrupted one, one Unmount: %d containers, users %v; want none", len(b.containers), s.usersOf("data"))
+	}
+}
+
+// A named volume whose CSI volume a container holds through the agent
+// (the csi.csiagent.io/mounts annotation, prepare --mounts), not through
+// an engine mount, is in use too: Remove refuses it.
+func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	b.volumes = []*agentv1.VolumeStatus{
+		{PluginName: "p", VolumeId: "other", Containers: []string{"c0"}},
+		{PluginName: "p", VolumeId: "v", State: agentv1.VolumeStatus_PUBLISHED, Containers: []string{"c1"}},
+	}
+	err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"})
+	if err == nil || !strings.Contains(err.Error(), "in use by 1 container(s): c1") {
+		t.Errorf("Remove while container c1 uses the volume: %v, want in use by c1", err)
+	}
+	if _, err := s.cfg.Store.Get("data"); err != nil {
+		t.Errorf("the refused Remove removed the definition: %v", err)
+	}
+	b.volumes = b.volumes[:1]
+	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
+		t.Errorf("Remove once no container uses the volume: %v", err)
 	}
 }
