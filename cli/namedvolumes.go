@@ -34,7 +34,7 @@ func (e *env) volumeCmd() *cobra.Command {
 	return e.group("volume", "named CSI volumes for container engines: create, rm, inspect, ls, reconcile",
 		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent). The commands talk to the\nagent's --docker-plugin-socket.",
 		command("create NAME [flags]", "define a named volume", cobra.ExactArgs(1), e.volumeCreateCmd),
-		command("rm NAME", "remove a named volume (refused while an engine has it mounted)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
+		command("rm NAME", "remove a named volume (refused while an engine or a container uses it)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
 			return c.Remove(ctx, name)
 		})),
 		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
