@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,10 @@ func (e *env) withVolumes(fs *pflag.FlagSet, call func(ctx context.Context, c *d
 		defer cancel()
 		if err := call(ctx, dockerplugin.NewClient(*socket), args); err != nil {
 			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+			var usage usageError
+			if errors.As(err, &usage) {
+				return ExitUsage
+			}
 			return ExitProblem
 		}
 		return ExitOK
@@ -106,7 +111,7 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 		for _, kv := range *contextKV {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("--context %q: expected KEY=VALUE", kv)
+				return usageError(fmt.Sprintf("--context %q: expected KEY=VALUE", kv))
 			}
 			opts[namedvol.ContextPrefix+k] = v
 		}
@@ -143,8 +148,13 @@ func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
 }
 
 func (e *env) volumeReconcileCmd(fs *pflag.FlagSet) runFunc {
-	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released")
+	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released (required; '' releases them all)")
 	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
+		// Without the list, every engine mount would be released from
+		// under its running containers.
+		if !fs.Changed("live-mount-ids") {
+			return usageError("--live-mount-ids is required: the mount ids the engines still use ('' releases every engine mount)")
+		}
 		resp, err := c.Reconcile(ctx, *live)
 		if err != nil {
 			return err

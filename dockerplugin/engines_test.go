@@ -507,6 +507,14 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 	if mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
 		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
 	}
+	// A reconcile that does not say which mounts are live is refused, and
+	// releases nothing.
+	if out, err := e.cli("reconcile"); err == nil || !strings.Contains(out, "--live-mount-ids is required") {
+		t.Errorf("csi-agent volume reconcile without --live-mount-ids: %v %q, want it refused", err, out)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 1 {
+		t.Fatalf("after a refused reconcile, inspect says %v", v.Status)
+	}
 	// Reconciling with the engine's live mount ids keeps them.
 	if out, err := e.cli("reconcile", "--live-mount-ids", v.Status["mounts"].([]any)[0].(string)); err != nil || out != "" {
 		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
