@@ -561,6 +561,12 @@ func TestDockerBadInput(t *testing.T) {
 			t.Errorf("docker volume create %.80v: %.300s\nwant an error containing %q", tc.args, out, tc.want)
 		}
 	}
+	// Docker answers a create of a name it has from its own records: the
+	// definition stays (docs/engines.md says so).
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=other", "good")
+	if opts, _ := e.inspect("good").Status[dockerplugin.StatusOptions].(map[string]any); opts["volume_id"] != "vol1" {
+		t.Errorf("after a second docker volume create, the definition is %v, want volume_id vol1", opts)
+	}
 	// A volume id the plugin does not know: the Mount fails, and leaves
 	// no directory behind.
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=missing", "ghost")
