@@ -3,6 +3,7 @@ package dockerplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -209,5 +210,54 @@ func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
 	b.volumes = b.volumes[:1]
 	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
 		t.Errorf("Remove once no container uses the volume: %v", err)
+	}
+}
+
+// The per-name locks of a long-running agent do not pile up: volumes
+// created and removed, and calls on names that do not exist, leave none.
+func TestNameLocksAreDropped(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	for _, name := range []string{"a", "b", "c"} {
+		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: map[string]string{"plugin": "p", "volume_id": name}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: name, ID: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Unmount(ctx, &volume.UnmountRequest{Name: name, ID: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove(ctx, &volume.RemoveRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "nosuch-" + name, ID: "m"}); !errors.Is(err, namedvol.ErrNotFound) {
+			t.Fatalf("Mount of an unknown name: %v", err)
+		}
+	}
+	// Concurrent calls on one name wait for each other, then drop the lock.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprint("m", i)
+			if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+				t.Error(err)
+			}
+			if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: id}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
+		t.Errorf("after concurrent Mounts and Unmounts: %d containers, users %v", len(b.containers), s.usersOf("data"))
+	}
+	s.locksMu.Lock()
+	defer s.locksMu.Unlock()
+	if len(s.locks) != 0 {
+		t.Errorf("%d name locks kept after every call returned", len(s.locks))
 	}
 }
