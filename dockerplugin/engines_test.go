@@ -549,6 +549,7 @@ func TestDockerBadInput(t *testing.T) {
 		{[]string{"--opt", "plugin=nope", "--opt", "volume_id=v", "bad"}, "option plugin=nope"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=" + long, "bad"}, "option volume_id is 10000 bytes"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "a..b/c"}, "a..b/c"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", ".."}, `name ".." must start with a letter`},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "context." + long + "=v", "bad"}, "option context.KEY is 10000 bytes"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", long + "=v", "bad"}, "unknown option"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "stage_secret=../shadow", "bad"}, "option stage_secret"},
