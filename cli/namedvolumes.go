@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -34,7 +35,7 @@ func (e *env) volumeCmd() *cobra.Command {
 	return e.group("volume", "named CSI volumes for container engines: create, rm, inspect, ls, reconcile",
 		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent). The commands talk to the\nagent's --docker-plugin-socket.",
 		command("create NAME [flags]", "define a named volume", cobra.ExactArgs(1), e.volumeCreateCmd),
-		command("rm NAME", "remove a named volume (refused while an engine has it mounted)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
+		command("rm NAME", "remove a named volume (refused while an engine or a container uses it)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
 			return c.Remove(ctx, name)
 		})),
 		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
@@ -58,6 +59,10 @@ func (e *env) withVolumes(fs *pflag.FlagSet, call func(ctx context.Context, c *d
 		defer cancel()
 		if err := call(ctx, dockerplugin.NewClient(*socket), args); err != nil {
 			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
+			var usage usageError
+			if errors.As(err, &usage) {
+				return ExitUsage
+			}
 			return ExitProblem
 		}
 		return ExitOK
@@ -106,7 +111,7 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 		for _, kv := range *contextKV {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return fmt.Errorf("--context %q: expected KEY=VALUE", kv)
+				return usageError(fmt.Sprintf("--context %q: expected KEY=VALUE", kv))
 			}
 			opts[namedvol.ContextPrefix+k] = v
 		}
@@ -143,8 +148,13 @@ func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
 }
 
 func (e *env) volumeReconcileCmd(fs *pflag.FlagSet) runFunc {
-	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released")
+	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released (required; '' releases them all)")
 	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
+		// Without the list, every engine mount would be released from
+		// under its running containers.
+		if !fs.Changed("live-mount-ids") {
+			return usageError("--live-mount-ids is required: the mount ids the engines still use ('' releases every engine mount)")
+		}
 		resp, err := c.Reconcile(ctx, *live)
 		if err != nil {
 			return err

@@ -428,6 +428,9 @@ func TestDockerNamedVolume(t *testing.T) {
 	if out := docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "fs_type=ext4", "data"); out != "data" {
 		t.Fatalf("docker volume create said %q", out)
 	}
+	if out := docker(t, "volume", "inspect", "--format", "{{.Scope}}", "data"); out != "local" {
+		t.Errorf("the volume's scope is %q, want local", out)
+	}
 	if out := docker(t, "volume", "ls", "--format", "{{.Driver}} {{.Name}}"); !strings.Contains(out, e.driver+" data") {
 		t.Errorf("docker volume ls does not list the volume:\n%s", out)
 	}
@@ -504,6 +507,14 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 	if mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
 		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
 	}
+	// A reconcile that does not say which mounts are live is refused, and
+	// releases nothing.
+	if out, err := e.cli("reconcile"); err == nil || !strings.Contains(out, "--live-mount-ids is required") {
+		t.Errorf("csi-agent volume reconcile without --live-mount-ids: %v %q, want it refused", err, out)
+	}
+	if v := e.inspect("data"); mountsOf(v) != 1 {
+		t.Fatalf("after a refused reconcile, inspect says %v", v.Status)
+	}
 	// Reconciling with the engine's live mount ids keeps them.
 	if out, err := e.cli("reconcile", "--live-mount-ids", v.Status["mounts"].([]any)[0].(string)); err != nil || out != "" {
 		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
@@ -538,18 +549,35 @@ func TestDockerBadInput(t *testing.T) {
 		{[]string{"--opt", "plugin=nope", "--opt", "volume_id=v", "bad"}, "option plugin=nope"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=" + long, "bad"}, "option volume_id is 10000 bytes"},
 		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "a..b/c"}, "a..b/c"},
-		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", long[:300]}, "longer than 128"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", ".."}, `name ".." must start with a letter`},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "context." + long + "=v", "bad"}, "option context.KEY is 10000 bytes"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", long + "=v", "bad"}, "unknown option"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "stage_secret=../shadow", "bad"}, "option stage_secret"},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", long}, "is 10000 bytes, longer than 128"},
 	} {
 		out := dockerFails(t, append([]string{"volume", "create", "-d", e.driver}, tc.args...)...)
-		if !strings.Contains(out, tc.want) || len(out) > 2000 {
+		// Docker quotes the volume's name back (create NAME: ...); the
+		// rest is short.
+		if !strings.Contains(out, tc.want) || len(out)-len(tc.args[len(tc.args)-1]) > 2000 {
 			t.Errorf("docker volume create %.80v: %.300s\nwant an error containing %q", tc.args, out, tc.want)
 		}
+	}
+	// Docker answers a create of a name it has from its own records: the
+	// definition stays (docs/engines.md says so).
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=other", "good")
+	if opts, _ := e.inspect("good").Status[dockerplugin.StatusOptions].(map[string]any); opts["volume_id"] != "vol1" {
+		t.Errorf("after a second docker volume create, the definition is %v, want volume_id vol1", opts)
 	}
 	// A volume id the plugin does not know: the Mount fails, and leaves
 	// no directory behind.
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=missing", "ghost")
 	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "ghost:/data", image, "true"); !strings.Contains(out, "missing") {
 		t.Errorf("mounting a volume the plugin does not have: %s", out)
+	}
+	// A volume id the plugin refuses as malformed.
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=../../etc/passwd", "escape")
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-v", "escape:/data", image, "true"); !strings.Contains(out, `volume id "../../etc/passwd" contains a path separator`) {
+		t.Errorf("mounting a volume id the plugin rejects: %s", out)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(e.work, "engine-mounts")); len(ents) != 2 {
 		t.Errorf("engine mount entries %v, want the good volume's directory and record only", ents)
@@ -699,6 +727,9 @@ func newPodmanEnv(t *testing.T) *env {
 func TestPodmanNamedVolume(t *testing.T) {
 	e := newPodmanEnv(t)
 	img := e.loopVolume("vol1")
+	if out, err := e.podman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "-o", "size=1G", "bad"); err == nil || !strings.Contains(out, `unknown option "size"`) {
+		t.Errorf("podman volume create with an unknown option: %v %s", err, out)
+	}
 	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "data")
 	writer := e.mustPodman(append(podmanRunArgs, "-d", "-v", "data:/data", image, "sleep", "600")...)
 	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", writer) })
@@ -713,6 +744,10 @@ func TestPodmanNamedVolume(t *testing.T) {
 	}
 	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || mountsOf(v) != 1 {
 		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume (Podman mounts it once for both)", v.Status)
+	}
+	// Podman counts the containers itself and mounts once for both.
+	if out := e.mustPodman("volume", "inspect", "--format", "{{.MountCount}}", "data"); out != "2" {
+		t.Errorf("podman's mount count with two containers: %s, want 2", out)
 	}
 	if out, err := e.podman("volume", "rm", "data"); err == nil || !strings.Contains(out, "being used") {
 		t.Errorf("podman volume rm of a volume in use: %v %s", err, out)
@@ -750,7 +785,22 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 	if out, err := e.podman("exec", c, "touch", "/logs/x"); err == nil || !strings.Contains(out, "Read-only file system") {
 		t.Errorf("writing to a reader-only volume: %v %s, want Read-only file system", err, out)
 	}
-	e.mustPodman("stop", "-t", "0", c)
+	// A second container shares the volume, read-only by the annotation.
+	c2 := e.mustPodman(append(podmanRunArgs, "-d", "--annotation", "csi.csiagent.io/mounts=data:/data:ro", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", c2) })
+	if out := e.mustPodman("exec", c2, "cat", "/data/f"); out != "hooked" {
+		t.Errorf("the second container reads %q, want hooked", out)
+	}
+	if out, err := e.podman("exec", c2, "touch", "/data/g"); err == nil || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("writing through :ro: %v %s, want Read-only file system", err, out)
+	}
+	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || v.Status["containers"] != float64(2) {
+		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume with 2 users", v.Status)
+	}
+	if out, err := e.cli("rm", "data"); err == nil || !strings.Contains(out, "in use by 2 container(s)") {
+		t.Errorf("csi-agent volume rm of a volume in use: %v %s", err, out)
+	}
+	e.mustPodman("stop", "-t", "0", c, c2)
 	if ms := e.publishedUnder(); len(ms) != 0 {
 		t.Errorf("after the container stopped, still mounted: %s", ms[0].Mountpoint)
 	}

@@ -69,7 +69,7 @@ type Server struct {
 	commit atomicfile.Committer
 
 	locksMu sync.Mutex
-	locks   map[string]chan struct{}
+	locks   map[string]*nameLock
 
 	mu    sync.Mutex
 	users map[string]*user // by container id
@@ -91,7 +91,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, locks: map[string]chan struct{}{}, users: map[string]*user{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, locks: map[string]*nameLock{}, users: map[string]*user{}}
 	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
 	}
@@ -165,19 +165,35 @@ func (s *Server) forget(cid string) error {
 	return nil
 }
 
+// nameLock is one volume name's lock; refs counts the calls holding or
+// waiting for it, so that the last one drops it.
+type nameLock struct {
+	ch   chan struct{}
+	refs int
+}
+
 // lock serialises the calls on one volume name.
 func (s *Server) lock(ctx context.Context, name string) (func(), error) {
 	s.locksMu.Lock()
-	ch := s.locks[name]
-	if ch == nil {
-		ch = make(chan struct{}, 1)
-		s.locks[name] = ch
+	l := s.locks[name]
+	if l == nil {
+		l = &nameLock{ch: make(chan struct{}, 1)}
+		s.locks[name] = l
 	}
+	l.refs++
 	s.locksMu.Unlock()
+	done := func() {
+		s.locksMu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(s.locks, name)
+		}
+		s.locksMu.Unlock()
+	}
 	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; done() }, nil
 	case <-ctx.Done():
+		done()
 		return nil, fmt.Errorf("volume %s: waiting for another call on it: %w", name, ctx.Err())
 	}
 }
@@ -232,6 +248,21 @@ func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
 	defer unlock()
 	if us := s.usersOf(req.Name); len(us) > 0 {
 		return fmt.Errorf("volume %s is in use by %d mount(s); unmount it first", req.Name, len(us))
+	}
+	d, err := s.cfg.Store.Get(req.Name)
+	if err != nil {
+		return err
+	}
+	// Containers given the volume by name through the agent (the mounts
+	// annotation, prepare --mounts) hold its CSI volume.
+	for _, v := range s.cfg.Backend.ListVolumes() {
+		if cs := v.GetContainers(); v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID && len(cs) > 0 {
+			shown := strings.Join(cs[:min(len(cs), 3)], ", ")
+			if len(cs) > 3 {
+				shown += ", ..."
+			}
+			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first", req.Name, len(cs), shown)
+		}
 	}
 	if err := s.cfg.Store.Remove(ctx, req.Name); err != nil {
 		return err

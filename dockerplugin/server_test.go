@@ -3,6 +3,7 @@ package dockerplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,8 @@ type fakeBackend struct {
 	containers map[string]*agentv1.PrepareRequest
 	cleanups   int
 	prepare    func(ctx context.Context) error
+	// volumes is what ListVolumes reports.
+	volumes []*agentv1.VolumeStatus
 }
 
 func (f *fakeBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
@@ -54,7 +57,7 @@ func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
 	return out
 }
 
-func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return nil }
+func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return f.volumes }
 func (f *fakeBackend) CheckPlugin(string) error             { return nil }
 
 func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
@@ -183,5 +186,78 @@ func TestInterruptedMountIsNotCounted(t *testing.T) {
 	}
 	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
 		t.Errorf("one Mount after the interrupted one, one Unmount: %d containers, users %v; want none", len(b.containers), s.usersOf("data"))
+	}
+}
+
+// A named volume whose CSI volume a container holds through the agent
+// (the csi.csiagent.io/mounts annotation, prepare --mounts), not through
+// an engine mount, is in use too: Remove refuses it.
+func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	b.volumes = []*agentv1.VolumeStatus{
+		{PluginName: "p", VolumeId: "other", Containers: []string{"c0"}},
+		{PluginName: "p", VolumeId: "v", State: agentv1.VolumeStatus_PUBLISHED, Containers: []string{"c1"}},
+	}
+	err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"})
+	if err == nil || !strings.Contains(err.Error(), "in use by 1 container(s): c1") {
+		t.Errorf("Remove while container c1 uses the volume: %v, want in use by c1", err)
+	}
+	if _, err := s.cfg.Store.Get("data"); err != nil {
+		t.Errorf("the refused Remove removed the definition: %v", err)
+	}
+	b.volumes = b.volumes[:1]
+	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
+		t.Errorf("Remove once no container uses the volume: %v", err)
+	}
+}
+
+// The per-name locks of a long-running agent do not pile up: volumes
+// created and removed, and calls on names that do not exist, leave none.
+func TestNameLocksAreDropped(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	for _, name := range []string{"a", "b", "c"} {
+		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: map[string]string{"plugin": "p", "volume_id": name}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: name, ID: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Unmount(ctx, &volume.UnmountRequest{Name: name, ID: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove(ctx, &volume.RemoveRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "nosuch-" + name, ID: "m"}); !errors.Is(err, namedvol.ErrNotFound) {
+			t.Fatalf("Mount of an unknown name: %v", err)
+		}
+	}
+	// Concurrent calls on one name wait for each other, then drop the lock.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprint("m", i)
+			if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+				t.Error(err)
+			}
+			if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: id}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
+		t.Errorf("after concurrent Mounts and Unmounts: %d containers, users %v", len(b.containers), s.usersOf("data"))
+	}
+	s.locksMu.Lock()
+	defer s.locksMu.Unlock()
+	if len(s.locks) != 0 {
+		t.Errorf("%d name locks kept after every call returned", len(s.locks))
 	}
 }

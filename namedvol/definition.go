@@ -204,8 +204,8 @@ func (d *Definition) Validate() error {
 // splitSecret parses a secret reference NAME/KEY.
 func splitSecret(ref string) (name, key string, err error) {
 	name, key, ok := strings.Cut(ref, "/")
-	if !ok || name == "" || key == "" || strings.Contains(key, "/") {
-		return "", "", errors.New("expected a secret reference NAME/KEY (a file of the agent's secrets directory and a key in it)")
+	if !ok || name == "" || name == "." || name == ".." || key == "" || strings.Contains(key, "/") {
+		return "", "", errors.New("expected a secret reference NAME/KEY (a file of the agent's secrets directory, not . or .., and a key in it)")
 	}
 	return name, key, nil
 }

@@ -23,6 +23,8 @@ func TestParseOptionsErrorsNameTheKey(t *testing.T) {
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "block": "yes"}, "option block="},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "block": "true", "fs_type": "ext4"}, "exclude each other"},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "stage_secret": "noslash"}, "option stage_secret: expected a secret reference NAME/KEY"},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "stage_secret": "../shadow"}, "option stage_secret: expected a secret reference NAME/KEY"},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "publish_secret": "./k"}, "option publish_secret: expected a secret reference NAME/KEY"},
 		{"v", map[string]string{"plugin": "p", "volume_id": long}, "option volume_id is 10000 bytes"},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "context." + long: "x"}, "option context.KEY is 10000 bytes"},
 		{"a/b", map[string]string{"plugin": "p", "volume_id": "a"}, `has the character '/'`},
