@@ -20,6 +20,7 @@ import (
 
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -215,7 +216,7 @@ func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume,
 			ro, parts = true, parts[:2]
 		}
 		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
-			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, m)
+			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, namedvol.Clip(m))
 		}
 		d, err := c.Definition(ctx, parts[0])
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -176,5 +177,13 @@ func TestOCIHookStageFromStatus(t *testing.T) {
 		if got != tc.want || len(reqs) > 1 {
 			t.Errorf("status %q: the agent got %v, want %q", tc.status, reqs, tc.want)
 		}
+	}
+}
+
+// A malformed entry of the mounts annotation is named, not echoed whole.
+func TestMountsAnnotationErrorIsShort(t *testing.T) {
+	_, err := namedVolumes(context.Background(), "/nonexistent.sock", strings.Repeat("x", 10000))
+	if err == nil || !strings.Contains(err.Error(), "expected NAME:PATH") || len(err.Error()) > 200 {
+		t.Fatalf("error %d bytes: %.120v; want a short error naming the expected form", len(fmt.Sprint(err)), err)
 	}
 }

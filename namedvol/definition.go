@@ -102,7 +102,7 @@ func ParseOptions(name string, opts map[string]string) (*Definition, error) {
 			}
 			d.VolumeContext[strings.TrimPrefix(k, ContextPrefix)] = v
 		default:
-			return nil, fmt.Errorf("%w: unknown option %q; known options: %s", ErrInvalid, truncate(k), strings.Join(knownKeys, ", "))
+			return nil, fmt.Errorf("%w: unknown option %q; known options: %s", ErrInvalid, Clip(k), strings.Join(knownKeys, ", "))
 		}
 	}
 	if err := d.Validate(); err != nil {
@@ -165,10 +165,10 @@ func (d *Definition) Validate() error {
 	}
 	check := func(key, v string) error {
 		if len(v) > MaxValue {
-			return fmt.Errorf("%w: option %s is %d bytes, longer than %d", ErrInvalid, truncate(key), len(v), MaxValue)
+			return fmt.Errorf("%w: option %s is %d bytes, longer than %d", ErrInvalid, Clip(key), len(v), MaxValue)
 		}
 		if strings.ContainsRune(v, 0) {
-			return fmt.Errorf("%w: option %s contains a NUL byte", ErrInvalid, truncate(key))
+			return fmt.Errorf("%w: option %s contains a NUL byte", ErrInvalid, Clip(key))
 		}
 		return nil
 	}
@@ -187,7 +187,7 @@ func (d *Definition) Validate() error {
 	}
 	if d.AccessMode != "" {
 		if m, ok := csi.VolumeCapability_AccessMode_Mode_value[d.AccessMode]; !ok || m == 0 {
-			return fmt.Errorf("%w: option %s=%q is not a CSI access mode (SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY, MULTI_NODE_SINGLE_WRITER, MULTI_NODE_MULTI_WRITER, SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER)", ErrInvalid, KeyAccessMode, truncate(d.AccessMode))
+			return fmt.Errorf("%w: option %s=%q is not a CSI access mode (SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY, MULTI_NODE_SINGLE_WRITER, MULTI_NODE_MULTI_WRITER, SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER)", ErrInvalid, KeyAccessMode, Clip(d.AccessMode))
 		}
 	}
 	for key, ref := range map[string]string{KeyStageSecret: d.StageSecret, KeyPublishSecret: d.PublishSecret} {
@@ -267,8 +267,8 @@ func secretRef(ref string) map[string]*agentv1.Secret {
 	}}
 }
 
-// truncate shortens what an error quotes back.
-func truncate(s string) string {
+// Clip shortens user input an error quotes back (to 64 bytes).
+func Clip(s string) string {
 	if len(s) > 64 {
 		return s[:64] + "..."
 	}
