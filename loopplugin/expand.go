@@ -27,15 +27,11 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if req.GetCapacityRange().GetRequiredBytes() == 0 {
 		return nil, invalidf("capacity_range.required_bytes is required: the new size")
 	}
-	unlock, err := s.p.locks.tryLock(id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	if lim := req.GetCapacityRange().GetLimitBytes(); lim > 0 && vol.Size > lim {
 		return nil, outOfRangef("volume %s is %d bytes, more than limit_bytes %d: volumes do not shrink", id, vol.Size, lim)
 	}

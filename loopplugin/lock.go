@@ -51,6 +51,25 @@ func (l *volumeLocks) lockAll(ctx context.Context, ids ...string) (unlock func()
 	return unlock, nil
 }
 
+// lockedVolume takes volume id's lock (waiting until ctx ends, or, with
+// try, failing at once with ErrBusy when it is held) and reads the
+// volume. The caller releases the lock with unlock.
+func (p *Plugin) lockedVolume(ctx context.Context, id string, try bool) (vol Volume, unlock func(), err error) {
+	if try {
+		unlock, err = p.locks.tryLock(id)
+	} else {
+		unlock, err = p.locks.lock(ctx, id)
+	}
+	if err != nil {
+		return Volume{}, nil, err
+	}
+	if vol, err = p.pool.Get(id); err != nil {
+		unlock()
+		return Volume{}, nil, err
+	}
+	return vol, unlock, nil
+}
+
 // Lock keys other than volume ids start with a NUL byte, which no volume id
 // contains. Lock order: volume locks (sorted) first, then the groups lock;
 // snapshot and group snapshot locks are only ever tried (tryLock), never

@@ -66,15 +66,11 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	if r, err := s.p.pool.replication(id); err != nil {
 		return nil, err
 	} else if r != nil && r.Role == roleSecondary {
@@ -106,15 +102,11 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	if err := requireAbsPath("staging_target_path", staging); err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	if err := s.p.unstage(ctx, vol, staging); err != nil {
 		return nil, err
 	}
@@ -142,15 +134,11 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	if err := s.p.publish(ctx, vol, staging, target, acc, req.GetReadonly() || acc.readOnlyMode()); err != nil {
 		return nil, err
 	}
@@ -168,15 +156,11 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	if err := requireAbsPath("target_path", target); err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	m, mounted, err := mount.Lookup(target)
 	if err != nil {
 		return nil, err
@@ -273,15 +257,11 @@ func (s *nodeServer) healthByID(ctx context.Context, id string) (*csi.NodeGetVol
 	if err := requireVolumeID(id); err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.lock(ctx, id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	ds, err := devicesOf(vol)
 	if err != nil {
 		return nil, err

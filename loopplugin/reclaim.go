@@ -42,15 +42,11 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 	if path == "" {
 		return nil, invalidf("volume_path is required")
 	}
-	unlock, err := s.p.locks.tryLock(id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	ds, err := devicesOf(vol)
 	if err != nil {
 		return nil, err
@@ -165,15 +161,11 @@ func (s *reclaimControllerServer) ControllerReclaimSpace(ctx context.Context, re
 	if err := requireVolumeID(id); err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.tryLock(id)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	vol, err := s.p.pool.Get(id)
-	if err != nil {
-		return nil, err
-	}
 	if ds, err := devicesOf(vol); err != nil {
 		return nil, err
 	} else if len(ds) > 0 {

@@ -547,19 +547,29 @@ func (s *replicationServer) ResyncVolume(ctx context.Context, req *rep.ResyncVol
 	return &rep.ResyncVolumeResponse{Ready: true}, nil
 }
 
-// GetVolumeReplicationInfo reports the last sync of a primary.
-func (s *replicationServer) GetVolumeReplicationInfo(ctx context.Context, req *rep.GetVolumeReplicationInfoRequest) (*rep.GetVolumeReplicationInfoResponse, error) {
-	id, err := replicatedVolume(req.GetReplicationSource())
+// replicationOf finds the volume a read-only replication call names and
+// its replication state (nil when replication is not enabled for it).
+func (s *replicationServer) replicationOf(src *rep.ReplicationSource) (string, *replicationRecord, error) {
+	id, err := replicatedVolume(src)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	if s.p.replica == nil {
-		return nil, unimplementedf("replication needs a replica pool (--replica-pool)")
+		return "", nil, unimplementedf("replication needs a replica pool (--replica-pool)")
 	}
 	if _, err := s.p.pool.Get(id); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	r, err := s.p.pool.replication(id)
+	if err != nil {
+		return "", nil, err
+	}
+	return id, r, nil
+}
+
+// GetVolumeReplicationInfo reports the last sync of a primary.
+func (s *replicationServer) GetVolumeReplicationInfo(ctx context.Context, req *rep.GetVolumeReplicationInfoRequest) (*rep.GetVolumeReplicationInfoResponse, error) {
+	id, r, err := s.replicationOf(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
@@ -590,17 +600,7 @@ func (s *replicationServer) GetVolumeReplicationInfo(ctx context.Context, req *r
 // GetReplicationDestinationInfo names the replica's copy: the replica pool
 // keeps the volume under the same id.
 func (s *replicationServer) GetReplicationDestinationInfo(ctx context.Context, req *rep.GetReplicationDestinationInfoRequest) (*rep.GetReplicationDestinationInfoResponse, error) {
-	id, err := replicatedVolume(req.GetReplicationSource())
-	if err != nil {
-		return nil, err
-	}
-	if s.p.replica == nil {
-		return nil, unimplementedf("replication needs a replica pool (--replica-pool)")
-	}
-	if _, err := s.p.pool.Get(id); err != nil {
-		return nil, err
-	}
-	r, err := s.p.pool.replication(id)
+	id, r, err := s.replicationOf(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
