@@ -345,6 +345,9 @@ func TestRecoveryAndIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The checkpoints are written in the agent's own record format, as
+	// the agent writes them.
+	var commit atomicfile.Committer
 	setup := time.Now()
 	for c := 0; c*perContainer < vols; c++ {
 		cid := fmt.Sprint("ctr-", c)
@@ -368,7 +371,7 @@ func TestRecoveryAndIdle(t *testing.T) {
 			b, _ := marshal.Marshal(vcp)
 			vdir := filepath.Join(work, "csi", fastType, "default", "volumes", id)
 			mkdirs(t, vdir)
-			if err := os.WriteFile(filepath.Join(vdir, "volume.state"), b, 0o600); err != nil {
+			if _, err := commit.Put(filepath.Join(vdir, "volume.state"), b, 0o600); err != nil {
 				t.Fatal(err)
 			}
 			ccp.Mounts = append(ccp.Mounts, &agentv1.ContainerMount{PluginName: fastType, VolumeId: id, ContainerPath: vol.ContainerPath, HostPath: target, MountPoint: mp})
@@ -376,9 +379,12 @@ func TestRecoveryAndIdle(t *testing.T) {
 		b, _ := marshal.Marshal(ccp)
 		cdir := filepath.Join(work, "isolators", "volume", "csi", cid)
 		mkdirs(t, cdir)
-		if err := os.WriteFile(filepath.Join(cdir, "volumes.state"), b, 0o600); err != nil {
+		if _, err := commit.Put(filepath.Join(cdir, "volumes.state"), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := commit.Sync(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	unix.Sync()
 	t.Logf("built %d published volumes (%d mounts) in %v", vols, 3*vols, time.Since(setup))
