@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -92,13 +93,22 @@ type fileState struct {
 	content []byte
 }
 
-// diskModel tracks, for each checkpoint record file, its durable state
-// (content at its last fsync, entry at its directory's last fsync) next to
-// what is visible now.
+// diskModel tracks what a power cut keeps of the work dir: each record
+// file's content at its last fsync, and which directory entries (files
+// and directories) were present at their directory's last fsync. A record
+// survives a cut only if its own entry and every directory's on its path
+// below the work dir survive: the durable removal of a directory's entry
+// takes what was inside with it.
 type diskModel struct {
 	mu      sync.Mutex
-	durable map[string]fileState
+	work    string
+	entries map[string]bool   // paths below work whose entry is durable
+	data    map[string][]byte // a record file's content at its last fsync
 	whole   map[string][]byte // a whole-file replacement's fsynced temp file
+}
+
+func newDiskModel(work string) *diskModel {
+	return &diskModel{work: work, entries: map[string]bool{}, data: map[string][]byte{}, whole: map[string][]byte{}}
 }
 
 func isRecord(p string) bool {
@@ -106,44 +116,63 @@ func isRecord(p string) bool {
 	return b == volumeStateFile || b == containerStateFile
 }
 
+// fsync fsyncs p and records what that made durable. What p holds is read
+// before the fsync, under the model's lock: a change racing the fsync may
+// or may not be durable, and the model takes the older state, as a
+// commit round may only count what was noted before it began.
 func (d *diskModel) fsync(p string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b, rerr := os.ReadFile(p)
+	entries, derr := os.ReadDir(p)
 	if err := fsyncPath(p); err != nil {
 		return err
 	}
 	base := filepath.Base(p)
 	switch {
 	case isRecord(p) && rerr == nil:
-		st := d.durable[p]
-		st.content = b
-		d.durable[p] = st
+		d.data[p] = b
 	case strings.HasPrefix(base, ".volume.state.tmp-") || strings.HasPrefix(base, ".volumes.state.tmp-"):
 		d.whole[filepath.Join(filepath.Dir(p), strings.SplitN(base[1:], ".tmp-", 2)[0])] = b
-	default: // a directory: its entries are durable
-		entries, _ := os.ReadDir(p)
+	case derr == nil: // a directory: its entries are durable
+		present := map[string]bool{}
 		for _, e := range entries {
-			if f := filepath.Join(p, e.Name()); isRecord(f) {
-				if b, ok := d.whole[f]; ok {
-					d.durable[f] = fileState{true, b}
-					delete(d.whole, f)
-				} else {
-					st := d.durable[f]
-					st.exists = true
-					d.durable[f] = st
-				}
+			f := filepath.Join(p, e.Name())
+			present[f] = true
+			d.entries[f] = true
+			if b, ok := d.whole[f]; ok {
+				d.data[f] = b
+				delete(d.whole, f)
 			}
 		}
-		for f, st := range d.durable {
-			if filepath.Dir(f) == p && st.exists {
-				if _, err := os.Lstat(f); err != nil {
-					d.durable[f] = fileState{}
-				}
+		for f := range d.entries {
+			if filepath.Dir(f) == p && !present[f] {
+				d.forget(f)
 			}
 		}
 	}
 	return nil
+}
+
+// forget drops a durably removed entry and everything below it.
+func (d *diskModel) forget(f string) {
+	under := func(k string) bool { return k == f || strings.HasPrefix(k, f+"/") }
+	maps.DeleteFunc(d.entries, func(k string, _ bool) bool { return under(k) })
+	maps.DeleteFunc(d.data, func(k string, _ []byte) bool { return under(k) })
+}
+
+// durable is what a power cut now leaves of record file f.
+func (d *diskModel) durable(f string) fileState {
+	b, ok := d.data[f]
+	if !ok {
+		return fileState{}
+	}
+	for p := f; p != d.work && p != filepath.Dir(p); p = filepath.Dir(p) {
+		if !d.entries[p] {
+			return fileState{}
+		}
+	}
+	return fileState{true, b}
 }
 
 // cut lists disk states a power cut at this moment can leave, as maps of
@@ -167,19 +196,13 @@ func (d *diskModel) cut(work string, rng *rand.Rand, mixes int) []map[string]fil
 	for f := range now {
 		files = append(files, f)
 	}
-	for f := range d.durable {
+	for f := range d.data {
 		if _, ok := now[f]; !ok {
 			files = append(files, f)
 		}
 	}
 	sort.Strings(files)
-	durable := func(f string) fileState {
-		st := d.durable[f]
-		if !st.exists || st.content == nil {
-			return fileState{}
-		}
-		return st
-	}
+	durable := d.durable
 	state := func(pick func(i int, f string) fileState) map[string]fileState {
 		m := map[string]fileState{}
 		for i, f := range files {
@@ -241,7 +264,7 @@ func TestPowerCut(t *testing.T) {
 	for at := 1; ; at++ {
 		root := t.TempDir()
 		work := filepath.Join(root, "work")
-		model := &diskModel{durable: map[string]fileState{}, whole: map[string][]byte{}}
+		model := newDiskModel(work)
 		var (
 			n       int
 			states  []map[string]fileState
@@ -329,8 +352,12 @@ func unmountUnder(t *testing.T, root string) {
 // the invariants (returning what broke), then cleans everything up.
 func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked, ids []string) string {
 	t.Helper()
+	// The work dir holds exactly this state: nothing left by the
+	// previous state's recovery (rebuilt or moved records).
+	if err := os.RemoveAll(work); err != nil {
+		t.Fatal(err)
+	}
 	for f, s := range st {
-		os.Remove(f)
 		if s.exists {
 			if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
 				t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -411,8 +412,9 @@ func (c *Committer) commitLoop() {
 }
 
 // commit makes files and directories durable: each file by fsync, or by
-// a full durable rewrite if that fails; then each directory. A file or
-// directory removed since is skipped (its parent's entry is in dirs).
+// a full durable rewrite if that fails; then each directory. A file
+// removed since is committed by its directory's fsync, a directory
+// removed since by its parent's.
 func (c *Committer) commit(files map[string]content, dirs map[string]bool) error {
 	var errs []error
 	fsync := c.fsync()
@@ -445,11 +447,30 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 			errs = append(errs, err)
 		}
 	}
-	for d := range dirs {
-		c.fsyncs.Add(1)
-		if err := fsync(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+	// A directory removed since the round began is committed by its
+	// parent's fsync (the removal of its entry takes what was inside with
+	// it), up to one that exists: ignoring it would count as durable a
+	// removal, or a version, that nothing made durable. (One whose
+	// removal is in this round has its parent in dirs already.) Each
+	// parent is fsynced after every removal found in the pass before, so
+	// once per pass is enough.
+	for todo := maps.Clone(dirs); len(todo) > 0; {
+		parents := map[string]bool{}
+		for d := range todo {
+			c.fsyncs.Add(1)
+			err := fsync(d)
+			if errors.Is(err, fs.ErrNotExist) {
+				if parent := filepath.Dir(d); parent != d && !files[d].removed {
+					parents[parent] = true
+				}
+				continue
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
 		}
+		maps.Copy(dirs, parents) // retried with the files if the round fails
+		todo = parents
 	}
 	return errors.Join(errs...)
 }

@@ -242,3 +242,71 @@ func readPayload(path string) ([]byte, error) {
 	b, _, err := ReadRecord(path)
 	return b, err
 }
+
+// A record whose file and directory are removed while a round is
+// committing a new version of it (a cleanup that forgets a container
+// right after its CLEANING record): the round makes durable neither that
+// version (the file is gone) nor, if it ignores the missing directory,
+// the removal. It must not count as done before the directory's parent,
+// whose fsync makes the removal durable, is fsynced after the removal.
+func TestRoundCommitsARemovedDirectoryByItsParent(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "c1")
+	path := filepath.Join(dir, "volumes.state")
+	var c Committer
+	if err := c.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(path, []byte("PREPARED"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu            sync.Mutex
+		removed       bool
+		parentSynced  bool // base fsynced after the removal
+		removeErrs    []error
+		removeTrigger sync.Once
+	)
+	c.Fsync = func(p string) error {
+		if p == path {
+			// The cleanup forgets the record while the round is here.
+			removeTrigger.Do(func() {
+				_, err1 := c.Remove(path)
+				_, err2 := c.Remove(dir)
+				mu.Lock()
+				removed, removeErrs = true, []error{err1, err2}
+				mu.Unlock()
+			})
+		}
+		err := syncFile(p)
+		mu.Lock()
+		if p == base && removed && err == nil {
+			parentSynced = true
+		}
+		mu.Unlock()
+		return err
+	}
+	n, err := c.Put(path, []byte("CLEANING"), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if err := errors.Join(removeErrs...); err != nil {
+		t.Fatal(err)
+	}
+	if !removed {
+		t.Fatal("the round did not fsync the record")
+	}
+	if !parentSynced {
+		t.Fatalf("change %d reported durable, but %s was not fsynced after %s was removed: neither the new version nor the removal is durable", n, base, dir)
+	}
+}
