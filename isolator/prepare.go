@@ -207,12 +207,12 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 			pending = append(pending, p)
 			records = append(records, p.rec)
 		}
-		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = records }); err != nil {
+		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = records, iso.bootID }); err != nil {
 			return err
 		}
 		for _, p := range pending {
 			if err := iso.mountOne(c, p, uid, gid); err != nil {
-				if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = made }); serr != nil {
+				if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = made, iso.bootID }); serr != nil {
 					iso.log.Error("checkpointing the mounts made", "container", c.id, "error", serr)
 				}
 				return fmt.Errorf("volume %s: %w", p.pm.key, err)

@@ -36,6 +36,7 @@ func quarantined(cp *statev1.ContainerCheckpoint) bool {
 func (iso *Isolator) quarantine(id, dir, aside string) {
 	cp := &statev1.ContainerCheckpoint{
 		ContainerId: id,
+		BootId:      iso.bootID,
 		Phase:       agentv1.ContainerStatus_PHASE_UNKNOWN,
 		Request:     &agentv1.PrepareRequest{ContainerId: id},
 	}

@@ -20,6 +20,9 @@ import (
 // locked is being handled by a live operation and is skipped.
 func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	if recovery {
+		for _, id := range iso.containerIDs() {
+			iso.withContainerIfFree(id, iso.forgetOtherBootMountIDs)
+		}
 		iso.forEachVolume(func(v *volume) { iso.recoverVolume(v) })
 	}
 	// A plugin that is not ready holds up its own volumes and containers
@@ -165,6 +168,26 @@ func (iso *Isolator) recoverVolume(v *volume) {
 	iso.log.Info("recovered volume", "volume", v.key.String(), "rebooted", rebooted, "dropped_users", stale, "added_users", missing)
 }
 
+// forgetOtherBootMountIDs clears the mount ids a container record holds
+// from another boot: after a reboot they are reused by unrelated mounts,
+// so a cleanup trusting them would find "our" mount somewhere else and
+// refuse for ever. With the id cleared, a mount is ours only if it is at
+// the mount point with the volume's root (mount.UnmountOwn with id 0).
+func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
+	if c.cp.GetBootId() == "" || c.cp.GetBootId() == iso.bootID {
+		return
+	}
+	err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
+		for _, m := range cp.Mounts {
+			m.MountId, m.ParentMountId = 0, 0
+		}
+		cp.BootId = iso.bootID
+	})
+	if err != nil {
+		iso.log.Warn("clearing a container's mount ids from before the reboot", "container", c.id, "error", err)
+	}
+}
+
 // remount restores a prepared container's mounts that are missing (after
 // a reboot, or if someone unmounted them).
 func (iso *Isolator) remount(ctx context.Context, c *container) {
@@ -219,6 +242,7 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 			// The new mount's identity, for the cleanup to find it.
 			return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
 				cp.Mounts[i].MountId, cp.Mounts[i].ParentMountId = id, parent
+				cp.BootId = iso.bootID
 			})
 		})
 		if err != nil {

@@ -192,8 +192,13 @@ type ContainerCheckpoint struct {
 	// For requests with a pid: the inode of the container's mount namespace,
 	// to tell it from a later process that reuses the pid.
 	MountNamespace uint64 `protobuf:"varint,6,opt,name=mount_namespace,json=mountNamespace,proto3" json:"mount_namespace,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The boot in which the mounts' mount ids were recorded. Mount ids are
+	// reused from low numbers after a reboot: ids of another boot name
+	// nothing of ours and are cleared by recovery (an id of 0 means "find
+	// the mount by its root").
+	BootId        string `protobuf:"bytes,7,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerCheckpoint) Reset() {
@@ -268,6 +273,13 @@ func (x *ContainerCheckpoint) GetMountNamespace() uint64 {
 	return 0
 }
 
+func (x *ContainerCheckpoint) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
+}
+
 var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
@@ -291,7 +303,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	" \x01(\tR\tlastError\x12=\n" +
 	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
 	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12$\n" +
-	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\"\xb8\x02\n" +
+	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\"\xd1\x02\n" +
 	"\x13ContainerCheckpoint\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
 	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x12;\n" +
@@ -299,7 +311,8 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x06mounts\x18\x04 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\x12'\n" +
-	"\x0fmount_namespace\x18\x06 \x01(\x04R\x0emountNamespaceB5Z3github.com/csiagent/csiagent/proto/state/v1;statev1b\x06proto3"
+	"\x0fmount_namespace\x18\x06 \x01(\x04R\x0emountNamespace\x12\x17\n" +
+	"\aboot_id\x18\a \x01(\tR\x06bootIdB5Z3github.com/csiagent/csiagent/proto/state/v1;statev1b\x06proto3"
 
 var (
 	file_proto_state_v1_state_proto_rawDescOnce sync.Once
