@@ -34,8 +34,10 @@ const (
 	// startTimeout bounds waiting for a plugin to serve (it dials with a
 	// short backoff until the socket accepts).
 	startTimeout = 10 * time.Second
-	// rpcTimeout bounds each call that is expected to answer.
-	rpcTimeout = 5 * time.Second
+	// rpcTimeout bounds the calls of one subtest that are expected to
+	// answer (a context shared by a dozen mount-making calls: 5 s ran out
+	// on a loaded 2-CPU CI machine).
+	rpcTimeout = 30 * time.Second
 	// hangTimeout is the deadline of calls that are expected to hang.
 	hangTimeout = 200 * time.Millisecond
 	// exitTimeout bounds waiting for a plugin to exit.
