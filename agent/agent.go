@@ -84,7 +84,8 @@ type Config struct {
 	ReclaimClock reclaim.Clock
 	// VolumeStatsInterval is how often each published volume's usage and
 	// health are polled (plugins with GET_VOLUME_STATS or
-	// GET_VOLUME_HEALTH); 0: volumestats.DefaultInterval.
+	// GET_VOLUME_HEALTH); 0 turns periodic polling (and so repair) off:
+	// csi-agent volumes --refresh-stats still polls.
 	VolumeStatsInterval time.Duration
 
 	// MetricsAddress, when set, is the host:port where Run serves

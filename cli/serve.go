@@ -40,7 +40,7 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.ReclaimDefaults.Timeout, "reclaim-timeout", agent.DefaultReclaimTimeout, "default deadline of one NodeReclaimSpace call")
 	fs.IntVar(&cfg.ReclaimDefaults.MaxConcurrent, "reclaim-max-concurrent-per-plugin", agent.DefaultReclaimPluginMax, "default cap on one plugin's concurrent reclaims")
 	fs.IntVar(&cfg.ReclaimMaxConcurrent, "reclaim-max-concurrent", agent.DefaultReclaimMaxConcurrent, "cap on concurrent reclaims agent-wide")
-	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth)")
+	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth); 0 turns periodic polling off")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")

@@ -13,8 +13,14 @@ const (
 	DefaultInterval      = time.Minute
 	DefaultMaxConcurrent = 4
 	DefaultCallTimeout   = 10 * time.Second
-	// rescan bounds how long a newly published volume waits to be seen.
+	// rescan bounds how long a newly published volume waits to be seen:
+	// the volume list is read again at most this often.
 	rescan = 10 * time.Second
+	// maxTick is the poller's coarsest wake-up granularity: volumes due
+	// within one tick (a sixtieth of the interval, at most this) are
+	// polled together; 10,000 volumes at one-minute slots would otherwise
+	// wake it every 6 ms.
+	maxTick = time.Second
 )
 
 // Volume is one published volume and where it is.
@@ -72,11 +78,10 @@ type Poller struct {
 	busy map[Key]bool
 }
 
-// New returns a Poller; it polls nothing until Run or Refresh.
+// New returns a Poller; it polls nothing until Run or Refresh. An
+// Interval of 0 or less turns periodic polling off (Run returns at once);
+// Refresh still polls.
 func New(cfg Config) *Poller {
-	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultInterval
-	}
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = DefaultMaxConcurrent
 	}
@@ -104,15 +109,23 @@ func (p *Poller) slot(k Key, now time.Time) time.Time {
 	return start
 }
 
-// Run polls until ctx ends, then waits for the calls in flight.
+// Run polls until ctx ends, then waits for the calls in flight. With
+// periodic polling off it returns at once.
 func (p *Poller) Run(ctx context.Context) {
+	if p.cfg.Interval <= 0 {
+		return
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var vols []Volume
+	var scanned time.Time
 	for {
 		now := time.Now()
-		vols := p.cfg.Source.Volumes()
+		if now.Sub(scanned) >= min(rescan, p.cfg.Interval) {
+			vols, scanned = p.cfg.Source.Volumes(), now
+		}
 		var run []Volume
-		next := now.Add(min(rescan, p.cfg.Interval))
+		next := scanned.Add(min(rescan, p.cfg.Interval))
 		p.mu.Lock()
 		seen := map[Key]bool{}
 		for _, v := range vols {
@@ -147,7 +160,7 @@ func (p *Poller) Run(ctx context.Context) {
 				p.poll(ctx, v)
 			}()
 		}
-		t := time.NewTimer(time.Until(next))
+		t := time.NewTimer(max(time.Until(next), min(maxTick, p.cfg.Interval/60)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
