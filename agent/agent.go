@@ -86,6 +86,10 @@ type Config struct {
 	// health are polled (plugins with GET_VOLUME_STATS or
 	// GET_VOLUME_HEALTH); 0: volumestats.DefaultInterval.
 	VolumeStatsInterval time.Duration
+	// NoRepair turns off repair: a published volume whose target path is
+	// found not mounted (by a volume stats pass) is then only reported,
+	// not republished and re-bound into its containers.
+	NoRepair bool
 
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
