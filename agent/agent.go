@@ -82,6 +82,10 @@ type Config struct {
 	ReclaimMaxConcurrent int
 	// ReclaimClock is for tests; nil: the real clock.
 	ReclaimClock reclaim.Clock
+	// KeyRotationDefaults schedules csi-addons EncryptionKeyRotate on the
+	// published volumes of plugins that offer it, for plugins whose config
+	// does not override it; Interval 0 (the default): not scheduled.
+	KeyRotationDefaults reclaim.Policy
 	// VolumeStatsInterval is how often each published volume's usage and
 	// health are polled (plugins with GET_VOLUME_STATS or
 	// GET_VOLUME_HEALTH); 0: volumestats.DefaultInterval.
@@ -133,6 +137,9 @@ func (c *Config) setDefaults() {
 	if c.ReclaimDefaults.Timeout <= 0 {
 		c.ReclaimDefaults.Timeout = DefaultReclaimTimeout
 	}
+	if c.KeyRotationDefaults.Timeout <= 0 {
+		c.KeyRotationDefaults.Timeout = DefaultKeyRotationTimeout
+	}
 	if c.ReclaimDefaults.MaxConcurrent <= 0 {
 		c.ReclaimDefaults.MaxConcurrent = DefaultReclaimPluginMax
 	}
@@ -152,6 +159,11 @@ type Agent struct {
 	iso         *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
+	// keyRotator is a second reclaim scheduler: it rotates keys.
+	keyRotator *reclaim.Scheduler
+	// ctrlops serves the Controller API; the key rotation schedule calls
+	// it too.
+	ctrlops *controllerops.Server
 	// stats polls published volumes' usage and health.
 	stats *volumestats.Poller
 	// stopping is closed when shutdown begins, ending watch streams.
@@ -204,6 +216,11 @@ func New(cfg Config) (*Agent, error) {
 		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
+	a.keyRotator = reclaim.New(reclaim.Config{
+		Target: keyRotationTarget{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
+		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
+	})
+	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
 	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
@@ -234,8 +251,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
 		OnChange: a.changed.notify,
 		OnReady: func(typ string) {
-			a.reclaimer.ResetPlugin(typ)
-			a.reclaimer.Poke()
+			for _, s := range []*reclaim.Scheduler{a.reclaimer, a.keyRotator} {
+				s.ResetPlugin(typ)
+				s.Poke()
+			}
 		},
 	}
 
@@ -278,7 +297,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
-	agentv1.RegisterControllerServer(srv, controllerops.New(controllerPlugins{a}, a.log))
+	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
@@ -323,6 +342,13 @@ loop:
 						select {
 						case <-a.iso.Recovered():
 							a.reclaimer.Run(runCtx)
+						case <-runCtx.Done():
+						}
+					})
+					wg.Go(func() {
+						select {
+						case <-a.iso.Recovered():
+							a.keyRotator.Run(runCtx)
 						case <-runCtx.Done():
 						}
 					})
@@ -425,6 +451,7 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 		if ev.Kind == pluginconfig.Added || ev.Kind == pluginconfig.Changed {
 			// A new config may implement reclaim where the old did not.
 			defer a.reclaimer.ResetPlugin(ev.Type)
+			defer a.keyRotator.ResetPlugin(ev.Type)
 		}
 		switch ev.Kind {
 		case pluginconfig.Added:
@@ -442,7 +469,14 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 		}
 	}
 	a.changed.notify()
+	a.pokeSchedules()
+}
+
+// pokeSchedules tells the per-volume schedules (reclaim, key rotation)
+// that volumes or policies changed.
+func (a *Agent) pokeSchedules() {
 	a.reclaimer.Poke()
+	a.keyRotator.Poke()
 }
 
 // runner is the daemon's handle on one supervised plugin.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -82,7 +84,32 @@ func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (R
 			errs = append(errs, fmt.Errorf("container %s: %w", id, err))
 		}
 	}
-	return r, errors.Join(errs...)
+	err = errors.Join(errs...)
+	note := r.String(time.Now(), err)
+	if serr := iso.withVolume(ctx, key, func(v *volume) error {
+		if v == nil {
+			return nil
+		}
+		return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastRepair = note })
+	}); serr != nil {
+		iso.log.Error("recording a repair", "volume", key.String(), "error", serr)
+	}
+	return r, err
+}
+
+// String says what a repair at t did, for the volume's status.
+func (r Repair) String(t time.Time, err error) string {
+	parts := []string{t.UTC().Format(time.RFC3339) + ": target path was not mounted: republished"}
+	if len(r.Rebound) > 0 {
+		parts = append(parts, "re-bound "+strings.Join(r.Rebound, ", "))
+	}
+	if len(r.Skipped) > 0 {
+		parts = append(parts, "left alone "+strings.Join(r.Skipped, ", "))
+	}
+	if err != nil {
+		parts = append(parts, "failed: "+err.Error())
+	}
+	return strings.Join(parts, "; ")
 }
 
 // rebindContainer replaces container id's mounts of the volume published
