@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 
 	"github.com/csiagent/csiagent/mount"
 )
@@ -76,7 +80,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 	var newID uint64
 	waitFor(t, "the repair to re-bind the container's mount", func() bool {
 		newID = containerMountID(t, h, "repair")
-		return newID != oldID
+		return newID != 0 && newID != oldID
 	})
 	if ok, err := mount.IsMountPoint(target); err != nil || !ok {
 		t.Errorf("the target %s is not mounted again: %v, %v", target, ok, err)
@@ -90,6 +94,10 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 	}
 	if n := h.scrape().value("csi_agent_volume_repairs_total", map[string]string{"plugin": "loop", "result": "repaired"}); n != 1 {
 		t.Errorf("csi_agent_volume_repairs_total{result=repaired} = %v; want 1", n)
+	}
+	want := fmt.Sprintf("re-bound container repair: /data: mount %d replaced by %d", oldID, newID)
+	if vs := h.a.iso.ListVolumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), want) {
+		t.Errorf("the volume's last repair: %v; want it to say %q", vs, want)
 	}
 
 	if err := os.WriteFile(filepath.Join(target, "go"), nil, 0o644); err != nil {
@@ -113,7 +121,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 }
 
 // containerMountID is the mount id the agent records for container id's
-// one mount.
+// one mount (0 while it has none, or two during a re-bind).
 func containerMountID(t *testing.T, h *harness, id string) uint64 {
 	t.Helper()
 	for _, c := range h.a.iso.ListContainers() {
@@ -158,4 +166,62 @@ func mountsAt(t *testing.T, pid int, path string) []uint64 {
 		}
 	}
 	return ids
+}
+
+// TestRepairLeavesOthersMountsAlone: a container's mount point holds a
+// mount the agent did not make (stacked on ours); after the target is
+// unmounted behind the agent's back, a refresh republishes the volume but
+// leaves that mount and the record as they are, and says so.
+func TestRepairLeavesOthersMountsAlone(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "rep")
+	h.start(fastConfig(h))
+	h.waitPlugin("loop", "ready", ready)
+	resp := h.mustPrepare("c", h.dir("sandbox"), "", volumeSpec{plugin: "loop", id: "rep", path: "d"})
+	mp := resp.GetMounts()[0].GetMountPoint()
+	oldID := containerMountID(t, h, "c")
+	if err := unix.Mount("tmpfs", mp, "tmpfs", 0, "size=1m"); err != nil { // not ours
+		t.Fatal(err)
+	}
+	var theirs uint64
+	if f, err := os.Open(mp); err != nil {
+		t.Fatal(err)
+	} else {
+		theirs, err = mount.ID(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	target := h.a.iso.ListVolumes()[0].GetTargetPath()
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.api().ListVolumes(context.Background(), &agentv1.ListVolumesRequest{RefreshStats: true}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := mount.IsMountPoint(target); err != nil || !ok {
+		t.Errorf("the target %s is not mounted again: %v, %v", target, ok, err)
+	}
+	if f, err := os.Open(mp); err != nil {
+		t.Error(err)
+	} else if top, err := mount.ID(f); err != nil || top != theirs {
+		t.Errorf("the top mount at %s is %d (%v); want the one that is not ours, %d", mp, top, err, theirs)
+		f.Close()
+	} else {
+		f.Close()
+	}
+	if id := containerMountID(t, h, "c"); id != oldID {
+		t.Errorf("recorded mount %d; want the old record %d kept", id, oldID)
+	}
+	if vs := h.a.iso.ListVolumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), "left alone container c: d: the mount there is not the one the agent made") {
+		t.Errorf("the volume's last repair: %v", vs)
+	}
+	if err := unix.Unmount(mp, 0); err != nil {
+		t.Fatal(err)
+	}
+	h.mustCleanup("c")
+	h.assertClean(pool)
 }
