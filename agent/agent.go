@@ -82,11 +82,19 @@ type Config struct {
 	ReclaimMaxConcurrent int
 	// ReclaimClock is for tests; nil: the real clock.
 	ReclaimClock reclaim.Clock
+	// KeyRotationDefaults schedules csi-addons EncryptionKeyRotate on the
+	// published volumes of plugins that offer it, for plugins whose config
+	// does not override it; Interval 0 (the default): not scheduled.
+	KeyRotationDefaults reclaim.Policy
 	// VolumeStatsInterval is how often each published volume's usage and
 	// health are polled (plugins with GET_VOLUME_STATS or
 	// GET_VOLUME_HEALTH); 0 turns periodic polling (and so repair) off:
 	// csi-agent volumes --refresh-stats still polls.
 	VolumeStatsInterval time.Duration
+	// NoRepair turns off repair: a published volume whose target path is
+	// found not mounted (by a volume stats pass) is then only reported,
+	// not republished and re-bound into its containers.
+	NoRepair bool
 
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
@@ -130,6 +138,9 @@ func (c *Config) setDefaults() {
 	if c.ReclaimDefaults.Timeout <= 0 {
 		c.ReclaimDefaults.Timeout = DefaultReclaimTimeout
 	}
+	if c.KeyRotationDefaults.Timeout <= 0 {
+		c.KeyRotationDefaults.Timeout = DefaultKeyRotationTimeout
+	}
 	if c.ReclaimDefaults.MaxConcurrent <= 0 {
 		c.ReclaimDefaults.MaxConcurrent = DefaultReclaimPluginMax
 	}
@@ -149,6 +160,11 @@ type Agent struct {
 	iso         *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
+	// keyRotator is a second reclaim scheduler: it rotates keys.
+	keyRotator *reclaim.Scheduler
+	// ctrlops serves the Controller API; the key rotation schedule calls
+	// it too.
+	ctrlops *controllerops.Server
 	// stats polls published volumes' usage and health.
 	stats *volumestats.Poller
 	// stopping is closed when shutdown begins, ending watch streams.
@@ -201,6 +217,11 @@ func New(cfg Config) (*Agent, error) {
 		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
+	a.keyRotator = reclaim.New(reclaim.Config{
+		Target: keyRotationTarget{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
+		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
+	})
+	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
 	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
@@ -231,8 +252,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
 		OnChange: a.changed.notify,
 		OnReady: func(typ string) {
-			a.reclaimer.ResetPlugin(typ)
-			a.reclaimer.Poke()
+			for _, s := range []*reclaim.Scheduler{a.reclaimer, a.keyRotator} {
+				s.ResetPlugin(typ)
+				s.Poke()
+			}
 		},
 	}
 
@@ -275,7 +298,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
 	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
-	agentv1.RegisterControllerServer(srv, controllerops.New(controllerPlugins{a}, a.log))
+	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
 	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
@@ -320,6 +343,13 @@ loop:
 						select {
 						case <-a.iso.Recovered():
 							a.reclaimer.Run(runCtx)
+						case <-runCtx.Done():
+						}
+					})
+					wg.Go(func() {
+						select {
+						case <-a.iso.Recovered():
+							a.keyRotator.Run(runCtx)
 						case <-runCtx.Done():
 						}
 					})
@@ -422,6 +452,7 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 		if ev.Kind == pluginconfig.Added || ev.Kind == pluginconfig.Changed {
 			// A new config may implement reclaim where the old did not.
 			defer a.reclaimer.ResetPlugin(ev.Type)
+			defer a.keyRotator.ResetPlugin(ev.Type)
 		}
 		switch ev.Kind {
 		case pluginconfig.Added:
@@ -439,7 +470,14 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 		}
 	}
 	a.changed.notify()
+	a.pokeSchedules()
+}
+
+// pokeSchedules tells the per-volume schedules (reclaim, key rotation)
+// that volumes or policies changed.
+func (a *Agent) pokeSchedules() {
 	a.reclaimer.Poke()
+	a.keyRotator.Poke()
 }
 
 // runner is the daemon's handle on one supervised plugin.

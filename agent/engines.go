@@ -38,7 +38,7 @@ func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest)
 		return nil, err
 	}
 	resp, err := b.a.iso.Prepare(ctx, req)
-	b.a.reclaimer.Poke()
+	b.a.pokeSchedules()
 	return resp, err
 }
 
@@ -47,7 +47,7 @@ func (b engineBackend) Cleanup(ctx context.Context, id string) error {
 		return err
 	}
 	err := b.a.iso.Cleanup(ctx, id, false)
-	b.a.reclaimer.Poke()
+	b.a.pokeSchedules()
 	return err
 }
 

@@ -51,6 +51,9 @@ type metrics struct {
 	rpcDuration *prometheus.HistogramVec
 	apiTotal    *prometheus.CounterVec
 	apiDuration *prometheus.HistogramVec
+	repairs     *prometheus.CounterVec
+	// keyRotations counts scheduled EncryptionKeyRotate calls.
+	keyRotations *prometheus.CounterVec
 
 	mu   sync.Mutex
 	addr net.Addr // bound address while serving
@@ -77,11 +80,19 @@ func newMetrics(a *Agent) *metrics {
 			Help:    "Latency of unary agent API calls (Prepare, Cleanup, ...), by method.",
 			Buckets: latencyBuckets(),
 		}, []string{"method"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "csi_agent_volume_repairs_total",
+			Help: "Repairs of published volumes whose target path was found not mounted (republished, re-bound into containers), by plugin type and result (repaired, failed).",
+		}, []string{"plugin", "result"}),
+		keyRotations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "csi_agent_scheduled_key_rotations_total",
+			Help: "Scheduled csi-addons EncryptionKeyRotate calls (retries included), by plugin type and gRPC status code.",
+		}, []string{"plugin", "code"}),
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration,
+		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration, m.repairs, m.keyRotations,
 		newStateCollector(a),
 		newVolumeStatsCollector(a),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{

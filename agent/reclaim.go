@@ -39,17 +39,26 @@ func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
 	if r == nil {
 		return reclaim.Policy{}
 	}
-	if s := r.plugin.Info.Settings; s != nil && s.ReclaimSpace != nil {
-		o := s.ReclaimSpace
-		if o.Interval != nil {
-			p.Interval = time.Duration(*o.Interval)
-		}
-		if o.Timeout != nil {
-			p.Timeout = time.Duration(*o.Timeout)
-		}
-		if o.MaxConcurrent != nil {
-			p.MaxConcurrent = *o.MaxConcurrent
-		}
+	if s := r.plugin.Info.Settings; s != nil {
+		p = overridden(p, s.ReclaimSpace)
+	}
+	return p
+}
+
+// overridden is a schedule's policy with a plugin config's overrides (nil:
+// none).
+func overridden(p reclaim.Policy, o *pluginconfig.ReclaimPolicy) reclaim.Policy {
+	if o == nil {
+		return p
+	}
+	if o.Interval != nil {
+		p.Interval = time.Duration(*o.Interval)
+	}
+	if o.Timeout != nil {
+		p.Timeout = time.Duration(*o.Timeout)
+	}
+	if o.MaxConcurrent != nil {
+		p.MaxConcurrent = *o.MaxConcurrent
 	}
 	return p
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
@@ -58,6 +59,7 @@ func (s statsSource) Volumes() []volumestats.Volume {
 // offers them.
 func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats.Stats {
 	var st volumestats.Stats
+	s.a.repair(ctx, v)
 	conn, err := liveNode{s.a, v.Plugin}.conn(ctx, "csi.v1.Node")
 	if err != nil {
 		st.Err = err
@@ -167,5 +169,28 @@ func (c *volumeStatsCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			g(c.health, abnormal)
 		}
+	}
+}
+
+// repair republishes a volume whose target path is no longer mounted and
+// re-binds it into its containers (see isolator.Repair), unless repair is
+// off; it logs and counts what it did.
+func (a *Agent) repair(ctx context.Context, v volumestats.Volume) {
+	if mounted, err := mount.IsMountPoint(v.TargetPath); err != nil || mounted {
+		return
+	}
+	if a.cfg.NoRepair {
+		a.log.Warn("a published volume's target path is not mounted; repair is off (--repair=false)", "plugin", v.Plugin, "volume", v.ID, "target", v.TargetPath)
+		return
+	}
+	r, err := a.iso.Repair(ctx, v.Plugin, v.ID)
+	if err != nil {
+		a.metrics.repairs.WithLabelValues(v.Plugin, "failed").Inc()
+		a.log.Error("repairing a volume whose target path was not mounted", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped, "error", err)
+		return
+	}
+	if r.Republished {
+		a.metrics.repairs.WithLabelValues(v.Plugin, "repaired").Inc()
+		a.log.Warn("repaired a volume whose target path was not mounted: republished", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped)
 	}
 }

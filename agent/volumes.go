@@ -209,7 +209,7 @@ func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*
 		return nil, err
 	}
 	resp, err := s.a.iso.Prepare(ctx, req)
-	s.a.reclaimer.Poke()
+	s.a.pokeSchedules()
 	return resp, toStatus(err)
 }
 
@@ -221,7 +221,7 @@ func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*
 		return nil, err
 	}
 	err := s.a.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
-	s.a.reclaimer.Poke()
+	s.a.pokeSchedules()
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -242,6 +242,11 @@ func (s *apiServer) ListVolumes(ctx context.Context, req *agentv1.ListVolumesReq
 		if v.NextReclaim == nil {
 			if next, ok := s.a.reclaimer.Next(v.PluginName, v.VolumeId); ok {
 				v.NextReclaim = timestamppb.New(next)
+			}
+		}
+		if v.NextKeyRotation == nil {
+			if next, ok := s.a.keyRotator.Next(v.PluginName, v.VolumeId); ok {
+				v.NextKeyRotation = timestamppb.New(next)
 			}
 		}
 	}
@@ -269,6 +274,6 @@ func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest
 		}
 	}
 	resp := s.a.iso.Reconcile(ctx, live)
-	s.a.reclaimer.Poke()
+	s.a.pokeSchedules()
 	return resp, nil
 }

@@ -40,12 +40,16 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.ReclaimDefaults.Timeout, "reclaim-timeout", agent.DefaultReclaimTimeout, "default deadline of one NodeReclaimSpace call")
 	fs.IntVar(&cfg.ReclaimDefaults.MaxConcurrent, "reclaim-max-concurrent-per-plugin", agent.DefaultReclaimPluginMax, "default cap on one plugin's concurrent reclaims")
 	fs.IntVar(&cfg.ReclaimMaxConcurrent, "reclaim-max-concurrent", agent.DefaultReclaimMaxConcurrent, "cap on concurrent reclaims agent-wide")
-	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth); 0 turns periodic polling off")
+	fs.DurationVar(&cfg.KeyRotationDefaults.Interval, "key-rotation-interval", 0, "default interval between two scheduled csi-addons key rotations of a published volume (0, the default: off); a plugin's config may override it")
+	fs.DurationVar(&cfg.KeyRotationDefaults.Timeout, "key-rotation-timeout", agent.DefaultKeyRotationTimeout, "default deadline of one scheduled EncryptionKeyRotate call")
+	repair := fs.Bool("repair", true, "republish a published volume whose target path is found not mounted (by a volume stats pass) and re-bind it into its containers")
+	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth); 0 turns periodic polling, and so repair, off")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker, Podman and 'csi-agent volume' (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
+		cfg.NoRepair = !*repair
 		return e.serve(ctx, name, cfg, *apiGroup, *logFormat, *logLevel)
 	}
 }

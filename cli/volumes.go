@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -142,18 +143,23 @@ func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 			return printJSON(e.stdout, resp)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tTARGET\tERROR")
+		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tNEXT KEY ROTATION\tLAST REPAIR\tTARGET\tERROR")
 		for _, v := range resp.GetVolumes() {
-			next := "-"
-			if v.GetNextReclaim() != nil {
-				next = v.GetNextReclaim().AsTime().Local().Format(time.DateTime)
-			}
 			use, cond := statsCells(v.GetStats())
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
-				orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), next, v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+				orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), timeCell(v.GetNextReclaim()),
+				timeCell(v.GetNextKeyRotation()), orDash(oneLine(v.GetLastRepair())), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
 		}
 		return tw.Flush()
 	})
+}
+
+// timeCell is a scheduled time in local time, "-" when unset.
+func timeCell(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().Local().Format(time.DateTime)
 }
 
 // statsCells summarises a volume's last stats poll: use ("42% of 1.0

@@ -28,23 +28,36 @@ func keyRotateSpec() rpcSpec {
 // one operation per volume at a time.
 func (s *Server) RotateKey(req *agentv1.RotateKeyRequest, stream grpc.ServerStreamingServer[agentv1.OperationReply]) error {
 	return serve(s, "RotateKey", req, stream, operationProgress, func(ctx context.Context, o *op) error {
-		id := req.GetVolumeId()
-		if id == "" {
-			return invalid("volume_id is required: a volume published on this host")
+		if err := s.rotateKey(ctx, o, req.GetVolumeId(), req.GetParameters(), req.GetSecrets()); err != nil {
+			return err
 		}
-		pv, ok := s.plugins.Published(o.plugin, id)
-		if !ok {
-			return status.Errorf(codes.FailedPrecondition, "volume %s of plugin %s is not published on this host: its key is rotated where it is published", id, o.plugin)
-		}
-		return o.withLock(ctx, "volume", id, func() error {
-			preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
-			if err := o.invoke(ctx, keyRotateSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := ekr.NewEncryptionKeyRotationControllerClient(conn).EncryptionKeyRotate(ctx, preq)
-				return err
-			}); err != nil {
-				return err
-			}
-			return stream.Send(&agentv1.OperationReply{Done: true})
+		return stream.Send(&agentv1.OperationReply{Done: true})
+	})
+}
+
+// RotateKeyOnce makes one EncryptionKeyRotate call for a published volume
+// (no parameters, no secrets), under the same per-volume lock as
+// RotateKey: for a schedule, which retries by its own rules. The error is
+// the plugin's status error, or FailedPrecondition when the volume is not
+// published here.
+func (s *Server) RotateKeyOnce(ctx context.Context, plugin, id string) error {
+	o := &op{s: s, plugin: plugin, policy: retryPolicy{attempts: 1}, progress: func(*agentv1.Progress) error { return nil }}
+	return asStatus(s.rotateKey(ctx, o, id, nil, nil))
+}
+
+func (s *Server) rotateKey(ctx context.Context, o *op, id string, params, secrets map[string]string) error {
+	if id == "" {
+		return invalid("volume_id is required: a volume published on this host")
+	}
+	pv, ok := s.plugins.Published(o.plugin, id)
+	if !ok {
+		return status.Errorf(codes.FailedPrecondition, "volume %s of plugin %s is not published on this host: its key is rotated where it is published", id, o.plugin)
+	}
+	return o.withLock(ctx, "volume", id, func() error {
+		preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: params, Secrets: secrets}
+		return o.invoke(ctx, keyRotateSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
+			_, err := ekr.NewEncryptionKeyRotationControllerClient(conn).EncryptionKeyRotate(ctx, preq)
+			return err
 		})
 	})
 }

@@ -632,6 +632,7 @@ func (iso *Isolator) ListVolumes() []*agentv1.VolumeStatus {
 			Containers: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
 			NextReclaim: cp.GetNextReclaim(), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
+			NextKeyRotation: cp.GetNextKeyRotation(), LastRepair: cp.GetLastRepair(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {

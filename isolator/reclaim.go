@@ -27,10 +27,11 @@ type ReclaimController interface {
 	ControllerReclaimSpace(ctx context.Context, in *reclaimspace.ControllerReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.ControllerReclaimSpaceResponse, error)
 }
 
-// PublishedVolume is a published volume and its reclaim schedule.
+// PublishedVolume is a published volume and its reclaim and key rotation
+// schedules.
 type PublishedVolume struct {
-	Plugin, ID  string
-	NextReclaim time.Time
+	Plugin, ID                   string
+	NextReclaim, NextKeyRotation time.Time
 	// Since is when the volume was published.
 	Since time.Time
 }
@@ -51,6 +52,9 @@ func (iso *Isolator) Published() []PublishedVolume {
 		if n := v.cp.GetNextReclaim(); n != nil {
 			pv.NextReclaim = n.AsTime()
 		}
+		if n := v.cp.GetNextKeyRotation(); n != nil {
+			pv.NextKeyRotation = n.AsTime()
+		}
 		out = append(out, pv)
 	}
 	return out
@@ -58,11 +62,21 @@ func (iso *Isolator) Published() []PublishedVolume {
 
 // ScheduleReclaim persists a volume's next reclaim time.
 func (iso *Isolator) ScheduleReclaim(ctx context.Context, plugin, id string, next time.Time) error {
+	return iso.schedule(ctx, plugin, id, func(cp *statev1.VolumeCheckpoint) { cp.NextReclaim = timestamppb.New(next) })
+}
+
+// ScheduleKeyRotation persists a volume's next key rotation time.
+func (iso *Isolator) ScheduleKeyRotation(ctx context.Context, plugin, id string, next time.Time) error {
+	return iso.schedule(ctx, plugin, id, func(cp *statev1.VolumeCheckpoint) { cp.NextKeyRotation = timestamppb.New(next) })
+}
+
+// schedule records a schedule's next run with a volume.
+func (iso *Isolator) schedule(ctx context.Context, plugin, id string, set func(cp *statev1.VolumeCheckpoint)) error {
 	return iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
 		if v == nil {
 			return reclaim.ErrNotPublished
 		}
-		return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.NextReclaim = timestamppb.New(next) })
+		return iso.updateVolume(v, set)
 	})
 }
 

@@ -416,5 +416,5 @@ func bindInto(source string, target *os.File, readOnly bool) error {
 	// After a successful move closing the descriptor leaves the mount
 	// alone; before, it unmounts the detached copy.
 	defer tree.Close()
-	return moveTree(tree, target)
+	return moveTree(tree, target, 0)
 }

@@ -67,13 +67,28 @@ func cloneTree(source string, readOnly bool) (*os.File, error) {
 // target inside InNamespace and call MoveTree there too. On error tree stays
 // detached; closing it drops it.
 func MoveTree(tree, target *os.File) error {
-	if err := moveTree(tree, target); err != nil {
+	if err := moveTree(tree, target, 0); err != nil {
 		return fmt.Errorf("move mount tree of %s onto %s: %w", tree.Name(), target.Name(), err)
 	}
 	return nil
 }
 
-func moveTree(tree, target *os.File) error {
+// moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not in x/sys yet.
+const moveMountBeneath = 0x200
+
+// MoveTreeBeneath attaches tree beneath the mount whose root target is (an
+// O_PATH handle on the top mount at a mount point), at the same mount
+// point: unmounting that top mount afterwards reveals tree, so a mount is
+// replaced with no moment where the mount point shows what is under both.
+// The same rules as MoveTree apply otherwise.
+func MoveTreeBeneath(tree, target *os.File) error {
+	if err := moveTree(tree, target, moveMountBeneath); err != nil {
+		return fmt.Errorf("move mount tree of %s beneath %s: %w", tree.Name(), target.Name(), err)
+	}
+	return nil
+}
+
+func moveTree(tree, target *os.File, flags int) error {
 	defer runtime.KeepAlive(tree)
 	defer runtime.KeepAlive(target)
 	treeFD, targetFD := int(tree.Fd()), int(target.Fd())
@@ -88,7 +103,7 @@ func moveTree(tree, target *os.File) error {
 	if srcDir != dstDir {
 		return fmt.Errorf("%w: cannot mount a %s onto a %s", ErrKind, fileType(src.Mode), fileType(dst.Mode))
 	}
-	if err := unix.MoveMount(treeFD, "", targetFD, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+	if err := unix.MoveMount(treeFD, "", targetFD, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH|flags); err != nil {
 		return fmt.Errorf("move_mount: %w", err)
 	}
 	return nil

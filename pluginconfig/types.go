@@ -150,6 +150,9 @@ func (e Endpoint) SocketPath() string { return strings.TrimPrefix(e.Endpoint, un
 // Settings are csiagent's own per-plugin settings, under SettingsKey.
 type Settings struct {
 	ReclaimSpace *ReclaimPolicy `json:"reclaim_space,omitempty"`
+	// KeyRotation schedules csi-addons EncryptionKeyRotate on the
+	// plugin's published volumes, with the same fields (interval 0: off).
+	KeyRotation *ReclaimPolicy `json:"key_rotation,omitempty"`
 	// CSIAddonsEndpoint is where an unmanaged plugin serves csi-addons
 	// (ceph-csi's --csi-addons-endpoint), normalised to a unix:// URI;
 	// empty: on its CSI endpoints. Managed plugins are told theirs in
@@ -157,8 +160,9 @@ type Settings struct {
 	CSIAddonsEndpoint string `json:"csi_addons_endpoint,omitempty"`
 }
 
-// ReclaimPolicy overrides the agent-wide reclaim-space defaults for one
-// plugin. A nil field keeps the agent's default.
+// ReclaimPolicy overrides the agent-wide defaults of a per-volume schedule
+// (reclaim space, key rotation) for one plugin. A nil field keeps the
+// agent's default.
 type ReclaimPolicy struct {
 	// Interval between two reclaims of one volume; 0 disables reclaim.
 	Interval *Duration `json:"interval,omitempty"`

@@ -86,15 +86,27 @@ func normalize(p *PluginInfo) error {
 		}
 		p.Settings.CSIAddonsEndpoint = uri
 	}
-	if p.Settings != nil && p.Settings.ReclaimSpace != nil {
-		rp := p.Settings.ReclaimSpace
-		path := SettingsKey + ".reclaim_space"
-		if rp.Timeout != nil && *rp.Timeout == 0 {
-			return fieldErr(path+".timeout", "must be greater than 0 (set interval to \"0\" to disable reclaim)")
+	if p.Settings != nil {
+		if err := p.Settings.ReclaimSpace.validate(SettingsKey+".reclaim_space", "reclaim"); err != nil {
+			return err
 		}
-		if rp.MaxConcurrent != nil && *rp.MaxConcurrent < 1 {
-			return fieldErr(path+".max_concurrent", "must be at least 1, got %d", *rp.MaxConcurrent)
+		if err := p.Settings.KeyRotation.validate(SettingsKey+".key_rotation", "key rotation"); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// validate checks a schedule's overrides (nil: none) at path.
+func (rp *ReclaimPolicy) validate(path, what string) error {
+	if rp == nil {
+		return nil
+	}
+	if rp.Timeout != nil && *rp.Timeout == 0 {
+		return fieldErr(path+".timeout", "must be greater than 0 (set interval to \"0\" to disable %s)", what)
+	}
+	if rp.MaxConcurrent != nil && *rp.MaxConcurrent < 1 {
+		return fieldErr(path+".max_concurrent", "must be at least 1, got %d", *rp.MaxConcurrent)
 	}
 	return nil
 }

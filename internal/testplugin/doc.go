@@ -1,10 +1,11 @@
 // Command testplugin is a CSI plugin for the agent's tests: it serves the
 // CSI Identity and Node services (and on request Controller and csi-addons
-// ReclaimSpaceNode) on $CSI_ENDPOINT, and misbehaves on command so that tests
-// can drive plugin supervision (slow starts, crashes, crash loops, failing or
-// hanging probes, hanging readiness calls) and the volume lifecycle (secrets
-// that must arrive, node calls that fail on demand, a publish that lies)
-// without a real storage system.
+// ReclaimSpaceNode and EncryptionKeyRotationController) on $CSI_ENDPOINT,
+// and misbehaves on command so that tests can drive plugin supervision
+// (slow starts, crashes, crash loops, failing or hanging probes, hanging
+// readiness calls) and the volume lifecycle (secrets that must arrive,
+// node calls that fail on demand, a publish that lies) without a real
+// storage system.
 //
 // Tests build it with `go build ./internal/testplugin` and launch it the way
 // the agent launches managed plugins. It is not a reference plugin (that is
@@ -24,6 +25,9 @@
 //	--reclaim            serve reclaimspace.ReclaimSpaceNode (without it the service is
 //	                     not registered, so calls fail with Unimplemented); NodeReclaimSpace
 //	                     reports pre_usage 1048576 and post_usage 0
+//	--key-rotation       serve encryptionkeyrotation.EncryptionKeyRotationController;
+//	                     EncryptionKeyRotate checks volume_id and volume_path and
+//	                     rotates nothing
 //	--data-dir DIR       serve NodeStage/Unstage/Publish/UnpublishVolume with bind mounts
 //	                     of DIR/<escaped volume id> (needs root); without it they are
 //	                     Unimplemented

@@ -20,6 +20,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 )
 
@@ -47,6 +48,7 @@ type config struct {
 	name            string
 	controller      bool
 	reclaim         bool
+	keyRotation     bool
 	dataDir         string
 	startDelay      time.Duration
 	crashAfter      time.Duration
@@ -108,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.name, "name", defaultName, "plugin name reported by GetPluginInfo")
 	fs.BoolVar(&c.controller, "controller", false, "advertise CONTROLLER_SERVICE and serve ControllerGetCapabilities")
 	fs.BoolVar(&c.reclaim, "reclaim", false, "serve csi-addons reclaimspace.ReclaimSpaceNode")
+	fs.BoolVar(&c.keyRotation, "key-rotation", false, "serve csi-addons encryptionkeyrotation.EncryptionKeyRotationController")
 	fs.StringVar(&c.dataDir, "data-dir", "", "serve node stage/publish with bind mounts of `DIR`/<volume id> (root only)")
 	fs.DurationVar(&c.startDelay, "start-delay", 0, "sleep this long before listening (slow start)")
 	fs.DurationVar(&c.crashAfter, "crash-after", 0, "exit with status 3 after serving this long")
@@ -207,6 +210,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.reclaim {
 		reclaimspace.RegisterReclaimSpaceNodeServer(srv, p)
+	}
+	if cfg.keyRotation {
+		ekr.RegisterEncryptionKeyRotationControllerServer(srv, p)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/csiagent/csiagent/internal/keyedlock"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 )
 
@@ -25,6 +26,7 @@ type plugin struct {
 	csi.UnimplementedNodeServer
 	csi.UnimplementedControllerServer
 	reclaimspace.UnimplementedReclaimSpaceNodeServer
+	ekr.UnimplementedEncryptionKeyRotationControllerServer
 
 	cfg    config
 	logger *log.Logger
@@ -42,10 +44,11 @@ type plugin struct {
 }
 
 var (
-	_ csi.IdentityServer                  = (*plugin)(nil)
-	_ csi.NodeServer                      = (*plugin)(nil)
-	_ csi.ControllerServer                = (*plugin)(nil)
-	_ reclaimspace.ReclaimSpaceNodeServer = (*plugin)(nil)
+	_ csi.IdentityServer                        = (*plugin)(nil)
+	_ csi.NodeServer                            = (*plugin)(nil)
+	_ csi.ControllerServer                      = (*plugin)(nil)
+	_ reclaimspace.ReclaimSpaceNodeServer       = (*plugin)(nil)
+	_ ekr.EncryptionKeyRotationControllerServer = (*plugin)(nil)
 )
 
 func newPlugin(cfg config, logger *log.Logger) *plugin {
@@ -159,4 +162,14 @@ func (p *plugin) NodeReclaimSpace(ctx context.Context, req *reclaimspace.NodeRec
 		PreUsage:  &reclaimspace.StorageConsumption{UsageBytes: reclaimedBytes},
 		PostUsage: &reclaimspace.StorageConsumption{UsageBytes: 0},
 	}, nil
+}
+
+// EncryptionKeyRotate (with --key-rotation) rotates nothing: it checks the
+// request and logs the call.
+func (p *plugin) EncryptionKeyRotate(_ context.Context, req *ekr.EncryptionKeyRotateRequest) (*ekr.EncryptionKeyRotateResponse, error) {
+	if req.GetVolumeId() == "" || req.GetVolumePath() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume_id and volume_path are required")
+	}
+	p.logger.Printf("key of volume %s rotated", req.GetVolumeId())
+	return &ekr.EncryptionKeyRotateResponse{}, nil
 }

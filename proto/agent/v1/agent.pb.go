@@ -1100,7 +1100,12 @@ type VolumeStatus struct {
 	Reclaiming bool `protobuf:"varint,13,opt,name=reclaiming,proto3" json:"reclaiming,omitempty"`
 	// The last usage and health poll (published volumes of plugins with
 	// GET_VOLUME_STATS or GET_VOLUME_HEALTH); unset: none yet.
-	Stats         *VolumeStats `protobuf:"bytes,14,opt,name=stats,proto3" json:"stats,omitempty"`
+	Stats *VolumeStats `protobuf:"bytes,14,opt,name=stats,proto3" json:"stats,omitempty"`
+	// When the next scheduled key rotation is due (unset: not scheduled).
+	NextKeyRotation *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=next_key_rotation,json=nextKeyRotation,proto3" json:"next_key_rotation,omitempty"`
+	// What the last repair did (its time, republished, the containers'
+	// mounts re-bound or left alone); empty: never repaired.
+	LastRepair    string `protobuf:"bytes,16,opt,name=last_repair,json=lastRepair,proto3" json:"last_repair,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1231,6 +1236,20 @@ func (x *VolumeStatus) GetStats() *VolumeStats {
 		return x.Stats
 	}
 	return nil
+}
+
+func (x *VolumeStatus) GetNextKeyRotation() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextKeyRotation
+	}
+	return nil
+}
+
+func (x *VolumeStatus) GetLastRepair() string {
+	if x != nil {
+		return x.LastRepair
+	}
+	return ""
 }
 
 // VolumeStats is one poll of NodeGetVolumeStats and NodeGetVolumeHealth.
@@ -2874,7 +2893,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12ListVolumesRequest\x12#\n" +
 	"\rrefresh_stats\x18\x01 \x01(\bR\frefreshStats\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xa1\x06\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\x8a\a\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2898,7 +2917,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"reclaiming\x18\r \x01(\bR\n" +
 	"reclaiming\x124\n" +
-	"\x05stats\x18\x0e \x01(\v2\x1e.csiagent.agent.v1.VolumeStatsR\x05stats\"\xc9\x01\n" +
+	"\x05stats\x18\x0e \x01(\v2\x1e.csiagent.agent.v1.VolumeStatsR\x05stats\x12F\n" +
+	"\x11next_key_rotation\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextKeyRotation\x12\x1f\n" +
+	"\vlast_repair\x18\x10 \x01(\tR\n" +
+	"lastRepair\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
@@ -3140,53 +3162,54 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	45, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
 	19, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
 	18, // 17: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	45, // 18: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	45, // 19: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	46, // 20: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	21, // 21: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	21, // 22: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	19, // 23: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	23, // 24: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	26, // 25: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 26: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	12, // 27: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	43, // 28: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	34, // 29: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	33, // 30: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	34, // 31: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 32: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	36, // 33: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	35, // 34: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	0,  // 35: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	45, // 36: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	45, // 37: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 38: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	7,  // 39: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	9,  // 40: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	9,  // 41: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	29, // 42: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	31, // 43: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	29, // 44: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	10, // 45: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	13, // 46: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	15, // 47: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	24, // 48: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	27, // 49: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	20, // 50: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	30, // 51: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	32, // 52: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	30, // 53: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // 54: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	14, // 55: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	16, // 56: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	25, // 57: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	28, // 58: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	22, // 59: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	51, // [51:60] is the sub-list for method output_type
-	42, // [42:51] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	45, // 18: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	45, // 19: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	45, // 20: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	46, // 21: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	21, // 22: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	21, // 23: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	19, // 24: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	23, // 25: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	26, // 26: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 27: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	12, // 28: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	43, // 29: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	34, // 30: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	33, // 31: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	34, // 32: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 33: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	36, // 34: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	35, // 35: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	0,  // 36: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	45, // 37: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	45, // 38: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 39: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	7,  // 40: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	9,  // 41: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	9,  // 42: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	29, // 43: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	31, // 44: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	29, // 45: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	10, // 46: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	13, // 47: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	15, // 48: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	24, // 49: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	27, // 50: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	20, // 51: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	30, // 52: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	32, // 53: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	30, // 54: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	11, // 55: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	14, // 56: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	16, // 57: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	25, // 58: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	28, // 59: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	22, // 60: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	52, // [52:61] is the sub-list for method output_type
+	43, // [43:52] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }

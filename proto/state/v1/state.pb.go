@@ -50,6 +50,10 @@ type VolumeCheckpoint struct {
 	// skipped or repeated) and the last result.
 	NextReclaim *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=next_reclaim,json=nextReclaim,proto3" json:"next_reclaim,omitempty"`
 	LastReclaim *v1.ReclaimResult      `protobuf:"bytes,12,opt,name=last_reclaim,json=lastReclaim,proto3" json:"last_reclaim,omitempty"`
+	// The key rotation schedule's next run, like next_reclaim.
+	NextKeyRotation *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=next_key_rotation,json=nextKeyRotation,proto3" json:"next_key_rotation,omitempty"`
+	// What the last repair did (republished, re-bound), with its time.
+	LastRepair string `protobuf:"bytes,14,opt,name=last_repair,json=lastRepair,proto3" json:"last_repair,omitempty"`
 	// For a block volume with read-only users: a second target, published
 	// with CSI readonly=true (a device the users cannot write), recorded
 	// before its NodePublishVolume and unpublished with the volume. Numbered
@@ -173,6 +177,20 @@ func (x *VolumeCheckpoint) GetLastReclaim() *v1.ReclaimResult {
 	return nil
 }
 
+func (x *VolumeCheckpoint) GetNextKeyRotation() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextKeyRotation
+	}
+	return nil
+}
+
+func (x *VolumeCheckpoint) GetLastRepair() string {
+	if x != nil {
+		return x.LastRepair
+	}
+	return ""
+}
+
 func (x *VolumeCheckpoint) GetRoTargetPath() string {
 	if x != nil {
 		return x.RoTargetPath
@@ -284,7 +302,7 @@ var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xdd\x04\n" +
+	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aproto/agent/v1/agent.proto\"\xc6\x05\n" +
 	"\x10VolumeCheckpoint\x12;\n" +
 	"\x05state\x18\x01 \x01(\x0e2%.csiagent.agent.v1.VolumeStatus.StateR\x05state\x12;\n" +
 	"\vstate_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -302,7 +320,10 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"last_error\x18\n" +
 	" \x01(\tR\tlastError\x12=\n" +
 	"\fnext_reclaim\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vnextReclaim\x12C\n" +
-	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12$\n" +
+	"\flast_reclaim\x18\f \x01(\v2 .csiagent.agent.v1.ReclaimResultR\vlastReclaim\x12F\n" +
+	"\x11next_key_rotation\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextKeyRotation\x12\x1f\n" +
+	"\vlast_repair\x18\x0e \x01(\tR\n" +
+	"lastRepair\x12$\n" +
 	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\"\xd1\x02\n" +
 	"\x13ContainerCheckpoint\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
@@ -344,14 +365,15 @@ var file_proto_state_v1_state_proto_depIdxs = []int32{
 	4, // 2: csiagent.state.v1.VolumeCheckpoint.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
 	3, // 3: csiagent.state.v1.VolumeCheckpoint.next_reclaim:type_name -> google.protobuf.Timestamp
 	5, // 4: csiagent.state.v1.VolumeCheckpoint.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	6, // 5: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	7, // 6: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.agent.v1.PrepareRequest
-	8, // 7: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3, // 5: csiagent.state.v1.VolumeCheckpoint.next_key_rotation:type_name -> google.protobuf.Timestamp
+	6, // 6: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	7, // 7: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.agent.v1.PrepareRequest
+	8, // 8: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_proto_state_v1_state_proto_init() }
