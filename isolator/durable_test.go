@@ -142,7 +142,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	iso.forEachVolume(iso.recoverVolume)
+	iso.recoverVolumes()
 	if err := iso.commit.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
