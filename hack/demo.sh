@@ -22,6 +22,9 @@ cleanup() {
 		pid=$(sed -n 's/.*"pid": \([0-9]*\).*/\1/p' "$rec")
 		[[ -n $pid ]] && kill -TERM -- "-$pid" 2>/dev/null || true
 	done
+	# After a failure, what is still mounted under the demo's directory
+	# (innermost first) would keep it from being removed.
+	{ grep " $work/" /proc/self/mountinfo || true; } | cut -d' ' -f5 | sort -r | xargs -r -n1 umount -l
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -115,9 +118,7 @@ if command -v podman >/dev/null && [[ -x /bin/busybox || -x /usr/bin/busybox ]];
 	podman_ volume create --driver csi-agent -o plugin=loop.csi.csiagent.io -o volume_id=demo-vol -o fs_type=ext4 demo
 	podman_ run --rm --network none --ulimit nofile=1024:4096 --ulimit nproc=1024:4096 -v demo:/data demo-busybox cat /data/hello.txt
 	$agent volume ls --docker-plugin-socket "$work/run/docker-plugin.sock"
-	podman_ volume rm demo >/dev/null
-	podman_ rmi -a -f >/dev/null 2>&1 || true
-	{ grep " $pm/" /proc/self/mountinfo || true; } | cut -d' ' -f5 | sort -r | xargs -r -n1 umount -l
+	podman_used=1
 fi
 
 step "write 128 MiB, delete it: the sparse image keeps the blocks"
@@ -150,6 +151,12 @@ cat "$work/sandbox/data/hello.txt"
 
 step "cleanup: unmount, unpublish, unstage; nothing left mounted"
 $agent cleanup --api-socket "$sock" --container demo-1
+if [[ -n ${podman_used:-} ]]; then
+	# The name can go once no container uses its volume.
+	podman_ volume rm demo >/dev/null
+	podman_ rmi -a -f >/dev/null 2>&1 || true
+	{ grep " $pm/" /proc/self/mountinfo || true; } | cut -d' ' -f5 | sort -r | xargs -r -n1 umount -l
+fi
 $agent volumes --api-socket "$sock"
 echo "mounts left under $work: $(grep -c "$work" /proc/self/mountinfo || true)"
 
