@@ -33,11 +33,13 @@ const image = "csiagent-test-busybox"
 var (
 	bins struct{ agent, loop string }
 	// dockerHost is the test's own dockerd; dockerSkip says why there is
-	// none.
-	dockerHost, dockerSkip string
+	// none on this machine (not root, not installed, it does not start),
+	// dockerBroken why the tests' own set-up failed (they then fail).
+	dockerHost, dockerSkip, dockerBroken string
 	// podmanRoot holds the podman storage with the test image imported;
-	// podmanSkip says why there is none.
-	podmanRoot, podmanSkip string
+	// podmanSkip says why podman does not run here, podmanBroken why the
+	// tests' own set-up failed.
+	podmanRoot, podmanSkip, podmanBroken string
 )
 
 func TestMain(m *testing.M) {
@@ -72,7 +74,7 @@ func testMain(m *testing.M) int {
 
 // startDockerd starts a dockerd of the tests' own (own data root, exec
 // root and socket; no network setup) and imports the test image, or sets
-// dockerSkip.
+// dockerSkip or dockerBroken.
 func startDockerd(dir string) (stop func()) {
 	stop = func() {}
 	if os.Geteuid() != 0 {
@@ -84,13 +86,13 @@ func startDockerd(dir string) (stop func()) {
 		return stop
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		dockerSkip = err.Error()
+		dockerBroken = err.Error()
 		return stop
 	}
 	sock := filepath.Join(dir, "docker.sock")
 	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
 	if err != nil {
-		dockerSkip = err.Error()
+		dockerBroken = err.Error()
 		return stop
 	}
 	cmd := exec.Command("dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
@@ -148,7 +150,9 @@ func startDockerd(dir string) (stop func()) {
 		}
 	}
 	if err != nil {
-		dockerSkip = "cannot make the test image: " + err.Error()
+		// dockerd runs: a test image it refuses is a failure, not a
+		// reason to skip.
+		dockerBroken = "cannot make the test image: " + err.Error()
 	}
 	return stop
 }
@@ -214,6 +218,9 @@ func dockerFails(t *testing.T, args ...string) string {
 
 func needDocker(t *testing.T) {
 	t.Helper()
+	if dockerBroken != "" {
+		t.Fatal(dockerBroken)
+	}
 	if dockerSkip != "" {
 		t.Skip(dockerSkip)
 	}
@@ -604,7 +611,7 @@ func TestDockerBadInput(t *testing.T) {
 }
 
 // setUpPodman imports the test image into podman storage of the tests'
-// own, or sets podmanSkip.
+// own, or sets podmanSkip or podmanBroken.
 func setUpPodman(dir string) {
 	switch {
 	case os.Geteuid() != 0:
@@ -617,7 +624,7 @@ func setUpPodman(dir string) {
 	podmanRoot = dir
 	img, err := busyboxTar()
 	if err != nil {
-		podmanSkip = "cannot make the test image: " + err.Error()
+		podmanBroken = "cannot make the test image: " + err.Error()
 		return
 	}
 	conf := filepath.Join(dir, "containers.conf")
@@ -625,7 +632,7 @@ func setUpPodman(dir string) {
 		err = os.WriteFile(conf, []byte(podmanConf), 0o600)
 	}
 	if err != nil {
-		podmanSkip = err.Error()
+		podmanBroken = err.Error()
 		return
 	}
 	c := podmanCommand(conf, "import", "-", image)
@@ -718,6 +725,9 @@ var podmanRunArgs = []string{"run", "--network", "none", "--ulimit", "nofile=102
 
 func newPodmanEnv(t *testing.T) *env {
 	t.Helper()
+	if podmanBroken != "" {
+		t.Fatal(podmanBroken)
+	}
 	if podmanSkip != "" {
 		t.Skip(podmanSkip)
 	}

@@ -26,7 +26,7 @@ func TestExpandOnline(t *testing.T) {
 		t.Run(fsType, func(t *testing.T) {
 			e := newEnv(t, slog.LevelWarn)
 			if e.p.tools.mkfs[fsType] == "" || e.p.tools.grow[fsType] == "" {
-				t.Skipf("mkfs.%s or its grow tool is missing", fsType)
+				t.Fatalf("mkfs.%s or its grow tool is missing: make deps installs them", fsType)
 			}
 			if fsType == "ext4" && !hasCapSysResource(t) {
 				t.Skip("growing a mounted ext4 needs CAP_SYS_RESOURCE (EXT4_IOC_RESIZE_FS), which this process lacks")
