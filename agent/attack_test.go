@@ -316,3 +316,43 @@ func TestCleanupReportsMountsNotFound(t *testing.T) {
 	h.mustCleanup("c")
 	h.assertClean(pool)
 }
+
+// TestAttackInRunc: a container, root in its rootfs, plays the rename and
+// symlink games on the path of its volume while it runs (its parent moved
+// aside, a link to "/" in its place). The poststop cleanup must still end
+// everything (the mount lived in the container's namespace), touch no host
+// mount, and the data written through the moved path is in the volume.
+func TestAttackInRunc(t *testing.T) {
+	runc, busybox := needRunc(t)
+	h := newHarness(t)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "v")
+	h.start(fastConfig(h))
+	h.waitPlugin("loop", "ready", ready)
+	host := t.TempDir() // a host directory with a mount of its own
+	tmpfsAt(t, filepath.Join(host, "run"), "host-file")
+	hostMounts := mountsUnder(t, host)
+	vol := volumeSpec{plugin: "loop", id: "v", path: "/x/run"}
+	b := h.bundle(busybox, "attack", "busybox mv /x /y && busybox ln -s / /x && echo moved > /y/run/file && busybox ls /x/", vol)
+	if out, errOut, err := runContainer(t, runc, b, "attack-runc"); err != nil {
+		t.Fatalf("container: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	}
+	h.assertClean(pool)
+	if ms := mountsUnder(t, b); len(ms) > 0 {
+		t.Errorf("mounts on the host under the bundle: %v", ms)
+	}
+	if got := mountsUnder(t, host); !slices.Equal(got, hostMounts) {
+		t.Errorf("host mounts changed: %v -> %v", hostMounts, got)
+	}
+	if _, err := os.Stat(filepath.Join(host, "run", "host-file")); err != nil {
+		t.Errorf("host file: %v", err)
+	}
+	// The write through the moved path landed in the volume.
+	rootfs := h.dir("check-rootfs")
+	h.mustPrepare("check", "", rootfs, volumeSpec{plugin: "loop", id: "v", path: "/data"})
+	if b, err := os.ReadFile(filepath.Join(rootfs, "data", "file")); err != nil || string(b) != "moved\n" {
+		t.Errorf("volume holds %q, %v; want what the container wrote", b, err)
+	}
+	h.mustCleanup("check")
+	h.assertClean(pool)
+}
