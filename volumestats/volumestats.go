@@ -119,13 +119,14 @@ func (p *Poller) Run(ctx context.Context) {
 	defer wg.Wait()
 	var vols []Volume
 	var scanned time.Time
+	every := min(rescan, p.cfg.Interval) // how often the list is read
 	for {
 		now := time.Now()
-		if now.Sub(scanned) >= min(rescan, p.cfg.Interval) {
+		if now.Sub(scanned) >= every {
 			vols, scanned = p.cfg.Source.Volumes(), now
 		}
 		var run []Volume
-		next := scanned.Add(min(rescan, p.cfg.Interval))
+		next := scanned.Add(every)
 		p.mu.Lock()
 		seen := map[Key]bool{}
 		for _, v := range vols {
