@@ -12,12 +12,14 @@ FUZZTIME     ?= 3s
 # deadline ("context deadline exceeded"), so make test runs only their seed
 # corpora (with go test); make fuzz runs them too.
 FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
-# End-to-end packages drive the built binaries (agent, plugins, engines)
-# as child processes, where the race detector in the test process finds
-# nothing and costs minutes: make test runs them without -race. Every
-# other package, including the root ones that run our mount and
-# supervision code in-process, runs with -race.
-E2E_PKGS     := ./agent ./bench ./dockerplugin
+# End-to-end packages (integration: the daemon with runc, loop devices,
+# crashes, the soak and the container engines; bench) drive the built
+# binaries (agent, plugins, engines) as child processes and run whole
+# daemons for a minute and more: under the race detector they would take
+# many minutes, so make test runs them without -race. Every other
+# package, including the root ones that run our mount and supervision
+# code in-process, runs with -race.
+E2E_PKGS     := ./integration ./bench
 TEST_TIMEOUT ?= 9m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
@@ -63,7 +65,7 @@ test: deps ## run every test (root tests included when run as root; TestSoak is 
 
 bench: ## (root) run the performance benchmarks at full size (~3 min), print the table and write bench/results.md; see docs/benchmarks.md
 	$(GO) test -count=1 -v -timeout 30m ./bench -args -full -out $(CURDIR)/bench/results.md
-	$(GO) test -count=1 -v -timeout 10m -run TestDockerRunOverhead ./dockerplugin -args -engine-pairs 20
+	$(GO) test -count=1 -v -timeout 10m -run TestDockerRunOverhead ./integration -args -engine-pairs 20
 
 fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME each (default 3s)
 	@set -e; for file in $$(grep -rlE --include='*_test.go' --exclude-dir=.tools --exclude-dir=.git '^func Fuzz[A-Za-z0-9_]*\(' . | sort); do \
@@ -77,7 +79,7 @@ fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME e
 
 soak: deps ## (root) random prepares/cleanups/reclaims with agent and plugin SIGKILLs on loop volumes for DURATION (default 10m); prints its figures, full log in SOAK_LOG
 	@echo "soak: $(DURATION), full log in $(SOAK_LOG)"
-	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./agent >$(SOAK_LOG) 2>&1; rc=$$?; \
+	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./integration >$(SOAK_LOG) 2>&1; rc=$$?; \
 		grep -E '^soak: |invariant violation|^(--- |ok|FAIL)' $(SOAK_LOG); exit $$rc
 
 powercut: ## (root) TestPowerCut with CUTS random disk states per cut point (default 20; make test runs 2); prints its summary, full log in POWERCUT_LOG

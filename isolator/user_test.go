@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // TestLookupUser: a name, a uid, or UID:GID as the OCI hook passes a
@@ -29,9 +31,7 @@ func TestLookupUser(t *testing.T) {
 // owned by root) goes to the container's user; one with data, or already
 // someone's, keeps its owner.
 func TestGiveVolumeRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: chowns to another user")
-	}
+	testhelp.NeedRoot(t)
 	owner := func(p string) (uint32, uint32) {
 		var st unix.Stat_t
 		if err := unix.Stat(p, &st); err != nil {

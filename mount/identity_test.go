@@ -12,6 +12,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -55,10 +56,10 @@ func without(tab []string, ids ...uint64) []string {
 
 func newAttackEnv(t *testing.T) *attackEnv {
 	t.Helper()
-	base := tempDir(t)
+	base := testhelp.LeakCheckedDir(t)
 	e := &attackEnv{base: base, root: filepath.Join(base, "rootfs"), src: filepath.Join(base, "src"), host: filepath.Join(base, "host")}
 	mkdirs(t, e.root, e.src, filepath.Join(e.host, "run"))
-	// Registered after tempDir's check, so it runs first: the mounts the
+	// Registered after LeakCheckedDir's check, so it runs first: the mounts the
 	// test keeps on purpose (theirs) go, deepest first.
 	t.Cleanup(func() {
 		ms, _ := mount.List(mountinfo.PrefixFilter(base))
@@ -148,7 +149,7 @@ func tmpfsAt(t *testing.T, path, file string) {
 // gone, everything else as it was: nothing outside the root touched, the
 // container's and runtime's mounts kept) and what UnmountOwn reports.
 func TestUnmountOwnAttacks(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	type want struct {
 		where   mount.Where
 		err     error // wrapped error expected; then nothing is unmounted
@@ -345,7 +346,7 @@ func TestUnmountOwnAttacks(t *testing.T) {
 // come off top first, each by its id; a recursive bind's submounts go with
 // it; the mount under both stays.
 func TestUnmountOwnStackedAndSubmounts(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	e := newAttackEnv(t)
 	tmpfsAt(t, e.p("x/run"), "runtime-file")
 	mkdirs(t, filepath.Join(e.src, "nested"))
@@ -381,7 +382,7 @@ func TestUnmountOwnStackedAndSubmounts(t *testing.T) {
 // its place; the agent unmounts exactly its mount where it moved to, and
 // the runtime's tmpfs that was under it stays.
 func TestUnmountOwnInNamespace(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	src, c := nsSandbox(t, true)
 	c.in(t, func() error {
 		if err := os.MkdirAll("/x/run", 0o755); err != nil {

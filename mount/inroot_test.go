@@ -12,6 +12,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -23,7 +24,7 @@ type sandbox struct {
 
 func newSandbox(t *testing.T) sandbox {
 	t.Helper()
-	base := tempDir(t)
+	base := testhelp.LeakCheckedDir(t)
 	s := sandbox{
 		root:    filepath.Join(base, "rootfs"),
 		src:     filepath.Join(base, "src"),
@@ -94,7 +95,7 @@ func unmountAll(t *testing.T, path string) {
 }
 
 func TestBindIntoRootfs(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	s := newSandbox(t)
 	for _, tc := range []struct {
 		name, path, want string // want: where it lands, relative to the root
@@ -146,7 +147,7 @@ func TestBindIntoRootfs(t *testing.T) {
 }
 
 func TestResolveInRootEscapes(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	// $OUT is the outside directory's host path without its leading "/":
 	// a symlink to the host path means that path inside the root.
 	for _, tc := range []struct {
@@ -290,7 +291,7 @@ func TestResolveInRootEscapes(t *testing.T) {
 // The path is swapped for a symlink to the outside between ResolveInRoot and
 // BindInto: the mount follows the resolved inode, never the new path.
 func TestBindIntoTOCTOU(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
 		name    string
 		path    string
@@ -346,7 +347,7 @@ func TestBindIntoTOCTOU(t *testing.T) {
 }
 
 func TestResolveInRootKinds(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	s := newSandbox(t)
 	old := unix.Umask(0o077) // modes must not depend on it
 	defer unix.Umask(old)
@@ -440,7 +441,7 @@ func TestResolveInRootKinds(t *testing.T) {
 }
 
 func TestUnmountAll(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	s := newSandbox(t)
 	dst := filepath.Join(s.root, "dst")
 	mkdirs(t, dst)
@@ -513,8 +514,8 @@ func TestUnmountAll(t *testing.T) {
 }
 
 func TestRemoveEmptyTree(t *testing.T) {
-	needRoot(t)
-	base := tempDir(t)
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
 	tree := filepath.Join(base, "t")
 	sibling := filepath.Join(base, "t2") // shares the prefix "t"
 	mkdirs(t, filepath.Join(tree, "a/b/c"), filepath.Join(tree, "d"), sibling)

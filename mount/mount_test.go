@@ -13,6 +13,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
@@ -81,34 +82,6 @@ func TestLookupNotMounted(t *testing.T) {
 	}
 }
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: performs real mounts")
-	}
-}
-
-// tempDir returns a fresh directory and fails the test if anything is still
-// mounted below it when the test ends (and unmounts it, so later tests run).
-func tempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := mount.Canonical(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ms, err := mount.List(mountinfo.PrefixFilter(dir))
-		if err != nil {
-			t.Error(err)
-		}
-		for i := len(ms) - 1; i >= 0; i-- {
-			t.Errorf("left mounted: %s", ms[i].Mountpoint)
-			_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
-		}
-	})
-	return dir
-}
-
 func mountTmpfs(t *testing.T, dir string) {
 	t.Helper()
 	if err := mount.Mount("tmpfs", dir, "tmpfs", []string{"size=1m", "nosuid"}); err != nil {
@@ -117,8 +90,8 @@ func mountTmpfs(t *testing.T, dir string) {
 }
 
 func TestMountBindUnmount(t *testing.T) {
-	needRoot(t)
-	base := tempDir(t)
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
 	src, dst, file := filepath.Join(base, "src"), filepath.Join(base, "dst"), filepath.Join(base, "file")
 	for _, d := range []string{src, dst} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -253,12 +226,12 @@ func TestMountBindUnmount(t *testing.T) {
 // ext4 on a sparse image on a loop device: FITRIM gives freed blocks back to
 // the image file, and freezing blocks writers until the thaw.
 func TestTrimAndFreeze(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	mkfs, err := exec.LookPath("mkfs.ext4")
 	if err != nil {
 		t.Fatal("mkfs.ext4 is not installed: make deps installs e2fsprogs")
 	}
-	base := tempDir(t)
+	base := testhelp.LeakCheckedDir(t)
 	img, mnt := filepath.Join(base, "fs.img"), filepath.Join(base, "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)

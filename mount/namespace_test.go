@@ -21,6 +21,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -193,7 +194,7 @@ func readFile(t *testing.T, path, want string) {
 // holding "deep") and a child with its own rootfs, pivoted into or not.
 func nsSandbox(t *testing.T, pivot bool) (src string, c nsChild) {
 	t.Helper()
-	base := tempDir(t)
+	base := testhelp.LeakCheckedDir(t)
 	src = filepath.Join(base, "src")
 	mkdirs(t, src)
 	mountTmpfs(t, src)
@@ -215,7 +216,7 @@ func nsSandbox(t *testing.T, pivot bool) (src string, c nsChild) {
 }
 
 func TestInNamespaceMoveTree(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	src, c := nsSandbox(t, false)
 	etcBefore := etcMounts(t)
 	childEtcBefore := c.mountsUnder(t, "/etc")
@@ -318,7 +319,7 @@ func TestInNamespaceMoveTree(t *testing.T) {
 // container that has pivoted into its rootfs: in its namespace its paths
 // are container paths.
 func TestInNamespaceRunningContainer(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	src, c := nsSandbox(t, true)
 	target := c.moveInto(t, src, "/vol/data", false)
 	if target != "/vol/data" {
@@ -351,7 +352,7 @@ func TestInNamespaceRunningContainer(t *testing.T) {
 }
 
 func TestInNamespaceErrors(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	self := os.Getpid()
 	host, err := mount.MountNamespace(self)
 	if err != nil {
@@ -430,7 +431,7 @@ func TestInNamespaceErrors(t *testing.T) {
 }
 
 func TestMoveTreeKinds(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	s := newSandbox(t)
 	if _, err := mount.CloneTree(filepath.Join(s.src, "missing"), false); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("CloneTree of a missing path: err = %v, want ENOENT", err)
@@ -461,7 +462,7 @@ func TestMoveTreeKinds(t *testing.T) {
 }
 
 func TestInNamespaceLeavesCallerAlone(t *testing.T) {
-	needRoot(t)
+	testhelp.NeedRoot(t)
 	_, c := nsSandbox(t, false)
 
 	// enter checks, inside f, that f runs in the child's namespace on a

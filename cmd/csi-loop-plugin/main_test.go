@@ -215,9 +215,7 @@ func TestServeLifecycle(t *testing.T) {
 // read the same data. Nothing of the volume's state lived only in the dead
 // process.
 func TestKillBetweenStageAndPublish(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: attaches loop devices and mounts filesystems")
-	}
+	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
 		name string
 		cap  *csi.VolumeCapability

@@ -15,6 +15,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // fakeRoot lays out the root of a cgroup2 tree: cgroup.controllers (unless
@@ -459,9 +461,7 @@ func TestRemove(t *testing.T) {
 // use by Remove and by Prepare's reuse check. It uses the host's cgroup2
 // mount without controllers, so it runs on hybrid hosts too.
 func TestCloneIntoCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("creating cgroups needs root")
-	}
+	testhelp.NeedRoot(t)
 	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup2"))
 	if err != nil {
 		t.Fatal(err)

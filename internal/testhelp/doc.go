@@ -3,6 +3,7 @@
 // test if a mount or loop device is left in it, and building the real
 // binaries once per test binary.
 //
-// Only tests import it. The mount package cannot (testhelp imports it),
-// so its own tests keep their helpers.
+// Only tests import it, each of these once: no test keeps a copy of its
+// own. Since it imports mount and loopdev, their tests import it from
+// their external test packages (mount_test, loopdev_test).
 package testhelp

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"os"
@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/supervisor"
 )
 
@@ -16,9 +17,7 @@ import (
 // else is refused by the peer-credential check even when the socket's
 // mode would let them connect.
 func TestAPIPeerCredentials(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs the CLI under other uids")
-	}
+	testhelp.NeedRoot(t)
 	h := newHarness(t)
 	// Let other users reach the socket's directory.
 	if err := os.Chmod(h.run, 0o755); err != nil {

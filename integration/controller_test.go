@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -383,7 +383,7 @@ func newCtrlHarness(t *testing.T) *ctrlHarness {
 		}
 	}
 	f.arm()
-	conn, err := grpc.NewClient("unix://"+h.a.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("unix://"+h.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
@@ -1102,7 +1102,7 @@ func TestControllerLoopPluginE2E(t *testing.T) {
 			t.Fatalf("csi-loop-plugin does not offer %s: %v", svc, p.Instances[0].AddonsServices)
 		}
 	}
-	conn, err := grpc.NewClient("unix://"+h.a.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("unix://"+h.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"bytes"
@@ -713,13 +713,17 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
-// waitRecovered waits for the in-process agent's first resync.
+// waitRecovered waits for the agent's first resync, as a client can: the
+// API's volume calls wait for it, and a Cleanup of a container the agent
+// does not know succeeds doing nothing.
 func (h *harness) waitRecovered() {
 	h.t.Helper()
-	select {
-	case <-h.a.iso.Recovered():
-	case <-time.After(waitTimeout):
-		h.t.Fatalf("no recovery within %v", waitTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	conn := dial(h.t, h.cfg.APISocket)
+	defer conn.Close()
+	if _, err := agentv1.NewAgentClient(conn).Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: "no-such-container"}); err != nil {
+		h.t.Fatalf("no recovery within %v: %v", waitTimeout, err)
 	}
 }
 

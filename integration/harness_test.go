@@ -1,7 +1,8 @@
-package agent
+package integration
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +18,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"github.com/csiagent/csiagent/internal/testhelp"
-	"github.com/csiagent/csiagent/pluginconfig"
+	"github.com/csiagent/csiagent/agent"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/supervisor"
 )
@@ -26,33 +27,18 @@ import (
 // not a synchronisation sleep.
 const waitTimeout = 30 * time.Second
 
-// bins are the real binaries the tests run, built once in TestMain.
-var bins struct{ agent, loop, test string }
-
-func TestMain(m *testing.M) {
-	paths, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-agent",
-		"github.com/csiagent/csiagent/cmd/csi-loop-plugin", "github.com/csiagent/csiagent/internal/testplugin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins.agent, bins.loop, bins.test = paths[0], paths[1], paths[2]
-	code := m.Run()
-	remove()
-	os.Exit(code)
-}
-
 // harness runs an in-process agent on temporary directories.
 type harness struct {
 	t                         *testing.T
-	a                         *Agent
+	a                         *agent.Agent
+	cfg                       agent.Config // the running agent's, APISocket set
 	confDir, work, run, extra string
 	cancel                    context.CancelFunc
 	done                      chan error
 }
 
-func fastConfig(h *harness) Config {
-	return Config{
+func fastConfig(h *harness) agent.Config {
+	return agent.Config{
 		ConfigDir: h.confDir, WorkDir: h.work, RuntimeDir: h.run, NodeID: "node-1", APIGroup: -1,
 		ReadyTimeout: 10 * time.Second, ProbeInterval: 100 * time.Millisecond,
 		BackoffBase: 100 * time.Millisecond, BackoffMax: 2 * time.Second, BackoffReset: time.Minute,
@@ -83,16 +69,25 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
-func (h *harness) start(cfg Config) {
+func (h *harness) start(cfg agent.Config) {
 	h.t.Helper()
-	a, err := New(cfg)
+	h.launch(cfg)
+	h.t.Cleanup(h.stop)
+}
+
+// launch starts an agent with cfg and waits for its API.
+func (h *harness) launch(cfg agent.Config) {
+	h.t.Helper()
+	if cfg.APISocket == "" { // the agent's default
+		cfg.APISocket = filepath.Join(cmp.Or(cfg.RuntimeDir, agent.DefaultRuntimeDir), "agent.sock")
+	}
+	a, err := agent.New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h.a, h.cancel, h.done = a, cancel, make(chan error, 1)
+	h.a, h.cfg, h.cancel, h.done = a, cfg, cancel, make(chan error, 1)
 	go func() { h.done <- a.Run(ctx) }()
-	h.t.Cleanup(h.stop)
 	h.waitAPI()
 }
 
@@ -102,10 +97,10 @@ func (h *harness) waitAPI() {
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	// The agent makes the directory too; it must exist to be watched.
-	if err := os.MkdirAll(filepath.Dir(h.a.cfg.APISocket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(h.cfg.APISocket), 0o755); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := supervisor.WaitForSocket(ctx, h.a.cfg.APISocket, nil); err != nil {
+	if err := supervisor.WaitForSocket(ctx, h.cfg.APISocket, nil); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -119,20 +114,60 @@ func (h *harness) stop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	if resp := h.a.iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+	conn := dial(h.t, h.cfg.APISocket)
+	if resp, err := agentv1.NewAgentClient(conn).Reconcile(ctx, &agentv1.ReconcileRequest{}); err != nil {
+		h.t.Errorf("cleaning up at the end of the test: %v", err)
+	} else if len(resp.Failed) > 0 {
 		h.t.Errorf("cleaning up at the end of the test: %v", resp.Failed)
 	}
-	// After the halt: an instance launched meanwhile (a retry after a
-	// backoff) is in the final snapshot.
+	conn.Close()
 	h.halt()
-	plugins, _ := h.a.snapshot()
-	for _, p := range plugins {
-		for _, in := range p.Instances {
-			if in.Pid != 0 {
-				killAndWait(h.t, int(in.Pid))
-			}
+	h.killPlugins()
+}
+
+// killPlugins kills the plugin processes a halted agent left running for
+// its successor: those its process records name
+// (<work-dir>/csi/<type>/<name>/containers/<N>/process.json), if they
+// are still the processes recorded (same start time).
+func (h *harness) killPlugins() {
+	h.t.Helper()
+	records, err := filepath.Glob(filepath.Join(h.cfg.WorkDir, "csi", "*", "*", "containers", "*", "process.json"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, f := range records {
+		var rec struct {
+			PID        int    `json:"pid"`
+			StartTicks uint64 `json:"start_ticks"`
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &rec); err != nil {
+			h.t.Fatalf("%s: %v", f, err)
+		}
+		if rec.PID > 0 && startTicks(rec.PID) == rec.StartTicks {
+			killAndWait(h.t, rec.PID)
 		}
 	}
+}
+
+// startTicks is the start time of process pid (field 22 of
+// /proc/<pid>/stat), 0 if it does not run.
+func startTicks(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which ends at the last ')',
+	// start with field 3.
+	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(fields) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(fields[19], 10, 64)
+	return n
 }
 
 // halt stops the agent as SIGTERM would: plugins, mounts and checkpoints
@@ -146,17 +181,10 @@ func (h *harness) halt() {
 }
 
 // restart halts the agent and starts a new one on the same directories.
-func (h *harness) restart(cfg Config) {
+func (h *harness) restart(cfg agent.Config) {
 	h.t.Helper()
 	h.halt()
-	a, err := New(cfg)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.a, h.cancel, h.done = a, cancel, make(chan error, 1)
-	go func() { h.done <- a.Run(ctx) }()
-	h.waitAPI()
+	h.launch(cfg)
 }
 
 // killAndWait kills a process group and waits for its leader to exit.
@@ -198,17 +226,26 @@ func (h *harness) writeConfig(name, content string) {
 }
 
 // waitPlugin waits until the plugin of type typ satisfies cond, woken by
-// the agent's change notifications.
+// the agent's change notifications (WatchPlugins).
 func (h *harness) waitPlugin(typ string, what string, cond func(p *agentv1.Plugin) bool) *agentv1.Plugin {
 	h.t.Helper()
-	deadline := time.NewTimer(waitTimeout)
-	defer deadline.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	conn := dial(h.t, h.cfg.APISocket)
+	defer conn.Close()
+	stream, err := agentv1.NewAgentClient(conn).WatchPlugins(ctx, &agentv1.ListPluginsRequest{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
 	var last *agentv1.Plugin
 	for {
-		changed := h.a.changed.wait()
-		plugins, _ := h.a.snapshot()
+		resp, err := stream.Recv()
+		if err != nil {
+			b, _ := json.MarshalIndent(last, "", "  ")
+			h.t.Fatalf("plugin %s: not %s within %v (%v); last status: %s", typ, what, waitTimeout, err, b)
+		}
 		last = nil
-		for _, p := range plugins {
+		for _, p := range resp.Plugins {
 			if p.Type == typ {
 				last = p
 			}
@@ -217,23 +254,19 @@ func (h *harness) waitPlugin(typ string, what string, cond func(p *agentv1.Plugi
 		if cond(last) {
 			return last
 		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			b, _ := json.MarshalIndent(last, "", "  ")
-			h.t.Fatalf("plugin %s: not %s within %v; last status: %s", typ, what, waitTimeout, b)
-		}
 	}
 }
 
-// configInForce is the config the agent runs plugin typ with.
-func (h *harness) configInForce(typ string) *pluginconfig.PluginInfo {
-	h.a.mu.Lock()
-	defer h.a.mu.Unlock()
-	if r := h.a.plugins[typ]; r != nil {
-		return r.plugin.Info
+// listPlugins is the agent API's ListPlugins.
+func (h *harness) listPlugins() *agentv1.ListPluginsResponse {
+	h.t.Helper()
+	conn := dial(h.t, h.cfg.APISocket)
+	defer conn.Close()
+	resp, err := agentv1.NewAgentClient(conn).ListPlugins(context.Background(), &agentv1.ListPluginsRequest{})
+	if err != nil {
+		h.t.Fatal(err)
 	}
-	return nil
+	return resp
 }
 
 func ready(p *agentv1.Plugin) bool {

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"bytes"
@@ -65,7 +65,7 @@ func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) strin
 	annotation, _ := json.Marshal(list)
 	// As the README writes it: the stage, then the flags.
 	hook := func(stage string) map[string]any {
-		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.a.cfg.APISocket}, "timeout": 60}
+		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.cfg.APISocket}, "timeout": 60}
 	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
@@ -199,7 +199,7 @@ func TestOCIHookPoststopIdempotent(t *testing.T) {
 		`{"ociVersion":"1.0.2","id":"plain","status":"stopped","bundle":"/nonexistent"}`,
 	} {
 		for range 2 {
-			cmd := exec.Command(bins.agent, "oci-hook", "--api-socket", h.a.cfg.APISocket, "poststop")
+			cmd := exec.Command(bins.agent, "oci-hook", "--api-socket", h.cfg.APISocket, "poststop")
 			cmd.Stdin = strings.NewReader(state)
 			cmd.Env = []string{} // hooks get no PATH
 			if out, err := cmd.CombinedOutput(); err != nil {

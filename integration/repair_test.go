@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"bufio"
@@ -62,7 +62,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 
 	var target string
 	waitFor(t, "the container to write its file", func() bool {
-		for _, v := range h.a.iso.ListVolumes() {
+		for _, v := range h.volumes() {
 			target = v.GetTargetPath()
 		}
 		_, err := os.Stat(filepath.Join(target, "ready"))
@@ -88,7 +88,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 	if got := mountsAt(t, pid, "/data"); len(got) != 1 || got[0] != newID {
 		t.Errorf("the container's mounts at /data after the repair: %v; want only the new one [%d]", got, newID)
 	}
-	cli, err := exec.Command(bins.agent, "containers", "--output", "json", "--api-socket", h.a.cfg.APISocket).CombinedOutput()
+	cli, err := exec.Command(bins.agent, "containers", "--output", "json", "--api-socket", h.cfg.APISocket).CombinedOutput()
 	if err != nil || !strings.Contains(string(cli), fmt.Sprintf(`"mount_id": "%d"`, newID)) {
 		t.Errorf("csi-agent containers shows no mount %d: %v\n%s", newID, err, cli)
 	}
@@ -96,7 +96,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 		t.Errorf("csi_agent_volume_repairs_total{result=repaired} = %v; want 1", n)
 	}
 	want := fmt.Sprintf("re-bound container repair: /data: mount %d replaced by %d", oldID, newID)
-	if vs := h.a.iso.ListVolumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), want) {
+	if vs := h.volumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), want) {
 		t.Errorf("the volume's last repair: %v; want it to say %q", vs, want)
 	}
 
@@ -124,7 +124,7 @@ func TestRepairRebindsRuncContainer(t *testing.T) {
 // one mount (0 while it has none, or two during a re-bind).
 func containerMountID(t *testing.T, h *harness, id string) uint64 {
 	t.Helper()
-	for _, c := range h.a.iso.ListContainers() {
+	for _, c := range h.containers() {
 		if c.GetContainerId() == id && len(c.GetMounts()) == 1 {
 			return c.GetMounts()[0].GetMountId()
 		}
@@ -195,7 +195,7 @@ func TestRepairLeavesOthersMountsAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	target := h.a.iso.ListVolumes()[0].GetTargetPath()
+	target := h.volumes()[0].GetTargetPath()
 	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestRepairLeavesOthersMountsAlone(t *testing.T) {
 	if id := containerMountID(t, h, "c"); id != oldID {
 		t.Errorf("recorded mount %d; want the old record %d kept", id, oldID)
 	}
-	if vs := h.a.iso.ListVolumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), "left alone container c: d: the mount there is not the one the agent made") {
+	if vs := h.volumes(); len(vs) != 1 || !strings.Contains(vs[0].GetLastRepair(), "left alone container c: d: the mount there is not the one the agent made") {
 		t.Errorf("the volume's last repair: %v", vs)
 	}
 	if err := unix.Unmount(mp, 0); err != nil {

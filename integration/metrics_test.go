@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -137,7 +138,7 @@ func rpcLabels(plugin, method, code string) map[string]string {
 	return map[string]string{"plugin": plugin, "method": method, "code": code}
 }
 
-func metricsConfig(h *harness) Config {
+func metricsConfig(h *harness) agent.Config {
 	cfg := fastConfig(h)
 	cfg.MetricsAddress = "127.0.0.1:0"
 	return cfg
@@ -298,7 +299,7 @@ func TestMetricsAddress(t *testing.T) {
 		h := newHarness(t)
 		cfg := fastConfig(h)
 		cfg.MetricsAddress = "localhost"
-		_, err := New(cfg)
+		_, err := agent.New(cfg)
 		if err == nil || !strings.Contains(err.Error(), `--metrics-address "localhost"`) {
 			t.Errorf("New: %v, want a --metrics-address error", err)
 		}
@@ -312,7 +313,7 @@ func TestMetricsAddress(t *testing.T) {
 		defer busy.Close()
 		cfg := fastConfig(h)
 		cfg.MetricsAddress = busy.Addr().String()
-		a, err := New(cfg)
+		a, err := agent.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -79,8 +79,10 @@ func (s volumeSpec) volume() *agentv1.Volume {
 	}
 }
 
+// api is a client of the running agent's API, on a connection closed
+// when the test ends.
 func (h *harness) api() agentv1.AgentClient {
-	return apiClient(h.t, h.a.cfg.APISocket)
+	return apiClient(h.t, h.cfg.APISocket)
 }
 
 // prepare calls Prepare over the real API socket.
@@ -108,13 +110,28 @@ func (h *harness) mustCleanup(id string) {
 	}
 }
 
+// volumes is the agent API's ListVolumes.
 func (h *harness) volumes() []*agentv1.VolumeStatus {
 	h.t.Helper()
-	resp, err := h.api().ListVolumes(context.Background(), &agentv1.ListVolumesRequest{})
+	conn := dial(h.t, h.cfg.APISocket)
+	defer conn.Close()
+	resp, err := agentv1.NewAgentClient(conn).ListVolumes(context.Background(), &agentv1.ListVolumesRequest{})
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	return resp.Volumes
+}
+
+// containers is the agent API's ListContainers.
+func (h *harness) containers() []*agentv1.ContainerStatus {
+	h.t.Helper()
+	conn := dial(h.t, h.cfg.APISocket)
+	defer conn.Close()
+	resp, err := agentv1.NewAgentClient(conn).ListContainers(context.Background(), &agentv1.ListContainersRequest{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.Containers
 }
 
 // mountsUnder lists the mount points at or below any of dirs.

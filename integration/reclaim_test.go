@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -84,7 +85,7 @@ func (h *harness) waitVolume(id, what string, cond func(v *agentv1.VolumeStatus)
 	var found *agentv1.VolumeStatus
 	h.waitPlugin("", what, func(*agentv1.Plugin) bool {
 		found = nil
-		for _, v := range h.a.iso.ListVolumes() {
+		for _, v := range h.volumes() {
 			if v.VolumeId == id && cond(v) {
 				found = v
 			}
@@ -197,7 +198,7 @@ func TestReclaimNotOffered(t *testing.T) {
 	h := newHarness(t)
 	h.writeConfig("t.json", testPluginConfig("plain"))
 	cfg := fastConfig(h)
-	cfg.ReclaimDefaults.Interval = DefaultReclaimInterval
+	cfg.ReclaimDefaults.Interval = agent.DefaultReclaimInterval
 	h.start(cfg)
 	p := h.waitPlugin("plain", "ready", ready)
 	if p.Reclaim == nil || p.Reclaim.Scheduled || !strings.Contains(p.Reclaim.Reason, "does not offer reclaimspace.ReclaimSpaceNode") {

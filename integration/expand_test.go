@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -42,7 +42,7 @@ func TestExpandE2E(t *testing.T) {
 	if err := os.Truncate(filepath.Join(pool, "grow.img"), big); err != nil { // the backend grows it
 		t.Fatal(err)
 	}
-	conn := apiConn(t, h.a.cfg.APISocket)
+	conn := apiConn(t, h.cfg.APISocket)
 	_, res, err := collect(agentv1.NewControllerClient(conn).ExpandVolume(opCtx(t), &agentv1.ExpandVolumeRequest{PluginName: "loop", VolumeId: "grow", Retry: fast()}))
 	if err != nil || !res.GetDone() || res.GetCapacityBytes() != big {
 		t.Fatalf("ExpandVolume: %v, %v", res, err)

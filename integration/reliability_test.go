@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"bytes"
@@ -261,7 +261,7 @@ func TestAPIHostileMessages(t *testing.T) {
 
 	// A prepared container, which a stranger's Reconcile would clean up.
 	h.mustPrepare("c1", sb, "", volumeSpec{plugin: typ, id: "v", path: "d"})
-	socket := h.a.cfg.APISocket
+	socket := h.cfg.APISocket
 	if err := os.Chmod(socket, 0o666); err != nil { // the peer-credential check must hold alone
 		t.Fatal(err)
 	}
@@ -497,16 +497,11 @@ func TestRebootSimulation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	plugins, _ := h.a.snapshot()
 	h.halt()
 
 	// The "reboot": processes gone, mounts gone, one container record
 	// lost with its container.
-	for _, p := range plugins {
-		for _, in := range p.Instances {
-			killAndWait(t, int(in.Pid))
-		}
-	}
+	h.killPlugins()
 	for range 5 {
 		ms := mountsUnder(t, h.work, h.extra)
 		if len(ms) == 0 {

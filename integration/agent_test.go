@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -27,6 +27,15 @@ func apiClient(t *testing.T, socket string) agentv1.AgentClient {
 // apiConn is a connection to the agent API, closed when the test ends.
 func apiConn(t *testing.T, socket string) *grpc.ClientConn {
 	t.Helper()
+	conn := dial(t, socket)
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// dial connects to the agent API at socket; the caller closes the
+// connection.
+func dial(t *testing.T, socket string) *grpc.ClientConn {
+	t.Helper()
 	// WaitForReady: the socket file exists a moment before the agent
 	// accepts on it.
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -34,7 +43,6 @@ func apiConn(t *testing.T, socket string) *grpc.ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
 	return conn
 }
 
@@ -161,17 +169,19 @@ func TestLiveConfig(t *testing.T) {
 	h.writeConfig("a.json", managedConfig("a", false, bins.loop, "csi-loop-plugin", "--pool="+pool, "--name=first"))
 	p := h.waitPlugin("a", "ready", ready)
 	pid := p.Instances[0].Pid
-	_, errs := h.a.snapshot()
-	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "bad.json") {
+	if errs := h.listPlugins().ConfigErrors; len(errs) != 1 || filepath.Base(errs[0].File) != "bad.json" {
 		t.Errorf("config errors = %v, want bad.json's", errs)
+	}
+
+	if p.GetReclaim().GetScheduled() {
+		t.Fatalf("reclaim scheduled before the config sets an interval: %v", p.GetReclaim())
 	}
 
 	// A change that does not touch the command keeps the process.
 	h.writeConfig("a.json", strings.Replace(managedConfig("a", false, bins.loop, "csi-loop-plugin", "--pool="+pool, "--name=first"),
 		`"type":"a"`, `"type":"a","csiagent":{"reclaim_space":{"interval":"1h"}}`, 1))
-	h.waitPlugin("a", "reloaded with its settings", func(p *agentv1.Plugin) bool {
-		info := h.configInForce("a")
-		return ready(p) && info != nil && info.Settings != nil
+	h.waitPlugin("a", "reloaded with its settings (reclaim scheduled)", func(p *agentv1.Plugin) bool {
+		return ready(p) && p.GetReclaim().GetScheduled()
 	})
 	if got := h.waitPlugin("a", "ready", ready).Instances[0].Pid; got != pid {
 		t.Errorf("settings-only change restarted the plugin: pid %d -> %d", pid, got)

@@ -1,4 +1,4 @@
-package dockerplugin_test
+package integration
 
 import (
 	"archive/tar"
@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,24 +15,28 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/docker/go-plugins-helpers/volume"
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/dockerplugin"
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
-
-// waitTimeout bounds every wait for an expected state.
-const waitTimeout = 30 * time.Second
 
 // image is the test image: a busybox-static rootfs, imported.
 const image = "csiagent-test-busybox"
 
+// The container engines are set up by the first test that needs each,
+// below engineDir (made by TestMain), and stopped by TestMain.
 var (
-	bins struct{ agent, loop string }
+	engineDir              string
+	dockerOnce, podmanOnce sync.Once
+	stopDockerd            = func() {}
 	// dockerHost is the test's own dockerd; dockerSkip says why there is
 	// none on this machine (not root, not installed, it does not start),
 	// dockerBroken why the tests' own set-up failed (they then fail).
@@ -42,34 +47,10 @@ var (
 	podmanRoot, podmanSkip, podmanBroken string
 )
 
-func TestMain(m *testing.M) {
-	os.Exit(testMain(m))
-}
-
-func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "csidp")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	for _, b := range []struct {
-		pkg string
-		out *string
-	}{{"github.com/csiagent/csiagent/cmd/csi-agent", &bins.agent}, {"github.com/csiagent/csiagent/cmd/csi-loop-plugin", &bins.loop}} {
-		*b.out = filepath.Join(dir, filepath.Base(b.pkg))
-		cmd := exec.Command("go", "build", "-o", *b.out, b.pkg)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n", b.pkg, err)
-			return 1
-		}
-	}
-	stop := startDockerd(filepath.Join(dir, "docker"))
-	defer stop()
-	setUpPodman(filepath.Join(dir, "podman"))
-	defer podmanCleanUp()
-	return m.Run()
+// stopEngines stops what the tests started of the engines.
+func stopEngines() {
+	stopDockerd()
+	podmanCleanUp()
 }
 
 // startDockerd starts a dockerd of the tests' own (own data root, exec
@@ -103,16 +84,38 @@ func startDockerd(dir string) (stop func()) {
 		dockerSkip = "dockerd cannot start: " + err.Error()
 		return stop
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	// Its exit is watched through a pidfd, not by a goroutine in Wait:
+	// dockerd lives across tests, which check that no goroutine of
+	// theirs outlives them.
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		dockerBroken = fmt.Sprintf("pidfd_open dockerd: %v", err)
+		return stop
+	}
+	// exited reports whether dockerd exits within timeout (-1: no bound).
+	exited := func(timeout time.Duration) bool {
+		ms := -1
+		if timeout >= 0 {
+			ms = int(timeout.Milliseconds())
+		}
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, ms)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			return n == 1
+		}
+	}
 	stop = func() {
 		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(waitTimeout):
+		if !exited(waitTimeout) {
 			cmd.Process.Kill()
-			<-exited
 		}
+		cmd.Wait()
+		unix.Close(pidfd)
 		logf.Close()
 		// What dockerd left mounted under its roots (it unmounts its own
 		// on a clean stop).
@@ -132,12 +135,10 @@ func startDockerd(dir string) (stop func()) {
 			dockerSkip = fmt.Sprintf("dockerd does not start on this machine: %v: %s\n%s", err, out, tail(log))
 			return stop
 		}
-		select {
-		case <-exited:
+		if exited(100 * time.Millisecond) {
 			log, _ := os.ReadFile(logf.Name())
 			dockerSkip = "dockerd exited at start: " + tail(log)
 			return stop
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	img, err := busyboxTar()
@@ -218,6 +219,7 @@ func dockerFails(t *testing.T, args ...string) string {
 
 func needDocker(t *testing.T) {
 	t.Helper()
+	dockerOnce.Do(func() { stopDockerd = startDockerd(filepath.Join(engineDir, "docker")) })
 	if dockerBroken != "" {
 		t.Fatal(dockerBroken)
 	}
@@ -254,10 +256,7 @@ func newEnv(t *testing.T) *env {
 
 func newEnvFor(t *testing.T) *env {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "csidp")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := testhelp.LeakCheckedDir(t)
 	e := &env{t: t, dir: dir, pool: filepath.Join(dir, "pool"), conf: filepath.Join(dir, "conf"),
 		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run")}
 	e.socket = filepath.Join(e.run, "docker-plugin.sock")
@@ -266,9 +265,11 @@ func newEnvFor(t *testing.T) *env {
 			t.Fatal(err)
 		}
 	}
-	if e.logs, err = os.Create(filepath.Join(dir, "agent.log")); err != nil {
+	logs, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
 		t.Fatal(err)
 	}
+	e.logs = logs
 	// An unmanaged plugin, so that the test owns its process.
 	plugSock := filepath.Join(dir, "loop.sock")
 	plugin := exec.Command(bins.loop, "--endpoint", "unix://"+plugSock, "--pool", e.pool, "--node-id", "node-1")
@@ -297,18 +298,11 @@ func newEnvFor(t *testing.T) *env {
 		plugin.Process.Kill()
 		plugin.Wait()
 		os.Remove(spec)
-		if ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir)); len(ms) > 0 {
-			t.Errorf("left mounted under %s: %v", dir, ms[0].Mountpoint)
-			for i := len(ms) - 1; i >= 0; i-- {
-				syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
-			}
-		}
 		if t.Failed() {
 			log, _ := os.ReadFile(e.logs.Name())
 			t.Logf("agent and plugin log:\n%s", tail(log))
 		}
 		e.logs.Close()
-		os.RemoveAll(dir)
 	})
 	e.startAgent()
 	return e
@@ -725,6 +719,7 @@ var podmanRunArgs = []string{"run", "--network", "none", "--ulimit", "nofile=102
 
 func newPodmanEnv(t *testing.T) *env {
 	t.Helper()
+	podmanOnce.Do(func() { setUpPodman(filepath.Join(engineDir, "podman")) })
 	if podmanBroken != "" {
 		t.Fatal(podmanBroken)
 	}
@@ -863,9 +858,7 @@ func TestDockerRunOverhead(t *testing.T) {
 // Named volumes can be given to csi-agent prepare (--mounts), as
 // everywhere a volume is named.
 func TestPrepareNamedVolume(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: stages and mounts a loop volume")
-	}
+	testhelp.NeedRoot(t)
 	e := newEnvFor(t)
 	img := e.loopVolume("vol1")
 	if out, err := e.cli("create", "data", "--plugin", "loop.test", "--volume-id", "vol1", "--fs-type", "ext4"); err != nil {

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -116,7 +116,7 @@ func TestAddonsEndpoint(t *testing.T) {
 	}
 
 	f.arm()
-	conn := apiConn(t, h.a.cfg.APISocket)
+	conn := apiConn(t, h.cfg.APISocket)
 	ctrl, api := agentv1.NewControllerClient(conn), agentv1.NewAgentClient(conn)
 	if _, res, err := collect(ctrl.CreateVolumeGroup(opCtx(t), &agentv1.CreateVolumeGroupRequest{PluginName: "ceph", Name: "g", VolumeIds: []string{"v1"}, Retry: fast()})); err != nil || res.GetVolumeGroup() == nil {
 		t.Errorf("CreateVolumeGroup through the csi-addons endpoint: %v %v", res, err)
@@ -172,7 +172,7 @@ func TestManagedAddonsEndpoint(t *testing.T) {
 	if err != nil || len(msgs) != 2 || msgs[1].GetSummary().GetVolumes() != 1 {
 		t.Errorf("reclaim through the csi-addons endpoint: %v, %v", msgs, err)
 	}
-	conn := apiConn(t, h.a.cfg.APISocket)
+	conn := apiConn(t, h.cfg.APISocket)
 	if _, res, err := collect(agentv1.NewControllerClient(conn).CreateVolumeGroup(opCtx(t), &agentv1.CreateVolumeGroupRequest{PluginName: "loop", Name: "g", VolumeIds: []string{"vol1"}, Retry: fast()})); err != nil || res.GetVolumeGroup() == nil {
 		t.Errorf("CreateVolumeGroup through the csi-addons endpoint: %v, %v", res, err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"bytes"
@@ -47,7 +47,7 @@ func TestReplicationLoopPluginE2E(t *testing.T) {
 	h.start(fastConfig(h))
 	h.waitPlugin(primary, "ready", ready)
 	h.waitPlugin(replica, "ready", ready)
-	conn, err := grpc.NewClient("unix://"+h.a.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("unix://"+h.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func TestGroupSnapshotWhileWritingE2E(t *testing.T) {
 		t.Fatalf("the container's writer failed: %v", err)
 	}
 
-	conn, err := grpc.NewClient("unix://"+h.a.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("unix://"+h.cfg.APISocket, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package agent
+package integration
 
 import (
 	"context"
@@ -80,8 +80,10 @@ func TestVolumeStatsE2E(t *testing.T) {
 	if took := time.Since(removed); took > 2*interval+time.Second {
 		t.Errorf("abnormal shown after %v; the interval is %v", took, interval)
 	}
-	if st, _ := h.a.stats.Get("loop", "vol1"); st.Condition == "" {
-		t.Error("no condition message")
+	for _, v := range h.volumes() {
+		if v.GetVolumeId() == "vol1" && v.GetStats().GetCondition() == "" {
+			t.Errorf("no condition message: %v", v.GetStats())
+		}
 	}
 	if err := os.Link(keep, image); err != nil && !errors.Is(err, os.ErrExist) {
 		t.Fatal(err)
