@@ -156,17 +156,11 @@ func (h *harness) killPlugins() {
 // startTicks is the start time of process pid (field 22 of
 // /proc/<pid>/stat), 0 if it does not run.
 func startTicks(pid int) uint64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
+	f := procStat(pid)
+	if len(f) < 20 {
 		return 0
 	}
-	// The fields after the command name, which ends at the last ')',
-	// start with field 3.
-	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(fields) < 20 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(fields[19], 10, 64)
+	n, _ := strconv.ParseUint(f[19], 10, 64)
 	return n
 }
 
@@ -205,13 +199,23 @@ func killAndWait(t *testing.T, pid int) {
 
 // alive reports whether pid runs (and is not a zombie).
 func alive(pid int) bool {
+	f := procStat(pid)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// procStat is /proc/<pid>/stat from field 3 (the state) on, nil if pid
+// does not exist.
+func procStat(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return nil
 	}
-	// The state follows the command name, which ends at the last ')'.
+	// The command name, field 2, ends at the last ')'.
 	i := bytes.LastIndexByte(b, ')')
-	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 func (h *harness) writeConfig(name, content string) {

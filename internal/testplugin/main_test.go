@@ -459,9 +459,7 @@ func TestPlugin(t *testing.T) {
 	})
 
 	t.Run("node volumes with --data-dir", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("staging and publishing bind-mount directories, which needs root")
-		}
+		testhelp.NeedRoot(t)
 		t.Parallel()
 		testNodeVolumes(t, bin)
 	})
@@ -478,9 +476,7 @@ func TestPlugin(t *testing.T) {
 		"block volumes":    testBlock,
 	} {
 		t.Run(name, func(t *testing.T) {
-			if os.Geteuid() != 0 {
-				t.Skip("staging and publishing bind-mount directories, which needs root")
-			}
+			testhelp.NeedRoot(t)
 			t.Parallel()
 			test(t, bin)
 		})
