@@ -47,7 +47,7 @@ func (s *apiServer) list() *agentv1.ListPluginsResponse {
 
 func (s *apiServer) WatchPlugins(_ *agentv1.ListPluginsRequest, stream grpc.ServerStreamingServer[agentv1.ListPluginsResponse]) error {
 	for {
-		changed := s.a.changed.wait()
+		changed := s.a.set.Changed()
 		if err := stream.Send(s.list()); err != nil {
 			return err
 		}

@@ -205,7 +205,7 @@ func (h *harness) waitPlugin(typ string, what string, cond func(p *agentv1.Plugi
 	defer deadline.Stop()
 	var last *agentv1.Plugin
 	for {
-		changed := h.a.changed.wait()
+		changed := h.a.set.Changed()
 		plugins, _ := h.a.snapshot()
 		last = nil
 		for _, p := range plugins {
@@ -228,10 +228,8 @@ func (h *harness) waitPlugin(typ string, what string, cond func(p *agentv1.Plugi
 
 // configInForce is the config the agent runs plugin typ with.
 func (h *harness) configInForce(typ string) *pluginconfig.PluginInfo {
-	h.a.mu.Lock()
-	defer h.a.mu.Unlock()
-	if r := h.a.plugins[typ]; r != nil {
-		return r.plugin.Info
+	if r := h.a.set.Get(typ); r != nil {
+		return r.Config().Info
 	}
 	return nil
 }

@@ -29,20 +29,31 @@ const (
 	controllerReclaimSvc    = "reclaimspace.ReclaimSpaceController"
 )
 
-// reclaimPolicy is a plugin's reclaim policy: its config's overrides on
-// the agent's defaults.
-func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
-	p := a.cfg.ReclaimDefaults
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	if r == nil {
+// policy is a schedule's policy for plugin typ: the overrides of its
+// config (picked by which) on the agent's defaults; the zero policy (not
+// scheduled) for a plugin no config defines.
+func (a *Agent) policy(typ string, defaults reclaim.Policy, which func(*pluginconfig.Settings) *pluginconfig.ReclaimPolicy) reclaim.Policy {
+	p := a.set.Get(typ)
+	if p == nil {
 		return reclaim.Policy{}
 	}
-	if s := r.plugin.Info.Settings; s != nil {
-		p = overridden(p, s.ReclaimSpace)
+	if s := p.Config().Info.Settings; s != nil {
+		return overridden(defaults, which(s))
 	}
-	return p
+	return defaults
+}
+
+// reclaimPolicy is a plugin's reclaim schedule (csiagent.reclaim_space).
+func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
+	return a.policy(typ, a.cfg.ReclaimDefaults, func(s *pluginconfig.Settings) *pluginconfig.ReclaimPolicy { return s.ReclaimSpace })
+}
+
+// keyRotationPolicy is a plugin's key rotation schedule
+// (csiagent.key_rotation). The interval is 0 (not scheduled) unless set:
+// rotating a key is the storage owner's decision, and a plugin that needs
+// secrets for it gets none from a schedule.
+func (a *Agent) keyRotationPolicy(typ string) reclaim.Policy {
+	return a.policy(typ, a.cfg.KeyRotationDefaults, func(s *pluginconfig.Settings) *pluginconfig.ReclaimPolicy { return s.KeyRotation })
 }
 
 // overridden is a schedule's policy with a plugin config's overrides (nil:
@@ -71,16 +82,22 @@ var _ reclaim.Target = reclaimTarget{}
 // Volumes lists published volumes of plugins that offer the node reclaim
 // service (as discovered when they became ready).
 func (t reclaimTarget) Volumes() []reclaim.Volume {
+	return t.a.publishedOffering(nodeReclaimService, func(pv isolator.PublishedVolume) time.Time { return pv.NextReclaim })
+}
+
+// publishedOffering lists the published volumes of plugins that offer
+// service, each with its next run (picked by next).
+func (a *Agent) publishedOffering(service string, next func(isolator.PublishedVolume) time.Time) []reclaim.Volume {
 	var out []reclaim.Volume
 	offers := map[string]bool{}
-	for _, pv := range t.a.iso.Published() {
+	for _, pv := range a.iso.Published() {
 		ok, seen := offers[pv.Plugin]
 		if !seen {
-			ok = t.a.pluginOffers(pv.Plugin, nodeReclaimService)
+			ok = a.set.Offers(pv.Plugin, service)
 			offers[pv.Plugin] = ok
 		}
 		if ok {
-			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: pv.NextReclaim, Since: pv.Since})
+			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: next(pv), Since: pv.Since})
 		}
 	}
 	return out
@@ -101,14 +118,6 @@ func (t reclaimTarget) Schedule(plugin, id string, next time.Time) error {
 	return t.a.iso.ScheduleReclaim(context.Background(), plugin, id, next)
 }
 
-// pluginOffers reports whether a plugin's ready instance answers service.
-func (a *Agent) pluginOffers(typ, service string) bool {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	return r != nil && r.sup.Offers(service)
-}
-
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.
 type liveReclaim struct {
 	a   *Agent
@@ -127,27 +136,11 @@ func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.Node
 // and returns the connection that serves service there; errors are status
 // errors.
 func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
-	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
+	_, conn, err := a.ready(ctx, typ, pluginconfig.ControllerService)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return a.connFor(typ, pluginconfig.ControllerService, service, conn), nil
-}
-
-// connFor is the connection that serves service (a discovery name) on the
-// plugin's instance serving svc: its csi-addons endpoint's when it has one
-// and service is csi-addons', else csiConn.
-func (a *Agent) connFor(typ string, svc pluginconfig.Service, service string, csiConn *grpc.ClientConn) *grpc.ClientConn {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	if r == nil {
-		return csiConn
-	}
-	if c := r.sup.ConnFor(svc, service); c != nil {
-		return c
-	}
-	return csiConn
+	return a.set.ConnFor(typ, pluginconfig.ControllerService, service, conn), nil
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.
@@ -164,7 +157,7 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 	switch {
 	case a.reclaimPolicy(typ).Interval == 0:
 		out.Scheduled, out.Reason = false, "disabled (interval 0)"
-	case !a.pluginOffers(typ, nodeReclaimService):
+	case !a.set.Offers(typ, nodeReclaimService):
 		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
 	}
 	return out
@@ -258,7 +251,7 @@ func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpac
 	if ref.GetPluginName() == "" || ref.GetVolumeId() == "" {
 		return status.Error(codes.InvalidArgument, "offline reclaim needs the plugin and the volume id")
 	}
-	if !s.a.pluginOffers(ref.GetPluginName(), controllerReclaimSvc) {
+	if !s.a.set.Offers(ref.GetPluginName(), controllerReclaimSvc) {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
 	}
 	conn, err := s.a.controllerConn(ctx, ref.GetPluginName(), controllerReclaimSvc)

@@ -18,22 +18,6 @@ import (
 // statsSource is the agent as the volume stats poller's source.
 type statsSource struct{ a *Agent }
 
-// nodeCaps are the node capabilities discovery found on the plugin's node
-// instance.
-func (a *Agent) nodeCaps(typ string) []string {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	if r == nil {
-		return nil
-	}
-	var caps []string
-	for _, in := range r.sup.Status().GetInstances() {
-		caps = append(caps, in.GetNodeCapabilities()...)
-	}
-	return caps
-}
-
 // Volumes lists the published volumes of plugins that report usage or
 // health.
 func (s statsSource) Volumes() []volumestats.Volume {
@@ -45,7 +29,7 @@ func (s statsSource) Volumes() []volumestats.Volume {
 		}
 		c, ok := caps[v.GetPluginName()]
 		if !ok {
-			c = s.a.nodeCaps(v.GetPluginName())
+			c = s.a.set.NodeCapabilities(v.GetPluginName())
 			caps[v.GetPluginName()] = c
 		}
 		if slices.Contains(c, "GET_VOLUME_STATS") || slices.Contains(c, "GET_VOLUME_HEALTH") {
@@ -66,7 +50,7 @@ func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats
 		return st
 	}
 	node := csi.NewNodeClient(conn)
-	caps := s.a.nodeCaps(v.Plugin)
+	caps := s.a.set.NodeCapabilities(v.Plugin)
 	if slices.Contains(caps, "GET_VOLUME_STATS") {
 		resp, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: v.ID, VolumePath: v.TargetPath, StagingTargetPath: v.StagingPath})
 		if err != nil {

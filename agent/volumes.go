@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -17,6 +16,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // plugins gives the isolator the agent's plugins.
@@ -25,18 +25,16 @@ type plugins struct{ a *Agent }
 var _ isolator.Plugins = plugins{}
 
 func (p plugins) Lookup(typ string) (isolator.Plugin, error) {
-	p.a.mu.Lock()
-	r := p.a.plugins[typ]
-	p.a.mu.Unlock()
+	r := p.a.set.Get(typ)
 	if r == nil {
 		return isolator.Plugin{}, fmt.Errorf("%w: Unknown CSI plugin '%s' (no config in %s defines it)", isolator.ErrUnknownPlugin, typ, p.a.cfg.ConfigDir)
 	}
-	info := r.plugin.Info
+	info := r.Config().Info
 	return isolator.Plugin{Type: info.Type, Name: info.Name, TargetPathRoot: info.TargetPathRoot, TargetPathExists: info.TargetPathExists}, nil
 }
 
 func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
-	st, _, err := p.a.readyInstance(ctx, typ, pluginconfig.NodeService)
+	st, _, err := p.a.ready(ctx, typ, pluginconfig.NodeService)
 	if err != nil {
 		return isolator.Node{}, err
 	}
@@ -44,37 +42,30 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
 }
 
-// readyInstance waits, woken by status changes, until the plugin's
-// instance serving svc is ready, and returns its status and connection.
-// Errors wrap isolator.ErrUnknownPlugin, ErrPrecondition (no instance
-// serves svc) or ErrUnavailable (not ready when ctx ended).
-func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
-	for {
-		changed := a.changed.wait()
-		a.mu.Lock()
-		r := a.plugins[typ]
-		a.mu.Unlock()
-		if r == nil {
-			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
-		}
-		s, conn, ok := r.sup.Instance(svc)
-		if !ok {
-			return nil, nil, fmt.Errorf("%w: plugin %s has no %s", isolator.ErrPrecondition, typ, svc)
-		}
-		if conn != nil {
-			return s, conn, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			why := strings.TrimPrefix(s.State.String(), "PLUGIN_STATE_")
-			if s.LastError != "" {
-				why += ": " + s.LastError
-			}
-			return nil, nil, fmt.Errorf("%w: plugin %s is not ready (%s)", isolator.ErrUnavailable, typ, why)
+// ready waits until the plugin's instance serving svc is ready (see
+// supervisor.Set.Ready); its errors also wrap the isolator's classes:
+// ErrUnknownPlugin, ErrPrecondition (no instance serves svc) or
+// ErrUnavailable (not ready when ctx ended).
+func (a *Agent) ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
+	st, conn, err := a.set.Ready(ctx, typ, svc)
+	for _, c := range []struct{ from, to error }{
+		{supervisor.ErrUnknownPlugin, isolator.ErrUnknownPlugin},
+		{supervisor.ErrNoService, isolator.ErrPrecondition},
+		{supervisor.ErrNotReady, isolator.ErrUnavailable},
+	} {
+		if errors.Is(err, c.from) {
+			err = classified{class: c.to, err: err}
 		}
 	}
+	return st, conn, err
 }
+
+// classified is an error that also is a class (errors.Is) without saying
+// so in its message.
+type classified struct{ class, err error }
+
+func (c classified) Error() string   { return c.err.Error() }
+func (c classified) Unwrap() []error { return []error{c.class, c.err} }
 
 // liveNode is a node client that uses the plugin's current connection for
 // each call, so a retry after a plugin restart reaches the new process.
@@ -86,12 +77,12 @@ type liveNode struct {
 // conn is the plugin's connection that serves service on its node
 // instance, once it is ready.
 func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
-	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
+	_, conn, err := n.a.set.Ready(ctx, n.typ, pluginconfig.NodeService)
 	if err != nil {
 		// A status error: the isolator's retry policy reads its code.
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return n.a.connFor(n.typ, pluginconfig.NodeService, service, conn), nil
+	return n.a.set.ConnFor(n.typ, pluginconfig.NodeService, service, conn), nil
 }
 
 func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
