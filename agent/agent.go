@@ -155,7 +155,7 @@ type Agent struct {
 	// wakes on volume and container changes (WatchPlugins streams both).
 	set     *supervisor.Set
 	watcher *pluginconfig.Watcher
-	iso         *isolator.Isolator
+	iso     *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
 	// keyRotator is a second reclaim scheduler: it rotates keys.
