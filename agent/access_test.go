@@ -5,9 +5,10 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/csiagent/csiagent/internal/testhelp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // TestSingleWriterAccess: a SINGLE_NODE_SINGLE_WRITER volume serves one

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
@@ -154,6 +155,7 @@ type Agent struct {
 	// set supervises the configured plugins; its Changed channel also
 	// wakes on volume and container changes (WatchPlugins streams both).
 	set     *supervisor.Set
+	access  apiserver.Access
 	watcher *pluginconfig.Watcher
 	iso     *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
@@ -196,7 +198,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
 		}
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{}), access: apiserver.Access{Group: cfg.APIGroup}}
 	a.metrics = newMetrics(a)
 	a.set = supervisor.NewSet(supervisor.Config{
 		WorkDir: cfg.WorkDir, RuntimeDir: cfg.RuntimeDir, NodeID: cfg.NodeID,
@@ -287,10 +289,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.watcher = w
 
-	srv := grpc.NewServer(grpc.Creds(peerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
-		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
-		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
-	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
+	srv := grpc.NewServer(grpc.Creds(apiserver.PeerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
+		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary),
+		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.access.Stream))
+	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{
+		Isolator: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: a.snapshot, Changed: a.set.Changed,
+		Configured: a.configured, Stopping: a.stopping, OnVolumesChanged: a.pokeSchedules,
+		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
+		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
+		Offers: a.set.Offers, ControllerConn: a.controllerConn,
+	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()

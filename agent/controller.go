@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -31,7 +32,7 @@ func (p controllerPlugins) LogDir(plugin string) string { return p.a.set.LogDir(
 func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error) {
 	_, conn, err := p.a.ready(ctx, plugin, pluginconfig.NodeService)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, apiserver.Status(err)
 	}
 	return p.a.set.ConnFor(plugin, pluginconfig.NodeService, service, conn), nil
 }

@@ -3,17 +3,15 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
-	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -34,7 +32,7 @@ func NamedVolumesDir(workDir string) string { return filepath.Join(workDir, name
 type engineBackend struct{ a *Agent }
 
 func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := b.a.waitRecovered(ctx); err != nil {
+	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
 		return nil, err
 	}
 	resp, err := b.a.iso.Prepare(ctx, req)
@@ -43,7 +41,7 @@ func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest)
 }
 
 func (b engineBackend) Cleanup(ctx context.Context, id string) error {
-	if err := b.a.waitRecovered(ctx); err != nil {
+	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
 		return err
 	}
 	err := b.a.iso.Cleanup(ctx, id, false)
@@ -90,7 +88,7 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	hs := &http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			cred, err := peerCred(c)
+			cred, err := apiserver.PeerCred(c)
 			if err != nil {
 				a.log.Warn("volume plugin socket", "error", err)
 				return ctx
@@ -99,7 +97,7 @@ func (a *Agent) startEngines() (stop func(), err error) {
 		},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
-			if cred == nil || !a.permitted(cred) {
+			if cred == nil || !a.access.Permitted(cred) {
 				http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
 				return
 			}
@@ -119,13 +117,4 @@ func (a *Agent) startEngines() (stop func(), err error) {
 			hs.Close()
 		}
 	}, nil
-}
-
-// checkNotEngineID refuses, from API callers, the container ids of the
-// engines' mounts: those belong to the engine endpoint.
-func checkNotEngineID(id string) error {
-	if strings.HasPrefix(id, dockerplugin.ContainerIDPrefix) {
-		return fmt.Errorf("%w: container_id %q: ids starting with %q are the container engines' volume mounts; release them through the engine", isolator.ErrInvalid, id, dockerplugin.ContainerIDPrefix)
-	}
-	return nil
 }

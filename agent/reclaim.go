@@ -2,15 +2,11 @@ package agent
 
 import (
 	"context"
-	"slices"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -25,8 +21,6 @@ const (
 	DefaultReclaimMaxConcurrent = 2
 	// DefaultReclaimPluginMax is the default per-plugin cap.
 	DefaultReclaimPluginMax = 1
-	nodeReclaimService      = "reclaimspace.ReclaimSpaceNode"
-	controllerReclaimSvc    = "reclaimspace.ReclaimSpaceController"
 )
 
 // policy is a schedule's policy for plugin typ: the overrides of its
@@ -82,7 +76,7 @@ var _ reclaim.Target = reclaimTarget{}
 // Volumes lists published volumes of plugins that offer the node reclaim
 // service (as discovered when they became ready).
 func (t reclaimTarget) Volumes() []reclaim.Volume {
-	return t.a.publishedOffering(nodeReclaimService, func(pv isolator.PublishedVolume) time.Time { return pv.NextReclaim })
+	return t.a.publishedOffering(reclaim.NodeService, func(pv isolator.PublishedVolume) time.Time { return pv.NextReclaim })
 }
 
 // publishedOffering lists the published volumes of plugins that offer
@@ -125,7 +119,7 @@ type liveReclaim struct {
 }
 
 func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
-	c, err := liveNode(l).conn(ctx, nodeReclaimService)
+	c, err := liveNode(l).conn(ctx, reclaim.NodeService)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +132,7 @@ func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.Node
 func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
 	_, conn, err := a.ready(ctx, typ, pluginconfig.ControllerService)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, apiserver.Status(err)
 	}
 	return a.set.ConnFor(typ, pluginconfig.ControllerService, service, conn), nil
 }
@@ -157,117 +151,8 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 	switch {
 	case a.reclaimPolicy(typ).Interval == 0:
 		out.Scheduled, out.Reason = false, "disabled (interval 0)"
-	case !a.set.Offers(typ, nodeReclaimService):
-		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
+	case !a.set.Offers(typ, reclaim.NodeService):
+		out.Scheduled, out.Reason = false, "the plugin does not offer "+reclaim.NodeService
 	}
 	return out
-}
-
-// ReclaimSpace runs reclaims now and streams their results.
-func (s *apiServer) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
-	ctx := stream.Context()
-	if err := s.recovered(ctx); err != nil {
-		return err
-	}
-	if req.GetOffline() {
-		return s.reclaimOffline(ctx, req, stream)
-	}
-	var vols []reclaim.Volume
-	published := reclaimTarget{s.a}.Volumes()
-	switch t := req.GetTarget().(type) {
-	case *agentv1.ReclaimSpaceRequest_All:
-		vols = published
-	case *agentv1.ReclaimSpaceRequest_Volume:
-		ref := t.Volume
-		for _, v := range published {
-			if v.ID == ref.GetVolumeId() && (ref.GetPluginName() == "" || v.Plugin == ref.GetPluginName()) {
-				vols = append(vols, v)
-			}
-		}
-		if len(vols) == 0 {
-			return status.Errorf(codes.NotFound, "volume %q is not published on this host by a plugin that offers %s", ref.GetVolumeId(), nodeReclaimService)
-		}
-		if len(vols) > 1 {
-			return status.Errorf(codes.InvalidArgument, "volume id %q is published by several plugins; name the plugin", ref.GetVolumeId())
-		}
-	case *agentv1.ReclaimSpaceRequest_ContainerId:
-		var keys []isolator.PublishedVolume
-		for _, c := range s.a.iso.ListContainers() {
-			if c.GetContainerId() == t.ContainerId {
-				for _, m := range c.GetMounts() {
-					keys = append(keys, isolator.PublishedVolume{Plugin: m.GetPluginName(), ID: m.GetVolumeId()})
-				}
-			}
-		}
-		if len(keys) == 0 {
-			return status.Errorf(codes.NotFound, "container %q has no volumes", t.ContainerId)
-		}
-		for _, v := range published {
-			if slices.ContainsFunc(keys, func(k isolator.PublishedVolume) bool { return k.Plugin == v.Plugin && k.ID == v.ID }) {
-				vols = append(vols, v)
-			}
-		}
-	default:
-		return status.Error(codes.InvalidArgument, "name a volume, a container, or all")
-	}
-	var mu sync.Mutex
-	var sendErr error
-	summary := s.a.reclaimer.RunNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if sendErr == nil {
-			sendErr = stream.Send(&agentv1.ReclaimSpaceProgress{
-				Volume: &agentv1.VolumeRef{PluginName: v.Plugin, VolumeId: v.ID},
-				Result: s.lastReclaim(v, r, err),
-			})
-		}
-	})
-	if sendErr != nil {
-		return sendErr
-	}
-	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: &agentv1.ReclaimSummary{
-		Volumes: int32(summary.Volumes), BytesFreed: summary.BytesFreed, Failures: int32(summary.Failures),
-	}})
-}
-
-// lastReclaim is the result the isolator recorded for the volume, or one
-// made from the scheduler's view when none was recorded (e.g. the volume
-// was not published any more).
-func (s *apiServer) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
-	for _, vs := range s.a.iso.ListVolumes() {
-		if vs.GetPluginName() == v.Plugin && vs.GetVolumeId() == v.ID && vs.GetLastReclaim() != nil {
-			return proto.Clone(vs.GetLastReclaim()).(*agentv1.ReclaimResult)
-		}
-	}
-	res := &agentv1.ReclaimResult{Outcome: "ok", PreUsage: r.PreUsage, PostUsage: r.PostUsage}
-	if err != nil {
-		res.Outcome, res.Code = status.Convert(err).Message(), status.Code(err).String()
-	}
-	return res
-}
-
-func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
-	ref := req.GetVolume()
-	if ref.GetPluginName() == "" || ref.GetVolumeId() == "" {
-		return status.Error(codes.InvalidArgument, "offline reclaim needs the plugin and the volume id")
-	}
-	if !s.a.set.Offers(ref.GetPluginName(), controllerReclaimSvc) {
-		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
-	}
-	conn, err := s.a.controllerConn(ctx, ref.GetPluginName(), controllerReclaimSvc)
-	if err != nil {
-		return err
-	}
-	res, err := s.a.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), nil)
-	if res == nil {
-		return toStatus(err)
-	}
-	if err := stream.Send(&agentv1.ReclaimSpaceProgress{Volume: ref, Result: res}); err != nil {
-		return err
-	}
-	sum := &agentv1.ReclaimSummary{Volumes: 1, BytesFreed: res.GetBytesReclaimed()}
-	if err != nil {
-		sum.Failures = 1
-	}
-	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: sum})
 }

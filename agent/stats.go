@@ -8,7 +8,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -81,20 +80,6 @@ func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats
 		st.Abnormal, st.Condition = len(conds) > 0, strings.Join(conds, "; ")
 	}
 	return st
-}
-
-// statsOf is a poll result in the API's form.
-func statsOf(s volumestats.Stats) *agentv1.VolumeStats {
-	out := &agentv1.VolumeStats{
-		Time:       timestamppb.New(s.At),
-		BytesKnown: s.Bytes.Known, CapacityBytes: s.Bytes.Total, UsedBytes: s.Bytes.Used, AvailableBytes: s.Bytes.Available,
-		InodesKnown: s.Inodes.Known, Inodes: s.Inodes.Total, InodesUsed: s.Inodes.Used, InodesFree: s.Inodes.Available,
-		HealthKnown: s.HealthKnown, Abnormal: s.Abnormal, Condition: s.Condition,
-	}
-	if s.Err != nil {
-		out.Error = s.Err.Error()
-	}
-	return out
 }
 
 // volumeStatsCollector exports the last poll of each published volume,

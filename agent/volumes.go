@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -138,133 +136,4 @@ func connGone(ctx context.Context, err error) error {
 		return status.Error(codes.Unavailable, status.Convert(err).Message())
 	}
 	return err
-}
-
-// toStatus chooses the status code of an isolator error: a plugin's own
-// code is kept; the isolator's classes map to theirs; anything else is
-// Internal (never Unknown).
-func toStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if code, ok := isolator.RPCCode(err); ok {
-		return status.Error(code, err.Error())
-	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, isolator.ErrInvalid):
-		code = codes.InvalidArgument
-	case errors.Is(err, isolator.ErrPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, isolator.ErrUnknownPlugin):
-		code = codes.NotFound
-	case errors.Is(err, isolator.ErrUnavailable):
-		code = codes.Unavailable
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		// The work dir is full: a checkpoint could not be written.
-		code = codes.ResourceExhausted
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
-}
-
-// recovered waits until the first recovery pass is done: the plugins are
-// configured and every checkpoint is reconciled. A volume call that
-// arrives at start (the API serves before that) waits rather than fail on
-// a plugin not configured yet.
-func (s *apiServer) recovered(ctx context.Context) error {
-	if err := s.a.waitRecovered(ctx); err != nil {
-		return status.Error(codes.Unavailable, err.Error())
-	}
-	return nil
-}
-
-// waitRecovered waits for the isolator's first recovery pass, or ctx.
-func (a *Agent) waitRecovered(ctx context.Context) error {
-	select {
-	case <-a.iso.Recovered():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
-	}
-}
-
-func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := checkNotEngineID(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	resp, err := s.a.iso.Prepare(ctx, req)
-	s.a.pokeSchedules()
-	return resp, toStatus(err)
-}
-
-func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
-	if err := checkNotEngineID(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	err := s.a.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
-	s.a.pokeSchedules()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &agentv1.CleanupResponse{}, nil
-}
-
-func (s *apiServer) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
-	if req.GetRefreshStats() {
-		s.a.stats.Refresh(ctx, statsSource{s.a}.Volumes())
-	}
-	vols := s.a.iso.ListVolumes()
-	for _, v := range vols {
-		if st, ok := s.a.stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
-			v.Stats = statsOf(st)
-		}
-		// A volume never reclaimed has its first run scheduled but not
-		// checkpointed (it follows from when it was published).
-		if v.NextReclaim == nil {
-			if next, ok := s.a.reclaimer.Next(v.PluginName, v.VolumeId); ok {
-				v.NextReclaim = timestamppb.New(next)
-			}
-		}
-		if v.NextKeyRotation == nil {
-			if next, ok := s.a.keyRotator.Next(v.PluginName, v.VolumeId); ok {
-				v.NextKeyRotation = timestamppb.New(next)
-			}
-		}
-	}
-	return &agentv1.ListVolumesResponse{Volumes: vols}, nil
-}
-
-func (s *apiServer) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
-	return &agentv1.ListContainersResponse{Containers: s.a.iso.ListContainers()}, nil
-}
-
-func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (*agentv1.ReconcileResponse, error) {
-	for _, id := range req.GetLiveContainerIds() {
-		if err := isolator.ValidateContainerID(id); err != nil {
-			return nil, toStatus(err)
-		}
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	// The engines' mounts are the engine endpoint's to release.
-	live := req.GetLiveContainerIds()
-	for _, c := range s.a.iso.ListContainers() {
-		if checkNotEngineID(c.GetContainerId()) != nil {
-			live = append(live, c.GetContainerId())
-		}
-	}
-	resp := s.a.iso.Reconcile(ctx, live)
-	s.a.pokeSchedules()
-	return resp, nil
 }
