@@ -199,6 +199,7 @@ func New(cfg Config) (*Agent, error) {
 		}
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{}), access: apiserver.Access{Group: cfg.APIGroup}}
+	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	a.metrics = newMetrics(a)
 	a.set = supervisor.NewSet(supervisor.Config{
 		WorkDir: cfg.WorkDir, RuntimeDir: cfg.RuntimeDir, NodeID: cfg.NodeID,
@@ -230,7 +231,6 @@ func New(cfg Config) (*Agent, error) {
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
 	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
-	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
 

@@ -2,13 +2,10 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"net"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
@@ -57,9 +54,6 @@ func (b engineBackend) CheckPlugin(typ string) error {
 	return err
 }
 
-// peerCredKey holds a connection's peer credentials in its context.
-type peerCredKey struct{}
-
 // engineCallTimeout bounds one engine call (a Mount stages and publishes).
 const engineCallTimeout = 2 * time.Minute
 
@@ -84,37 +78,12 @@ func (a *Agent) startEngines() (stop func(), err error) {
 		return nil, err
 	}
 	// Peer credentials are checked as on the API socket.
-	handler := srv.Handler(engineCallTimeout)
 	hs := &http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			cred, err := apiserver.PeerCred(c)
-			if err != nil {
-				a.log.Warn("volume plugin socket", "error", err)
-				return ctx
-			}
-			return context.WithValue(ctx, peerCredKey{}, cred)
-		},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
-			if cred == nil || !a.access.Permitted(cred) {
-				http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
-				return
-			}
-			handler.ServeHTTP(w, r)
-		}),
+		ConnContext:       apiserver.ConnContext,
+		Handler:           a.access.HTTP(srv.Handler(engineCallTimeout)),
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelError),
 	}
-	go func() {
-		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("docker volume plugin endpoint stopped", "error", err)
-		}
-	}()
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := hs.Shutdown(ctx); err != nil {
-			hs.Close()
-		}
-	}, nil
+	return a.serveHTTP(hs, lis, "docker volume plugin"), nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -137,4 +138,31 @@ func inGroup(pid, gid int) bool {
 		}
 	}
 	return false
+}
+
+// peerCredKey holds a connection's peer credentials in its context.
+type peerCredKey struct{}
+
+// ConnContext is an http.Server's ConnContext for a unix socket: it
+// records the peer's credentials for HTTP to check.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	cred, err := PeerCred(c)
+	if err != nil {
+		return ctx
+	}
+	return context.WithValue(ctx, peerCredKey{}, cred)
+}
+
+// HTTP serves h to Permitted peers (the server's ConnContext must be
+// ConnContext); others get 403 with a JSON error, in the form of Docker's
+// plugin protocol.
+func (a Access) HTTP(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
+		if cred == nil || !a.Permitted(cred) {
+			http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
