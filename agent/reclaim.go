@@ -12,6 +12,7 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Reclaim defaults (agent-wide; a plugin's config may override them).
@@ -98,7 +99,7 @@ func (a *Agent) publishedOffering(service string, next func(isolator.PublishedVo
 }
 
 func (t reclaimTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
-	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{a: t.a, typ: plugin}, plugin, id)
+	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{t.a.set.Node(plugin)}, plugin, id)
 	if res == nil { // err wraps reclaim.ErrNotPublished if the volume is gone
 		return reclaim.Result{}, err
 	}
@@ -113,13 +114,10 @@ func (t reclaimTarget) Schedule(plugin, id string, next time.Time) error {
 }
 
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.
-type liveReclaim struct {
-	a   *Agent
-	typ string
-}
+type liveReclaim struct{ node supervisor.LiveNode }
 
 func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
-	c, err := liveNode(l).conn(ctx, reclaim.NodeService)
+	c, err := l.node.Conn(ctx, reclaim.NodeService)
 	if err != nil {
 		return nil, err
 	}

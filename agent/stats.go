@@ -39,7 +39,7 @@ func (s statsSource) Volumes() []volumestats.Volume {
 // the plugin for its usage and health.
 func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats.Stats {
 	s.a.repair(ctx, v)
-	conn, err := liveNode{s.a, v.Plugin}.conn(ctx, "csi.v1.Node")
+	conn, err := s.a.set.Node(v.Plugin).Conn(ctx, "csi.v1.Node")
 	if err != nil {
 		return volumestats.Stats{Err: err}
 	}

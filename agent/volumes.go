@@ -8,8 +8,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -37,7 +35,7 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 		return isolator.Node{}, err
 	}
 	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
-	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
+	return isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage}, nil
 }
 
 // ready waits until the plugin's instance serving svc is ready (see
@@ -64,76 +62,3 @@ type classified struct{ class, err error }
 
 func (c classified) Error() string   { return c.err.Error() }
 func (c classified) Unwrap() []error { return []error{c.class, c.err} }
-
-// liveNode is a node client that uses the plugin's current connection for
-// each call, so a retry after a plugin restart reaches the new process.
-type liveNode struct {
-	a   *Agent
-	typ string
-}
-
-// conn is the plugin's connection that serves service on its node
-// instance, once it is ready.
-func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
-	_, conn, err := n.a.set.Ready(ctx, n.typ, pluginconfig.NodeService)
-	if err != nil {
-		// A status error: the isolator's retry policy reads its code.
-		return nil, status.Error(codes.Unavailable, err.Error())
-	}
-	return n.a.set.ConnFor(n.typ, pluginconfig.NodeService, service, conn), nil
-}
-
-func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
-	conn, err := n.conn(ctx, "csi.v1.Node")
-	if err != nil {
-		return nil, err
-	}
-	return csi.NewNodeClient(conn), nil
-}
-
-func (n liveNode) NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeStageVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeUnstageVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodePublishVolume(ctx context.Context, in *csi.NodePublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodePublishVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeUnpublishVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-// connGone turns the error of a call cut off by its connection closing
-// (the plugin died and its instance closed the connection) into
-// Unavailable, which the isolator retries on the new connection; Canceled
-// stays Canceled when it is the caller who gave up.
-func connGone(ctx context.Context, err error) error {
-	if status.Code(err) == codes.Canceled && ctx.Err() == nil {
-		return status.Error(codes.Unavailable, status.Convert(err).Message())
-	}
-	return err
-}
