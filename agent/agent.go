@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -16,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
-	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -151,13 +150,14 @@ func (c *Config) setDefaults() {
 
 // Agent is the csiagent daemon.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	changed broadcaster
-	// supervision is what every supervised plugin shares; set by Run.
-	supervision supervisor.Config
-	watcher     *pluginconfig.Watcher
-	iso         *isolator.Isolator
+	cfg Config
+	log *slog.Logger
+	// set supervises the configured plugins; its Changed channel also
+	// wakes on volume and container changes (WatchPlugins streams both).
+	set     *supervisor.Set
+	access  apiserver.Access
+	watcher *pluginconfig.Watcher
+	iso     *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
 	// keyRotator is a second reclaim scheduler: it rotates keys.
@@ -174,10 +174,6 @@ type Agent struct {
 	configured chan struct{}
 	// metrics is the agent's Prometheus registry (metrics.go).
 	metrics *metrics
-
-	mu         sync.Mutex
-	plugins    map[string]*runner
-	fileErrors []*pluginconfig.FileError
 }
 
 // New checks cfg, loads the volume checkpoints and makes an Agent; Run
@@ -202,11 +198,24 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
 		}
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, plugins: map[string]*runner{}, stopping: make(chan struct{}), configured: make(chan struct{})}
+	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{}), access: apiserver.Access{Group: cfg.APIGroup}}
+	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	a.metrics = newMetrics(a)
+	a.set = supervisor.NewSet(supervisor.Config{
+		WorkDir: cfg.WorkDir, RuntimeDir: cfg.RuntimeDir, NodeID: cfg.NodeID,
+		ReadyTimeout: cfg.ReadyTimeout, ProbeInterval: cfg.ProbeInterval,
+		BackoffBase: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, BackoffReset: cfg.BackoffReset,
+		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
+		OnReady: func(typ string) {
+			for _, s := range []*reclaim.Scheduler{a.reclaimer, a.keyRotator} {
+				s.ResetPlugin(typ)
+				s.Poke()
+			}
+		},
+	})
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
-		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.changed.notify,
+		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.set.Notify,
 		BootID: cfg.BootID,
 	})
 	if err != nil {
@@ -222,7 +231,6 @@ func New(cfg Config) (*Agent, error) {
 		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
 	})
 	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
-	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	return a, nil
 }
 
@@ -245,19 +253,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer unlock()
-	a.supervision = supervisor.Config{
-		WorkDir: a.cfg.WorkDir, RuntimeDir: a.cfg.RuntimeDir, NodeID: a.cfg.NodeID,
-		ReadyTimeout: a.cfg.ReadyTimeout, ProbeInterval: a.cfg.ProbeInterval,
-		BackoffBase: a.cfg.BackoffBase, BackoffMax: a.cfg.BackoffMax, BackoffReset: a.cfg.BackoffReset,
-		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
-		OnChange: a.changed.notify,
-		OnReady: func(typ string) {
-			for _, s := range []*reclaim.Scheduler{a.reclaimer, a.keyRotator} {
-				s.ResetPlugin(typ)
-				s.Poke()
-			}
-		},
-	}
 
 	// Metrics listen first: with the API socket up, MetricsAddr is set.
 	stopMetrics, err := a.startMetrics()
@@ -294,10 +289,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.watcher = w
 
-	srv := grpc.NewServer(grpc.Creds(peerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
-		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.authorize),
-		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.authorizeStream))
-	agentv1.RegisterAgentServer(srv, &apiServer{a: a})
+	srv := grpc.NewServer(grpc.Creds(apiserver.PeerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
+		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary),
+		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.access.Stream))
+	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{
+		Isolator: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: a.snapshot, Changed: a.set.Changed,
+		Configured: a.configured, Stopping: a.stopping, OnVolumesChanged: a.pokeSchedules,
+		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
+		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
+		Offers: a.set.Offers, ControllerConn: a.controllerConn,
+	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
@@ -359,7 +360,7 @@ loop:
 				}()
 			}
 		case <-rotate.C:
-			a.rotateLogs()
+			a.set.RotateLogs(a.cfg.LogMaxBytes, a.cfg.LogKeep)
 		case <-recovered:
 			// Serving, and every checkpoint recovered: ready.
 			recovered = nil
@@ -379,7 +380,7 @@ loop:
 	if isoStarted {
 		<-isoDone
 	}
-	a.stopAll()
+	a.set.StopAll()
 	return runErr
 }
 
@@ -445,31 +446,11 @@ func lockRuntimeDir(dir string) (func(), error) {
 
 // apply turns one config update into started, rolled and stopped plugins.
 func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
-	a.mu.Lock()
-	a.fileErrors = u.Errors
-	a.mu.Unlock()
-	for _, ev := range u.Events {
-		if ev.Kind == pluginconfig.Added || ev.Kind == pluginconfig.Changed {
-			// A new config may implement reclaim where the old did not.
-			defer a.reclaimer.ResetPlugin(ev.Type)
-			defer a.keyRotator.ResetPlugin(ev.Type)
-		}
-		switch ev.Kind {
-		case pluginconfig.Added:
-			a.log.Info("plugin config added", "plugin", ev.Type, "file", ev.File)
-			a.startPlugin(ctx, ev.Plugin, nil)
-		case pluginconfig.Changed:
-			a.log.Info("plugin config changed: rolling", "plugin", ev.Type, "file", ev.File)
-			a.rollPlugin(ctx, ev.Plugin)
-		case pluginconfig.Removed:
-			a.log.Info("plugin config removed: stopping", "plugin", ev.Type, "file", ev.File)
-			a.removePlugin(ev.Type)
-		case pluginconfig.Invalid:
-			// The watcher keeps the last good config; nothing changes.
-			a.log.Warn("invalid plugin config; nothing running changes", "file", ev.File, "plugin", ev.Type, "error", ev.Err)
-		}
+	for _, typ := range a.set.Apply(ctx, u) {
+		// A new config may implement reclaim where the old did not.
+		a.reclaimer.ResetPlugin(typ)
+		a.keyRotator.ResetPlugin(typ)
 	}
-	a.changed.notify()
 	a.pokeSchedules()
 }
 
@@ -480,123 +461,12 @@ func (a *Agent) pokeSchedules() {
 	a.keyRotator.Poke()
 }
 
-// runner is the daemon's handle on one supervised plugin.
-type runner struct {
-	plugin *pluginconfig.Plugin
-	sup    *supervisor.Plugin
-}
-
-// logDir is where a managed plugin's logs are.
-func (r *runner) logDir() string { return r.sup.LogDir() }
-
-func (a *Agent) startPlugin(ctx context.Context, p *pluginconfig.Plugin, inherit supervisor.Handover) {
-	r := &runner{plugin: p, sup: supervisor.Start(ctx, a.supervision, p, inherit)}
-	a.mu.Lock()
-	a.plugins[p.Info.Type] = r
-	a.mu.Unlock()
-}
-
-// rollPlugin replaces a plugin's supervision. Containers whose launch
-// config is unchanged keep their process; the others are restarted.
-func (a *Agent) rollPlugin(ctx context.Context, p *pluginconfig.Plugin) {
-	a.mu.Lock()
-	old := a.plugins[p.Info.Type]
-	a.mu.Unlock()
-	var inherit supervisor.Handover
-	if old != nil {
-		inherit = old.sup.Stop(false)
-	}
-	a.startPlugin(ctx, p, inherit)
-}
-
-func (a *Agent) removePlugin(typ string) {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	delete(a.plugins, typ)
-	a.mu.Unlock()
-	if r != nil {
-		r.sup.Stop(true)
-	}
-}
-
-// stopAll stops supervising every plugin, leaving managed processes
-// running for the next agent to adopt.
-func (a *Agent) stopAll() {
-	a.mu.Lock()
-	rs := make([]*runner, 0, len(a.plugins))
-	for _, r := range a.plugins {
-		rs = append(rs, r)
-	}
-	a.mu.Unlock()
-	for _, r := range rs {
-		r.sup.Stop(false).Release()
-	}
-}
-
-func (a *Agent) rotateLogs() {
-	a.mu.Lock()
-	var dirs []string
-	for _, r := range a.plugins {
-		if r.plugin.Info.Managed() {
-			dirs = append(dirs, r.logDir())
-		}
-	}
-	a.mu.Unlock()
-	for _, dir := range dirs {
-		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-		for _, f := range logs {
-			if _, err := proclog.Rotate(f, a.cfg.LogMaxBytes, a.cfg.LogKeep); err != nil {
-				a.log.Warn("rotating plugin log", "file", f, "error", err)
-			}
-		}
-	}
-}
-
-// snapshot lists the plugins' status, sorted by type.
+// snapshot lists the plugins' status, sorted by type, with their reclaim
+// schedules.
 func (a *Agent) snapshot() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
-	a.mu.Lock()
-	rs := make([]*runner, 0, len(a.plugins))
-	for _, r := range a.plugins {
-		rs = append(rs, r)
-	}
-	errs := a.fileErrors
-	a.mu.Unlock()
-	sort.Slice(rs, func(i, j int) bool { return rs[i].plugin.Info.Type < rs[j].plugin.Info.Type })
-	out := make([]*agentv1.Plugin, 0, len(rs))
-	for _, r := range rs {
-		p := r.sup.Status()
+	ps, errs := a.set.Statuses()
+	for _, p := range ps {
 		p.Reclaim = a.reclaimTotals(p.Type)
-		for _, fe := range errs {
-			if fe.File == r.plugin.File {
-				p.ConfigError = fe.Err.Error()
-			}
-		}
-		out = append(out, p)
 	}
-	return out, errs
-}
-
-// broadcaster wakes everyone waiting for a change.
-type broadcaster struct {
-	mu sync.Mutex
-	ch chan struct{}
-}
-
-// wait returns a channel closed at the next notify.
-func (b *broadcaster) wait() <-chan struct{} {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch == nil {
-		b.ch = make(chan struct{})
-	}
-	return b.ch
-}
-
-func (b *broadcaster) notify() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch != nil {
-		close(b.ch)
-		b.ch = nil
-	}
+	return ps, errs
 }

@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -21,27 +22,19 @@ func (p controllerPlugins) ControllerConn(ctx context.Context, plugin, service s
 }
 
 func (p controllerPlugins) Offers(plugin, service string) bool {
-	return p.a.pluginOffers(plugin, service)
+	return p.a.set.Offers(plugin, service)
 }
 
 // LogDir is where a managed plugin's logs are ("" for unmanaged plugins,
 // whose logs the agent does not keep).
-func (p controllerPlugins) LogDir(plugin string) string {
-	p.a.mu.Lock()
-	r := p.a.plugins[plugin]
-	p.a.mu.Unlock()
-	if r == nil || !r.plugin.Info.Managed() {
-		return ""
-	}
-	return r.logDir()
-}
+func (p controllerPlugins) LogDir(plugin string) string { return p.a.set.LogDir(plugin) }
 
 func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error) {
-	_, conn, err := p.a.readyInstance(ctx, plugin, pluginconfig.NodeService)
+	_, conn, err := p.a.ready(ctx, plugin, pluginconfig.NodeService)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, apiserver.Status(err)
 	}
-	return p.a.connFor(plugin, pluginconfig.NodeService, service, conn), nil
+	return p.a.set.ConnFor(plugin, pluginconfig.NodeService, service, conn), nil
 }
 
 func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.PublishedVolume, bool) {
@@ -53,4 +46,6 @@ func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.Pub
 	return controllerops.PublishedVolume{}, false
 }
 
-func (p controllerPlugins) NodeCapabilities(plugin string) []string { return p.a.nodeCaps(plugin) }
+func (p controllerPlugins) NodeCapabilities(plugin string) []string {
+	return p.a.set.NodeCapabilities(plugin)
+}

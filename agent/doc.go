@@ -1,18 +1,23 @@
-// Package agent is the csiagent daemon's wiring: New checks a Config and
-// loads the volume checkpoints; Run takes the runtime directory's lock,
-// follows the plugin config directory (pluginconfig.Watch) and has each
-// plugin supervised (package supervisor), serves the agent API and the
-// Controller API on a unix socket (root, or --api-group, by SO_PEERCRED),
-// runs the isolator (volume lifecycle and recovery) and the reclaim
-// scheduler, rotates plugin logs, talks to systemd (sd_notify, watchdog)
-// and serves Prometheus metrics and pprof when asked.
+// Package agent is the csiagent daemon's wiring: New checks a Config,
+// loads the volume checkpoints and builds the parts; Run takes the runtime
+// directory's lock, follows the plugin config directory
+// (pluginconfig.Watch) into the supervised plugin set (supervisor.Set),
+// serves the Agent API (package apiserver) and the Controller API
+// (package controllerops) on a unix socket and the Docker volume plugin
+// protocol (package dockerplugin) on another, runs the isolator (volume
+// lifecycle and recovery), the reclaim and key rotation schedules
+// (package reclaim) and the volume stats poller (package volumestats),
+// rotates plugin logs, talks to systemd (sd_notify, watchdog) and serves
+// Prometheus metrics and pprof when asked.
+//
+// What is left here is the glue between those parts: small adapters that
+// let each see the others through its own interface (isolator.Plugins,
+// reclaim.Target, volumestats.Source, controllerops.Plugins,
+// dockerplugin.Backend), the metrics registry and the daemon's lifecycle.
 //
 // Contract: one Agent per runtime directory (a second Run fails on its
 // lock). Run returns when its context ends, after in-flight API calls had
 // ShutdownTimeout to finish; managed plugin processes keep running so that
 // the next agent adopts them, and every published volume stays published.
-//
-// It holds no volume logic (package isolator), no mount code (package
-// mount) and no plugin process handling (package supervisor): it connects
-// them. Not for: calling from a client; use the API (cli, proto/agent/v1).
+// Not for: calling from a client; use the API (cli, proto/agent/v1).
 package agent

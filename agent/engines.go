@@ -2,18 +2,13 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"net"
+	"log/slog"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
-	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -34,7 +29,7 @@ func NamedVolumesDir(workDir string) string { return filepath.Join(workDir, name
 type engineBackend struct{ a *Agent }
 
 func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := b.a.waitRecovered(ctx); err != nil {
+	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
 		return nil, err
 	}
 	resp, err := b.a.iso.Prepare(ctx, req)
@@ -43,7 +38,7 @@ func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest)
 }
 
 func (b engineBackend) Cleanup(ctx context.Context, id string) error {
-	if err := b.a.waitRecovered(ctx); err != nil {
+	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
 		return err
 	}
 	err := b.a.iso.Cleanup(ctx, id, false)
@@ -58,9 +53,6 @@ func (b engineBackend) CheckPlugin(typ string) error {
 	_, err := plugins(b).Lookup(typ)
 	return err
 }
-
-// peerCredKey holds a connection's peer credentials in its context.
-type peerCredKey struct{}
 
 // engineCallTimeout bounds one engine call (a Mount stages and publishes).
 const engineCallTimeout = 2 * time.Minute
@@ -86,46 +78,12 @@ func (a *Agent) startEngines() (stop func(), err error) {
 		return nil, err
 	}
 	// Peer credentials are checked as on the API socket.
-	handler := srv.Handler(engineCallTimeout)
 	hs := &http.Server{
 		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			cred, err := peerCred(c)
-			if err != nil {
-				a.log.Warn("volume plugin socket", "error", err)
-				return ctx
-			}
-			return context.WithValue(ctx, peerCredKey{}, cred)
-		},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
-			if cred == nil || !a.permitted(cred) {
-				http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
-				return
-			}
-			handler.ServeHTTP(w, r)
-		}),
+		ConnContext:       apiserver.ConnContext,
+		Handler:           a.access.HTTP(srv.Handler(engineCallTimeout)),
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelError),
 	}
-	go func() {
-		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("docker volume plugin endpoint stopped", "error", err)
-		}
-	}()
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-		defer cancel()
-		if err := hs.Shutdown(ctx); err != nil {
-			hs.Close()
-		}
-	}, nil
-}
-
-// checkNotEngineID refuses, from API callers, the container ids of the
-// engines' mounts: those belong to the engine endpoint.
-func checkNotEngineID(id string) error {
-	if strings.HasPrefix(id, dockerplugin.ContainerIDPrefix) {
-		return fmt.Errorf("%w: container_id %q: ids starting with %q are the container engines' volume mounts; release them through the engine", isolator.ErrInvalid, id, dockerplugin.ContainerIDPrefix)
-	}
-	return nil
+	return a.serveHTTP(hs, lis, "docker volume plugin"), nil
 }

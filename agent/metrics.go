@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/volumestats"
 )
 
 // Bounds of the metrics HTTP server: a scrape is small and local, so a
@@ -94,7 +95,7 @@ func newMetrics(a *Agent) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration, m.repairs, m.keyRotations,
 		newStateCollector(a),
-		newVolumeStatsCollector(a),
+		volumestats.NewCollector(a.stats),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_writes_total",
 			Help: "Checkpoint writes of volumes and containers (a checksummed version in a free slot of the record: visible at once, durable with the next commit round).",

@@ -2,20 +2,17 @@ package agent
 
 import (
 	"context"
-	"slices"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Reclaim defaults (agent-wide; a plugin's config may override them).
@@ -25,24 +22,33 @@ const (
 	DefaultReclaimMaxConcurrent = 2
 	// DefaultReclaimPluginMax is the default per-plugin cap.
 	DefaultReclaimPluginMax = 1
-	nodeReclaimService      = "reclaimspace.ReclaimSpaceNode"
-	controllerReclaimSvc    = "reclaimspace.ReclaimSpaceController"
 )
 
-// reclaimPolicy is a plugin's reclaim policy: its config's overrides on
-// the agent's defaults.
-func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
-	p := a.cfg.ReclaimDefaults
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	if r == nil {
+// policy is a schedule's policy for plugin typ: the overrides of its
+// config (picked by which) on the agent's defaults; the zero policy (not
+// scheduled) for a plugin no config defines.
+func (a *Agent) policy(typ string, defaults reclaim.Policy, which func(*pluginconfig.Settings) *pluginconfig.ReclaimPolicy) reclaim.Policy {
+	p := a.set.Get(typ)
+	if p == nil {
 		return reclaim.Policy{}
 	}
-	if s := r.plugin.Info.Settings; s != nil {
-		p = overridden(p, s.ReclaimSpace)
+	if s := p.Config().Info.Settings; s != nil {
+		return overridden(defaults, which(s))
 	}
-	return p
+	return defaults
+}
+
+// reclaimPolicy is a plugin's reclaim schedule (csiagent.reclaim_space).
+func (a *Agent) reclaimPolicy(typ string) reclaim.Policy {
+	return a.policy(typ, a.cfg.ReclaimDefaults, func(s *pluginconfig.Settings) *pluginconfig.ReclaimPolicy { return s.ReclaimSpace })
+}
+
+// keyRotationPolicy is a plugin's key rotation schedule
+// (csiagent.key_rotation). The interval is 0 (not scheduled) unless set:
+// rotating a key is the storage owner's decision, and a plugin that needs
+// secrets for it gets none from a schedule.
+func (a *Agent) keyRotationPolicy(typ string) reclaim.Policy {
+	return a.policy(typ, a.cfg.KeyRotationDefaults, func(s *pluginconfig.Settings) *pluginconfig.ReclaimPolicy { return s.KeyRotation })
 }
 
 // overridden is a schedule's policy with a plugin config's overrides (nil:
@@ -71,23 +77,29 @@ var _ reclaim.Target = reclaimTarget{}
 // Volumes lists published volumes of plugins that offer the node reclaim
 // service (as discovered when they became ready).
 func (t reclaimTarget) Volumes() []reclaim.Volume {
+	return t.a.publishedOffering(reclaim.NodeService, func(pv isolator.PublishedVolume) time.Time { return pv.NextReclaim })
+}
+
+// publishedOffering lists the published volumes of plugins that offer
+// service, each with its next run (picked by next).
+func (a *Agent) publishedOffering(service string, next func(isolator.PublishedVolume) time.Time) []reclaim.Volume {
 	var out []reclaim.Volume
 	offers := map[string]bool{}
-	for _, pv := range t.a.iso.Published() {
+	for _, pv := range a.iso.Published() {
 		ok, seen := offers[pv.Plugin]
 		if !seen {
-			ok = t.a.pluginOffers(pv.Plugin, nodeReclaimService)
+			ok = a.set.Offers(pv.Plugin, service)
 			offers[pv.Plugin] = ok
 		}
 		if ok {
-			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: pv.NextReclaim, Since: pv.Since})
+			out = append(out, reclaim.Volume{Plugin: pv.Plugin, ID: pv.ID, Next: next(pv), Since: pv.Since})
 		}
 	}
 	return out
 }
 
 func (t reclaimTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
-	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{a: t.a, typ: plugin}, plugin, id)
+	res, err := t.a.iso.ReclaimSpace(ctx, liveReclaim{t.a.set.Node(plugin)}, plugin, id)
 	if res == nil { // err wraps reclaim.ErrNotPublished if the volume is gone
 		return reclaim.Result{}, err
 	}
@@ -101,22 +113,11 @@ func (t reclaimTarget) Schedule(plugin, id string, next time.Time) error {
 	return t.a.iso.ScheduleReclaim(context.Background(), plugin, id, next)
 }
 
-// pluginOffers reports whether a plugin's ready instance answers service.
-func (a *Agent) pluginOffers(typ, service string) bool {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	return r != nil && r.sup.Offers(service)
-}
-
 // liveReclaim calls NodeReclaimSpace on the plugin's current connection.
-type liveReclaim struct {
-	a   *Agent
-	typ string
-}
+type liveReclaim struct{ node supervisor.LiveNode }
 
 func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.NodeReclaimSpaceRequest, opts ...grpc.CallOption) (*reclaimspace.NodeReclaimSpaceResponse, error) {
-	c, err := liveNode(l).conn(ctx, nodeReclaimService)
+	c, err := l.node.Conn(ctx, reclaim.NodeService)
 	if err != nil {
 		return nil, err
 	}
@@ -127,27 +128,11 @@ func (l liveReclaim) NodeReclaimSpace(ctx context.Context, in *reclaimspace.Node
 // and returns the connection that serves service there; errors are status
 // errors.
 func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
-	_, conn, err := a.readyInstance(ctx, typ, pluginconfig.ControllerService)
+	_, conn, err := a.ready(ctx, typ, pluginconfig.ControllerService)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, apiserver.Status(err)
 	}
-	return a.connFor(typ, pluginconfig.ControllerService, service, conn), nil
-}
-
-// connFor is the connection that serves service (a discovery name) on the
-// plugin's instance serving svc: its csi-addons endpoint's when it has one
-// and service is csi-addons', else csiConn.
-func (a *Agent) connFor(typ string, svc pluginconfig.Service, service string, csiConn *grpc.ClientConn) *grpc.ClientConn {
-	a.mu.Lock()
-	r := a.plugins[typ]
-	a.mu.Unlock()
-	if r == nil {
-		return csiConn
-	}
-	if c := r.sup.ConnFor(svc, service); c != nil {
-		return c
-	}
-	return csiConn
+	return a.set.ConnFor(typ, pluginconfig.ControllerService, service, conn), nil
 }
 
 // reclaimTotals reports a plugin's reclaim schedule and totals.
@@ -164,117 +149,8 @@ func (a *Agent) reclaimTotals(typ string) *agentv1.ReclaimTotals {
 	switch {
 	case a.reclaimPolicy(typ).Interval == 0:
 		out.Scheduled, out.Reason = false, "disabled (interval 0)"
-	case !a.pluginOffers(typ, nodeReclaimService):
-		out.Scheduled, out.Reason = false, "the plugin does not offer "+nodeReclaimService
+	case !a.set.Offers(typ, reclaim.NodeService):
+		out.Scheduled, out.Reason = false, "the plugin does not offer "+reclaim.NodeService
 	}
 	return out
-}
-
-// ReclaimSpace runs reclaims now and streams their results.
-func (s *apiServer) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
-	ctx := stream.Context()
-	if err := s.recovered(ctx); err != nil {
-		return err
-	}
-	if req.GetOffline() {
-		return s.reclaimOffline(ctx, req, stream)
-	}
-	var vols []reclaim.Volume
-	published := reclaimTarget{s.a}.Volumes()
-	switch t := req.GetTarget().(type) {
-	case *agentv1.ReclaimSpaceRequest_All:
-		vols = published
-	case *agentv1.ReclaimSpaceRequest_Volume:
-		ref := t.Volume
-		for _, v := range published {
-			if v.ID == ref.GetVolumeId() && (ref.GetPluginName() == "" || v.Plugin == ref.GetPluginName()) {
-				vols = append(vols, v)
-			}
-		}
-		if len(vols) == 0 {
-			return status.Errorf(codes.NotFound, "volume %q is not published on this host by a plugin that offers %s", ref.GetVolumeId(), nodeReclaimService)
-		}
-		if len(vols) > 1 {
-			return status.Errorf(codes.InvalidArgument, "volume id %q is published by several plugins; name the plugin", ref.GetVolumeId())
-		}
-	case *agentv1.ReclaimSpaceRequest_ContainerId:
-		var keys []isolator.PublishedVolume
-		for _, c := range s.a.iso.ListContainers() {
-			if c.GetContainerId() == t.ContainerId {
-				for _, m := range c.GetMounts() {
-					keys = append(keys, isolator.PublishedVolume{Plugin: m.GetPluginName(), ID: m.GetVolumeId()})
-				}
-			}
-		}
-		if len(keys) == 0 {
-			return status.Errorf(codes.NotFound, "container %q has no volumes", t.ContainerId)
-		}
-		for _, v := range published {
-			if slices.ContainsFunc(keys, func(k isolator.PublishedVolume) bool { return k.Plugin == v.Plugin && k.ID == v.ID }) {
-				vols = append(vols, v)
-			}
-		}
-	default:
-		return status.Error(codes.InvalidArgument, "name a volume, a container, or all")
-	}
-	var mu sync.Mutex
-	var sendErr error
-	summary := s.a.reclaimer.RunNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if sendErr == nil {
-			sendErr = stream.Send(&agentv1.ReclaimSpaceProgress{
-				Volume: &agentv1.VolumeRef{PluginName: v.Plugin, VolumeId: v.ID},
-				Result: s.lastReclaim(v, r, err),
-			})
-		}
-	})
-	if sendErr != nil {
-		return sendErr
-	}
-	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: &agentv1.ReclaimSummary{
-		Volumes: int32(summary.Volumes), BytesFreed: summary.BytesFreed, Failures: int32(summary.Failures),
-	}})
-}
-
-// lastReclaim is the result the isolator recorded for the volume, or one
-// made from the scheduler's view when none was recorded (e.g. the volume
-// was not published any more).
-func (s *apiServer) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
-	for _, vs := range s.a.iso.ListVolumes() {
-		if vs.GetPluginName() == v.Plugin && vs.GetVolumeId() == v.ID && vs.GetLastReclaim() != nil {
-			return proto.Clone(vs.GetLastReclaim()).(*agentv1.ReclaimResult)
-		}
-	}
-	res := &agentv1.ReclaimResult{Outcome: "ok", PreUsage: r.PreUsage, PostUsage: r.PostUsage}
-	if err != nil {
-		res.Outcome, res.Code = status.Convert(err).Message(), status.Code(err).String()
-	}
-	return res
-}
-
-func (s *apiServer) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRequest, stream grpc.ServerStreamingServer[agentv1.ReclaimSpaceProgress]) error {
-	ref := req.GetVolume()
-	if ref.GetPluginName() == "" || ref.GetVolumeId() == "" {
-		return status.Error(codes.InvalidArgument, "offline reclaim needs the plugin and the volume id")
-	}
-	if !s.a.pluginOffers(ref.GetPluginName(), controllerReclaimSvc) {
-		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), controllerReclaimSvc)
-	}
-	conn, err := s.a.controllerConn(ctx, ref.GetPluginName(), controllerReclaimSvc)
-	if err != nil {
-		return err
-	}
-	res, err := s.a.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), nil)
-	if res == nil {
-		return toStatus(err)
-	}
-	if err := stream.Send(&agentv1.ReclaimSpaceProgress{Volume: ref, Result: res}); err != nil {
-		return err
-	}
-	sum := &agentv1.ReclaimSummary{Volumes: 1, BytesFreed: res.GetBytesReclaimed()}
-	if err != nil {
-		sum.Failures = 1
-	}
-	return stream.Send(&agentv1.ReclaimSpaceProgress{Summary: sum})
 }

@@ -5,18 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
-	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // plugins gives the isolator the agent's plugins.
@@ -25,255 +21,44 @@ type plugins struct{ a *Agent }
 var _ isolator.Plugins = plugins{}
 
 func (p plugins) Lookup(typ string) (isolator.Plugin, error) {
-	p.a.mu.Lock()
-	r := p.a.plugins[typ]
-	p.a.mu.Unlock()
+	r := p.a.set.Get(typ)
 	if r == nil {
 		return isolator.Plugin{}, fmt.Errorf("%w: Unknown CSI plugin '%s' (no config in %s defines it)", isolator.ErrUnknownPlugin, typ, p.a.cfg.ConfigDir)
 	}
-	info := r.plugin.Info
+	info := r.Config().Info
 	return isolator.Plugin{Type: info.Type, Name: info.Name, TargetPathRoot: info.TargetPathRoot, TargetPathExists: info.TargetPathExists}, nil
 }
 
 func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
-	st, _, err := p.a.readyInstance(ctx, typ, pluginconfig.NodeService)
+	st, _, err := p.a.ready(ctx, typ, pluginconfig.NodeService)
 	if err != nil {
 		return isolator.Node{}, err
 	}
 	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
-	return isolator.Node{Client: liveNode{a: p.a, typ: typ}, StageUnstage: stage}, nil
+	return isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage}, nil
 }
 
-// readyInstance waits, woken by status changes, until the plugin's
-// instance serving svc is ready, and returns its status and connection.
-// Errors wrap isolator.ErrUnknownPlugin, ErrPrecondition (no instance
-// serves svc) or ErrUnavailable (not ready when ctx ended).
-func (a *Agent) readyInstance(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
-	for {
-		changed := a.changed.wait()
-		a.mu.Lock()
-		r := a.plugins[typ]
-		a.mu.Unlock()
-		if r == nil {
-			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", isolator.ErrUnknownPlugin, typ)
-		}
-		s, conn, ok := r.sup.Instance(svc)
-		if !ok {
-			return nil, nil, fmt.Errorf("%w: plugin %s has no %s", isolator.ErrPrecondition, typ, svc)
-		}
-		if conn != nil {
-			return s, conn, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			why := strings.TrimPrefix(s.State.String(), "PLUGIN_STATE_")
-			if s.LastError != "" {
-				why += ": " + s.LastError
-			}
-			return nil, nil, fmt.Errorf("%w: plugin %s is not ready (%s)", isolator.ErrUnavailable, typ, why)
+// ready waits until the plugin's instance serving svc is ready (see
+// supervisor.Set.Ready); its errors also wrap the isolator's classes:
+// ErrUnknownPlugin, ErrPrecondition (no instance serves svc) or
+// ErrUnavailable (not ready when ctx ended).
+func (a *Agent) ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
+	st, conn, err := a.set.Ready(ctx, typ, svc)
+	for _, c := range []struct{ from, to error }{
+		{supervisor.ErrUnknownPlugin, isolator.ErrUnknownPlugin},
+		{supervisor.ErrNoService, isolator.ErrPrecondition},
+		{supervisor.ErrNotReady, isolator.ErrUnavailable},
+	} {
+		if errors.Is(err, c.from) {
+			err = classified{class: c.to, err: err}
 		}
 	}
+	return st, conn, err
 }
 
-// liveNode is a node client that uses the plugin's current connection for
-// each call, so a retry after a plugin restart reaches the new process.
-type liveNode struct {
-	a   *Agent
-	typ string
-}
+// classified is an error that also is a class (errors.Is) without saying
+// so in its message.
+type classified struct{ class, err error }
 
-// conn is the plugin's connection that serves service on its node
-// instance, once it is ready.
-func (n liveNode) conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
-	_, conn, err := n.a.readyInstance(ctx, n.typ, pluginconfig.NodeService)
-	if err != nil {
-		// A status error: the isolator's retry policy reads its code.
-		return nil, status.Error(codes.Unavailable, err.Error())
-	}
-	return n.a.connFor(n.typ, pluginconfig.NodeService, service, conn), nil
-}
-
-func (n liveNode) client(ctx context.Context) (csi.NodeClient, error) {
-	conn, err := n.conn(ctx, "csi.v1.Node")
-	if err != nil {
-		return nil, err
-	}
-	return csi.NewNodeClient(conn), nil
-}
-
-func (n liveNode) NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeStageVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodeUnstageVolume(ctx context.Context, in *csi.NodeUnstageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnstageVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeUnstageVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodePublishVolume(ctx context.Context, in *csi.NodePublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodePublishVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-func (n liveNode) NodeUnpublishVolume(ctx context.Context, in *csi.NodeUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.NodeUnpublishVolumeResponse, error) {
-	c, err := n.client(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.NodeUnpublishVolume(ctx, in, opts...)
-	return resp, connGone(ctx, err)
-}
-
-// connGone turns the error of a call cut off by its connection closing
-// (the plugin died and its instance closed the connection) into
-// Unavailable, which the isolator retries on the new connection; Canceled
-// stays Canceled when it is the caller who gave up.
-func connGone(ctx context.Context, err error) error {
-	if status.Code(err) == codes.Canceled && ctx.Err() == nil {
-		return status.Error(codes.Unavailable, status.Convert(err).Message())
-	}
-	return err
-}
-
-// toStatus chooses the status code of an isolator error: a plugin's own
-// code is kept; the isolator's classes map to theirs; anything else is
-// Internal (never Unknown).
-func toStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if code, ok := isolator.RPCCode(err); ok {
-		return status.Error(code, err.Error())
-	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, isolator.ErrInvalid):
-		code = codes.InvalidArgument
-	case errors.Is(err, isolator.ErrPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, isolator.ErrUnknownPlugin):
-		code = codes.NotFound
-	case errors.Is(err, isolator.ErrUnavailable):
-		code = codes.Unavailable
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		// The work dir is full: a checkpoint could not be written.
-		code = codes.ResourceExhausted
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
-}
-
-// recovered waits until the first recovery pass is done: the plugins are
-// configured and every checkpoint is reconciled. A volume call that
-// arrives at start (the API serves before that) waits rather than fail on
-// a plugin not configured yet.
-func (s *apiServer) recovered(ctx context.Context) error {
-	if err := s.a.waitRecovered(ctx); err != nil {
-		return status.Error(codes.Unavailable, err.Error())
-	}
-	return nil
-}
-
-// waitRecovered waits for the isolator's first recovery pass, or ctx.
-func (a *Agent) waitRecovered(ctx context.Context) error {
-	select {
-	case <-a.iso.Recovered():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
-	}
-}
-
-func (s *apiServer) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := checkNotEngineID(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	resp, err := s.a.iso.Prepare(ctx, req)
-	s.a.pokeSchedules()
-	return resp, toStatus(err)
-}
-
-func (s *apiServer) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
-	if err := checkNotEngineID(req.GetContainerId()); err != nil {
-		return nil, toStatus(err)
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	err := s.a.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
-	s.a.pokeSchedules()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &agentv1.CleanupResponse{}, nil
-}
-
-func (s *apiServer) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
-	if req.GetRefreshStats() {
-		s.a.stats.Refresh(ctx, statsSource{s.a}.Volumes())
-	}
-	vols := s.a.iso.ListVolumes()
-	for _, v := range vols {
-		if st, ok := s.a.stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
-			v.Stats = statsOf(st)
-		}
-		// A volume never reclaimed has its first run scheduled but not
-		// checkpointed (it follows from when it was published).
-		if v.NextReclaim == nil {
-			if next, ok := s.a.reclaimer.Next(v.PluginName, v.VolumeId); ok {
-				v.NextReclaim = timestamppb.New(next)
-			}
-		}
-		if v.NextKeyRotation == nil {
-			if next, ok := s.a.keyRotator.Next(v.PluginName, v.VolumeId); ok {
-				v.NextKeyRotation = timestamppb.New(next)
-			}
-		}
-	}
-	return &agentv1.ListVolumesResponse{Volumes: vols}, nil
-}
-
-func (s *apiServer) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
-	return &agentv1.ListContainersResponse{Containers: s.a.iso.ListContainers()}, nil
-}
-
-func (s *apiServer) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (*agentv1.ReconcileResponse, error) {
-	for _, id := range req.GetLiveContainerIds() {
-		if err := isolator.ValidateContainerID(id); err != nil {
-			return nil, toStatus(err)
-		}
-	}
-	if err := s.recovered(ctx); err != nil {
-		return nil, err
-	}
-	// The engines' mounts are the engine endpoint's to release.
-	live := req.GetLiveContainerIds()
-	for _, c := range s.a.iso.ListContainers() {
-		if checkNotEngineID(c.GetContainerId()) != nil {
-			live = append(live, c.GetContainerId())
-		}
-	}
-	resp := s.a.iso.Reconcile(ctx, live)
-	s.a.pokeSchedules()
-	return resp, nil
-}
+func (c classified) Error() string   { return c.err.Error() }
+func (c classified) Unwrap() []error { return []error{c.class, c.err} }

@@ -32,6 +32,14 @@ const (
 	MaxRescan = time.Minute
 )
 
+// The csi-addons services (discovery names) whose volumes the agent
+// reclaims: NodeReclaimSpace on published volumes (the schedule), and
+// ControllerReclaimSpace on volumes published nowhere (on demand).
+const (
+	NodeService       = "reclaimspace.ReclaimSpaceNode"
+	ControllerService = "reclaimspace.ReclaimSpaceController"
+)
+
 // ErrNotPublished is what Target.Reclaim wraps when the volume is no longer
 // published: the scheduler forgets the volume silently.
 var ErrNotPublished = errors.New("volume is not published")

@@ -14,9 +14,14 @@
 // get cgroup v2 limits where the host allows; they outlive the agent on
 // purpose.
 //
-// The daemon consumes Start, Plugin.Stop, Plugin.Status, Plugin.Instance
-// (a ready connection for a service), Plugin.Offers and Plugin.LogDir, and
-// hears of changes through Config.OnChange and Config.OnReady. The package
-// knows nothing of the daemon. Not for: choosing which plugins exist (the
-// daemon follows the config directory) or calling their volume RPCs.
+// The daemon consumes a Set: Apply turns the config directory's updates
+// into started, rolled (processes whose launch config is unchanged are
+// kept) and stopped plugins; Ready waits for a plugin's instance serving a
+// service to be ready; ConnFor, Offers and NodeCapabilities tell what it
+// serves; Node is a node service that follows the plugin's restarts;
+// Statuses reports every plugin; Changed wakes waiters at every change.
+// It hears of changes through Config.OnChange and Config.OnReady. The
+// package knows nothing of the daemon. Not for: choosing which plugins
+// exist (the daemon follows the config directory) or deciding which
+// volume RPCs to make.
 package supervisor

@@ -1,11 +1,13 @@
 package atomicfile
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
+	"slices"
 )
 
 // A record file holds up to recordSlots framed versions of one record, at
@@ -96,12 +98,8 @@ func versions(b []byte) (vs []version, framed bool) {
 			}
 		}
 	}
-	for i := 1; i < len(vs); i++ { // at most three: insertion sort
-		for j := i; j > 0 && vs[j].gen > vs[j-1].gen; j-- {
-			vs[j], vs[j-1] = vs[j-1], vs[j]
-		}
-	}
-	return vs, framed || len(vs) > 0
+	slices.SortFunc(vs, func(a, b version) int { return cmp.Compare(b.gen, a.gen) })
+	return vs, framed
 }
 
 // ReadRecord returns the newest valid version of a record file written by

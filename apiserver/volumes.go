@@ -1,0 +1,174 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/csiagent/csiagent/dockerplugin"
+	"github.com/csiagent/csiagent/isolator"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/volumestats"
+)
+
+// Status chooses the status code of an isolator error: a plugin's own
+// code is kept; the isolator's classes map to theirs; anything else is
+// Internal (never Unknown).
+func Status(err error) error {
+	if err == nil {
+		return nil
+	}
+	if code, ok := isolator.RPCCode(err); ok {
+		return status.Error(code, err.Error())
+	}
+	code := codes.Internal
+	switch {
+	case errors.Is(err, isolator.ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, isolator.ErrPrecondition):
+		code = codes.FailedPrecondition
+	case errors.Is(err, isolator.ErrUnknownPlugin):
+		code = codes.NotFound
+	case errors.Is(err, isolator.ErrUnavailable):
+		code = codes.Unavailable
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		// The work dir is full: a checkpoint could not be written.
+		code = codes.ResourceExhausted
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	}
+	return status.Error(code, err.Error())
+}
+
+// WaitRecovered waits for the isolator's first recovery pass, or ctx: a
+// volume call that arrives at start (the sockets serve before that) waits
+// rather than fail on a plugin not configured yet.
+func WaitRecovered(ctx context.Context, iso *isolator.Isolator) error {
+	select {
+	case <-iso.Recovered():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
+	}
+}
+
+// recovered is WaitRecovered as a status error.
+func (s *Server) recovered(ctx context.Context) error {
+	if err := WaitRecovered(ctx, s.iso); err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return nil
+}
+
+// CheckNotEngineID refuses, from API callers, the container ids of the
+// engines' mounts: those belong to the engine endpoint.
+func CheckNotEngineID(id string) error {
+	if strings.HasPrefix(id, dockerplugin.ContainerIDPrefix) {
+		return fmt.Errorf("%w: container_id %q: ids starting with %q are the container engines' volume mounts; release them through the engine", isolator.ErrInvalid, id, dockerplugin.ContainerIDPrefix)
+	}
+	return nil
+}
+
+// Prepare makes the container's volumes available in it.
+func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	if err := CheckNotEngineID(req.GetContainerId()); err != nil {
+		return nil, Status(err)
+	}
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
+	}
+	resp, err := s.iso.Prepare(ctx, req)
+	s.cfg.OnVolumesChanged()
+	return resp, Status(err)
+}
+
+// Cleanup releases the container's volumes.
+func (s *Server) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*agentv1.CleanupResponse, error) {
+	if err := CheckNotEngineID(req.GetContainerId()); err != nil {
+		return nil, Status(err)
+	}
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
+	}
+	err := s.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
+	s.cfg.OnVolumesChanged()
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &agentv1.CleanupResponse{}, nil
+}
+
+// ListVolumes reports every volume with its last stats and next runs.
+func (s *Server) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
+	if req.GetRefreshStats() {
+		s.cfg.Stats.Refresh(ctx, s.cfg.StatsVolumes())
+	}
+	vols := s.iso.ListVolumes()
+	for _, v := range vols {
+		if st, ok := s.cfg.Stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
+			v.Stats = statsOf(st)
+		}
+		// A volume never reclaimed has its first run scheduled but not
+		// checkpointed (it follows from when it was published).
+		if v.NextReclaim == nil {
+			if next, ok := s.cfg.Reclaimer.Next(v.PluginName, v.VolumeId); ok {
+				v.NextReclaim = timestamppb.New(next)
+			}
+		}
+		if v.NextKeyRotation == nil {
+			if next, ok := s.cfg.KeyRotator.Next(v.PluginName, v.VolumeId); ok {
+				v.NextKeyRotation = timestamppb.New(next)
+			}
+		}
+	}
+	return &agentv1.ListVolumesResponse{Volumes: vols}, nil
+}
+
+// statsOf is a poll result in the API's form.
+func statsOf(s volumestats.Stats) *agentv1.VolumeStats {
+	out := &agentv1.VolumeStats{
+		Time:       timestamppb.New(s.At),
+		BytesKnown: s.Bytes.Known, CapacityBytes: s.Bytes.Total, UsedBytes: s.Bytes.Used, AvailableBytes: s.Bytes.Available,
+		InodesKnown: s.Inodes.Known, Inodes: s.Inodes.Total, InodesUsed: s.Inodes.Used, InodesFree: s.Inodes.Available,
+		HealthKnown: s.HealthKnown, Abnormal: s.Abnormal, Condition: s.Condition,
+	}
+	if s.Err != nil {
+		out.Error = s.Err.Error()
+	}
+	return out
+}
+
+// ListContainers reports every container the agent prepared.
+func (s *Server) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
+	return &agentv1.ListContainersResponse{Containers: s.iso.ListContainers()}, nil
+}
+
+// Reconcile cleans up the containers not in the live list.
+func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (*agentv1.ReconcileResponse, error) {
+	for _, id := range req.GetLiveContainerIds() {
+		if err := isolator.ValidateContainerID(id); err != nil {
+			return nil, Status(err)
+		}
+	}
+	if err := s.recovered(ctx); err != nil {
+		return nil, err
+	}
+	// The engines' mounts are the engine endpoint's to release.
+	live := req.GetLiveContainerIds()
+	for _, c := range s.iso.ListContainers() {
+		if CheckNotEngineID(c.GetContainerId()) != nil {
+			live = append(live, c.GetContainerId())
+		}
+	}
+	resp := s.iso.Reconcile(ctx, live)
+	s.cfg.OnVolumesChanged()
+	return resp, nil
+}
