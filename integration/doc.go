@@ -29,9 +29,9 @@
 // stopped at the end.
 //
 // How they run: `make test` runs the package without -race (E2E_PKGS in
-// the Makefile), about 80 s; alone, `go test -count=1 ./integration` as
-// root. TestSoak is a 15 s smoke there; `make soak DURATION=10m` runs it
-// for longer (CSIAGENT_SOAK_DURATION). `make bench` runs
+// the Makefile), 80 to 95 s here; alone, `go test -count=1 ./integration`
+// as root. TestSoak is a 15 s smoke there; `make soak DURATION=10m` runs
+// it for longer (CSIAGENT_SOAK_DURATION). `make bench` runs
 // TestDockerRunOverhead with -engine-pairs 20. Tests run one at a time:
 // they share the host's loop devices and mount table. The in-process
 // harness fails a test that leaves a goroutine and kills the plugin
