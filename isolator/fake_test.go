@@ -312,8 +312,8 @@ func (f *fakeMounter) move(tree, target *os.File, beneath bool) error {
 	return nil
 }
 
-// UnmountOwn follows mount.UnmountOwn's contract on the model: the mount
-// with the recorded id (and the source's filesystem and directory) is
+// UnmountOwn follows mount.UnmountOwn's contract on the model: root must
+// exist; the mount with the recorded id (and the source's filesystem and directory) is
 // removed where it is, if that is below root; a mount on top of it is
 // refused (ErrCovered); with id 0, the top mount at the mount point is
 // ours only if it is not the recorded parent and shows the source.
@@ -322,6 +322,9 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 		return mount.Result{}, fmt.Errorf("unmount mount %d at %s: %w", id.ID, mountPoint, err)
 	}
 	root, mountPoint = filepath.Clean(root), filepath.Clean(mountPoint)
+	if _, err := os.Stat(root); err != nil {
+		return fail(err)
+	}
 	if !within(root, mountPoint) {
 		return fail(fmt.Errorf("%w: %s is not below %s", mount.ErrOutsideRoot, mountPoint, root))
 	}

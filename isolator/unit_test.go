@@ -808,11 +808,12 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 }
 
 // TestUnitMountIDsOfAnotherBoot: after a reboot the kernel hands out the
-// same mount ids again. c1's cleanup was interrupted before the reboot
-// and its plugin is down at recovery, so it stays CLEANING with the ids
-// it recorded; c2's mount, restored by a repeated Prepare once the plugin
-// is back, gets c1's old id. c1's cleanup must then neither touch c2's
-// mount nor refuse for ever: recovery forgot the other boot's ids.
+// same mount ids again. c1 and c2 share vol-1; c1's cleanup was
+// interrupted before the reboot, and c1's rootfs is not there at
+// recovery, so c1 stays CLEANING with the mount id it recorded, which
+// c2's mount, restored by recovery, now has. Once the rootfs is back,
+// c1's cleanup must neither touch c2's mount nor refuse for ever:
+// recovery forgot the other boot's ids.
 func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
@@ -822,8 +823,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp2, err := iso.Prepare(ctx, r2)
-	if err != nil {
+	if _, err := iso.Prepare(ctx, r2); err != nil {
 		t.Fatal(err)
 	}
 	crashing := w.isolator(Config{CrashPoint: func(point string) {
@@ -835,23 +835,32 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 		t.Fatal("c1's cleanup did not reach its first checkpoint")
 	}
 	w.reboot()
-	w.plugins.setDown("loop", true)
-	iso = w.run(Config{RPCTimeout: 100 * time.Millisecond})
-	w.plugins.setDown("loop", false)
-	iso.resync(ctx, false) // the next pass: vol-1 published again
-	resp, err := iso.Prepare(ctx, r2)
-	if err != nil {
+	away := r1.GetRootfs() + ".away"
+	if err := os.Rename(r1.GetRootfs(), away); err != nil {
 		t.Fatal(err)
 	}
-	if id := resp.GetMounts()[0].GetMountId(); id != resp1.GetMounts()[0].GetMountId() {
-		t.Fatalf("c2's mount got id %d after the reboot, c1's was %d (c2's %d) before: the model does not reuse ids as the test needs",
-			id, resp1.GetMounts()[0].GetMountId(), resp2.GetMounts()[0].GetMountId())
+	// Recovery publishes vol-1 again (staging, target), then restores
+	// c2's mount: with the id c1 recorded.
+	old := resp1.GetMounts()[0].GetMountId()
+	w.table.mu.Lock()
+	w.table.nextID = old - 3
+	w.table.mu.Unlock()
+	iso = w.run(Config{})
+	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
+		t.Fatalf("c1 after recovery without its rootfs: %v", c)
+	}
+	c2 := containerOf(iso, "c2")
+	if id := c2.GetMounts()[0].GetMountId(); id != old {
+		t.Fatalf("c2's mount got id %d after the reboot, want c1's old %d", id, old)
+	}
+	if err := os.Rename(away, r1.GetRootfs()); err != nil {
+		t.Fatal(err)
 	}
 	if err := iso.Cleanup(ctx, "c1", false); err != nil {
 		t.Fatalf("c1's cleanup after the reboot: %v", err)
 	}
 	w.check(iso)
-	if c := containerOf(iso, "c2"); c == nil || !equalMessages(c.GetMounts(), resp.GetMounts()) {
+	if c := containerOf(iso, "c2"); !equalMessages(c.GetMounts(), c2.GetMounts()) {
 		t.Errorf("c2 after c1's cleanup: %v", c)
 	}
 	if err := iso.Cleanup(ctx, "c2", false); err != nil {
