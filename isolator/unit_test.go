@@ -902,3 +902,36 @@ func TestUnitLostContainerRecord(t *testing.T) {
 	}
 	w.checkEmpty(iso)
 }
+
+// TestUnitContainerInItsOwnNamespace: a container with a pid gets its
+// mount in its own mount namespace (not the host's), resolved in its
+// rootfs; once its process has ended, the mount has gone with the
+// namespace and its cleanup releases the volume.
+func TestUnitContainerInItsOwnNamespace(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	w.table.startProcess(crashPid, 77)
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	req.Pid = crashPid
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.GetMounts()[0]
+	if m.GetMountNamespace() != 77 || m.GetMountPoint() != filepath.Join(req.GetRootfs(), "data") {
+		t.Errorf("mount %v; want it in namespace 77 at %s/data", m, req.GetRootfs())
+	}
+	if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); ok {
+		t.Errorf("%s mounted in the host's namespace", m.GetMountPoint())
+	}
+	w.check(iso)
+	w.table.endProcess(crashPid)
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatalf("cleanup of a container whose process ended: %v", err)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1", "NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
+		t.Errorf("node calls %v", got)
+	}
+	w.checkEmpty(iso)
+}
