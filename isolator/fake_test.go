@@ -510,6 +510,13 @@ func (n *fakeNode) NodeUnstageVolume(_ context.Context, in *csi.NodeUnstageVolum
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
+// setFail sets fail (nil: every call answers).
+func (n *fakeNode) setFail(fail func(rpc, volumeID string) error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.fail = fail
+}
+
 // takeCalls returns what the node service was asked ("RPC volume path"
 // each) since the last time, and forgets it.
 func (n *fakeNode) takeCalls() []string {

@@ -482,12 +482,12 @@ func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
 	if _, err := iso.Prepare(ctx, w.request("c0", vol{"loop", "vol-0", "/data", false})); err != nil {
 		t.Fatal(err)
 	}
-	w.node("plain").fail = func(rpc, id string) error {
+	w.node("plain").setFail(func(rpc, id string) error {
 		if rpc == "NodePublishVolume" {
 			return status.Error(codes.Internal, "refused")
 		}
 		return nil
-	}
+	})
 	req := w.request("c1", vol{"loop", "vol-0", "/a", false}, vol{"loop", "vol-1", "/b", false}, vol{"plain", "vol-2", "/c", false})
 	if _, err := iso.Prepare(ctx, req); err == nil {
 		t.Fatal("Prepare succeeded with a publish refused")
@@ -512,11 +512,13 @@ func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
 
 // TestUnitManyContainers: containers prepared and cleaned up all at once,
 // many on few volumes (each request two of three volumes, on both
-// plugins), some twice; then each volume's users are exactly the
-// prepared containers naming it, and cleaning all up leaves nothing.
+// plugins), some twice, with resync passes running all along; then each
+// volume's users are exactly the prepared containers naming it, and
+// cleaning all up leaves nothing.
 func TestUnitManyContainers(t *testing.T) {
 	w := newWorld(t)
-	iso := w.run(Config{})
+	// Resync passes run all the time, between and during operations.
+	iso := w.run(Config{ResyncInterval: time.Millisecond})
 	ctx := context.Background()
 	vols := []vol{{"loop", "vol-a", "/a", false}, {"loop", "vol-b", "/b", false}, {"plain", "vol-c", "/c", false}}
 	const n = 24
@@ -934,4 +936,73 @@ func TestUnitContainerInItsOwnNamespace(t *testing.T) {
 		t.Errorf("node calls %v", got)
 	}
 	w.checkEmpty(iso)
+}
+
+// TestUnitFailedCallLeavesTransitionalState: a plugin that breaks at a
+// node call (answering Internal to it and to every call after) fails the
+// Prepare or Cleanup and its rollback: the container stays CLEANING and
+// the volume in the transitional state of the call that failed, both
+// with the error, and Pending says so. A restart (or a reboot) with the
+// plugin healed finishes the work: nothing is left.
+func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
+	for _, tc := range []struct {
+		plugin, rpc string
+		prepare     bool
+		state       agentv1.VolumeStatus_State // after the failure
+	}{
+		// A failed prepare's rollback fails at its first call, unpublish.
+		{"loop", "NodeStageVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"plain", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodeUnstageVolume", false, agentv1.VolumeStatus_NODE_UNSTAGE},
+		{"plain", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
+	} {
+		for _, reboot := range []bool{false, true} {
+			name := fmt.Sprintf("%s/%s/reboot=%v", tc.plugin, tc.rpc, reboot)
+			t.Run(name, func(t *testing.T) {
+				w := newWorld(t)
+				iso := w.isolator(Config{})
+				ctx := context.Background()
+				req := w.request("c1", vol{tc.plugin, "vol-1", "/data", false})
+				if !tc.prepare {
+					if _, err := iso.Prepare(ctx, req); err != nil {
+						t.Fatal(err)
+					}
+				}
+				broken := false
+				w.node(tc.plugin).setFail(func(rpc, _ string) error {
+					if broken = broken || rpc == tc.rpc; broken {
+						return status.Error(codes.Internal, "broken")
+					}
+					return nil
+				})
+				var err error
+				if tc.prepare {
+					_, err = iso.Prepare(ctx, req)
+				} else {
+					err = iso.Cleanup(ctx, "c1", false)
+				}
+				if err == nil {
+					t.Fatalf("the operation succeeded with %s broken", tc.rpc)
+				}
+				c, v := containerOf(iso, "c1"), volumeOf(iso, tc.plugin, "vol-1")
+				if c.GetPhase() != agentv1.ContainerStatus_CLEANING || c.GetLastError() == "" {
+					t.Errorf("container after the failure: %v", c)
+				}
+				if v.GetState() != tc.state || !strings.Contains(v.GetLastError(), "broken") {
+					t.Errorf("volume after the failure: %v; want %v with the error", v, tc.state)
+				}
+				if p := iso.Pending(); !strings.Contains(p, "1 containers and 1 volumes pending") {
+					t.Errorf("Pending() = %q", p)
+				}
+				w.node(tc.plugin).setFail(nil)
+				if reboot {
+					w.reboot()
+				}
+				iso = w.run(Config{})
+				w.checkEmpty(iso)
+			})
+		}
+	}
 }
