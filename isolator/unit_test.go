@@ -739,7 +739,10 @@ func TestUnitCrashAtEveryPoint(t *testing.T) {
 			if reboot {
 				name += "/reboot"
 			}
-			t.Run(name, func(t *testing.T) { crashAt(t, points, i, reboot) })
+			t.Run(name, func(t *testing.T) {
+				t.Parallel() // each in a world of its own
+				crashAt(t, points, i, reboot)
+			})
 		}
 	}
 }
