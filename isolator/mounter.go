@@ -20,7 +20,8 @@ type Mounter interface {
 	MountNamespace(pid int) (uint64, error)
 	// InNamespace runs f in the mount namespace of pid, checked against
 	// nsIno; f does its mount work there through the Mounter it is
-	// given (and only through it).
+	// given, on its own goroutine (as with mount.InNamespace, goroutines
+	// f starts are not in the namespace).
 	InNamespace(pid int, nsIno uint64, f func(Mounter) error) error
 	ResolveInRoot(root, unsafePath string, kind mount.TargetKind, uid, gid int) (*os.File, string, error)
 	ID(f *os.File) (uint64, error)

@@ -1009,3 +1009,97 @@ func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
 		}
 	}
 }
+
+// unmountBehindOurBack removes the top mount at path in the host's
+// namespace, as an operator's umount would.
+func (w *world) unmountBehindOurBack(path string) {
+	w.t.Helper()
+	w.table.mu.Lock()
+	defer w.table.mu.Unlock()
+	m := w.table.top(hostNS, path)
+	if m == nil {
+		w.t.Fatalf("nothing mounted at %s", path)
+	}
+	w.table.unmount(m)
+}
+
+// TestUnitRepeatedPrepareRestoresMount: a prepared container's mount
+// unmounted behind the agent's back is restored by a repeated Prepare,
+// which answers the new mount (its new id), recorded for the cleanup.
+func TestUnitRepeatedPrepareRestoresMount(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	first, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.unmountBehindOurBack(first.GetMounts()[0].GetMountPoint())
+	again, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := again.GetMounts()[0].GetMountId(); id == first.GetMounts()[0].GetMountId() {
+		t.Errorf("the restored mount answered with the old id %d", id)
+	}
+	w.check(iso)
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitRepair: a published volume's target unmounted behind the
+// agent's back is published again and each user's mount replaced (the
+// new one put beneath the old, the old one unmounted by id); a mount a
+// container put over its own volume path is left alone, reported.
+func TestUnitRepair(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	r1, err := iso.Prepare(ctx, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/data", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// c2 covers its volume path with a tmpfs of its own.
+	w.table.mu.Lock()
+	cover := w.table.newMount(hostNS, r2.GetMounts()[0].GetMountPoint(), 99, "/")
+	w.table.mounts = append(w.table.mounts, cover)
+	w.table.mu.Unlock()
+	v := volumeOf(iso, "loop", "vol-1")
+	w.unmountBehindOurBack(v.GetTargetPath())
+	w.calls("loop")
+	rep, err := iso.Repair(ctx, "loop", "vol-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Republished || len(rep.Rebound) != 1 || !strings.HasPrefix(rep.Rebound[0], "container c1:") || len(rep.Skipped) != 1 || !strings.HasPrefix(rep.Skipped[0], "container c2:") {
+		t.Errorf("repair: %+v; want republished, c1 re-bound, c2 left alone", rep)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodePublishVolume vol-1"}) {
+		t.Errorf("repair asked %v; want a publish (the staging path is still mounted)", got)
+	}
+	c1 := containerOf(iso, "c1")
+	if len(c1.GetMounts()) != 1 || c1.GetMounts()[0].GetMountId() == r1.GetMounts()[0].GetMountId() {
+		t.Errorf("c1's mounts after the repair: %v; want one, new", c1.GetMounts())
+	}
+	if v := volumeOf(iso, "loop", "vol-1"); !strings.Contains(v.GetLastRepair(), "re-bound") {
+		t.Errorf("the volume's last repair: %q", v.GetLastRepair())
+	}
+	// c2's cover goes; then everything is as it should be.
+	w.table.mu.Lock()
+	w.table.unmount(cover)
+	w.table.mu.Unlock()
+	w.check(iso)
+	for _, id := range []string{"c1", "c2"} {
+		if err := iso.Cleanup(ctx, id, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.checkEmpty(iso)
+}
