@@ -2,7 +2,9 @@ package isolator
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -312,8 +314,9 @@ func (f *fakeMounter) move(tree, target *os.File, beneath bool) error {
 	return nil
 }
 
-// UnmountOwn follows mount.UnmountOwn's contract on the model: root must
-// exist; the mount with the recorded id (and the source's filesystem and directory) is
+// UnmountOwn follows mount.UnmountOwn's contract on the model: below a
+// root that is gone nothing is mounted (unless the id is found
+// elsewhere: refused); the mount with the recorded id (and the source's filesystem and directory) is
 // removed where it is, if that is below root; a mount on top of it is
 // refused (ErrCovered); with id 0, the top mount at the mount point is
 // ours only if it is not the recorded parent and shows the source.
@@ -322,11 +325,12 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 		return mount.Result{}, fmt.Errorf("unmount mount %d at %s: %w", id.ID, mountPoint, err)
 	}
 	root, mountPoint = filepath.Clean(root), filepath.Clean(mountPoint)
-	if _, err := os.Stat(root); err != nil {
-		return fail(err)
-	}
 	if !within(root, mountPoint) {
 		return fail(fmt.Errorf("%w: %s is not below %s", mount.ErrOutsideRoot, mountPoint, root))
+	}
+	_, serr := os.Stat(root)
+	if serr != nil && !errors.Is(serr, fs.ErrNotExist) {
+		return fail(serr)
 	}
 	f.t.mu.Lock()
 	defer f.t.mu.Unlock()
@@ -336,6 +340,16 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 		}
 		dev, dir := f.t.shows(hostNS, filepath.Clean(id.Source))
 		return m.dev == dev && m.root == dir
+	}
+	if serr != nil {
+		// The root is gone: so is any mount that was below it, unless
+		// the root moved with it.
+		for _, x := range f.t.mounts {
+			if x.ns == f.ns && x.id == id.ID && id.ID != 0 && x.dev == f.t.containing(hostNS, id.Source).dev {
+				return fail(fmt.Errorf("%w: root %s is gone and the mount is at %s", mount.ErrOutsideRoot, root, x.path))
+			}
+		}
+		return mount.Result{Where: mount.Gone}, nil
 	}
 	if id.ID == 0 {
 		top := f.t.top(f.ns, mountPoint)

@@ -813,17 +813,19 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 }
 
 // TestUnitMountIDsOfAnotherBoot: after a reboot the kernel hands out the
-// same mount ids again. c1 and c2 share vol-1; c1's cleanup was
-// interrupted before the reboot, and c1's rootfs is not there at
-// recovery, so c1 stays CLEANING with the mount id it recorded, which
-// c2's mount, restored by recovery, now has. Once the rootfs is back,
-// c1's cleanup must neither touch c2's mount nor refuse for ever:
+// same mount ids again. c1 (vol-1, shared with c2, and vol-x, its own)
+// had its cleanup interrupted before the reboot, and at recovery vol-x's
+// directory holds a stray file, so its teardown fails and c1 stays
+// CLEANING with the mounts it recorded; c2's mount, restored by
+// recovery, gets the id c1 recorded for its vol-1 mount. Once the file is
+// gone, c1's cleanup must neither touch c2's mount nor refuse for ever:
 // recovery forgot the other boot's ids.
 func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
 	ctx := context.Background()
-	r1, r2 := w.request("c1", vol{"loop", "vol-1", "/data", false}), w.request("c2", vol{"loop", "vol-1", "/data", false})
+	r1 := w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-x", "/x", false})
+	r2 := w.request("c2", vol{"loop", "vol-1", "/data", false})
 	resp1, err := iso.Prepare(ctx, r1)
 	if err != nil {
 		t.Fatal(err)
@@ -831,6 +833,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	if _, err := iso.Prepare(ctx, r2); err != nil {
 		t.Fatal(err)
 	}
+	stray := filepath.Join(volumeOf(iso, "loop", "vol-x").GetTargetPath(), "stray")
 	crashing := w.isolator(Config{CrashPoint: func(point string) {
 		if point == "checkpoint container CLEANING" {
 			panic(errCrash)
@@ -840,25 +843,29 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 		t.Fatal("c1's cleanup did not reach its first checkpoint")
 	}
 	w.reboot()
-	away := r1.GetRootfs() + ".away"
-	if err := os.Rename(r1.GetRootfs(), away); err != nil {
+	if err := os.WriteFile(stray, []byte("data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// Recovery publishes vol-1 again (staging, target), then restores
 	// c2's mount: with the id c1 recorded.
-	old := resp1.GetMounts()[0].GetMountId()
+	var old uint64
+	for _, m := range resp1.GetMounts() {
+		if m.GetVolumeId() == "vol-1" {
+			old = m.GetMountId()
+		}
+	}
 	w.table.mu.Lock()
 	w.table.nextID = old - 3
 	w.table.mu.Unlock()
 	iso = w.run(Config{})
 	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
-		t.Fatalf("c1 after recovery without its rootfs: %v", c)
+		t.Fatalf("c1 after recovery with vol-x's directory not empty: %v", c)
 	}
 	c2 := containerOf(iso, "c2")
 	if id := c2.GetMounts()[0].GetMountId(); id != old {
 		t.Fatalf("c2's mount got id %d after the reboot, want c1's old %d", id, old)
 	}
-	if err := os.Rename(away, r1.GetRootfs()); err != nil {
+	if err := os.Remove(stray); err != nil {
 		t.Fatal(err)
 	}
 	if err := iso.Cleanup(ctx, "c1", false); err != nil {
@@ -1100,6 +1107,30 @@ func TestUnitRepair(t *testing.T) {
 		if err := iso.Cleanup(ctx, id, false); err != nil {
 			t.Fatal(err)
 		}
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitCleanupAfterRootfsRemoved: after a reboot, the runtime removed
+// a container's rootfs before the agent cleaned the container up. Nothing
+// can be mounted in a directory that is gone: the cleanup succeeds and
+// the volume is released (it was refused for ever, the volume published
+// with that user until someone recreated the directory).
+func TestUnitCleanupAfterRootfsRemoved(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	if _, err := iso.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	if err := os.RemoveAll(req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	iso = w.run(Config{})
+	if resp := iso.Reconcile(ctx, nil); len(resp.GetFailed()) > 0 {
+		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.GetFailed())
 	}
 	w.checkEmpty(iso)
 }
