@@ -157,19 +157,6 @@ func (t *fakeTable) unmount(m *fakeMount) {
 	t.mounts = slices.DeleteFunc(t.mounts, func(x *fakeMount) bool { return x.ns == m.ns && gone[x.id] })
 }
 
-// attached lists the mounts of ns but its root, in order.
-func (t *fakeTable) attached(ns uint64) []fakeMount {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []fakeMount
-	for _, m := range t.mounts {
-		if m.ns == ns && m.path != "/" {
-			out = append(out, *m)
-		}
-	}
-	return out
-}
-
 // fakeMounter is the isolator's Mounter on the model, acting in one
 // mount namespace.
 type fakeMounter struct {

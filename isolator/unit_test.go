@@ -242,11 +242,13 @@ func (w *world) checkEmpty(iso *Isolator) {
 	if c, v := iso.ListContainers(), iso.ListVolumes(); len(c)+len(v) > 0 {
 		w.t.Errorf("left: containers %v, volumes %v", c, v)
 	}
-	for _, ns := range []uint64{hostNS} {
-		if ms := w.table.attached(ns); len(ms) > 0 {
-			w.t.Errorf("left mounted: %+v", ms)
+	w.table.mu.Lock()
+	for _, m := range w.table.mounts {
+		if m.path != "/" {
+			w.t.Errorf("left mounted: %+v", *m)
 		}
 	}
+	w.table.mu.Unlock()
 	var left []string
 	err := filepath.WalkDir(w.work, func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
@@ -604,7 +606,7 @@ func TestUnitRecoveryWithPluginDown(t *testing.T) {
 		}
 	}
 	w.plugins.setDown("loop", true)
-	const timeout = 300 * time.Millisecond
+	const timeout = 500 * time.Millisecond
 	start := time.Now()
 	iso = w.run(Config{RPCTimeout: timeout})
 	if took := time.Since(start); took > 2*timeout {
