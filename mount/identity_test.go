@@ -439,6 +439,7 @@ func TestUnmountOwnInNamespace(t *testing.T) {
 // renamed with our mount in it is not where it was: the mount, found by
 // id elsewhere, is not touched.
 func TestUnmountOwnRootGone(t *testing.T) {
+	needRoot(t)
 	t.Run("removed", func(t *testing.T) {
 		e := newAttackEnv(t)
 		e.prepare(t, "/x/run")
