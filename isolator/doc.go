@@ -20,6 +20,9 @@
 // user cancels it.
 //
 // It finds plugins through the Plugins interface the daemon implements and
-// never dials or supervises them. Not for: provisioning volumes (CSI
+// never dials or supervises them. Its mount work goes through a Mounter:
+// package mount by default; the package's unit tests put an in-memory
+// model of the mount table and a fake node service in their place, so the
+// state machine, recovery and reference counting are tested without root. Not for: provisioning volumes (CSI
 // controller calls) or deciding when to reclaim (package reclaim).
 package isolator

@@ -105,6 +105,8 @@ type Config struct {
 	// Fsync, for durability tests only, replaces the fsync of checkpoint
 	// files.
 	Fsync func(path string) error
+	// Mounts does the mount work; nil: package mount, the kernel's.
+	Mounts Mounter
 }
 
 // Isolator prepares and cleans up containers' CSI volumes.
@@ -112,6 +114,7 @@ type Isolator struct {
 	cfg    Config
 	log    *slog.Logger
 	bootID string
+	mounts Mounter
 
 	// commit writes checkpoints: visible at once, durable in shared
 	// commit rounds.
@@ -157,6 +160,9 @@ func New(cfg Config) (*Isolator, error) {
 	if cfg.CrashPoint == nil {
 		cfg.CrashPoint = func(string) {}
 	}
+	if cfg.Mounts == nil {
+		cfg.Mounts = kernelMounts{}
+	}
 	bootID := cfg.BootID
 	if bootID == "" {
 		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
@@ -169,6 +175,7 @@ func New(cfg Config) (*Isolator, error) {
 		cfg:           cfg,
 		log:           cfg.Logger,
 		bootID:        bootID,
+		mounts:        cfg.Mounts,
 		volumes:       map[volumeKey]*volume{},
 		containers:    map[string]*container{},
 		reclaiming:    map[volumeKey]context.CancelFunc{},

@@ -55,9 +55,9 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		}
 		if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
 			// Acknowledged before: its mounts must really be there.
-			if missing := missingMounts(c); len(missing) > 0 {
+			if missing := iso.missingMounts(c); len(missing) > 0 {
 				iso.remount(ctx, c)
-				if missing = missingMounts(c); len(missing) > 0 {
+				if missing = iso.missingMounts(c); len(missing) > 0 {
 					return nil, fmt.Errorf("%w: container %s is prepared but its mounts %v are gone and cannot be restored; clean it up first", ErrPrecondition, id, missing)
 				}
 			}
@@ -86,7 +86,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 	if pid := int(req.GetPid()); pid != 0 {
 		// Recorded against pid reuse: a mount is removed only from the
 		// namespace it was made in.
-		ns, err := mount.MountNamespace(pid)
+		ns, err := iso.mounts.MountNamespace(pid)
 		if err != nil {
 			return nil, fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
 		}
@@ -230,7 +230,7 @@ func (iso *Isolator) mountNamespace(c *container) (uint64, error) {
 	if c.cp.GetRequest().GetPid() != 0 {
 		return c.cp.GetMountNamespace(), nil
 	}
-	ns, err := mount.MountNamespace(os.Getpid())
+	ns, err := iso.mounts.MountNamespace(os.Getpid())
 	if err != nil {
 		return 0, fmt.Errorf("container %s: %w", c.id, err)
 	}
@@ -270,12 +270,12 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 		PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
 		HostPath: hostPath, Readonly: pm.readonly, MountNamespace: ns,
 	}}
-	resolve := func() (*os.File, error) {
-		target, mp, err := resolveMountPoint(req, pm.containerPath, pm.block, uid, gid)
+	resolve := func(m Mounter) (*os.File, error) {
+		target, mp, err := resolveMountPoint(m, req, pm.containerPath, pm.block, uid, gid)
 		if err != nil {
 			return nil, err
 		}
-		parent, err := mount.ID(target)
+		parent, err := m.ID(target)
 		if err != nil {
 			target.Close()
 			return nil, err
@@ -285,13 +285,13 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	}
 	var err error
 	if req.GetPid() == 0 {
-		p.target, err = resolve()
+		p.target, err = resolve(iso.mounts)
 	} else {
 		// Resolved (and created) in the container's namespace to learn
 		// the path and parent to record; resolved again there when
 		// mounting.
-		err = c.inNamespace(func() error {
-			target, err := resolve()
+		err = iso.inNamespace(c, func(m Mounter) error {
+			target, err := resolve(m)
 			if err == nil {
 				target.Close()
 			}
@@ -301,11 +301,11 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	if err != nil {
 		return nil, fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
 	}
-	if p.tree, err = mount.CloneTree(p.rec.HostPath, pm.readonly); err != nil {
+	if p.tree, err = iso.mounts.CloneTree(p.rec.HostPath, pm.readonly); err != nil {
 		p.close()
 		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
 	}
-	if p.rec.MountId, err = mount.ID(p.tree); err != nil {
+	if p.rec.MountId, err = iso.mounts.ID(p.tree); err != nil {
 		p.close()
 		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
 	}
@@ -317,18 +317,18 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 // container's namespace (both resolutions stay inside the rootfs).
 func (iso *Isolator) mountOne(c *container, p *pendingMount, uid, gid int) error {
 	if p.target != nil {
-		err := mount.MoveTree(p.tree, p.target)
+		err := iso.mounts.MoveTree(p.tree, p.target)
 		iso.cfg.CrashPoint("bind")
 		return err
 	}
 	req := c.cp.GetRequest()
-	err := c.inNamespace(func() error {
-		target, _, err := resolveMountPoint(req, p.pm.containerPath, p.pm.block, uid, gid)
+	err := iso.inNamespace(c, func(m Mounter) error {
+		target, _, err := resolveMountPoint(m, req, p.pm.containerPath, p.pm.block, uid, gid)
 		if err != nil {
 			return err
 		}
 		defer target.Close()
-		return mount.MoveTree(p.tree, target)
+		return m.MoveTree(p.tree, target)
 	})
 	iso.cfg.CrashPoint("bind")
 	return err
@@ -376,9 +376,10 @@ func nested(a, b string) bool {
 	return a == b || a == "/" || strings.HasPrefix(b, a+"/")
 }
 
-// inNamespace runs f in the mount namespace of the container's process.
-func (c *container) inNamespace(f func() error) error {
-	return mount.InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
+// inNamespace runs f in the mount namespace of the container's process,
+// with the Mounter that acts there.
+func (iso *Isolator) inNamespace(c *container, f func(Mounter) error) error {
+	return iso.mounts.InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
 }
 
 // unmountFor removes a container's mount, exactly the recorded one (by
@@ -394,16 +395,16 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.Co
 	root := mountRoot(req, m.GetContainerPath())
 	var res mount.Result
 	if req.GetPid() == 0 {
-		res, err = mount.UnmountOwn(ctx, root, m.GetMountPoint(), id)
+		res, err = iso.mounts.UnmountOwn(ctx, root, m.GetMountPoint(), id)
 	} else {
-		err = c.inNamespace(func() error {
+		err = iso.inNamespace(c, func(ns Mounter) error {
 			path := m.GetMountPoint()
 			if _, serr := os.Lstat(root); serr != nil {
 				// After pivot_root: the rootfs is "/".
 				path = filepath.Join("/", strings.TrimPrefix(path, root))
 				root = "/"
 			}
-			res, err = mount.UnmountOwn(ctx, root, path, id)
+			res, err = ns.UnmountOwn(ctx, root, path, id)
 			return err
 		})
 		if errors.Is(err, mount.ErrNoProcess) || errors.Is(err, mount.ErrWrongNamespace) {
@@ -439,14 +440,15 @@ func mountRoot(req *agentv1.PrepareRequest, containerPath string) string {
 // resolveMountPoint finds (creating what is missing) a container's mount
 // point: an absolute path inside the rootfs, or the host's root when there
 // is none; a relative one inside the sandbox. Symlinks resolve inside that
-// root, never out of it. A block volume's mount point is a file.
-func resolveMountPoint(req *agentv1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
+// root, never out of it. A block volume's mount point is a file. m is the
+// Mounter of the namespace it is resolved in.
+func resolveMountPoint(m Mounter, req *agentv1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
 	root := mountRoot(req, containerPath)
 	kind := mount.Directory
 	if block {
 		kind = mount.File
 	}
-	return mount.ResolveInRoot(root, containerPath, kind, uid, gid)
+	return m.ResolveInRoot(root, containerPath, kind, uid, gid)
 }
 
 // durable waits until a container's intent record (PREPARING, CLEANING),

@@ -8,7 +8,6 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
-	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -47,7 +46,7 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
-	table, terr := mount.List(nil)
+	table, terr := iso.mounts.List(nil)
 	claimed := map[string]bool{}
 	for _, c := range iso.containers {
 		for _, m := range c.cp.GetMounts() {

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -221,7 +220,7 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 		uid, gid = -1, -1
 	}
 	for i, m := range c.cp.GetMounts() {
-		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); ok {
+		if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); ok {
 			continue
 		}
 		key := volumeKey{m.GetPluginName(), m.GetVolumeId()}
@@ -230,12 +229,12 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 				return errors.New("the volume is not published")
 			}
 			block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
-			target, _, err := resolveMountPoint(req, m.GetContainerPath(), block, uid, gid)
+			target, _, err := resolveMountPoint(iso.mounts, req, m.GetContainerPath(), block, uid, gid)
 			if err != nil {
 				return err
 			}
 			defer target.Close()
-			parent, err := mount.ID(target)
+			parent, err := iso.mounts.ID(target)
 			if err != nil {
 				return err
 			}
@@ -246,16 +245,16 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 				}
 				source = v.cp.GetRoTargetPath()
 			}
-			tree, err := mount.CloneTree(source, m.GetReadonly())
+			tree, err := iso.mounts.CloneTree(source, m.GetReadonly())
 			if err != nil {
 				return err
 			}
 			defer tree.Close()
-			id, err := mount.ID(tree)
+			id, err := iso.mounts.ID(tree)
 			if err != nil {
 				return err
 			}
-			if err := mount.MoveTree(tree, target); err != nil {
+			if err := iso.mounts.MoveTree(tree, target); err != nil {
 				return err
 			}
 			// The new mount's identity, for the cleanup to find it.
@@ -287,13 +286,13 @@ func requestVolume(cp *statev1.ContainerCheckpoint, key volumeKey) *agentv1.CSIV
 // missingMounts lists a prepared host-mode container's mount points where
 // nothing is mounted (a container with a pid has its mounts in its own
 // namespace: not checked).
-func missingMounts(c *container) []string {
+func (iso *Isolator) missingMounts(c *container) []string {
 	if c.cp.GetRequest().GetPid() != 0 {
 		return nil
 	}
 	var out []string
 	for _, m := range c.cp.GetMounts() {
-		if ok, _ := mount.IsMountPoint(m.GetMountPoint()); !ok {
+		if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); !ok {
 			out = append(out, m.GetMountPoint())
 		}
 	}
@@ -324,7 +323,7 @@ func (iso *Isolator) removeOrphanDirs() {
 			claimed := iso.volumes[key] != nil
 			iso.mu.Unlock()
 			if !claimed {
-				if err := mount.RemoveEmptyTree(d); err != nil {
+				if err := iso.mounts.RemoveEmptyTree(d); err != nil {
 					iso.log.Warn("leaving an unclaimed volume directory", "dir", d, "error", err)
 				} else {
 					iso.log.Info("removed an unclaimed volume directory", "dir", d)

@@ -50,7 +50,7 @@ func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (R
 		if v == nil || v.cp.State != stPublished {
 			return nil
 		}
-		if ok, err := mount.IsMountPoint(v.cp.TargetPath); err != nil || ok {
+		if ok, err := iso.mounts.IsMountPoint(v.cp.TargetPath); err != nil || ok {
 			return err
 		}
 		nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
@@ -60,7 +60,7 @@ func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (R
 			return fmt.Errorf("volume %s: %w", key, err)
 		}
 		if node.StageUnstage {
-			if ok, err := mount.IsMountPoint(v.cp.StagingPath); err != nil {
+			if ok, err := iso.mounts.IsMountPoint(v.cp.StagingPath); err != nil {
 				return err
 			} else if !ok {
 				if err := iso.stage(ctx, node, v); err != nil {
@@ -153,12 +153,12 @@ var errNotOurs = errors.New("the mount there is not the one the agent made: left
 // rebind replaces c's mount i (see Repair) and returns the new mount's id.
 func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 	old := c.cp.GetMounts()[i]
-	tree, err := mount.CloneTree(old.GetHostPath(), old.GetReadonly())
+	tree, err := iso.mounts.CloneTree(old.GetHostPath(), old.GetReadonly())
 	if err != nil {
 		return 0, err
 	}
 	defer tree.Close()
-	newID, err := mount.ID(tree)
+	newID, err := iso.mounts.ID(tree)
 	if err != nil {
 		return 0, err
 	}
@@ -170,25 +170,25 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 	// Resolved inside the root: the rootfs (or sandbox), or, inside a
 	// running container's namespace after pivot_root, "/".
 	root, rel := mountRoot(req, old.GetContainerPath()), old.GetContainerPath()
-	at := func(f func(root, rel string) error) error {
+	at := func(f func(m Mounter, root, rel string) error) error {
 		if req.GetPid() == 0 {
-			return f(root, rel)
+			return f(iso.mounts, root, rel)
 		}
-		return c.inNamespace(func() error {
+		return iso.inNamespace(c, func(m Mounter) error {
 			if _, err := os.Lstat(root); err != nil {
-				return f("/", rel)
+				return f(m, "/", rel)
 			}
-			return f(root, rel)
+			return f(m, root, rel)
 		})
 	}
 	// ours resolves the mount point and checks that its top mount is the
 	// recorded one.
-	ours := func(root, rel string) (*os.File, error) {
-		h, _, err := mount.ResolveInRoot(root, rel, kind, -1, -1)
+	ours := func(m Mounter, root, rel string) (*os.File, error) {
+		h, _, err := m.ResolveInRoot(root, rel, kind, -1, -1)
 		if err != nil {
 			return nil, err
 		}
-		top, err := mount.ID(h)
+		top, err := m.ID(h)
 		if err == nil && top != old.GetMountId() {
 			err = fmt.Errorf("%w (mount %d, recorded %d)", errNotOurs, top, old.GetMountId())
 		}
@@ -198,8 +198,8 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 		}
 		return h, nil
 	}
-	if err := at(func(root, rel string) error {
-		h, err := ours(root, rel)
+	if err := at(func(m Mounter, root, rel string) error {
+		h, err := ours(m, root, rel)
 		if err == nil {
 			h.Close()
 		}
@@ -216,13 +216,13 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 	}); err != nil {
 		return 0, err
 	}
-	err = at(func(root, rel string) error {
-		h, err := ours(root, rel)
+	err = at(func(m Mounter, root, rel string) error {
+		h, err := ours(m, root, rel)
 		if err != nil {
 			return err
 		}
 		defer h.Close()
-		return mount.MoveTreeBeneath(tree, h)
+		return m.MoveTreeBeneath(tree, h)
 	})
 	if err != nil {
 		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts = slices.Delete(cp.Mounts, i, i+1) }); serr != nil {

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -161,7 +160,7 @@ func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string,
 		users := slices.DeleteFunc(slices.Clone(v.cp.Users), func(u string) bool { return u == id })
 		mounted := false
 		for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
-			if ok, err := mount.IsMountPoint(p); ok || err != nil {
+			if ok, err := iso.mounts.IsMountPoint(p); ok || err != nil {
 				mounted = true
 			}
 		}
@@ -289,7 +288,7 @@ func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool 
 		return false
 	}
 	for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
-		if mounted, merr := mount.IsMountPoint(p); mounted || merr != nil {
+		if mounted, merr := iso.mounts.IsMountPoint(p); mounted || merr != nil {
 			return false
 		}
 	}
@@ -299,10 +298,10 @@ func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool 
 // readState finds out a reconstructed volume's state from the mount table.
 func (iso *Isolator) readState(v *volume) error {
 	state := stNodeReady
-	if ok, _ := mount.IsMountPoint(v.cp.StagingPath); ok {
+	if ok, _ := iso.mounts.IsMountPoint(v.cp.StagingPath); ok {
 		state = stVolReady
 	}
-	if ok, _ := mount.IsMountPoint(v.cp.TargetPath); ok {
+	if ok, _ := iso.mounts.IsMountPoint(v.cp.TargetPath); ok {
 		state = stPublished
 	}
 	return iso.setState(v, state)
@@ -318,7 +317,7 @@ func (iso *Isolator) clearError(v *volume) error {
 // teardownDirs removes a torn-down volume's mount directories (never
 // across a mount point) and forgets it.
 func (iso *Isolator) teardownDirs(v *volume) error {
-	if err := mount.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
+	if err := iso.mounts.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
 	return iso.forgetVolume(v)
@@ -357,7 +356,7 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 	ro := filepath.Join(filepath.Dir(v.cp.TargetPath), "target-ro")
 	if v.cp.RoTargetPath == ro {
-		if ok, err := mount.IsMountPoint(ro); err == nil && ok {
+		if ok, err := iso.mounts.IsMountPoint(ro); err == nil && ok {
 			return nil
 		}
 	} else if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.RoTargetPath = ro }); err != nil {
@@ -416,7 +415,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	}
 	// A plugin that says it published but mounted nothing would have
 	// containers write to the agent's own disk.
-	if ok, err := mount.IsMountPoint(target); err != nil || !ok {
+	if ok, err := iso.mounts.IsMountPoint(target); err != nil || !ok {
 		return fmt.Errorf("volume %s: plugin %s reported NodePublishVolume success but nothing is mounted at %s", v.key, v.key.plugin, target)
 	}
 	return nil

@@ -66,7 +66,9 @@
 //     (a runtime's tmpfs) stays. Mounts inside ours go first, by id; a
 //     mount on top of ours is refused ([ErrCovered]); a mount that moved
 //     is found by id in mountinfo and unmounted only below the root
-//     ([Moved]); one that is not there is reported [Gone]. The same inside
+//     ([Moved]); one that is not there is reported [Gone], and so is any
+//     below a root that no longer exists, unless its id is still in
+//     mountinfo (the root moved with it: not touched). The same inside
 //     [InNamespace] (never through the namespace's /proc).
 //   - [UnmountAll] takes away everything at a path the agent owns: stacked
 //     mounts and the submounts a recursive bind brought (umount2 refuses a

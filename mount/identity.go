@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -95,6 +96,10 @@ type Result struct {
 //   - With id.ID 0 the mount at mountPoint is ours only if it is not the
 //     recorded parent and its root is id.Source's inode; otherwise ours
 //     was never made (Gone).
+//   - A root that does not exist (a container's rootfs removed) holds no
+//     mount: Gone, unless the recorded id is still in mountinfo (of
+//     id.Source's filesystem, when that can be seen): the root was moved
+//     with the mount, which is not touched (error, ErrOutsideRoot).
 //
 // EBUSY is retried with bounded backoff while ctx lasts. It works the same
 // inside InNamespace (the thread's namespace and root). Needs statx mount
@@ -109,6 +114,9 @@ func UnmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 
 func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Result, error) {
 	rootDir, err := os.OpenFile(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return rootGone(root, id)
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -167,6 +175,23 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 		where = AtRecorded
 	}
 	return Result{Where: where, Path: info.Mountpoint}, nil
+}
+
+// rootGone is UnmountOwn for a root that does not exist: see there.
+func rootGone(root string, id Identity) (Result, error) {
+	if id.ID == 0 {
+		return Result{Where: Gone}, nil
+	}
+	info, err := mountByID(id.ID)
+	if err != nil {
+		return Result{}, err
+	}
+	var src unix.Stat_t
+	if info == nil || (id.Source != "" && unix.Stat(id.Source, &src) == nil &&
+		(uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev))) {
+		return Result{Where: Gone}, nil
+	}
+	return Result{}, fmt.Errorf("%w: root %s is gone and the mount is at %s: not touched", ErrOutsideRoot, root, info.Mountpoint)
 }
 
 // inRoot is a trusted root directory: a handle and its path.

@@ -434,3 +434,36 @@ func TestUnmountOwnInNamespace(t *testing.T) {
 		t.Errorf("host mounts of the source changed: %v", got)
 	}
 }
+
+// TestUnmountOwnRootGone: a root that no longer exists (a container's
+// rootfs removed) holds no mount: Gone, by id or without one. A root
+// renamed with our mount in it is not where it was: the mount, found by
+// id elsewhere, is not touched.
+func TestUnmountOwnRootGone(t *testing.T) {
+	testhelp.NeedRoot(t)
+	t.Run("removed", func(t *testing.T) {
+		e := newAttackEnv(t)
+		e.prepare(t, "/x/run")
+		must(t, unix.Unmount(e.mp, 0))
+		must(t, os.RemoveAll(e.root))
+		for _, id := range []mount.Identity{e.id, {Parent: e.id.Parent, Source: e.src}} {
+			res, err := mount.UnmountOwn(context.Background(), e.root, e.mp, id)
+			if err != nil || res.Where != mount.Gone {
+				t.Errorf("UnmountOwn(%+v) with the root removed = %+v, %v; want Gone", id, res, err)
+			}
+		}
+	})
+	t.Run("renamed with the mount", func(t *testing.T) {
+		e := newAttackEnv(t)
+		e.prepare(t, "/x/run")
+		must(t, os.Rename(e.root, filepath.Join(e.base, "elsewhere")))
+		before := e.table(t)
+		_, err := mount.UnmountOwn(context.Background(), e.root, e.mp, e.id)
+		if !errors.Is(err, mount.ErrOutsideRoot) {
+			t.Errorf("UnmountOwn with the root moved away with the mount: %v; want ErrOutsideRoot", err)
+		}
+		if after := e.table(t); !slices.Equal(after, before) {
+			t.Errorf("mount table changed on a refusal:\n before %v\n after  %v", before, after)
+		}
+	})
+}

@@ -1,0 +1,1138 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// The TestUnit tests run the isolator on the fakes of fake_test.go: no
+// root, no mounts, no plugin processes; they run as any user, under -race.
+
+// world is one host in the model: a work dir, directories for
+// containers' rootfs, the mount table and the plugins.
+type world struct {
+	t       *testing.T
+	dir     string
+	work    string
+	table   *fakeTable
+	plugins *nodePlugins
+	bootID  string
+	boots   int
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	dir := t.TempDir()
+	table := newFakeTable()
+	return &world{t: t, dir: dir, work: filepath.Join(dir, "work"), table: table, plugins: newNodePlugins(table), bootID: "boot-1", boots: 1}
+}
+
+// isolator starts an Isolator on the world (no Run); cfg's zero fields
+// get the world's.
+func (w *world) isolator(cfg Config) *Isolator {
+	w.t.Helper()
+	cfg.WorkDir, cfg.Plugins, cfg.BootID = w.work, w.plugins, w.bootID
+	cfg.Mounts = &fakeMounter{t: w.table, ns: hostNS}
+	iso, err := New(cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return iso
+}
+
+// run starts an Isolator and its Run loop, and waits for its recovery;
+// the loop ends with the test.
+func (w *world) run(cfg Config) *Isolator {
+	w.t.Helper()
+	iso := w.isolator(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		iso.Run(ctx)
+		close(done)
+	}()
+	w.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	<-iso.Recovered()
+	return iso
+}
+
+// reboot empties the mount tables and changes the boot id.
+func (w *world) reboot() {
+	w.boots++
+	w.bootID = fmt.Sprintf("boot-%d", w.boots)
+	w.table.boot()
+}
+
+// vol is one volume of a request.
+type vol struct {
+	plugin, id, path string
+	ro               bool
+}
+
+// request is a Prepare of container id with vols, in a rootfs of its own
+// (absolute paths) or its sandbox (relative ones).
+func (w *world) request(id string, vols ...vol) *agentv1.PrepareRequest {
+	w.t.Helper()
+	rootfs, sandbox := filepath.Join(w.dir, "rootfs-"+id), filepath.Join(w.dir, "sandbox-"+id)
+	for _, d := range []string{rootfs, sandbox} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	req := &agentv1.PrepareRequest{ContainerId: id, Rootfs: rootfs, Sandbox: sandbox}
+	for _, v := range vols {
+		mode, access := agentv1.Volume_RW, csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+		if v.ro {
+			mode = agentv1.Volume_RO
+		}
+		req.Volumes = append(req.Volumes, &agentv1.Volume{
+			ContainerPath: v.path, Mode: mode,
+			Source: &agentv1.Volume_Source{Type: agentv1.Volume_Source_CSI_VOLUME, CsiVolume: &agentv1.CSIVolume{
+				PluginName: v.plugin,
+				StaticProvisioning: &agentv1.StaticProvisioning{VolumeId: v.id, VolumeCapability: &csi.VolumeCapability{
+					AccessMode: &csi.VolumeCapability_AccessMode{Mode: access},
+					AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				}},
+			}},
+		})
+	}
+	return req
+}
+
+// node is the fake node service of a plugin.
+func (w *world) node(plugin string) *fakeNode { return w.plugins.nodes[plugin] }
+
+// problems checks what must hold whenever no operation runs and every
+// plugin is up, and returns what does not:
+//   - every container is PREPARED, and each of its mounts is in the
+//     mount table at its mount point (in its namespace), on top, by its
+//     recorded id, showing its volume's filesystem;
+//   - each volume's users are the containers whose requests name it; it
+//     is PUBLISHED iff it has users, and a volume without users is
+//     forgotten; its target (and staging, with STAGE_UNSTAGE) is mounted;
+//   - nothing is mounted that no record claims;
+//   - the node service was asked nothing a real plugin would refuse;
+//   - a fresh Isolator loading the work dir finds the same containers
+//     and volumes (the checkpoints on disk say what memory says).
+func (w *world) problems(iso *Isolator) []string {
+	w.t.Helper()
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	containers, volumes := iso.ListContainers(), iso.ListVolumes()
+	claimed := map[uint64]bool{}
+	named := map[volumeKey][]string{}
+	w.table.mu.Lock()
+	for _, c := range containers {
+		if c.GetPhase() != agentv1.ContainerStatus_PREPARED {
+			bad("container %s is %s (%s)", c.GetContainerId(), c.GetPhase(), c.GetLastError())
+		}
+		ns := uint64(hostNS)
+		iso.mu.Lock()
+		req := iso.containers[c.GetContainerId()].cp.GetRequest()
+		if req.GetPid() != 0 {
+			ns = iso.containers[c.GetContainerId()].cp.GetMountNamespace()
+		}
+		iso.mu.Unlock()
+		for _, v := range req.GetVolumes() {
+			k := volumeKey{v.GetSource().GetCsiVolume().GetPluginName(), v.GetSource().GetCsiVolume().GetStaticProvisioning().GetVolumeId()}
+			named[k] = append(named[k], c.GetContainerId())
+		}
+		if req.GetPid() != 0 && w.table.procs[int(req.GetPid())] != ns {
+			// The container's process ended: its mounts went with its
+			// namespace; the record waits for a Cleanup or Reconcile.
+			continue
+		}
+		for _, m := range c.GetMounts() {
+			claimed[m.GetMountId()] = true
+			top := w.table.top(ns, m.GetMountPoint())
+			switch {
+			case top == nil:
+				bad("container %s: nothing mounted at %s", c.GetContainerId(), m.GetMountPoint())
+			case top.id != m.GetMountId():
+				bad("container %s: mount %d on top at %s, recorded %d", c.GetContainerId(), top.id, m.GetMountPoint(), m.GetMountId())
+			case top.dev != w.table.devs[m.GetVolumeId()]:
+				bad("container %s: %s shows filesystem %d, not volume %s's", c.GetContainerId(), m.GetMountPoint(), top.dev, m.GetVolumeId())
+			case top.readonly != m.GetReadonly():
+				bad("container %s: %s read-only %v, recorded %v", c.GetContainerId(), m.GetMountPoint(), top.readonly, m.GetReadonly())
+			}
+		}
+	}
+	paths := map[string]bool{}
+	for _, v := range volumes {
+		k := volumeKey{v.GetPluginName(), v.GetVolumeId()}
+		want := slices.Sorted(slices.Values(named[k]))
+		if !slices.Equal(v.GetContainers(), want) {
+			bad("volume %s: users %v, container records name %v", k, v.GetContainers(), want)
+		}
+		if len(v.GetContainers()) == 0 || v.GetState() != agentv1.VolumeStatus_PUBLISHED || v.GetLastError() != "" {
+			bad("volume %s: %s with users %v (%s)", k, v.GetState(), v.GetContainers(), v.GetLastError())
+		}
+		mounted := []string{v.GetTargetPath()}
+		if w.node(k.plugin).stageUnstage {
+			mounted = append(mounted, v.GetStagingPath())
+		}
+		for _, p := range mounted {
+			paths[p] = true
+			if top := w.table.top(hostNS, p); top == nil || top.dev != w.table.devs[k.id] {
+				bad("volume %s: %s is not mounted", k, p)
+			}
+		}
+		delete(named, k)
+	}
+	for k, ids := range named {
+		bad("volume %s: named by %v but not tracked", k, ids)
+	}
+	for _, m := range w.table.mounts {
+		if m.path != "/" && !claimed[m.id] && !(m.ns == hostNS && paths[m.path]) {
+			bad("mount %d at %s (namespace %d) claimed by no record", m.id, m.path, m.ns)
+		}
+	}
+	w.table.mu.Unlock()
+	for _, p := range []string{"loop", "plain"} {
+		for _, v := range w.node(p).takeViolations() {
+			bad("plugin %s: %s", p, v)
+		}
+	}
+	fresh := w.isolator(Config{})
+	if got := fresh.ListContainers(); !equalMessages(got, containers) {
+		bad("the checkpoints on disk hold containers %v, memory %v", got, containers)
+	}
+	if got := fresh.ListVolumes(); !equalMessages(got, volumes) {
+		bad("the checkpoints on disk hold volumes %v, memory %v", got, volumes)
+	}
+	return out
+}
+
+func equalMessages[M proto.Message](a, b []M) bool {
+	return slices.EqualFunc(a, b, func(x, y M) bool { return proto.Equal(x, y) })
+}
+
+// check fails the test on any of w.problems.
+func (w *world) check(iso *Isolator) {
+	w.t.Helper()
+	for _, p := range w.problems(iso) {
+		w.t.Error(p)
+	}
+}
+
+// checkEmpty checks that nothing is left: no container, no volume, no
+// mount, no checkpoint, no directory under the plugins' mount roots.
+func (w *world) checkEmpty(iso *Isolator) {
+	w.t.Helper()
+	w.check(iso)
+	if c, v := iso.ListContainers(), iso.ListVolumes(); len(c)+len(v) > 0 {
+		w.t.Errorf("left: containers %v, volumes %v", c, v)
+	}
+	w.table.mu.Lock()
+	for _, m := range w.table.mounts {
+		if m.path != "/" {
+			w.t.Errorf("left mounted: %+v", *m)
+		}
+	}
+	w.table.mu.Unlock()
+	var left []string
+	err := filepath.WalkDir(w.work, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(w.work, p)
+		if e.Name() == volumeStateFile || e.Name() == containerStateFile || strings.Count(rel, "/") >= 3 && strings.Contains(rel, "/mounts/") {
+			left = append(left, rel)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		w.t.Fatal(err)
+	}
+	if len(left) > 0 {
+		w.t.Errorf("left in the work dir: %v", left)
+	}
+}
+
+// calls returns what plugin's node service was asked since the last call,
+// without paths: "RPC volume" each.
+func (w *world) calls(plugin string) []string {
+	var out []string
+	for _, c := range w.node(plugin).takeCalls() {
+		f := strings.Fields(c)
+		out = append(out, f[0]+" "+f[1])
+	}
+	return out
+}
+
+func containerOf(iso *Isolator, id string) *agentv1.ContainerStatus {
+	for _, c := range iso.ListContainers() {
+		if c.GetContainerId() == id {
+			return c
+		}
+	}
+	return nil
+}
+
+func volumeOf(iso *Isolator, plugin, id string) *agentv1.VolumeStatus {
+	for _, v := range iso.ListVolumes() {
+		if v.GetPluginName() == plugin && v.GetVolumeId() == id {
+			return v
+		}
+	}
+	return nil
+}
+
+// TestUnitPrepare: one container, one volume: staged, published, bound
+// into the container at its path (by the recorded mount id), PREPARED on
+// disk; cleaned up, nothing is left.
+func TestUnitPrepare(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := resp.GetMounts()
+	if len(ms) != 1 || ms[0].GetMountPoint() != filepath.Join(req.GetRootfs(), "data") || ms[0].GetContainerPath() != "/data" || ms[0].GetMountId() == 0 {
+		t.Fatalf("mounts %v; want one at %s/data with its id", ms, req.GetRootfs())
+	}
+	v := volumeOf(iso, "loop", "vol-1")
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}) {
+		t.Errorf("node calls %v", got)
+	}
+	if v.GetState() != agentv1.VolumeStatus_PUBLISHED || !slices.Equal(v.GetContainers(), []string{"c1"}) {
+		t.Errorf("volume %v", v)
+	}
+	if ms[0].GetHostPath() != v.GetTargetPath() {
+		t.Errorf("bound from %s, the volume is published at %s", ms[0].GetHostPath(), v.GetTargetPath())
+	}
+	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_PREPARED {
+		t.Errorf("c1 is %v", c.GetPhase())
+	}
+	w.check(iso)
+
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
+		t.Errorf("node calls on cleanup %v", got)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitPrepareWithoutStage: a plugin without STAGE_UNSTAGE_VOLUME is
+// only published (no staging path given, nothing mounted there), in a
+// sandbox-relative path, read-only.
+func TestUnitPrepareWithoutStage(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"plain", "vol-1", "data/in", true})
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("plain"); !slices.Equal(got, []string{"NodePublishVolume vol-1"}) {
+		t.Errorf("node calls %v", got)
+	}
+	m := resp.GetMounts()[0]
+	if m.GetMountPoint() != filepath.Join(req.GetSandbox(), "data/in") || !m.GetReadonly() {
+		t.Errorf("mount %v; want read-only at %s/data/in", m, req.GetSandbox())
+	}
+	v := volumeOf(iso, "plain", "vol-1")
+	if ok, _ := iso.mounts.IsMountPoint(v.GetStagingPath()); ok {
+		t.Errorf("staging path %s mounted for a plugin without STAGE_UNSTAGE", v.GetStagingPath())
+	}
+	w.check(iso)
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("plain"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1"}) {
+		t.Errorf("node calls on cleanup %v", got)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitRepeatedPrepare: the same request again answers the same
+// mounts and asks the plugin nothing; another request for the same id is
+// refused and changes nothing.
+func TestUnitRepeatedPrepare(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"plain", "vol-2", "/data/sub", false})
+	first, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.calls("loop")
+	w.calls("plain")
+	// The same set of volumes, listed in another order.
+	again := proto.Clone(req).(*agentv1.PrepareRequest)
+	slices.Reverse(again.Volumes)
+	second, err := iso.Prepare(ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(first, second) {
+		t.Errorf("repeated Prepare answered %v, first %v", second, first)
+	}
+	if got := append(w.calls("loop"), w.calls("plain")...); len(got) > 0 {
+		t.Errorf("repeated Prepare asked the plugins %v", got)
+	}
+	other := w.request("c1", vol{"loop", "vol-1", "/elsewhere", false})
+	if _, err := iso.Prepare(ctx, other); !errors.Is(err, ErrPrecondition) {
+		t.Errorf("Prepare of c1 with other volumes: %v; want ErrPrecondition", err)
+	}
+	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_PREPARED || !equalMessages(c.GetMounts(), first.GetMounts()) {
+		t.Errorf("after the refused Prepare c1 is %v", c)
+	}
+	w.check(iso)
+	// The nested mount: /data/sub is on the volume at /data.
+	ms := first.GetMounts()
+	if len(ms) != 2 || ms[1].GetParentMountId() != ms[0].GetMountId() {
+		t.Errorf("mounts %v: want /data/sub on the mount at /data", ms)
+	}
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitSharedVolume: two containers share a volume: both are its
+// users; the first one's cleanup unbinds only its mount and keeps the
+// volume published for the other; a repeated cleanup and one of an
+// unknown id are done at once; the last one's cleanup unpublishes and
+// unstages.
+func TestUnitSharedVolume(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	r1, err := iso.Prepare(ctx, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/shared", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}) {
+		t.Errorf("node calls for two users %v; want one stage and one publish", got)
+	}
+	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.GetContainers(), []string{"c1", "c2"}) {
+		t.Errorf("users %v", v.GetContainers())
+	}
+	w.check(iso)
+
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("loop"); len(got) > 0 {
+		t.Errorf("cleanup of a user that is not the last asked %v", got)
+	}
+	if ok, _ := iso.mounts.IsMountPoint(r1.GetMounts()[0].GetMountPoint()); ok {
+		t.Error("c1's mount is still there")
+	}
+	if ok, _ := iso.mounts.IsMountPoint(r2.GetMounts()[0].GetMountPoint()); !ok {
+		t.Error("c2's mount went with c1's cleanup")
+	}
+	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.GetContainers(), []string{"c2"}) || v.GetState() != agentv1.VolumeStatus_PUBLISHED {
+		t.Errorf("after c1's cleanup: %v", v)
+	}
+	w.check(iso)
+	for _, id := range []string{"c1", "never-prepared"} {
+		if err := iso.Cleanup(ctx, id, false); err != nil {
+			t.Errorf("Cleanup(%s) of a clean container: %v", id, err)
+		}
+	}
+	if got := w.calls("loop"); len(got) > 0 {
+		t.Errorf("cleanups of clean containers asked %v", got)
+	}
+	if err := iso.Cleanup(ctx, "c2", false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
+		t.Errorf("last user's cleanup asked %v", got)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitFailedPrepareIsRolledBack: a publish the plugin refuses fails
+// the Prepare and undoes all of it, the other volume's staging and
+// publishing included; a volume another container uses stays published.
+func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	if _, err := iso.Prepare(ctx, w.request("c0", vol{"loop", "vol-0", "/data", false})); err != nil {
+		t.Fatal(err)
+	}
+	w.node("plain").setFail(func(rpc, id string) error {
+		if rpc == "NodePublishVolume" {
+			return status.Error(codes.Internal, "refused")
+		}
+		return nil
+	})
+	req := w.request("c1", vol{"loop", "vol-0", "/a", false}, vol{"loop", "vol-1", "/b", false}, vol{"plain", "vol-2", "/c", false})
+	if _, err := iso.Prepare(ctx, req); err == nil {
+		t.Fatal("Prepare succeeded with a publish refused")
+	}
+	if c := containerOf(iso, "c1"); c != nil {
+		t.Errorf("c1 left %v", c)
+	}
+	w.check(iso)
+	if v := iso.ListVolumes(); len(v) != 1 || v[0].GetVolumeId() != "vol-0" {
+		t.Errorf("volumes after the rollback: %v; want vol-0 only", v)
+	}
+	for _, p := range []string{"a", "b", "c"} {
+		if ok, _ := iso.mounts.IsMountPoint(filepath.Join(req.GetRootfs(), p)); ok {
+			t.Errorf("/%s still mounted in c1's rootfs", p)
+		}
+	}
+	if err := iso.Cleanup(ctx, "c0", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitManyContainers: containers prepared and cleaned up all at once,
+// many on few volumes (each request two of three volumes, on both
+// plugins), some twice, with resync passes running all along; then each
+// volume's users are exactly the prepared containers naming it, and
+// cleaning all up leaves nothing.
+func TestUnitManyContainers(t *testing.T) {
+	w := newWorld(t)
+	// Resync passes run all the time, between and during operations.
+	iso := w.run(Config{ResyncInterval: time.Millisecond})
+	ctx := context.Background()
+	vols := []vol{{"loop", "vol-a", "/a", false}, {"loop", "vol-b", "/b", false}, {"plain", "vol-c", "/c", false}}
+	const n = 24
+	reqs := make([]*agentv1.PrepareRequest, n)
+	for i := range n {
+		reqs[i] = w.request(fmt.Sprintf("c%d", i), vols[i%3], vols[(i+1)%3])
+	}
+	errs := make(chan error, 3*n)
+	round := func(f func(i int) error) {
+		for i := range n {
+			go func() { errs <- f(i) }()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	// Every container prepared, every third cleaned up at once with its
+	// prepare (either order), then prepared again with a cleanup of
+	// another container running.
+	round(func(i int) error {
+		_, err := iso.Prepare(ctx, reqs[i])
+		if i%3 == 0 {
+			if err := iso.Cleanup(ctx, reqs[i].GetContainerId(), false); err != nil {
+				return err
+			}
+		}
+		return err
+	})
+	w.check(iso)
+	round(func(i int) error {
+		if i%3 == 0 {
+			_, err := iso.Prepare(ctx, reqs[i])
+			return err
+		}
+		if i%3 == 1 {
+			return iso.Cleanup(ctx, reqs[i].GetContainerId(), false)
+		}
+		return nil
+	})
+	w.check(iso)
+	var prepared []string
+	for i := range n {
+		if i%3 != 1 {
+			prepared = append(prepared, reqs[i].GetContainerId())
+		}
+	}
+	sort.Strings(prepared)
+	var got []string
+	for _, c := range iso.ListContainers() {
+		got = append(got, c.GetContainerId())
+	}
+	if !slices.Equal(got, prepared) {
+		t.Errorf("containers %v; want %v", got, prepared)
+	}
+	round(func(i int) error { return iso.Cleanup(ctx, reqs[i].GetContainerId(), false) })
+	w.checkEmpty(iso)
+}
+
+// TestUnitRecoveryWithPluginDown: a restart finds an interrupted cleanup
+// whose plugin is down: recovery waits for the plugin once (the RPC
+// timeout), not once per container or volume, keeps the state, and says
+// what is pending; once the plugin is back, the cleanup finishes.
+func TestUnitRecoveryWithPluginDown(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	for _, id := range []string{"c1", "c2"} {
+		if _, err := iso.Prepare(ctx, w.request(id, vol{"loop", "vol-" + id, "/data", false})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both cleanups stop at their first checkpoint (CLEANING).
+	crashing := w.isolator(Config{CrashPoint: func(point string) {
+		if point == "checkpoint container CLEANING" {
+			panic(errCrash)
+		}
+	}})
+	for _, id := range []string{"c1", "c2"} {
+		if !crashed(func() { crashing.Cleanup(ctx, id, false) }) { //nolint:errcheck // it crashes
+			t.Fatalf("cleanup of %s did not reach its first checkpoint", id)
+		}
+	}
+	w.plugins.setDown("loop", true)
+	const timeout = 500 * time.Millisecond
+	start := time.Now()
+	iso = w.run(Config{RPCTimeout: timeout})
+	if took := time.Since(start); took > 2*timeout {
+		t.Errorf("recovery with the plugin down took %v; the RPC timeout is %v", took, timeout)
+	}
+	for _, id := range []string{"c1", "c2"} {
+		if c := containerOf(iso, id); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
+			t.Errorf("%s after recovery with its plugin down: %v", id, c)
+		}
+	}
+	if p := iso.Pending(); !strings.Contains(p, "2 containers") || !strings.Contains(p, "loop") {
+		t.Errorf("Pending() = %q; want the 2 containers and plugin loop", p)
+	}
+	w.plugins.setDown("loop", false)
+	resp := iso.Reconcile(ctx, nil)
+	if len(resp.GetFailed()) > 0 || len(resp.GetCleanedUp()) != 2 {
+		t.Errorf("Reconcile once the plugin is back: %v", resp)
+	}
+	if p := iso.Pending(); p != "" {
+		t.Errorf("Pending() = %q after the cleanups", p)
+	}
+	w.checkEmpty(iso)
+}
+
+// errCrash stops an isolator at a crash point (see crashed).
+var errCrash = errors.New("crash")
+
+// crashed runs f and reports whether it stopped at a crash point (its
+// CrashPoint panicked with errCrash). Deferred functions run on the way
+// out, as the kernel closes a dead process's descriptors (a detached
+// clone is dropped); nothing else of the isolator runs again.
+func crashed(f func()) (yes bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if r != errCrash {
+				panic(r)
+			}
+			yes = true
+		}
+	}()
+	f()
+	return false
+}
+
+// crashStep is one step of the crash tests' script.
+type crashStep struct {
+	id      string
+	prepare bool
+}
+
+// crashScript: c1 and c2 share vol-1 (a plugin with STAGE_UNSTAGE), c3
+// has vol-2 (one without) in its sandbox, c4 runs in its own mount
+// namespace (pid 4242) with vol-1; all are prepared, then cleaned up in
+// another order. Each Prepare names one volume, so that each runs on the
+// calling goroutine only and a crash stops all of the isolator's work.
+var crashScript = []crashStep{
+	{"c1", true}, {"c2", true}, {"c3", true}, {"c4", true},
+	{"c1", false}, {"c4", false}, {"c3", false}, {"c2", false},
+}
+
+const crashPid = 4242
+
+// crashWorld is a world with crashScript's requests and c4's process.
+func crashWorld(t *testing.T) (*world, map[string]*agentv1.PrepareRequest) {
+	w := newWorld(t)
+	w.table.startProcess(crashPid, 77)
+	reqs := map[string]*agentv1.PrepareRequest{
+		"c1": w.request("c1", vol{"loop", "vol-1", "/data", false}),
+		"c2": w.request("c2", vol{"loop", "vol-1", "/data", false}),
+		"c3": w.request("c3", vol{"plain", "vol-2", "data", false}),
+		"c4": w.request("c4", vol{"loop", "vol-1", "/mnt/data", true}),
+	}
+	reqs["c4"].Pid = crashPid
+	return w, reqs
+}
+
+func (s crashStep) do(ctx context.Context, iso *Isolator, reqs map[string]*agentv1.PrepareRequest) error {
+	if s.prepare {
+		_, err := iso.Prepare(ctx, reqs[s.id])
+		return err
+	}
+	return iso.Cleanup(ctx, s.id, false)
+}
+
+// crashPoint is a point CrashPoint was called at: its name and the step
+// of the script it came in.
+type crashPoint struct {
+	step int
+	name string
+}
+
+// TestUnitCrashAtEveryPoint stops the isolator at every crash point
+// (every checkpoint write, node call, bind and unbind) of crashScript,
+// found by running the script once, and starts a new one on what is left
+// (the same mounts; or, rebooted, none and a new boot id). After its
+// recovery: the containers whose Prepare returned are PREPARED with their
+// mounts (restored after a reboot), one whose Prepare was interrupted is
+// PREPARED if its PREPARED checkpoint was written and gone otherwise, one
+// whose Cleanup started is gone, and world.problems finds nothing (users,
+// published iff used, no stray mount, the checkpoints on disk). Then an
+// interrupted Prepare, asked again, succeeds, and a Reconcile with no
+// live container leaves nothing behind.
+func TestUnitCrashAtEveryPoint(t *testing.T) {
+	ctx := context.Background()
+	var points []crashPoint
+	{
+		w, reqs := crashWorld(t)
+		step := 0
+		iso := w.isolator(Config{CrashPoint: func(p string) { points = append(points, crashPoint{step, p}) }})
+		for step = range crashScript {
+			if err := crashScript[step].do(ctx, iso, reqs); err != nil {
+				t.Fatalf("step %d %v: %v", step, crashScript[step], err)
+			}
+		}
+		w.checkEmpty(iso)
+	}
+	names := map[string]bool{}
+	for _, p := range points {
+		names[p.name] = true
+	}
+	for _, want := range []string{"checkpoint container PREPARING", "checkpoint volume NODE_STAGE", "rpc NodeStageVolume", "rpc NodePublishVolume",
+		"checkpoint volume PUBLISHED", "bind", "checkpoint container PREPARED", "checkpoint container CLEANING", "unbind",
+		"checkpoint volume NODE_UNPUBLISH", "rpc NodeUnpublishVolume", "rpc NodeUnstageVolume", "checkpoint volume removed", "checkpoint container removed"} {
+		if !names[want] {
+			t.Errorf("the script never reaches crash point %q (points: %v)", want, points)
+		}
+	}
+	t.Logf("%d crash points", len(points))
+	for i, p := range points {
+		for _, reboot := range []bool{false, true} {
+			name := fmt.Sprintf("%02d/%s/%s/%s", i, crashScript[p.step].id, map[bool]string{true: "prepare", false: "cleanup"}[crashScript[p.step].prepare], p.name)
+			if reboot {
+				name += "/reboot"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel() // each in a world of its own
+				crashAt(t, points, i, reboot)
+			})
+		}
+	}
+}
+
+// crashAt runs crashScript until crash point i, then recovers and checks
+// (see TestUnitCrashAtEveryPoint).
+func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
+	ctx := context.Background()
+	w, reqs := crashWorld(t)
+	n := 0
+	iso := w.isolator(Config{CrashPoint: func(string) {
+		if n++; n == i+1 {
+			panic(errCrash)
+		}
+	}})
+	at := points[i].step
+	for k := 0; k <= at; k++ {
+		var err error
+		if crashed(func() { err = crashScript[k].do(ctx, iso, reqs) }) {
+			if k != at {
+				t.Fatalf("crashed in step %d, recorded in step %d", k, at)
+			}
+			break
+		}
+		if err != nil || k == at {
+			t.Fatalf("step %d %v: %v, before the crash", k, crashScript[k], err)
+		}
+	}
+	// What the script had done: prepared containers, cleaned up ones.
+	prepared := map[string]bool{}
+	for _, s := range crashScript[:at] {
+		prepared[s.id] = s.prepare
+	}
+	s := crashScript[at]
+	prepared[s.id] = false
+	if s.prepare {
+		for _, p := range points[:i+1] {
+			if p.step == at && p.name == "checkpoint container PREPARED" {
+				prepared[s.id] = true
+			}
+		}
+	}
+	if reboot {
+		w.reboot()
+	}
+	iso = w.run(Config{})
+	for _, id := range []string{"c1", "c2", "c3", "c4"} {
+		c := containerOf(iso, id)
+		if prepared[id] != (c != nil) {
+			t.Errorf("%s: prepared %v, after recovery %v", id, prepared[id], c)
+		}
+	}
+	w.check(iso)
+	if p := iso.Pending(); p != "" {
+		t.Errorf("Pending() after recovery: %s", p)
+	}
+	if s.prepare && !(reboot && reqs[s.id].GetPid() != 0) {
+		// The caller, never answered, asks again.
+		if err := s.do(ctx, iso, reqs); err != nil {
+			t.Errorf("Prepare of %s again after the crash: %v", s.id, err)
+		}
+		w.check(iso)
+	}
+	if resp := iso.Reconcile(ctx, nil); len(resp.GetFailed()) > 0 {
+		t.Errorf("Reconcile after recovery: %v", resp.GetFailed())
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitMountIDsOfAnotherBoot: after a reboot the kernel hands out the
+// same mount ids again. c1 (vol-1, shared with c2, and vol-x, its own)
+// had its cleanup interrupted before the reboot, and at recovery vol-x's
+// directory holds a stray file, so its teardown fails and c1 stays
+// CLEANING with the mounts it recorded; c2's mount, restored by
+// recovery, gets the id c1 recorded for its vol-1 mount. Once the file is
+// gone, c1's cleanup must neither touch c2's mount nor refuse for ever:
+// recovery forgot the other boot's ids.
+func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	r1 := w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-x", "/x", false})
+	r2 := w.request("c2", vol{"loop", "vol-1", "/data", false})
+	resp1, err := iso.Prepare(ctx, r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iso.Prepare(ctx, r2); err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(volumeOf(iso, "loop", "vol-x").GetTargetPath(), "stray")
+	crashing := w.isolator(Config{CrashPoint: func(point string) {
+		if point == "checkpoint container CLEANING" {
+			panic(errCrash)
+		}
+	}})
+	if !crashed(func() { crashing.Cleanup(ctx, "c1", false) }) { //nolint:errcheck // it crashes
+		t.Fatal("c1's cleanup did not reach its first checkpoint")
+	}
+	w.reboot()
+	if err := os.WriteFile(stray, []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Recovery publishes vol-1 again (staging, target), then restores
+	// c2's mount: with the id c1 recorded.
+	var old uint64
+	for _, m := range resp1.GetMounts() {
+		if m.GetVolumeId() == "vol-1" {
+			old = m.GetMountId()
+		}
+	}
+	w.table.mu.Lock()
+	w.table.nextID = old - 3
+	w.table.mu.Unlock()
+	iso = w.run(Config{})
+	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
+		t.Fatalf("c1 after recovery with vol-x's directory not empty: %v", c)
+	}
+	c2 := containerOf(iso, "c2")
+	if id := c2.GetMounts()[0].GetMountId(); id != old {
+		t.Fatalf("c2's mount got id %d after the reboot, want c1's old %d", id, old)
+	}
+	if err := os.Remove(stray); err != nil {
+		t.Fatal(err)
+	}
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatalf("c1's cleanup after the reboot: %v", err)
+	}
+	w.check(iso)
+	if c := containerOf(iso, "c2"); !equalMessages(c.GetMounts(), c2.GetMounts()) {
+		t.Errorf("c2 after c1's cleanup: %v", c)
+	}
+	if err := iso.Cleanup(ctx, "c2", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitLostContainerRecord: a container record lost with a power cut
+// (removed here, then a reboot): recovery drops the user no record backs,
+// and the volume, left without users, is forgotten; the other volume is
+// published again for its user.
+func TestUnitLostContainerRecord(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	for _, id := range []string{"c1", "c2"} {
+		if _, err := iso.Prepare(ctx, w.request(id, vol{"loop", "vol-" + id, "/data", false})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	w.calls("loop")
+	iso = w.run(Config{})
+	if v := volumeOf(iso, "loop", "vol-c1"); v != nil {
+		t.Errorf("the volume of the lost record is kept: %v", v)
+	}
+	// Nothing is mounted after a reboot: vol-c1 needs no node call to be
+	// torn down.
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-c2", "NodePublishVolume vol-c2"}) {
+		t.Errorf("recovery asked %v; want vol-c2 published again, nothing else", got)
+	}
+	w.check(iso)
+	if err := iso.Cleanup(ctx, "c2", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitContainerInItsOwnNamespace: a container with a pid gets its
+// mount in its own mount namespace (not the host's), resolved in its
+// rootfs; once its process has ended, the mount has gone with the
+// namespace and its cleanup releases the volume.
+func TestUnitContainerInItsOwnNamespace(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	w.table.startProcess(crashPid, 77)
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	req.Pid = crashPid
+	resp, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.GetMounts()[0]
+	if m.GetMountNamespace() != 77 || m.GetMountPoint() != filepath.Join(req.GetRootfs(), "data") {
+		t.Errorf("mount %v; want it in namespace 77 at %s/data", m, req.GetRootfs())
+	}
+	if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); ok {
+		t.Errorf("%s mounted in the host's namespace", m.GetMountPoint())
+	}
+	w.check(iso)
+	w.table.endProcess(crashPid)
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatalf("cleanup of a container whose process ended: %v", err)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1", "NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
+		t.Errorf("node calls %v", got)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitFailedCallLeavesTransitionalState: a plugin that breaks at a
+// node call (answering Internal to it and to every call after) fails the
+// Prepare or Cleanup and its rollback: the container stays CLEANING and
+// the volume in the transitional state of the call that failed, both
+// with the error, and Pending says so. A restart (or a reboot) with the
+// plugin healed finishes the work: nothing is left.
+func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
+	for _, tc := range []struct {
+		plugin, rpc string
+		prepare     bool
+		state       agentv1.VolumeStatus_State // after the failure
+	}{
+		// A failed prepare's rollback fails at its first call, unpublish.
+		{"loop", "NodeStageVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"plain", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodeUnstageVolume", false, agentv1.VolumeStatus_NODE_UNSTAGE},
+		{"plain", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
+	} {
+		for _, reboot := range []bool{false, true} {
+			name := fmt.Sprintf("%s/%s/reboot=%v", tc.plugin, tc.rpc, reboot)
+			t.Run(name, func(t *testing.T) {
+				w := newWorld(t)
+				iso := w.isolator(Config{})
+				ctx := context.Background()
+				req := w.request("c1", vol{tc.plugin, "vol-1", "/data", false})
+				if !tc.prepare {
+					if _, err := iso.Prepare(ctx, req); err != nil {
+						t.Fatal(err)
+					}
+				}
+				broken := false
+				w.node(tc.plugin).setFail(func(rpc, _ string) error {
+					if broken = broken || rpc == tc.rpc; broken {
+						return status.Error(codes.Internal, "broken")
+					}
+					return nil
+				})
+				var err error
+				if tc.prepare {
+					_, err = iso.Prepare(ctx, req)
+				} else {
+					err = iso.Cleanup(ctx, "c1", false)
+				}
+				if err == nil {
+					t.Fatalf("the operation succeeded with %s broken", tc.rpc)
+				}
+				c, v := containerOf(iso, "c1"), volumeOf(iso, tc.plugin, "vol-1")
+				if c.GetPhase() != agentv1.ContainerStatus_CLEANING || c.GetLastError() == "" {
+					t.Errorf("container after the failure: %v", c)
+				}
+				if v.GetState() != tc.state || !strings.Contains(v.GetLastError(), "broken") {
+					t.Errorf("volume after the failure: %v; want %v with the error", v, tc.state)
+				}
+				if p := iso.Pending(); !strings.Contains(p, "1 containers and 1 volumes pending") {
+					t.Errorf("Pending() = %q", p)
+				}
+				w.node(tc.plugin).setFail(nil)
+				if reboot {
+					w.reboot()
+				}
+				iso = w.run(Config{})
+				w.checkEmpty(iso)
+			})
+		}
+	}
+}
+
+// unmountBehindOurBack removes the top mount at path in the host's
+// namespace, as an operator's umount would.
+func (w *world) unmountBehindOurBack(path string) {
+	w.t.Helper()
+	w.table.mu.Lock()
+	defer w.table.mu.Unlock()
+	m := w.table.top(hostNS, path)
+	if m == nil {
+		w.t.Fatalf("nothing mounted at %s", path)
+	}
+	w.table.unmount(m)
+}
+
+// TestUnitRepeatedPrepareRestoresMount: a prepared container's mount
+// unmounted behind the agent's back is restored by a repeated Prepare,
+// which answers the new mount (its new id), recorded for the cleanup.
+func TestUnitRepeatedPrepareRestoresMount(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	first, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.unmountBehindOurBack(first.GetMounts()[0].GetMountPoint())
+	again, err := iso.Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := again.GetMounts()[0].GetMountId(); id == first.GetMounts()[0].GetMountId() {
+		t.Errorf("the restored mount answered with the old id %d", id)
+	}
+	w.check(iso)
+	if err := iso.Cleanup(ctx, "c1", false); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitRepair: a published volume's target unmounted behind the
+// agent's back is published again and each user's mount replaced (the
+// new one put beneath the old, the old one unmounted by id); a mount a
+// container put over its own volume path is left alone, reported.
+func TestUnitRepair(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	r1, err := iso.Prepare(ctx, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/data", false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// c2 covers its volume path with a tmpfs of its own.
+	w.table.mu.Lock()
+	cover := w.table.newMount(hostNS, r2.GetMounts()[0].GetMountPoint(), 99, "/")
+	w.table.mounts = append(w.table.mounts, cover)
+	w.table.mu.Unlock()
+	v := volumeOf(iso, "loop", "vol-1")
+	w.unmountBehindOurBack(v.GetTargetPath())
+	w.calls("loop")
+	rep, err := iso.Repair(ctx, "loop", "vol-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Republished || len(rep.Rebound) != 1 || !strings.HasPrefix(rep.Rebound[0], "container c1:") || len(rep.Skipped) != 1 || !strings.HasPrefix(rep.Skipped[0], "container c2:") {
+		t.Errorf("repair: %+v; want republished, c1 re-bound, c2 left alone", rep)
+	}
+	if got := w.calls("loop"); !slices.Equal(got, []string{"NodePublishVolume vol-1"}) {
+		t.Errorf("repair asked %v; want a publish (the staging path is still mounted)", got)
+	}
+	c1 := containerOf(iso, "c1")
+	if len(c1.GetMounts()) != 1 || c1.GetMounts()[0].GetMountId() == r1.GetMounts()[0].GetMountId() {
+		t.Errorf("c1's mounts after the repair: %v; want one, new", c1.GetMounts())
+	}
+	if v := volumeOf(iso, "loop", "vol-1"); !strings.Contains(v.GetLastRepair(), "re-bound") {
+		t.Errorf("the volume's last repair: %q", v.GetLastRepair())
+	}
+	// c2's cover goes; then everything is as it should be.
+	w.table.mu.Lock()
+	w.table.unmount(cover)
+	w.table.mu.Unlock()
+	w.check(iso)
+	for _, id := range []string{"c1", "c2"} {
+		if err := iso.Cleanup(ctx, id, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitCleanupAfterRootfsRemoved: after a reboot, the runtime removed
+// a container's rootfs before the agent cleaned the container up. Nothing
+// can be mounted in a directory that is gone: the cleanup succeeds and
+// the volume is released (it was refused for ever, the volume published
+// with that user until someone recreated the directory).
+func TestUnitCleanupAfterRootfsRemoved(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	if _, err := iso.Prepare(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	if err := os.RemoveAll(req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	iso = w.run(Config{})
+	if resp := iso.Reconcile(ctx, nil); len(resp.GetFailed()) > 0 {
+		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.GetFailed())
+	}
+	w.checkEmpty(iso)
+}
