@@ -27,19 +27,14 @@ func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
 			}
 			required = n
 		}
-		stream, err := client.ExpandVolume(ctx, &agentv1.ExpandVolumeRequest{PluginName: c.plugin, VolumeId: *volume, RequiredBytes: required, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		if n := res.GetCapacityBytes(); n > 0 {
-			fmt.Fprintf(c.e.stdout, "volume %s: expanded to %s\n", *volume, bytesHuman(n))
-		} else {
-			fmt.Fprintf(c.e.stdout, "volume %s: expanded\n", *volume)
-		}
-		return nil
+		return runOp(ctx, c, client.ExpandVolume, &agentv1.ExpandVolumeRequest{PluginName: c.plugin, VolumeId: *volume, RequiredBytes: required, Secrets: c.secrets, Retry: c.retry},
+			func(res *agentv1.ExpandVolumeReply) error {
+				if n := res.GetCapacityBytes(); n > 0 {
+					fmt.Fprintf(c.e.stdout, "volume %s: expanded to %s\n", *volume, bytesHuman(n))
+				} else {
+					fmt.Fprintf(c.e.stdout, "volume %s: expanded\n", *volume)
+				}
+				return nil
+			})
 	})
 }
