@@ -74,6 +74,18 @@ func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, c
 	}
 }
 
+// withVolume is withController for a command on one volume published on
+// this host: it also declares --volume and requires it.
+func (e *env) withVolume(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error) runFunc {
+	volume := fs.String("volume", "", "the volume id (published on this host)")
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *volume == "" {
+			return usageError("--volume is required")
+		}
+		return call(ctx, client, c, *volume)
+	})
+}
+
 // controller runs a controller command's call with the flags f.
 func (e *env) controller(ctx context.Context, name string, f *ctrlFlags, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) int {
 	fail := func(code int, err error) int {
