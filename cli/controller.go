@@ -155,6 +155,12 @@ func readSecrets(path string) (map[string]string, error) {
 	return m, nil
 }
 
+// nameFlag declares a create command's --name: the name of what it
+// creates, which makes repeating it safe.
+func nameFlag(fs *pflag.FlagSet, what string) *string {
+	return fs.String("name", "", "the "+what+"'s name; repeating a create with the same name is safe (required)")
+}
+
 // paramsFlag collects repeated --param KEY=VALUE flags.
 type paramsFlag map[string]string
 
@@ -285,7 +291,7 @@ func (e *env) groupCmd() *cobra.Command {
 
 // groupCreateCmd is csi-agent group create.
 func (e *env) groupCreateCmd(fs *pflag.FlagSet) runFunc {
-	groupName := fs.String("name", "", "the group's name; repeating a create with the same name is safe (required)")
+	groupName := nameFlag(fs, "group")
 	volumes := fs.String("volumes", "", "comma-separated ids of existing volumes to put in the group")
 	params := paramFlag(fs, "plugin parameter")
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
@@ -518,7 +524,7 @@ func (e *env) groupSnapshotCmd() *cobra.Command {
 
 // groupSnapshotCreateCmd is csi-agent group-snapshot create.
 func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
-	snapName := fs.String("name", "", "the group snapshot's name; repeating a create with the same name is safe (required)")
+	snapName := nameFlag(fs, "group snapshot")
 	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (required)")
 	noWait := fs.Bool("no-wait", false, "return once the snapshot is cut, even if not ready to use yet")
 	params := paramFlag(fs, "plugin parameter")
