@@ -55,7 +55,6 @@ func listVolumeGroupsSpec(withToken bool) rpcSpec {
 	return volumeGroupSpec("ListVolumeGroups", table)
 }
 
-// replicationSpec is a replication.Controller RPC's error table (seed
 // Volume groups.
 
 func (s *Server) CreateVolumeGroup(req *agentv1.CreateVolumeGroupRequest, stream grpc.ServerStreamingServer[agentv1.VolumeGroupReply]) error {
