@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -139,11 +138,7 @@ func parseRetryPolicy(p *agentv1.RetryPolicy) (retryPolicy, error) {
 // doubling up to max, with up to 10% jitter so that agents retrying the
 // same plugin spread out.
 func (p retryPolicy) backoff(n int) time.Duration {
-	d := p.initial << min(n-1, 30)
-	if d > p.max || d <= 0 {
-		d = p.max
-	}
-	return d + rand.N(d/10+1)
+	return retrypolicy.Backoff(p.initial, p.max, n-1, 10)
 }
 
 // op is one operation on one plugin: its policy and progress sink.
