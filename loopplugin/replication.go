@@ -238,6 +238,21 @@ func (p *Plugin) beginEnabled(src *rep.ReplicationSource) (*replCall, Volume, er
 	return c, vol, nil
 }
 
+// setRole records this side's new role (promoted or demoted, with force
+// or not) and logs it.
+func (c *replCall) setRole(role string, force bool) error {
+	c.lrec.Role = role
+	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+		return err
+	}
+	msg := "volume promoted"
+	if role == roleSecondary {
+		msg = "volume demoted"
+	}
+	c.p.log.Info(msg, "volume", c.id, "force", force)
+	return nil
+}
+
 // sideRecord is one side's record and the pool it belongs in.
 type sideRecord struct {
 	pool *Pool
@@ -471,11 +486,9 @@ func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteV
 	case !c.lrec.Consistent:
 		return nil, preconditionf("an interrupted sync left this copy of volume %s inconsistent: resync it, or promote with force", c.id)
 	}
-	c.lrec.Role = rolePrimary
-	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+	if err := c.setRole(rolePrimary, force); err != nil {
 		return nil, err
 	}
-	s.p.log.Info("volume promoted", "volume", c.id, "force", force)
 	return &rep.PromoteVolumeResponse{}, nil
 }
 
@@ -510,11 +523,9 @@ func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVol
 	case !force:
 		return nil, preconditionf("the peer %s has no replication state for volume %s: demote with force", c.peer.Dir(), c.id)
 	}
-	c.lrec.Role = roleSecondary
-	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+	if err := c.setRole(roleSecondary, force); err != nil {
 		return nil, err
 	}
-	s.p.log.Info("volume demoted", "volume", c.id, "force", force)
 	return &rep.DemoteVolumeResponse{}, nil
 }
 
