@@ -339,3 +339,16 @@ func noEmpty(field string, ids []string) error {
 	}
 	return nil
 }
+
+// callPlugin calls one plugin RPC through o.invoke (the connection, the
+// retries and the error table spec): method, on the client newClient
+// makes of the connection, with req. It returns the plugin's reply.
+func callPlugin[C any, Req proto.Message, Resp any](ctx context.Context, o *op, spec rpcSpec, newClient func(grpc.ClientConnInterface) C,
+	method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	var resp Resp
+	err := o.invoke(ctx, spec, req, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+		resp, err = method(newClient(conn), ctx, req)
+		return err
+	})
+	return resp, err
+}
