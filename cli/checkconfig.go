@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/pflag"
 
@@ -81,8 +80,7 @@ func (e *env) checkConfig(name, dir, output string) int {
 }
 
 func printCheckTable(e *env, set *pluginconfig.Set, r checkReport) {
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FILE\tTYPE\tNAME\tKIND\tSERVICES\tRUNS / ENDPOINTS")
+	tw := newTable(e.stdout, "FILE\tTYPE\tNAME\tKIND\tSERVICES\tRUNS / ENDPOINTS")
 	for _, p := range set.Sorted() {
 		kind, runs := "unmanaged", endpoints(p.Info)
 		if p.Info.Managed() {

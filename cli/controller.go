@@ -11,10 +11,8 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -74,6 +72,18 @@ func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, c
 	return func(ctx context.Context, name string, _ []string) int {
 		return e.controller(ctx, name, f, call)
 	}
+}
+
+// withVolume is withController for a command on one volume published on
+// this host: it also declares --volume and requires it.
+func (e *env) withVolume(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error) runFunc {
+	volume := fs.String("volume", "", "the volume id (published on this host)")
+	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
+		if *volume == "" {
+			return usageError("--volume is required")
+		}
+		return call(ctx, client, c, *volume)
+	})
 }
 
 // controller runs a controller command's call with the flags f.
@@ -145,6 +155,12 @@ func readSecrets(path string) (map[string]string, error) {
 	return m, nil
 }
 
+// nameFlag declares a create command's --name: the name of what it
+// creates, which makes repeating it safe.
+func nameFlag(fs *pflag.FlagSet, what string) *string {
+	return fs.String("name", "", "the "+what+"'s name; repeating a create with the same name is safe (required)")
+}
+
 // paramsFlag collects repeated --param KEY=VALUE flags.
 type paramsFlag map[string]string
 
@@ -204,26 +220,26 @@ func splitIDs(flagName, s string) ([]string, error) {
 // progressed is a reply message of the controller API.
 type progressed[R any] interface {
 	*R
+	proto.Message
 	GetProgress() *agentv1.Progress
 }
 
-// follow reads an operation's stream, printing its progress on stderr,
-// and returns its result.
-func follow[R any, P progressed[R]](c *ctrlCall, stream grpc.ServerStreamingClient[R], err error) (*R, error) {
+// runOp runs one operation of the controller API: it calls method with
+// req, prints the operation's progress on stderr as the agent streams it,
+// and prints its result: as JSON with --output json, else with table.
+func runOp[Req any, R any, P progressed[R]](ctx context.Context, c *ctrlCall, method func(context.Context, Req, ...grpc.CallOption) (grpc.ServerStreamingClient[R], error), req Req, table func(*R) error) error {
+	stream, err := method(ctx, req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var result *R
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			if result == nil {
-				return nil, errors.New("the agent ended the operation without a result")
-			}
-			return result, nil
+			break
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if p := P(msg).GetProgress(); p != nil {
 			fmt.Fprintf(c.e.stderr, "%s: %s\n", c.name, progressLine(p))
@@ -231,6 +247,10 @@ func follow[R any, P progressed[R]](c *ctrlCall, stream grpc.ServerStreamingClie
 		}
 		result = msg
 	}
+	if result == nil {
+		return errors.New("the agent ended the operation without a result")
+	}
+	return printReply(c.e.stdout, c.output, P(result), nil, func() error { return table(result) })
 }
 
 // progressLine is one progress message for people.
@@ -271,7 +291,7 @@ func (e *env) groupCmd() *cobra.Command {
 
 // groupCreateCmd is csi-agent group create.
 func (e *env) groupCreateCmd(fs *pflag.FlagSet) runFunc {
-	groupName := fs.String("name", "", "the group's name; repeating a create with the same name is safe (required)")
+	groupName := nameFlag(fs, "group")
 	volumes := fs.String("volumes", "", "comma-separated ids of existing volumes to put in the group")
 	params := paramFlag(fs, "plugin parameter")
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
@@ -282,14 +302,9 @@ func (e *env) groupCreateCmd(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		stream, err := client.CreateVolumeGroup(ctx, &agentv1.CreateVolumeGroupRequest{
+		return runOp(ctx, c, client.CreateVolumeGroup, &agentv1.CreateVolumeGroupRequest{
 			PluginName: c.plugin, Name: *groupName, Parameters: params.params(), VolumeIds: ids, Secrets: c.secrets, Retry: c.retry,
-		})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		return c.printGroups(res, res.GetVolumeGroup())
+		}, c.printGroup)
 	})
 }
 
@@ -311,14 +326,9 @@ func (e *env) groupModifyCmd(fs *pflag.FlagSet) runFunc {
 		case len(ids) > 0 && *removeAll:
 			return usageError("--volumes and --remove-all exclude each other")
 		}
-		stream, err := client.ModifyVolumeGroup(ctx, &agentv1.ModifyVolumeGroupRequest{
+		return runOp(ctx, c, client.ModifyVolumeGroup, &agentv1.ModifyVolumeGroupRequest{
 			PluginName: c.plugin, VolumeGroupId: *id, VolumeIds: ids, RemoveAll: *removeAll, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry,
-		})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		return c.printGroups(res, res.GetVolumeGroup())
+		}, c.printGroup)
 	})
 }
 
@@ -329,16 +339,8 @@ func (e *env) groupDeleteCmd(fs *pflag.FlagSet) runFunc {
 		if *id == "" {
 			return usageError("--id is required")
 		}
-		stream, err := client.DeleteVolumeGroup(ctx, &agentv1.DeleteVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		fmt.Fprintf(c.e.stdout, "volume group %s deleted\n", *id)
-		return nil
+		return runOp(ctx, c, client.DeleteVolumeGroup, &agentv1.DeleteVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry},
+			c.printDone("volume group %s deleted", *id))
 	})
 }
 
@@ -349,12 +351,7 @@ func (e *env) groupGetCmd(fs *pflag.FlagSet) runFunc {
 		if *id == "" {
 			return usageError("--id is required")
 		}
-		stream, err := client.GetVolumeGroup(ctx, &agentv1.GetVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		return c.printGroups(res, res.GetVolumeGroup())
+		return runOp(ctx, c, client.GetVolumeGroup, &agentv1.GetVolumeGroupRequest{PluginName: c.plugin, VolumeGroupId: *id, Secrets: c.secrets, Retry: c.retry}, c.printGroup)
 	})
 }
 
@@ -367,30 +364,37 @@ func (e *env) groupListCmd(fs *pflag.FlagSet) runFunc {
 		if *maxEntries < 0 || *maxEntries > 1<<31-1 {
 			return usageError(fmt.Sprintf("--max-entries %d: must not be negative", *maxEntries))
 		}
-		stream, err := client.ListVolumeGroups(ctx, &agentv1.ListVolumeGroupsRequest{
+		return runOp(ctx, c, client.ListVolumeGroups, &agentv1.ListVolumeGroupsRequest{
 			PluginName: c.plugin, MaxEntries: int32(*maxEntries), StartingToken: *token, AllPages: !*page, Secrets: c.secrets, Retry: c.retry,
+		}, func(res *agentv1.ListVolumeGroupsReply) error {
+			if err := c.printGroups(res.GetVolumeGroups()...); err != nil {
+				return err
+			}
+			if res.GetNextToken() != "" {
+				fmt.Fprintf(c.e.stdout, "next page: --starting-token %s\n", res.GetNextToken())
+			}
+			return nil
 		})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if err := c.printGroups(res, res.GetVolumeGroups()...); err != nil || c.output == "json" {
-			return err
-		}
-		if res.GetNextToken() != "" {
-			fmt.Fprintf(c.e.stdout, "next page: --starting-token %s\n", res.GetNextToken())
-		}
-		return nil
 	})
 }
 
-// printGroups prints volume groups as a table, or reply as JSON.
-func (c *ctrlCall) printGroups(reply proto.Message, groups ...*volumegroup.VolumeGroup) error {
-	if c.output == "json" {
-		return printJSON(c.e.stdout, reply)
+// printDone is a table function for an operation whose result is only
+// done: it prints the line the format makes of args.
+func (c *ctrlCall) printDone(format string, args ...any) func(*agentv1.OperationReply) error {
+	return func(*agentv1.OperationReply) error {
+		fmt.Fprintf(c.e.stdout, format+"\n", args...)
+		return nil
 	}
-	tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME GROUP\tVOLUMES\tCONTEXT")
+}
+
+// printGroup prints a reply's volume group as a table.
+func (c *ctrlCall) printGroup(res *agentv1.VolumeGroupReply) error {
+	return c.printGroups(res.GetVolumeGroup())
+}
+
+// printGroups prints volume groups as a table.
+func (c *ctrlCall) printGroups(groups ...*volumegroup.VolumeGroup) error {
+	tw := newTable(c.e.stdout, "VOLUME GROUP\tVOLUMES\tCONTEXT")
 	for _, g := range groups {
 		var vols []string
 		for _, v := range g.GetVolumes() {
@@ -460,51 +464,51 @@ func (e *env) replicationVerbCmd(fs *pflag.FlagSet, v replicationVerb) runFunc {
 		if noWait != nil {
 			req.NoWait = *noWait
 		}
-		stream, err := v.call(client, ctx, req)
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
+		method := func(ctx context.Context, req *agentv1.ReplicationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[agentv1.ReplicationReply], error) {
+			return v.call(client, ctx, req, opts...)
 		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		switch {
-		case res.GetInfo() != nil:
-			in := res.GetInfo()
-			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SOURCE\tSTATUS\tLAST SYNC\tDURATION\tBYTES\tMESSAGE")
-			last, dur, bytes := "-", "-", "-"
-			if in.GetLastSyncTime() != nil {
-				last = in.GetLastSyncTime().AsTime().Local().Format(time.DateTime)
-			}
-			if in.GetLastSyncDuration() != nil {
-				dur = in.GetLastSyncDuration().AsDuration().String()
-			}
-			if in.GetLastSyncBytes() > 0 {
-				bytes = bytesHuman(in.GetLastSyncBytes())
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", what, cmp.Or(in.GetStatus(), "UNKNOWN"), last, dur, bytes, cmp.Or(in.GetStatusMessage(), "-"))
-			return tw.Flush()
-		case res.GetDestination() != nil:
-			d := res.GetDestination()
-			tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SOURCE\tDESTINATION")
-			if d.GetVolumeId() != "" {
-				fmt.Fprintf(tw, "%s\tvolume %s\n", what, d.GetVolumeId())
-			} else {
-				fmt.Fprintf(tw, "%s\tvolume group %s\n", what, d.GetVolumeGroupId())
-				for _, src := range slices.Sorted(maps.Keys(d.GetVolumeIds())) {
-					fmt.Fprintf(tw, "  volume %s\tvolume %s\n", src, d.GetVolumeIds()[src])
-				}
-			}
-			return tw.Flush()
-		case v.wait && !res.GetReady():
-			fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with '%s' without --no-wait)\n", what, c.name)
-		default:
-			fmt.Fprintf(c.e.stdout, "%s: %s\n", what, v.done)
-		}
-		return nil
+		return runOp(ctx, c, method, req, func(res *agentv1.ReplicationReply) error { return c.printReplication(v, what, res) })
 	})
+}
+
+// printReplication prints the result of a replication verb on what (e.g.
+// "volume ID"): the replication info or the destination as a table, else
+// a line.
+func (c *ctrlCall) printReplication(v replicationVerb, what string, res *agentv1.ReplicationReply) error {
+	switch {
+	case res.GetInfo() != nil:
+		in := res.GetInfo()
+		tw := newTable(c.e.stdout, "SOURCE\tSTATUS\tLAST SYNC\tDURATION\tBYTES\tMESSAGE")
+		last, dur, bytes := "-", "-", "-"
+		if in.GetLastSyncTime() != nil {
+			last = in.GetLastSyncTime().AsTime().Local().Format(time.DateTime)
+		}
+		if in.GetLastSyncDuration() != nil {
+			dur = in.GetLastSyncDuration().AsDuration().String()
+		}
+		if in.GetLastSyncBytes() > 0 {
+			bytes = bytesHuman(in.GetLastSyncBytes())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", what, cmp.Or(in.GetStatus(), "UNKNOWN"), last, dur, bytes, cmp.Or(in.GetStatusMessage(), "-"))
+		return tw.Flush()
+	case res.GetDestination() != nil:
+		d := res.GetDestination()
+		tw := newTable(c.e.stdout, "SOURCE\tDESTINATION")
+		if d.GetVolumeId() != "" {
+			fmt.Fprintf(tw, "%s\tvolume %s\n", what, d.GetVolumeId())
+		} else {
+			fmt.Fprintf(tw, "%s\tvolume group %s\n", what, d.GetVolumeGroupId())
+			for _, src := range slices.Sorted(maps.Keys(d.GetVolumeIds())) {
+				fmt.Fprintf(tw, "  volume %s\tvolume %s\n", src, d.GetVolumeIds()[src])
+			}
+		}
+		return tw.Flush()
+	case v.wait && !res.GetReady():
+		fmt.Fprintf(c.e.stdout, "%s: resync started, not ready yet (check again with '%s' without --no-wait)\n", what, c.name)
+	default:
+		fmt.Fprintf(c.e.stdout, "%s: %s\n", what, v.done)
+	}
+	return nil
 }
 
 // Group snapshots.
@@ -520,7 +524,7 @@ func (e *env) groupSnapshotCmd() *cobra.Command {
 
 // groupSnapshotCreateCmd is csi-agent group-snapshot create.
 func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
-	snapName := fs.String("name", "", "the group snapshot's name; repeating a create with the same name is safe (required)")
+	snapName := nameFlag(fs, "group snapshot")
 	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (required)")
 	noWait := fs.Bool("no-wait", false, "return once the snapshot is cut, even if not ready to use yet")
 	params := paramFlag(fs, "plugin parameter")
@@ -532,14 +536,9 @@ func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
 		case *snapName == "" || len(ids) == 0:
 			return usageError("--name and --volumes are required")
 		}
-		stream, err := client.CreateGroupSnapshot(ctx, &agentv1.CreateGroupSnapshotRequest{
+		return runOp(ctx, c, client.CreateGroupSnapshot, &agentv1.CreateGroupSnapshotRequest{
 			PluginName: c.plugin, Name: *snapName, SourceVolumeIds: ids, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry, NoWait: *noWait,
-		})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		return c.printGroupSnapshot(res, res.GetGroupSnapshot())
+		}, c.printGroupSnapshot)
 	})
 }
 
@@ -568,12 +567,8 @@ func (e *env) groupSnapshotGetCmd(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		stream, err := client.GetGroupSnapshot(ctx, &agentv1.GetGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		return c.printGroupSnapshot(res, res.GetGroupSnapshot())
+		return runOp(ctx, c, client.GetGroupSnapshot, &agentv1.GetGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
+			c.printGroupSnapshot)
 	})
 }
 
@@ -585,31 +580,20 @@ func (e *env) groupSnapshotDeleteCmd(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		stream, err := client.DeleteGroupSnapshot(ctx, &agentv1.DeleteGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		fmt.Fprintf(c.e.stdout, "group snapshot %s deleted\n", *id)
-		return nil
+		return runOp(ctx, c, client.DeleteGroupSnapshot, &agentv1.DeleteGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
+			c.printDone("group snapshot %s deleted", *id))
 	})
 }
 
-// printGroupSnapshot prints a group snapshot and its snapshots as tables,
-// or reply as JSON.
-func (c *ctrlCall) printGroupSnapshot(reply proto.Message, gs *csi.VolumeGroupSnapshot) error {
-	if c.output == "json" {
-		return printJSON(c.e.stdout, reply)
-	}
+// printGroupSnapshot prints a reply's group snapshot and its snapshots as
+// tables.
+func (c *ctrlCall) printGroupSnapshot(res *agentv1.GroupSnapshotReply) error {
+	gs := res.GetGroupSnapshot()
 	created := "-"
 	if gs.GetCreationTime() != nil {
 		created = gs.GetCreationTime().AsTime().Local().Format(time.DateTime)
 	}
-	tw := tabwriter.NewWriter(c.e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP SNAPSHOT\tREADY\tCREATED\tSNAPSHOTS")
+	tw := newTable(c.e.stdout, "GROUP SNAPSHOT\tREADY\tCREATED\tSNAPSHOTS")
 	fmt.Fprintf(tw, "%s\t%t\t%s\t%d\n", gs.GetGroupSnapshotId(), gs.GetReadyToUse(), created, len(gs.GetSnapshots()))
 	fmt.Fprintln(tw, "")
 	fmt.Fprintln(tw, "SNAPSHOT\tSOURCE VOLUME\tSIZE\tREADY")

@@ -13,12 +13,8 @@ import (
 // expandCmd is csi-agent expand: NodeExpandVolume for a volume published
 // on this host, after it was grown on the backend.
 func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
-	volume := fs.String("volume", "", "the volume id (published on this host)")
 	size := fs.String("size", "", "the size to reach, e.g. 2GiB (default: what the backend holds)")
-	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
-		if *volume == "" {
-			return usageError("--volume is required")
-		}
+	return e.withVolume(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error {
 		var required int64
 		if *size != "" {
 			n, err := loopplugin.ParseSize(*size)
@@ -27,19 +23,14 @@ func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
 			}
 			required = n
 		}
-		stream, err := client.ExpandVolume(ctx, &agentv1.ExpandVolumeRequest{PluginName: c.plugin, VolumeId: *volume, RequiredBytes: required, Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		if n := res.GetCapacityBytes(); n > 0 {
-			fmt.Fprintf(c.e.stdout, "volume %s: expanded to %s\n", *volume, bytesHuman(n))
-		} else {
-			fmt.Fprintf(c.e.stdout, "volume %s: expanded\n", *volume)
-		}
-		return nil
+		return runOp(ctx, c, client.ExpandVolume, &agentv1.ExpandVolumeRequest{PluginName: c.plugin, VolumeId: volume, RequiredBytes: required, Secrets: c.secrets, Retry: c.retry},
+			func(res *agentv1.ExpandVolumeReply) error {
+				if n := res.GetCapacityBytes(); n > 0 {
+					fmt.Fprintf(c.e.stdout, "volume %s: expanded to %s\n", volume, bytesHuman(n))
+				} else {
+					fmt.Fprintf(c.e.stdout, "volume %s: expanded\n", volume)
+				}
+				return nil
+			})
 	})
 }

@@ -37,21 +37,15 @@ func (e *env) fenceOpCmd(fs *pflag.FlagSet, fence bool) runFunc {
 		case fence:
 			call, done = client.FenceNetwork, "fenced"
 		}
-		stream, err := call(ctx, req)
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		if done == "" {
-			for _, x := range res.GetCidrs() {
-				fmt.Fprintln(c.e.stdout, x)
+		return runOp(ctx, c, call, req, func(res *agentv1.FenceReply) error {
+			if done == "" {
+				for _, x := range res.GetCidrs() {
+					fmt.Fprintln(c.e.stdout, x)
+				}
+				return nil
 			}
+			fmt.Fprintf(c.e.stdout, "%s: %s\n", strings.Join(*cidrs, ", "), done)
 			return nil
-		}
-		fmt.Fprintf(c.e.stdout, "%s: %s\n", strings.Join(*cidrs, ", "), done)
-		return nil
+		})
 	})
 }

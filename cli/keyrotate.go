@@ -13,24 +13,15 @@ import (
 // keyRotateCmd is csi-agent keyrotate: EncryptionKeyRotate for a volume
 // published on this host.
 func (e *env) keyRotateCmd(fs *pflag.FlagSet) runFunc {
-	volume := fs.String("volume", "", "the volume id (published on this host)")
 	params := paramFlag(fs, "plugin parameter")
-	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
-		if *volume == "" {
-			return usageError("--volume is required")
-		}
-		stream, err := client.RotateKey(ctx, &agentv1.RotateKeyRequest{PluginName: c.plugin, VolumeId: *volume, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry})
-		res, err := follow(c, stream, err)
-		if err != nil {
-			return err
-		}
-		if c.output == "json" {
-			return printJSON(c.e.stdout, res)
-		}
-		if !res.GetDone() {
-			return errors.New("the agent ended the operation without a result")
-		}
-		fmt.Fprintf(c.e.stdout, "volume %s: encryption key rotated\n", *volume)
-		return nil
+	return e.withVolume(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error {
+		return runOp(ctx, c, client.RotateKey, &agentv1.RotateKeyRequest{PluginName: c.plugin, VolumeId: volume, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry},
+			func(res *agentv1.OperationReply) error {
+				if !res.GetDone() {
+					return errors.New("the agent ended the operation without a result")
+				}
+				fmt.Fprintf(c.e.stdout, "volume %s: encryption key rotated\n", volume)
+				return nil
+			})
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -136,8 +135,7 @@ func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
 		if *output == "json" {
 			return e.printIndented(vols)
 		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
+		tw := newTable(e.stdout, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
 		for _, v := range vols {
 			mounts, _ := v.Status["mounts"].([]any)
 			opts, _ := v.Status[dockerplugin.StatusOptions].(map[string]any)

@@ -72,6 +72,28 @@ func printJSON(w io.Writer, m proto.Message) error {
 	return err
 }
 
+// printReply prints the reply of a call that returned err (nothing if
+// err is not nil: it returns err): as JSON with --output json, else with
+// table.
+func printReply(w io.Writer, output string, reply proto.Message, err error, table func() error) error {
+	switch {
+	case err != nil:
+		return err
+	case output == "json":
+		return printJSON(w, reply)
+	default:
+		return table()
+	}
+}
+
+// newTable starts a table on w with its header (columns separated by
+// tabs); the caller writes the rows and flushes it.
+func newTable(w io.Writer, header string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	return tw
+}
+
 // pluginsCmd is csi-agent plugins [TYPE].
 func (e *env) pluginsCmd(fs *pflag.FlagSet) runFunc {
 	wait := fs.Duration("wait", 0, "first wait up to this long for the agent to start and every plugin (or TYPE) to be READY; exit 1 if they are not")
@@ -87,24 +109,16 @@ func (e *env) pluginsCmd(fs *pflag.FlagSet) runFunc {
 		}
 		if typ != "" {
 			resp, err := client.GetPlugin(ctx, &agentv1.GetPluginRequest{Type: typ})
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return printJSON(e.stdout, resp.GetPlugin())
-			}
-			printPluginDetail(e.stdout, resp.GetPlugin())
-			return nil
+			return printReply(e.stdout, output, resp.GetPlugin(), err, func() error {
+				printPluginDetail(e.stdout, resp.GetPlugin())
+				return nil
+			})
 		}
 		resp, err := client.ListPlugins(ctx, &agentv1.ListPluginsRequest{})
-		if err != nil {
-			return err
-		}
-		if output == "json" {
-			return printJSON(e.stdout, resp)
-		}
-		printPluginTable(e.stdout, resp)
-		return nil
+		return printReply(e.stdout, output, resp, err, func() error {
+			printPluginTable(e.stdout, resp)
+			return nil
+		})
 	})
 }
 
@@ -113,8 +127,7 @@ func stateName(s agentv1.PluginState) string {
 }
 
 func printPluginTable(w io.Writer, resp *agentv1.ListPluginsResponse) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TYPE\tNAME\tKIND\tSTATE\tSERVICES\tPID\tRESTARTS\tPLUGIN\tERROR")
+	tw := newTable(w, "TYPE\tNAME\tKIND\tSTATE\tSERVICES\tPID\tRESTARTS\tPLUGIN\tERROR")
 	for _, p := range resp.GetPlugins() {
 		kind := "unmanaged"
 		if p.GetManaged() {

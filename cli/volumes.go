@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -89,20 +88,15 @@ func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 			vols = append(vols, named...)
 		}
 		resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: *id, Volumes: vols, Rootfs: *rootfs, Sandbox: *sandbox, User: *user})
-		if err != nil {
-			return err
-		}
-		if output == "json" {
-			return printJSON(e.stdout, resp)
-		}
-		printMounts(e, resp.GetMounts())
-		return nil
+		return printReply(e.stdout, output, resp, err, func() error {
+			printMounts(e, resp.GetMounts())
+			return nil
+		})
 	})
 }
 
 func printMounts(e *env, mounts []*agentv1.ContainerMount) {
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PLUGIN\tVOLUME\tMODE\tCONTAINER PATH\tMOUNT POINT\tPUBLISHED AT")
+	tw := newTable(e.stdout, "PLUGIN\tVOLUME\tMODE\tCONTAINER PATH\tMOUNT POINT\tPUBLISHED AT")
 	for _, m := range mounts {
 		mode := "RW"
 		if m.GetReadonly() {
@@ -136,21 +130,16 @@ func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 	refresh := fs.Bool("refresh-stats", false, "poll the published volumes' usage and health now rather than show the last poll")
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		resp, err := client.ListVolumes(ctx, &agentv1.ListVolumesRequest{RefreshStats: *refresh})
-		if err != nil {
-			return err
-		}
-		if output == "json" {
-			return printJSON(e.stdout, resp)
-		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tNEXT KEY ROTATION\tLAST REPAIR\tTARGET\tERROR")
-		for _, v := range resp.GetVolumes() {
-			use, cond := statsCells(v.GetStats())
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
-				orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), timeCell(v.GetNextReclaim()),
-				timeCell(v.GetNextKeyRotation()), orDash(oneLine(v.GetLastRepair())), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
-		}
-		return tw.Flush()
+		return printReply(e.stdout, output, resp, err, func() error {
+			tw := newTable(e.stdout, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tNEXT KEY ROTATION\tLAST REPAIR\tTARGET\tERROR")
+			for _, v := range resp.GetVolumes() {
+				use, cond := statsCells(v.GetStats())
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+					orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), timeCell(v.GetNextReclaim()),
+					timeCell(v.GetNextKeyRotation()), orDash(oneLine(v.GetLastRepair())), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+			}
+			return tw.Flush()
+		})
 	})
 }
 
@@ -293,22 +282,17 @@ func (e *env) reclaimCmd(fs *pflag.FlagSet) runFunc {
 func (e *env) containersCmd(fs *pflag.FlagSet) runFunc {
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		resp, err := client.ListContainers(ctx, &agentv1.ListContainersRequest{})
-		if err != nil {
-			return err
-		}
-		if output == "json" {
-			return printJSON(e.stdout, resp)
-		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "CONTAINER\tPHASE\tVOLUMES\tERROR")
-		for _, c := range resp.GetContainers() {
-			var vols []string
-			for _, m := range c.GetMounts() {
-				vols = append(vols, m.GetVolumeId()+"→"+m.GetContainerPath())
+		return printReply(e.stdout, output, resp, err, func() error {
+			tw := newTable(e.stdout, "CONTAINER\tPHASE\tVOLUMES\tERROR")
+			for _, c := range resp.GetContainers() {
+				var vols []string
+				for _, m := range c.GetMounts() {
+					vols = append(vols, m.GetVolumeId()+"→"+m.GetContainerPath())
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.GetContainerId(), c.GetPhase(), orDash(strings.Join(vols, " ")), orDash(oneLine(c.GetLastError())))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.GetContainerId(), c.GetPhase(), orDash(strings.Join(vols, " ")), orDash(oneLine(c.GetLastError())))
-		}
-		return tw.Flush()
+			return tw.Flush()
+		})
 	})
 }
 
@@ -323,21 +307,17 @@ func (e *env) reconcileCmd(fs *pflag.FlagSet) runFunc {
 			}
 		}
 		resp, err := client.Reconcile(ctx, &agentv1.ReconcileRequest{LiveContainerIds: ids})
-		if err != nil {
-			return err
-		}
-		if output == "json" {
-			return printJSON(e.stdout, resp)
-		}
-		for _, id := range resp.GetCleanedUp() {
-			fmt.Fprintln(e.stdout, "cleaned up", id)
-		}
-		for id, why := range resp.GetFailed() {
-			fmt.Fprintf(e.stdout, "FAILED %s: %s\n", id, why)
-		}
-		if len(resp.GetFailed()) > 0 {
-			return fmt.Errorf("%d container(s) could not be cleaned up", len(resp.GetFailed()))
-		}
-		return nil
+		return printReply(e.stdout, output, resp, err, func() error {
+			for _, id := range resp.GetCleanedUp() {
+				fmt.Fprintln(e.stdout, "cleaned up", id)
+			}
+			for id, why := range resp.GetFailed() {
+				fmt.Fprintf(e.stdout, "FAILED %s: %s\n", id, why)
+			}
+			if len(resp.GetFailed()) > 0 {
+				return fmt.Errorf("%d container(s) could not be cleaned up", len(resp.GetFailed()))
+			}
+			return nil
+		})
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -139,11 +138,7 @@ func parseRetryPolicy(p *agentv1.RetryPolicy) (retryPolicy, error) {
 // doubling up to max, with up to 10% jitter so that agents retrying the
 // same plugin spread out.
 func (p retryPolicy) backoff(n int) time.Duration {
-	d := p.initial << min(n-1, 30)
-	if d > p.max || d <= 0 {
-		d = p.max
-	}
-	return d + rand.N(d/10+1)
+	return retrypolicy.Backoff(p.initial, p.max, n-1, 10)
 }
 
 // op is one operation on one plugin: its policy and progress sink.
@@ -343,4 +338,17 @@ func noEmpty(field string, ids []string) error {
 		return invalid("%s has an empty id", field)
 	}
 	return nil
+}
+
+// callPlugin calls one plugin RPC through o.invoke (the connection, the
+// retries and the error table spec): method, on the client newClient
+// makes of the connection, with req. It returns the plugin's reply.
+func callPlugin[C any, Req proto.Message, Resp any](ctx context.Context, o *op, spec rpcSpec, newClient func(grpc.ClientConnInterface) C,
+	method func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	var resp Resp
+	err := o.invoke(ctx, spec, req, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+		resp, err = method(newClient(conn), ctx, req)
+		return err
+	})
+	return resp, err
 }

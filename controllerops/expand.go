@@ -52,11 +52,8 @@ func (s *Server) ExpandVolume(req *agentv1.ExpandVolumeRequest, stream grpc.Serv
 			preq.CapacityRange = &csi.CapacityRange{RequiredBytes: r}
 		}
 		return o.withLock(ctx, "volume", id, func() error {
-			var resp *csi.NodeExpandVolumeResponse
-			if err := o.invoke(ctx, nodeExpandSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				resp, err = csi.NewNodeClient(conn).NodeExpandVolume(ctx, preq)
-				return err
-			}); err != nil {
+			resp, err := callPlugin(ctx, o, nodeExpandSpec(), csi.NewNodeClient, csi.NodeClient.NodeExpandVolume, preq)
+			if err != nil {
 				return err
 			}
 			return stream.Send(&agentv1.ExpandVolumeReply{Done: true, CapacityBytes: resp.GetCapacityBytes()})

@@ -84,11 +84,8 @@ func (s *Server) ListFences(req *agentv1.FenceRequest, stream grpc.ServerStreami
 			return invalid("cidrs must be empty: ListClusterFence lists every fenced network")
 		}
 		preq := &fence.ListClusterFenceRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets()}
-		var resp *fence.ListClusterFenceResponse
-		if err := o.invoke(ctx, fenceSpec("ListClusterFence"), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-			resp, err = fence.NewFenceControllerClient(conn).ListClusterFence(ctx, preq)
-			return err
-		}); err != nil {
+		resp, err := callPlugin(ctx, o, fenceSpec("ListClusterFence"), fence.NewFenceControllerClient, fence.FenceControllerClient.ListClusterFence, preq)
+		if err != nil {
 			return err
 		}
 		var out []string

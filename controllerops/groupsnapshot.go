@@ -46,12 +46,7 @@ func getGroupSnapshotSpec() rpcSpec {
 // capabilities: group snapshots need CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT.
 func (o *op) requireGroupSnapshots(ctx context.Context) error {
 	spec := groupControllerSpec("GroupControllerGetCapabilities", nil)
-	preq := &csi.GroupControllerGetCapabilitiesRequest{}
-	var resp *csi.GroupControllerGetCapabilitiesResponse
-	err := o.invoke(ctx, spec, preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-		resp, err = csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, preq)
-		return err
-	})
+	resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.GroupControllerGetCapabilities, &csi.GroupControllerGetCapabilitiesRequest{})
 	if status.Code(err) == codes.Unimplemented {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not support group snapshots: it does not serve %s (GroupControllerGetCapabilities is Unimplemented)", o.plugin, GroupControllerService)
 	}
@@ -89,11 +84,8 @@ func (s *Server) CreateGroupSnapshot(req *agentv1.CreateGroupSnapshotRequest, st
 			preq := &csi.CreateVolumeGroupSnapshotRequest{Name: req.GetName(), SourceVolumeIds: req.GetSourceVolumeIds(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
 			var snap *csi.VolumeGroupSnapshot
 			_, err := o.untilReady(ctx, spec, req.GetNoWait(), "group snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
-				err := o.invoke(ctx, spec, preq, func(ctx context.Context, conn *grpc.ClientConn) error {
-					resp, err := csi.NewGroupControllerClient(conn).CreateVolumeGroupSnapshot(ctx, preq)
-					snap = resp.GetGroupSnapshot()
-					return err
-				})
+				resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.CreateVolumeGroupSnapshot, preq)
+				snap = resp.GetGroupSnapshot()
 				return snap.GetReadyToUse(), err
 			})
 			if err != nil {
@@ -124,11 +116,8 @@ func (s *Server) GetGroupSnapshot(req *agentv1.GetGroupSnapshotRequest, stream g
 			return err
 		}
 		preq := &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: req.GetGroupSnapshotId(), SnapshotIds: req.GetSnapshotIds(), Secrets: req.GetSecrets()}
-		var resp *csi.GetVolumeGroupSnapshotResponse
-		if err := o.invoke(ctx, getGroupSnapshotSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-			resp, err = csi.NewGroupControllerClient(conn).GetVolumeGroupSnapshot(ctx, preq)
-			return err
-		}); err != nil {
+		resp, err := callPlugin(ctx, o, getGroupSnapshotSpec(), csi.NewGroupControllerClient, csi.GroupControllerClient.GetVolumeGroupSnapshot, preq)
+		if err != nil {
 			return err
 		}
 		return stream.Send(&agentv1.GroupSnapshotReply{GroupSnapshot: resp.GetGroupSnapshot()})
@@ -145,10 +134,7 @@ func (s *Server) DeleteGroupSnapshot(req *agentv1.DeleteGroupSnapshotRequest, st
 		}
 		return o.withLock(ctx, "group snapshot", req.GetGroupSnapshotId(), func() error {
 			preq := &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: req.GetGroupSnapshotId(), SnapshotIds: req.GetSnapshotIds(), Secrets: req.GetSecrets()}
-			if err := o.invoke(ctx, deleteGroupSnapshotSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := csi.NewGroupControllerClient(conn).DeleteVolumeGroupSnapshot(ctx, preq)
-				return err
-			}); err != nil {
+			if _, err := callPlugin(ctx, o, deleteGroupSnapshotSpec(), csi.NewGroupControllerClient, csi.GroupControllerClient.DeleteVolumeGroupSnapshot, preq); err != nil {
 				return err
 			}
 			return stream.Send(&agentv1.OperationReply{Done: true})

@@ -55,9 +55,7 @@ func (s *Server) rotateKey(ctx context.Context, o *op, id string, params, secret
 	}
 	return o.withLock(ctx, "volume", id, func() error {
 		preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: params, Secrets: secrets}
-		return o.invoke(ctx, keyRotateSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
-			_, err := ekr.NewEncryptionKeyRotationControllerClient(conn).EncryptionKeyRotate(ctx, preq)
-			return err
-		})
+		_, err := callPlugin(ctx, o, keyRotateSpec(), ekr.NewEncryptionKeyRotationControllerClient, ekr.EncryptionKeyRotationControllerClient.EncryptionKeyRotate, preq)
+		return err
 	})
 }

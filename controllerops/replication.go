@@ -13,16 +13,26 @@ import (
 	"github.com/csiagent/csiagent/proto/replication"
 )
 
+// replicationFailedPrecondition is the recovery of the
+// FAILED_PRECONDITION row of the replication.Controller RPCs that have
+// one.
+var replicationFailedPrecondition = map[string]string{
+	"PromoteVolume":                 "the volume cannot be promoted: make sure replication is enabled ('csi-agent replication enable'); a volume that can only be promoted by force needs --force",
+	"DemoteVolume":                  "the volume cannot be demoted: make sure replication is enabled ('csi-agent replication enable')",
+	"ResyncVolume":                  "the volume cannot be resynced: make sure replication is enabled and the volume is demoted ('csi-agent replication demote')",
+	"GetVolumeReplicationInfo":      "no replication info: make sure replication is enabled and the volume is promoted (primary)",
+	"GetReplicationDestinationInfo": "no destination: make sure replication is enabled ('csi-agent replication enable')",
+}
+
 // replicationSpec is a replication.Controller RPC's error table (seed
-// 003 and upstream's replication/README.md); failedPrecondition is its
-// FAILED_PRECONDITION row, if any.
-func replicationSpec(method, failedPrecondition string) rpcSpec {
+// 003 and upstream's replication/README.md).
+func replicationSpec(method string) rpcSpec {
 	table := map[codes.Code]recovery{
 		codes.InvalidArgument: {false, "a required field is missing or invalid: fix the request"},
 		codes.NotFound:        {true, "the volume (or volume group) does not exist: verify the id and that it has not been deleted"},
 	}
-	if failedPrecondition != "" {
-		table[codes.FailedPrecondition] = recovery{false, failedPrecondition}
+	if r, ok := replicationFailedPrecondition[method]; ok {
+		table[codes.FailedPrecondition] = recovery{false, r}
 	}
 	if method == "GetReplicationDestinationInfo" {
 		table[codes.Unavailable] = recovery{true, "the destination is not known yet: the plugin needs time after replication is enabled (the agent retries meanwhile)"}
@@ -34,10 +44,9 @@ func replicationSpec(method, failedPrecondition string) rpcSpec {
 
 // replicationOp is what differs between the replication operations.
 type replicationOp struct {
-	method             string // the API method
-	rpc                string // the plugin RPC
-	failedPrecondition string // the FAILED_PRECONDITION row's recovery
-	force, wait        bool   // takes force; polls until ready
+	method      string // the API method
+	rpc         string // the plugin RPC
+	force, wait bool   // takes force; polls until ready
 	// A query: takes no parameters.
 	query bool
 }
@@ -51,28 +60,23 @@ func (s *Server) DisableReplication(req *agentv1.ReplicationRequest, stream grpc
 }
 
 func (s *Server) PromoteVolume(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "PromoteVolume", rpc: "PromoteVolume", force: true,
-		failedPrecondition: "the volume cannot be promoted: make sure replication is enabled ('csi-agent replication enable'); a volume that can only be promoted by force needs --force"})
+	return s.replicate(req, stream, replicationOp{method: "PromoteVolume", rpc: "PromoteVolume", force: true})
 }
 
 func (s *Server) DemoteVolume(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "DemoteVolume", rpc: "DemoteVolume", force: true,
-		failedPrecondition: "the volume cannot be demoted: make sure replication is enabled ('csi-agent replication enable')"})
+	return s.replicate(req, stream, replicationOp{method: "DemoteVolume", rpc: "DemoteVolume", force: true})
 }
 
 func (s *Server) ResyncVolume(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "ResyncVolume", rpc: "ResyncVolume", force: true, wait: true,
-		failedPrecondition: "the volume cannot be resynced: make sure replication is enabled and the volume is demoted ('csi-agent replication demote')"})
+	return s.replicate(req, stream, replicationOp{method: "ResyncVolume", rpc: "ResyncVolume", force: true, wait: true})
 }
 
 func (s *Server) GetReplicationInfo(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "GetReplicationInfo", rpc: "GetVolumeReplicationInfo", query: true,
-		failedPrecondition: "no replication info: make sure replication is enabled and the volume is promoted (primary)"})
+	return s.replicate(req, stream, replicationOp{method: "GetReplicationInfo", rpc: "GetVolumeReplicationInfo", query: true})
 }
 
 func (s *Server) GetReplicationDestination(req *agentv1.ReplicationRequest, stream grpc.ServerStreamingServer[agentv1.ReplicationReply]) error {
-	return s.replicate(req, stream, replicationOp{method: "GetReplicationDestination", rpc: "GetReplicationDestinationInfo", query: true,
-		failedPrecondition: "no destination: make sure replication is enabled ('csi-agent replication enable')"})
+	return s.replicate(req, stream, replicationOp{method: "GetReplicationDestination", rpc: "GetReplicationDestinationInfo", query: true})
 }
 
 // replicate runs one replication operation on a volume or volume group.
@@ -108,9 +112,8 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 		case ro.rpc == "GetReplicationDestinationInfo" && req.GetReplicationId() != "":
 			return invalid("GetReplicationDestinationInfo takes no replication_id")
 		}
-		spec := replicationSpec(ro.rpc, ro.failedPrecondition)
+		spec := replicationSpec(ro.rpc)
 		return o.withLock(ctx, kind, id, func() error {
-			c := func(conn *grpc.ClientConn) replication.ControllerClient { return replication.NewControllerClient(conn) }
 			var (
 				preq  proto.Message
 				call  func(ctx context.Context, conn *grpc.ClientConn) error
@@ -122,56 +125,34 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			switch ro.rpc {
 			case "EnableVolumeReplication":
 				r := &replication.EnableVolumeReplicationRequest{Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					_, err := c(conn).EnableVolumeReplication(ctx, r)
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.EnableVolumeReplication, r, nil)
 			case "DisableVolumeReplication":
 				r := &replication.DisableVolumeReplicationRequest{Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					_, err := c(conn).DisableVolumeReplication(ctx, r)
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.DisableVolumeReplication, r, nil)
 			case "PromoteVolume":
 				r := &replication.PromoteVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					_, err := c(conn).PromoteVolume(ctx, r)
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.PromoteVolume, r, nil)
 			case "DemoteVolume":
 				r := &replication.DemoteVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					_, err := c(conn).DemoteVolume(ctx, r)
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.DemoteVolume, r, nil)
 			case "ResyncVolume":
 				r := &replication.ResyncVolumeRequest{Force: force, Parameters: p, Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					resp, err := c(conn).ResyncVolume(ctx, r)
+				preq, call = r, replicationCall(replication.ControllerClient.ResyncVolume, r, func(resp *replication.ResyncVolumeResponse) {
 					ready = resp.GetReady()
-					return err
-				}
+				})
 			case "GetVolumeReplicationInfo":
 				r := &replication.GetVolumeReplicationInfoRequest{Secrets: sec, ReplicationId: rid, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					resp, err := c(conn).GetVolumeReplicationInfo(ctx, r)
-					if err == nil {
-						info = &agentv1.ReplicationInfo{LastSyncTime: resp.GetLastSyncTime(), LastSyncDuration: resp.GetLastSyncDuration(), LastSyncBytes: resp.GetLastSyncBytes(),
-							Status: resp.GetStatus().String(), StatusMessage: resp.GetStatusMessage()}
-					}
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.GetVolumeReplicationInfo, r, func(resp *replication.GetVolumeReplicationInfoResponse) {
+					info = &agentv1.ReplicationInfo{LastSyncTime: resp.GetLastSyncTime(), LastSyncDuration: resp.GetLastSyncDuration(), LastSyncBytes: resp.GetLastSyncBytes(),
+						Status: resp.GetStatus().String(), StatusMessage: resp.GetStatusMessage()}
+				})
 			case "GetReplicationDestinationInfo":
 				r := &replication.GetReplicationDestinationInfoRequest{Secrets: sec, ReplicationSource: src}
-				preq, call = r, func(ctx context.Context, conn *grpc.ClientConn) error {
-					resp, err := c(conn).GetReplicationDestinationInfo(ctx, r)
-					if err == nil {
-						d := resp.GetReplicationDestination()
-						dest = &agentv1.ReplicationDestination{VolumeId: d.GetVolume().GetVolumeId(),
-							VolumeGroupId: d.GetVolumegroup().GetVolumeGroupId(), VolumeIds: d.GetVolumegroup().GetVolumeIds()}
-					}
-					return err
-				}
+				preq, call = r, replicationCall(replication.ControllerClient.GetReplicationDestinationInfo, r, func(resp *replication.GetReplicationDestinationInfoResponse) {
+					d := resp.GetReplicationDestination()
+					dest = &agentv1.ReplicationDestination{VolumeId: d.GetVolume().GetVolumeId(),
+						VolumeGroupId: d.GetVolumegroup().GetVolumeGroupId(), VolumeIds: d.GetVolumegroup().GetVolumeIds()}
+				})
 			default:
 				return status.Errorf(codes.Internal, "unknown replication RPC %s", ro.rpc)
 			}
@@ -190,4 +171,16 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			return stream.Send(&agentv1.ReplicationReply{Done: true, Ready: ready, Info: info, Destination: dest})
 		})
 	})
+}
+
+// replicationCall is a call of the plugin's replication RPC method with
+// r; got, if not nil, gets the plugin's reply after a successful call.
+func replicationCall[Req, Resp any](method func(replication.ControllerClient, context.Context, Req, ...grpc.CallOption) (Resp, error), r Req, got func(Resp)) func(context.Context, *grpc.ClientConn) error {
+	return func(ctx context.Context, conn *grpc.ClientConn) error {
+		resp, err := method(replication.NewControllerClient(conn), ctx, r)
+		if err == nil && got != nil {
+			got(resp)
+		}
+		return err
+	}
 }

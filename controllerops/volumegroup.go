@@ -55,7 +55,6 @@ func listVolumeGroupsSpec(withToken bool) rpcSpec {
 	return volumeGroupSpec("ListVolumeGroups", table)
 }
 
-// replicationSpec is a replication.Controller RPC's error table (seed
 // Volume groups.
 
 func (s *Server) CreateVolumeGroup(req *agentv1.CreateVolumeGroupRequest, stream grpc.ServerStreamingServer[agentv1.VolumeGroupReply]) error {
@@ -68,11 +67,8 @@ func (s *Server) CreateVolumeGroup(req *agentv1.CreateVolumeGroupRequest, stream
 		}
 		return o.withLock(ctx, "volume group name", req.GetName(), func() error {
 			preq := &volumegroup.CreateVolumeGroupRequest{Name: req.GetName(), Parameters: req.GetParameters(), Secrets: req.GetSecrets(), VolumeIds: req.GetVolumeIds()}
-			var resp *volumegroup.CreateVolumeGroupResponse
-			if err := o.invoke(ctx, createVolumeGroupSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				resp, err = volumegroup.NewControllerClient(conn).CreateVolumeGroup(ctx, preq)
-				return err
-			}); err != nil {
+			resp, err := callPlugin(ctx, o, createVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.CreateVolumeGroup, preq)
+			if err != nil {
 				return err
 			}
 			return stream.Send(&agentv1.VolumeGroupReply{VolumeGroup: resp.GetVolumeGroup()})
@@ -98,11 +94,8 @@ func (s *Server) ModifyVolumeGroup(req *agentv1.ModifyVolumeGroupRequest, stream
 			preq := &volumegroup.ModifyVolumeGroupMembershipRequest{
 				VolumeGroupId: req.GetVolumeGroupId(), VolumeIds: req.GetVolumeIds(), Parameters: req.GetParameters(), Secrets: req.GetSecrets(),
 			}
-			var resp *volumegroup.ModifyVolumeGroupMembershipResponse
-			if err := o.invoke(ctx, modifyVolumeGroupSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				resp, err = volumegroup.NewControllerClient(conn).ModifyVolumeGroupMembership(ctx, preq)
-				return err
-			}); err != nil {
+			resp, err := callPlugin(ctx, o, modifyVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.ModifyVolumeGroupMembership, preq)
+			if err != nil {
 				return err
 			}
 			return stream.Send(&agentv1.VolumeGroupReply{VolumeGroup: resp.GetVolumeGroup()})
@@ -117,10 +110,7 @@ func (s *Server) DeleteVolumeGroup(req *agentv1.DeleteVolumeGroupRequest, stream
 		}
 		return o.withLock(ctx, "volume group", req.GetVolumeGroupId(), func() error {
 			preq := &volumegroup.DeleteVolumeGroupRequest{VolumeGroupId: req.GetVolumeGroupId(), Secrets: req.GetSecrets()}
-			if err := o.invoke(ctx, deleteVolumeGroupSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := volumegroup.NewControllerClient(conn).DeleteVolumeGroup(ctx, preq)
-				return err
-			}); err != nil {
+			if _, err := callPlugin(ctx, o, deleteVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.DeleteVolumeGroup, preq); err != nil {
 				return err
 			}
 			return stream.Send(&agentv1.OperationReply{Done: true})
@@ -134,11 +124,8 @@ func (s *Server) GetVolumeGroup(req *agentv1.GetVolumeGroupRequest, stream grpc.
 			return invalid("volume_group_id is required")
 		}
 		preq := &volumegroup.ControllerGetVolumeGroupRequest{VolumeGroupId: req.GetVolumeGroupId(), Secrets: req.GetSecrets()}
-		var resp *volumegroup.ControllerGetVolumeGroupResponse
-		if err := o.invoke(ctx, getVolumeGroupSpec(), preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-			resp, err = volumegroup.NewControllerClient(conn).ControllerGetVolumeGroup(ctx, preq)
-			return err
-		}); err != nil {
+		resp, err := callPlugin(ctx, o, getVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.ControllerGetVolumeGroup, preq)
+		if err != nil {
 			return err
 		}
 		return stream.Send(&agentv1.VolumeGroupReply{VolumeGroup: resp.GetVolumeGroup()})
@@ -173,11 +160,7 @@ func (o *op) listVolumeGroups(ctx context.Context, req *agentv1.ListVolumeGroups
 		}
 		preq := &volumegroup.ListVolumeGroupsRequest{MaxEntries: req.GetMaxEntries(), StartingToken: token, Secrets: req.GetSecrets()}
 		spec := listVolumeGroupsSpec(token != "")
-		var resp *volumegroup.ListVolumeGroupsResponse
-		err := o.invoke(ctx, spec, preq, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-			resp, err = volumegroup.NewControllerClient(conn).ListVolumeGroups(ctx, preq)
-			return err
-		})
+		resp, err := callPlugin(ctx, o, spec, volumegroup.NewControllerClient, volumegroup.ControllerClient.ListVolumeGroups, preq)
 		if token != "" && status.Code(err) == codes.Aborted {
 			if reply.Restarted {
 				return nil, status.Errorf(codes.Aborted, "%s; the listing was already restarted from the beginning once, so it is not restarted again: run it again later", status.Convert(err).Message())

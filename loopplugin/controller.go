@@ -25,22 +25,19 @@ type controllerServer struct {
 var _ csi.ControllerServer = (*controllerServer)(nil)
 
 func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
-	var caps []*csi.ControllerServiceCapability
-	for _, c := range []csi.ControllerServiceCapability_RPC_Type{
-		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
-		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
-		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
-		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
-		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
-		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
-		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
-		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-	} {
-		caps = append(caps, &csi.ControllerServiceCapability{
-			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}},
-		})
+	rpc := func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
+		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
 	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{
+		rpc(csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME),
+		rpc(csi.ControllerServiceCapability_RPC_LIST_VOLUMES),
+		rpc(csi.ControllerServiceCapability_RPC_GET_CAPACITY),
+		rpc(csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT),
+		rpc(csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS),
+		rpc(csi.ControllerServiceCapability_RPC_GET_SNAPSHOT),
+		rpc(csi.ControllerServiceCapability_RPC_CLONE_VOLUME),
+		rpc(csi.ControllerServiceCapability_RPC_EXPAND_VOLUME),
+	}}, nil
 }
 
 // volumeSize picks the size of a new volume for a capacity range.

@@ -17,17 +17,11 @@ import (
 // device and the filesystem: node_expansion_required.
 func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
+	want, sizeErr := volumeSize(req.GetCapacityRange())
+	if sizeErr == nil && req.GetCapacityRange().GetRequiredBytes() == 0 {
+		sizeErr = invalidf("capacity_range.required_bytes is required: the new size")
 	}
-	want, err := volumeSize(req.GetCapacityRange())
-	if err != nil {
-		return nil, err
-	}
-	if req.GetCapacityRange().GetRequiredBytes() == 0 {
-		return nil, invalidf("capacity_range.required_bytes is required: the new size")
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, true, sizeErr)
 	if err != nil {
 		return nil, err
 	}

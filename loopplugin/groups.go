@@ -36,6 +36,14 @@ type groupRecord struct {
 	CreationTime time.Time         `json:"creation_time"`
 }
 
+// group reads the group's record; an unknown group is an error wrapping
+// ErrNotFound.
+func (p *Pool) group(id string) (groupRecord, error) {
+	var g groupRecord
+	err := p.readRecord(metaGroups, id, &g)
+	return g, err
+}
+
 // groupOf returns the id of the group the volume belongs to, "" if none.
 func (p *Pool) groupOf(volumeID string) (string, error) {
 	ids, err := p.listRecords(metaGroups)
@@ -43,8 +51,8 @@ func (p *Pool) groupOf(volumeID string) (string, error) {
 		return "", err
 	}
 	for _, gid := range ids {
-		var g groupRecord
-		if err := p.readRecord(metaGroups, gid, &g); errors.Is(err, ErrNotFound) {
+		g, err := p.group(gid)
+		if errors.Is(err, ErrNotFound) {
 			continue
 		} else if err != nil {
 			return "", err
@@ -66,6 +74,20 @@ var _ vg.ControllerServer = (*volumeGroupServer)(nil)
 // lockGroups takes the lock that serializes changes to group records.
 func (s *volumeGroupServer) lockGroups(ctx context.Context) (func(), error) {
 	return s.p.locks.lock(ctx, groupsLockKey)
+}
+
+// lockedGroup takes the groups lock and reads the group's record (an
+// error wrapping ErrNotFound for an unknown group). The caller releases
+// the lock with unlock.
+func (s *volumeGroupServer) lockedGroup(ctx context.Context, id string) (g groupRecord, unlock func(), err error) {
+	if unlock, err = s.lockGroups(ctx); err != nil {
+		return groupRecord{}, nil, err
+	}
+	if g, err = s.p.pool.group(id); err != nil {
+		unlock()
+		return groupRecord{}, nil, err
+	}
+	return g, unlock, nil
 }
 
 // volumeGroup builds the wire form of a group; members report their
@@ -110,8 +132,8 @@ func (s *volumeGroupServer) CreateVolumeGroup(ctx context.Context, req *vg.Creat
 		return nil, err
 	}
 	defer unlock()
-	var g groupRecord
-	switch err := s.p.pool.readRecord(metaGroups, id, &g); {
+	g, err := s.p.pool.group(id)
+	switch {
 	case err == nil:
 		if !maps.Equal(g.Parameters, req.GetParameters()) {
 			return nil, incompatiblef("volume group %s exists with other parameters", id)
@@ -147,15 +169,11 @@ func (s *volumeGroupServer) ModifyVolumeGroupMembership(ctx context.Context, req
 			return nil, err
 		}
 	}
-	unlock, err := s.lockGroups(ctx)
+	g, unlock, err := s.lockedGroup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	var g groupRecord
-	if err := s.p.pool.readRecord(metaGroups, id, &g); err != nil {
-		return nil, err
-	}
 	if len(want) > MaxGroupVolumes {
 		return nil, limitf("a volume group holds at most %d volumes, %d requested", MaxGroupVolumes, len(want))
 	}
@@ -220,32 +238,24 @@ func (s *volumeGroupServer) DeleteVolumeGroup(ctx context.Context, req *vg.Delet
 }
 
 func (s *volumeGroupServer) members(ctx context.Context, id string) ([]string, error) {
-	unlock, err := s.lockGroups(ctx)
+	g, unlock, err := s.lockedGroup(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
-	var g groupRecord
-	if err := s.p.pool.readRecord(metaGroups, id, &g); err != nil {
-		return nil, err
-	}
+	unlock()
 	return g.VolumeIDs, nil
 }
 
 // deleteLocked deletes the group, whose members' locks the caller holds,
 // if its members are still members; done = false if they changed.
 func (s *volumeGroupServer) deleteLocked(ctx context.Context, id string, members []string) (done bool, err error) {
-	unlock, err := s.lockGroups(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer unlock()
-	var g groupRecord
-	if err := s.p.pool.readRecord(metaGroups, id, &g); errors.Is(err, ErrNotFound) {
+	g, unlock, err := s.lockedGroup(ctx, id)
+	if errors.Is(err, ErrNotFound) {
 		return true, nil
 	} else if err != nil {
 		return false, err
 	}
+	defer unlock()
 	if !slices.Equal(g.VolumeIDs, members) {
 		return false, nil
 	}
@@ -300,8 +310,8 @@ func (s *volumeGroupServer) ListVolumeGroups(ctx context.Context, req *vg.ListVo
 	}
 	resp := &vg.ListVolumeGroupsResponse{NextToken: next}
 	for _, id := range page {
-		var g groupRecord
-		if err := s.p.pool.readRecord(metaGroups, id, &g); errors.Is(err, ErrNotFound) {
+		g, err := s.p.pool.group(id)
+		if errors.Is(err, ErrNotFound) {
 			continue // deleted meanwhile
 		} else if err != nil {
 			return nil, err
@@ -321,8 +331,8 @@ func (s *volumeGroupServer) ControllerGetVolumeGroup(ctx context.Context, req *v
 	if err := requireID("volume_group_id", id); err != nil {
 		return nil, err
 	}
-	var g groupRecord
-	if err := s.p.pool.readRecord(metaGroups, id, &g); err != nil {
+	g, err := s.p.pool.group(id)
+	if err != nil {
 		return nil, err
 	}
 	out, err := s.volumeGroup(g)

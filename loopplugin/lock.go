@@ -51,10 +51,21 @@ func (l *volumeLocks) lockAll(ctx context.Context, ids ...string) (unlock func()
 	return unlock, nil
 }
 
-// lockedVolume takes volume id's lock (waiting until ctx ends, or, with
-// try, failing at once with ErrBusy when it is held) and reads the
-// volume. The caller releases the lock with unlock.
-func (p *Plugin) lockedVolume(ctx context.Context, id string, try bool) (vol Volume, unlock func(), err error) {
+// lockedVolume checks a call's volume id and then its other arguments
+// (argErrs: what their checks returned, reported in that order, so a
+// request's first error is the one returned), takes the volume's lock
+// (waiting until ctx ends, or, with try, failing at once with ErrBusy
+// when it is held) and reads the volume. The caller releases the lock
+// with unlock.
+func (p *Plugin) lockedVolume(ctx context.Context, id string, try bool, argErrs ...error) (vol Volume, unlock func(), err error) {
+	if err := requireVolumeID(id); err != nil {
+		return Volume{}, nil, err
+	}
+	for _, err := range argErrs {
+		if err != nil {
+			return Volume{}, nil, err
+		}
+	}
 	if try {
 		unlock, err = p.locks.tryLock(id)
 	} else {
@@ -68,6 +79,21 @@ func (p *Plugin) lockedVolume(ctx context.Context, id string, try bool) (vol Vol
 		return Volume{}, nil, err
 	}
 	return vol, unlock, nil
+}
+
+// lockedAttached is lockedVolume that also finds the loop devices the
+// volume's image is attached to.
+func (p *Plugin) lockedAttached(ctx context.Context, id string, try bool, argErrs ...error) (Volume, devices, func(), error) {
+	vol, unlock, err := p.lockedVolume(ctx, id, try, argErrs...)
+	if err != nil {
+		return Volume{}, nil, nil, err
+	}
+	ds, err := devicesOf(vol)
+	if err != nil {
+		unlock()
+		return Volume{}, nil, nil, err
+	}
+	return vol, ds, unlock, nil
 }
 
 // Lock keys other than volume ids start with a NUL byte, which no volume id

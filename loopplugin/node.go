@@ -33,19 +33,16 @@ func (s *nodeServer) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi
 }
 
 func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	var caps []*csi.NodeServiceCapability
-	for _, c := range []csi.NodeServiceCapability_RPC_Type{
-		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
-		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
-		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
-		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
-		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
-	} {
-		caps = append(caps, &csi.NodeServiceCapability{
-			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
-		})
+	rpc := func(t csi.NodeServiceCapability_RPC_Type) *csi.NodeServiceCapability {
+		return &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}}
 	}
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{
+		rpc(csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME),
+		rpc(csi.NodeServiceCapability_RPC_GET_VOLUME_STATS),
+		rpc(csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH),
+		rpc(csi.NodeServiceCapability_RPC_EXPAND_VOLUME),
+		rpc(csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER),
+	}}, nil
 }
 
 // NodeStageVolume attaches the image to a loop device and, for mount
@@ -56,17 +53,8 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 // staged (FailedPrecondition): it is written only by syncs.
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if err := requireAbsPath("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	acc, err := s.p.parseCapability(req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
+	acc, capErr := s.p.parseCapability(req.GetVolumeCapability())
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false, requireAbsPath("staging_target_path", staging), capErr)
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +84,7 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 // FailedPrecondition: unpublish first.
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if err := requireAbsPath("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false, requireAbsPath("staging_target_path", staging))
 	if err != nil {
 		return nil, err
 	}
@@ -121,20 +103,9 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 // (other read-only setting, other volume at the target) is AlreadyExists.
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	id, target, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if err := requireAbsPath("target_path", target); err != nil {
-		return nil, err
-	}
-	if err := requireAbsPath("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	acc, err := s.p.parseCapability(req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
+	acc, capErr := s.p.parseCapability(req.GetVolumeCapability())
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false,
+		requireAbsPath("target_path", target), requireAbsPath("staging_target_path", staging), capErr)
 	if err != nil {
 		return nil, err
 	}
@@ -150,13 +121,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 // volume is left alone: FailedPrecondition.
 func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	if err := requireAbsPath("target_path", target); err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
+	vol, unlock, err := s.p.lockedVolume(ctx, id, false, requireAbsPath("target_path", target))
 	if err != nil {
 		return nil, err
 	}
@@ -254,18 +219,11 @@ func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVo
 // must exist; the filesystem of the device it is attached to, if any, is
 // checked.
 func (s *nodeServer) healthByID(ctx context.Context, id string) (*csi.NodeGetVolumeHealthResponse, error) {
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, false)
+	vol, ds, unlock, err := s.p.lockedAttached(ctx, id, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	ds, err := devicesOf(vol)
-	if err != nil {
-		return nil, err
-	}
 	at := volumeLocation{image: vol.Path}
 	if len(ds) > 0 {
 		at.rdev = ds[0].Rdev()

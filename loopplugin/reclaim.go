@@ -36,21 +36,15 @@ var _ rs.ReclaimSpaceNodeServer = (*reclaimNodeServer)(nil)
 // cannot discard is Unimplemented, as the spec says for it.
 func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeReclaimSpaceRequest) (*rs.NodeReclaimSpaceResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
+	var pathErr error
 	if path == "" {
-		return nil, invalidf("volume_path is required")
+		pathErr = invalidf("volume_path is required")
 	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
+	vol, ds, unlock, err := s.p.lockedAttached(ctx, id, true, pathErr)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	ds, err := devicesOf(vol)
-	if err != nil {
-		return nil, err
-	}
 	if len(ds) == 0 {
 		return nil, notFoundf("volume %s is not staged on this node", id)
 	}
@@ -158,17 +152,12 @@ var _ rs.ReclaimSpaceControllerServer = (*reclaimControllerServer)(nil)
 // staged volume is FailedPrecondition (use NodeReclaimSpace).
 func (s *reclaimControllerServer) ControllerReclaimSpace(ctx context.Context, req *rs.ControllerReclaimSpaceRequest) (*rs.ControllerReclaimSpaceResponse, error) {
 	id := req.GetVolumeId()
-	if err := requireVolumeID(id); err != nil {
-		return nil, err
-	}
-	vol, unlock, err := s.p.lockedVolume(ctx, id, true)
+	vol, ds, unlock, err := s.p.lockedAttached(ctx, id, true)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if ds, err := devicesOf(vol); err != nil {
-		return nil, err
-	} else if len(ds) > 0 {
+	if len(ds) > 0 {
 		return nil, preconditionf("volume %s is staged (attached to %s): reclaim it with NodeReclaimSpace", id, ds[0].Path)
 	}
 	pre, err := Allocated(vol.Path)

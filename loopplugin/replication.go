@@ -129,19 +129,25 @@ type replCall struct {
 }
 
 // replicatedVolume is the volume a request's replication_source names
-// (the spec reserves the old volume_id field).
-func replicatedVolume(src *rep.ReplicationSource) (string, error) {
+// (the spec reserves the old volume_id field); a valid source is
+// Unimplemented without a replica pool.
+func (p *Plugin) replicatedVolume(src *rep.ReplicationSource) (string, error) {
+	id := src.GetVolume().GetVolumeId()
 	switch {
 	case src.GetVolumegroup() != nil:
 		return "", invalidf("replication of volume groups is not supported")
 	case src.GetVolume() == nil:
 		return "", invalidf("replication_source.volume is required: the volume to replicate")
-	}
-	id := src.GetVolume().GetVolumeId()
-	if id == "" {
+	case id == "":
 		return "", invalidf("replication_source.volume.volume_id is required")
 	}
-	return id, ValidateVolumeID(id)
+	if err := ValidateVolumeID(id); err != nil {
+		return "", err
+	}
+	if p.replica == nil {
+		return "", unimplementedf("replication needs a replica pool (--replica-pool)")
+	}
+	return id, nil
 }
 
 // volumeSource is the replication source of one volume.
@@ -153,12 +159,9 @@ func volumeSource(id string) *rep.ReplicationSource {
 // sides' lock files without waiting (ErrBusy: Aborted), and loads both
 // sides' records.
 func (p *Plugin) beginReplication(src *rep.ReplicationSource) (*replCall, error) {
-	volumeID, err := replicatedVolume(src)
+	volumeID, err := p.replicatedVolume(src)
 	if err != nil {
 		return nil, err
-	}
-	if p.replica == nil {
-		return nil, unimplementedf("replication needs a replica pool (--replica-pool)")
 	}
 	c := &replCall{p: p, id: volumeID, local: p.pool, peer: p.replica}
 	unlock, err := p.locks.tryLock(volumeID)
@@ -216,11 +219,37 @@ func (c *replCall) ours(r *replicationRecord) bool {
 // volume returns the local volume, or NotFound.
 func (c *replCall) volume() (Volume, error) { return c.local.Get(c.id) }
 
-// requireEnabled returns FailedPrecondition unless this side has a record.
-func (c *replCall) requireEnabled() error {
-	if c.lrec == nil {
-		return preconditionf("replication is not enabled for volume %s", c.id)
+// beginEnabled is beginReplication for a call on a local volume with
+// replication enabled (FailedPrecondition unless this side has a record);
+// it also returns the volume.
+func (p *Plugin) beginEnabled(src *rep.ReplicationSource) (*replCall, Volume, error) {
+	c, err := p.beginReplication(src)
+	if err != nil {
+		return nil, Volume{}, err
 	}
+	vol, err := c.volume()
+	if err == nil && c.lrec == nil {
+		err = preconditionf("replication is not enabled for volume %s", c.id)
+	}
+	if err != nil {
+		c.release()
+		return nil, Volume{}, err
+	}
+	return c, vol, nil
+}
+
+// setRole records this side's new role (promoted or demoted, with force
+// or not) and logs it.
+func (c *replCall) setRole(role string, force bool) error {
+	c.lrec.Role = role
+	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+		return err
+	}
+	msg := "volume promoted"
+	if role == roleSecondary {
+		msg = "volume demoted"
+	}
+	c.p.log.Info(msg, "volume", c.id, "force", force)
 	return nil
 }
 
@@ -439,17 +468,11 @@ func (s *replicationServer) DisableVolumeReplication(ctx context.Context, req *r
 // primary, then syncs nothing more here and must be demoted and
 // resynced). Already primary is success.
 func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteVolumeRequest) (*rep.PromoteVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetReplicationSource())
+	c, _, err := s.p.beginEnabled(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
 	defer c.release()
-	if _, err := c.volume(); err != nil {
-		return nil, err
-	}
-	if err := c.requireEnabled(); err != nil {
-		return nil, err
-	}
 	if c.lrec.Role == rolePrimary {
 		return &rep.PromoteVolumeResponse{}, nil
 	}
@@ -463,11 +486,9 @@ func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteV
 	case !c.lrec.Consistent:
 		return nil, preconditionf("an interrupted sync left this copy of volume %s inconsistent: resync it, or promote with force", c.id)
 	}
-	c.lrec.Role = rolePrimary
-	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+	if err := c.setRole(rolePrimary, force); err != nil {
 		return nil, err
 	}
-	s.p.log.Info("volume promoted", "volume", c.id, "force", force)
 	return &rep.PromoteVolumeResponse{}, nil
 }
 
@@ -477,18 +498,11 @@ func (s *replicationServer) PromoteVolume(ctx context.Context, req *rep.PromoteV
 // staged here. force demotes even if the final sync fails or the other
 // side's state is missing. Already secondary is success.
 func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVolumeRequest) (*rep.DemoteVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetReplicationSource())
+	c, vol, err := s.p.beginEnabled(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
 	defer c.release()
-	vol, err := c.volume()
-	if err != nil {
-		return nil, err
-	}
-	if err := c.requireEnabled(); err != nil {
-		return nil, err
-	}
 	if c.lrec.Role == roleSecondary {
 		return &rep.DemoteVolumeResponse{}, nil
 	}
@@ -509,11 +523,9 @@ func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVol
 	case !force:
 		return nil, preconditionf("the peer %s has no replication state for volume %s: demote with force", c.peer.Dir(), c.id)
 	}
-	c.lrec.Role = roleSecondary
-	if err := c.save(sideRecord{c.local, c.lrec}); err != nil {
+	if err := c.setRole(roleSecondary, force); err != nil {
 		return nil, err
 	}
-	s.p.log.Info("volume demoted", "volume", c.id, "force", force)
 	return &rep.DemoteVolumeResponse{}, nil
 }
 
@@ -523,17 +535,11 @@ func (s *replicationServer) DemoteVolume(ctx context.Context, req *rep.DemoteVol
 // nothing to sync from and it reports not ready. A primary is
 // FailedPrecondition, and so is a copy staged here.
 func (s *replicationServer) ResyncVolume(ctx context.Context, req *rep.ResyncVolumeRequest) (*rep.ResyncVolumeResponse, error) {
-	c, err := s.p.beginReplication(req.GetReplicationSource())
+	c, _, err := s.p.beginEnabled(req.GetReplicationSource())
 	if err != nil {
 		return nil, err
 	}
 	defer c.release()
-	if _, err := c.volume(); err != nil {
-		return nil, err
-	}
-	if err := c.requireEnabled(); err != nil {
-		return nil, err
-	}
 	if c.lrec.Role != roleSecondary {
 		return nil, preconditionf("volume %s is primary here: only a demoted copy can be resynced", c.id)
 	}
@@ -550,12 +556,9 @@ func (s *replicationServer) ResyncVolume(ctx context.Context, req *rep.ResyncVol
 // replicationOf finds the volume a read-only replication call names and
 // its replication state (nil when replication is not enabled for it).
 func (s *replicationServer) replicationOf(src *rep.ReplicationSource) (string, *replicationRecord, error) {
-	id, err := replicatedVolume(src)
+	id, err := s.p.replicatedVolume(src)
 	if err != nil {
 		return "", nil, err
-	}
-	if s.p.replica == nil {
-		return "", nil, unimplementedf("replication needs a replica pool (--replica-pool)")
 	}
 	if _, err := s.p.pool.Get(id); err != nil {
 		return "", nil, err

@@ -34,6 +34,24 @@ func (p *Pool) snapshotImage(id string) string {
 	return filepath.Join(p.metaDir(metaSnapshots), id+imageSuffix)
 }
 
+// trySnapshot takes the snapshot's lock without waiting (ErrBusy when it
+// is held) and reads its record, if it has one (found). The caller
+// releases the lock with unlock.
+func (p *Plugin) trySnapshot(id string) (r snapshotRecord, found bool, unlock func(), err error) {
+	if unlock, err = p.locks.tryLock(snapshotLockKey(id)); err != nil {
+		return r, false, nil, err
+	}
+	switch err := p.pool.readRecord(metaSnapshots, id, &r); {
+	case err == nil:
+		return r, true, unlock, nil
+	case errors.Is(err, ErrNotFound):
+		return snapshotRecord{}, false, unlock, nil
+	default:
+		unlock()
+		return snapshotRecord{}, false, nil, err
+	}
+}
+
 // getSnapshot returns a snapshot whose image exists, or ErrNotFound. A
 // member of a group snapshot whose group record is missing (a crash or a
 // failure before the group was complete) does not exist either.
@@ -220,14 +238,12 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.tryLock(snapshotLockKey(id))
+	r, found, unlock, err := s.p.trySnapshot(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	var r snapshotRecord
-	switch err := s.p.pool.readRecord(metaSnapshots, id, &r); {
-	case err == nil:
+	if found {
 		if r.SourceVolumeID != src || r.GroupSnapshotID != "" {
 			return nil, incompatiblef("snapshot %s exists for volume %s (group snapshot %q)", id, r.SourceVolumeID, r.GroupSnapshotID)
 		}
@@ -237,8 +253,6 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 			return nil, err
 		}
 		// The record outlived its image: cut it again.
-	case !errors.Is(err, ErrNotFound):
-		return nil, err
 	}
 	unlockVol, err := s.p.locks.lock(ctx, src)
 	if err != nil {
@@ -264,15 +278,12 @@ func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSn
 	if err := requireID("snapshot_id", id); err != nil {
 		return nil, err
 	}
-	unlock, err := s.p.locks.tryLock(snapshotLockKey(id))
+	r, found, unlock, err := s.p.trySnapshot(id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	var r snapshotRecord
-	if err := s.p.pool.readRecord(metaSnapshots, id, &r); err != nil && !errors.Is(err, ErrNotFound) {
-		return nil, err
-	} else if err == nil && r.GroupSnapshotID != "" {
+	if found && r.GroupSnapshotID != "" {
 		return nil, invalidf("snapshot %s is part of group snapshot %s: delete the group snapshot instead", id, r.GroupSnapshotID)
 	}
 	if err := s.p.pool.removeSnapshot(id); err != nil {

@@ -52,7 +52,7 @@
 //     the host (the source is a host path), then, inside InNamespace,
 //     [ResolveInRoot] and [MoveTree] (the target must be in the thread's
 //     namespace; a handle resolved on the host is refused, EINVAL). Inside,
-//     [UnmountAll], [List] and [RemoveEmptyTree] act on the container's
+//     [UnmountOwn], [List] and [RemoveEmptyTree] act on the container's
 //     mounts. Paths inside are the namespace's: before pivot_root (an OCI
 //     createRuntime hook) the rootfs is at its host path, after it (a
 //     running container) the root is the container's and so are the paths.
@@ -70,11 +70,6 @@
 //     below a root that no longer exists, unless its id is still in
 //     mountinfo (the root moved with it: not touched). The same inside
 //     [InNamespace] (never through the namespace's /proc).
-//   - [UnmountAll] takes away everything at a path the agent owns: stacked
-//     mounts and the submounts a recursive bind brought (umount2 refuses a
-//     mount with submounts with EBUSY; they are unmounted by id).
-//     Idempotent, never follows a symlink in the last component, bounded
-//     EBUSY retry like [Unmount]. Never on a path in a container's rootfs.
 //   - [MountsUnder] lists mount points at or below a directory (one pass,
 //     prefix filter). [RemoveEmptyTree] removes a directory tree of empty
 //     directories and empty files, bottom up, one entry at a time through
@@ -100,16 +95,16 @@
 // Do not use [Bind] or [Mount] on a path inside a container's rootfs: they
 // follow symlinks by name and can be redirected out of the rootfs. Use
 // [ResolveInRoot] and [BindInto]. Likewise never unmount a path inside a
-// rootfs by its name ([Unmount], [UnmountAll]): the container can swap
-// any component for a link or put its own mount there; use [UnmountOwn]. Conversely, paths the agent owns (its work
-// directory, the CSI staging and target paths) need no in-root resolution:
-// use them as they are. Do not call [MountsUnder] to decide whether to
-// unmount ([UnmountAll] is idempotent), only to decide whether a directory
-// may be deleted, and do not delete mount directories any other way than
-// [RemoveEmptyTree]: a directory holding data (a volume.state file, say) is
-// refused, by design. [MountsUnder] sees the calling thread's mount namespace
-// only: mounts made inside a container's own namespace are not in it, unless
-// it is called inside [InNamespace].
+// rootfs by its name ([Unmount]): the container can swap any component for a
+// link or put its own mount there; use [UnmountOwn]. Conversely, paths the
+// agent owns (its work directory, the CSI staging and target paths) need no
+// in-root resolution: use them as they are. Do not call [MountsUnder] to
+// decide whether to unmount ([Unmount] and [UnmountOwn] are idempotent),
+// only to decide whether a directory may be deleted, and do not delete mount
+// directories any other way than [RemoveEmptyTree]: a directory holding data
+// (a volume.state file, say) is refused, by design. [MountsUnder] sees the
+// calling thread's mount namespace only: mounts made inside a container's
+// own namespace are not in it, unless it is called inside [InNamespace].
 //
 // Do not mount into a container from the host when the container has its own
 // mount namespace: the host's mounts under a private "/" never reach it. Do

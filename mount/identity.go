@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/cyphar/filepath-securejoin/pathrs-lite/procfs"
 	"github.com/moby/sys/mountinfo"
@@ -283,45 +282,31 @@ func (in inRoot) unmountIfAt(ctx context.Context, rel string, id uint64, src *un
 		return false, err
 	}
 	defer dir.Close()
-	wait := unmountBackoff
-	for attempt := 0; ; attempt++ {
+	gone := false // the mount is not (or no more) at rel
+	err = retryBusy(ctx, func() error {
 		top, err := mountIDAt(int(dir.Fd()), name)
 		if errors.Is(err, unix.ENOENT) {
-			return false, nil
+			gone = true
+			return nil
 		}
 		if err != nil {
-			return false, &os.PathError{Op: "statx", Path: filepath.Join(dir.Name(), name), Err: err}
+			return &os.PathError{Op: "statx", Path: filepath.Join(dir.Name(), name), Err: err}
 		}
 		if top != id || !sameInode(dir, name, src) {
-			return false, nil
+			gone = true
+			return nil
 		}
 		err = unmountAt(dir, name)
-		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, unix.EINVAL):
-			return false, nil
-		case !errors.Is(err, unix.EBUSY):
-			return false, err
-		case attempt == unmountBusyRetries:
-			return false, fmt.Errorf("%w after %d attempts: %w", ErrBusy, attempt+1, err)
+		if errors.Is(err, unix.EINVAL) {
+			gone = true
+			return nil
 		}
-		cleared, err := in.unmountChildren(ctx, id, filepath.Join(in.path, rel))
-		if err != nil {
-			return false, err
-		}
-		if cleared {
-			continue
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false, fmt.Errorf("still busy: %w", ctx.Err())
-		case <-t.C:
-		}
-		wait *= 2
+		return err
+	}, func() (bool, error) { return in.unmountChildren(ctx, id, filepath.Join(in.path, rel)) })
+	if err != nil {
+		return false, err
 	}
+	return !gone, nil
 }
 
 // unmountChildren unmounts, by id, the mounts whose parent is mount id

@@ -107,33 +107,37 @@ func remountReadOnly(dst string) error {
 // process cannot redirect the unmount elsewhere.
 //
 // Only one mount goes: mounts stacked below it stay, and a mount with
-// submounts stays busy. UnmountAll removes all of them.
+// submounts stays busy.
 func Unmount(ctx context.Context, target string) error {
-	_, err := unmountTop(ctx, target, false)
-	return err
+	err := retryBusy(ctx, func() error { return unix.Unmount(target, unix.UMOUNT_NOFOLLOW) }, nil)
+	switch {
+	case err == nil, errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
+		return nil
+	default:
+		return fmt.Errorf("unmount %s: %w", target, err)
+	}
 }
 
-// unmountTop removes the topmost mount at target and reports whether there
-// was one. With submounts, a target that is busy because mounts sit below it
-// (a recursive bind) has those unmounted first, then is retried at once.
-func unmountTop(ctx context.Context, target string, submounts bool) (bool, error) {
+// retryBusy calls unmount until it fails with anything but EBUSY (or
+// succeeds) and returns that. EBUSY is retried up to unmountBusyRetries
+// times, waiting unmountBackoff (doubling) while ctx lasts; before each
+// wait, clearBusy (if not nil) may unmount what keeps the mount busy, and
+// if it cleared anything the next call is at once. The last EBUSY is
+// returned wrapped in ErrBusy, an ended ctx as "still busy".
+func retryBusy(ctx context.Context, unmount func() error, clearBusy func() (bool, error)) error {
 	wait := unmountBackoff
 	for attempt := 0; ; attempt++ {
-		err := unix.Unmount(target, unix.UMOUNT_NOFOLLOW)
+		err := unmount()
 		switch {
-		case err == nil:
-			return true, nil
-		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EINVAL):
-			return false, nil
 		case !errors.Is(err, unix.EBUSY):
-			return false, fmt.Errorf("unmount %s: %w", target, err)
+			return err
 		case attempt == unmountBusyRetries:
-			return false, fmt.Errorf("unmount %s: %w after %d attempts: %w", target, ErrBusy, attempt+1, err)
+			return fmt.Errorf("%w after %d attempts: %w", ErrBusy, attempt+1, err)
 		}
-		if submounts {
-			cleared, err := unmountBelow(ctx, target)
+		if clearBusy != nil {
+			cleared, err := clearBusy()
 			if err != nil {
-				return false, err
+				return err
 			}
 			if cleared {
 				continue
@@ -143,7 +147,7 @@ func unmountTop(ctx context.Context, target string, submounts bool) (bool, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return false, fmt.Errorf("unmount %s: still busy: %w", target, ctx.Err())
+			return fmt.Errorf("still busy: %w", ctx.Err())
 		case <-t.C:
 		}
 		wait *= 2

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/csiagent/csiagent/internal/defaults"
 )
 
 // Default debounce timings: config tools write several files, or one file
@@ -109,15 +111,9 @@ type Watcher struct {
 // Rescan. Kubernetes ConfigMap volumes work, because their update swaps
 // the "..data" symlink inside the directory.
 func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
-	if cfg.Debounce <= 0 {
-		cfg.Debounce = DefaultDebounce
-	}
-	if cfg.MaxDelay <= 0 {
-		cfg.MaxDelay = DefaultMaxDelay
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Set(&cfg.Debounce, DefaultDebounce)
+	defaults.Set(&cfg.MaxDelay, DefaultMaxDelay)
+	cfg.Logger = defaults.Logger(cfg.Logger)
 	fsw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("watching plugin config directory: %w", err)

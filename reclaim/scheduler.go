@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/csiagent/csiagent/internal/defaults"
 )
 
 // Scheduler runs NodeReclaimSpace periodically on every published volume,
@@ -97,15 +99,11 @@ func New(cfg Config) *Scheduler {
 		entries:       map[key]*entry{},
 		plugins:       map[string]*pluginState{},
 	}
-	if s.maxConcurrent <= 0 {
-		s.maxConcurrent = DefaultMaxConcurrent
-	}
+	defaults.Set(&s.maxConcurrent, DefaultMaxConcurrent)
 	if s.clock == nil {
 		s.clock = RealClock()
 	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
+	s.log = defaults.Logger(s.log)
 	return s
 }
 
@@ -480,11 +478,7 @@ func normalise(p Policy) Policy {
 	if p.Interval < 0 {
 		p.Interval = 0
 	}
-	if p.Timeout <= 0 {
-		p.Timeout = DefaultTimeout
-	}
-	if p.MaxConcurrent <= 0 {
-		p.MaxConcurrent = DefaultPluginMaxConcurrent
-	}
+	defaults.Set(&p.Timeout, DefaultTimeout)
+	defaults.Set(&p.MaxConcurrent, DefaultPluginMaxConcurrent)
 	return p
 }

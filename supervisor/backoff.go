@@ -1,8 +1,9 @@
 package supervisor
 
 import (
-	"math/rand/v2"
 	"time"
+
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 )
 
 // Restart backoff defaults: 1 s doubling to 1 min, forgotten after 10
@@ -26,12 +27,8 @@ func (b *backoff) next(healthy time.Duration) time.Duration {
 	if healthy >= b.reset {
 		b.attempt = 0
 	}
-	d := b.base << min(b.attempt, 30)
-	if d > b.max || d <= 0 {
-		d = b.max
-	} else {
-		b.attempt++
-	}
 	// Jitter of up to +20% spreads plugins that failed together.
-	return d + rand.N(d/5+1)
+	d := retrypolicy.Backoff(b.base, b.max, b.attempt, 5)
+	b.attempt++
+	return d
 }

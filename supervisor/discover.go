@@ -221,36 +221,18 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}); err != nil {
 			return nil, fmt.Errorf("NodeGetInfo: %w", err)
 		}
-		probes = append(probes, addonProbe{"reclaimspace.ReclaimSpaceNode", func(ctx context.Context) error {
-			_, err := reclaimspace.NewReclaimSpaceNodeClient(addonsConn).NodeReclaimSpace(ctx, &reclaimspace.NodeReclaimSpaceRequest{})
-			return err
-		}}, addonProbe{"encryptionkeyrotation.EncryptionKeyRotationController", func(ctx context.Context) error {
-			_, err := ekr.NewEncryptionKeyRotationControllerClient(addonsConn).EncryptionKeyRotate(ctx, &ekr.EncryptionKeyRotateRequest{})
-			return err
-		}})
+		probes = append(probes,
+			probeOf("reclaimspace.ReclaimSpaceNode", reclaimspace.NewReclaimSpaceNodeClient(addonsConn).NodeReclaimSpace),
+			probeOf("encryptionkeyrotation.EncryptionKeyRotationController", ekr.NewEncryptionKeyRotationControllerClient(addonsConn).EncryptionKeyRotate),
+		)
 	}
 	if serves(pluginconfig.ControllerService) {
 		probes = append(probes,
-			addonProbe{"reclaimspace.ReclaimSpaceController", func(ctx context.Context) error {
-				_, err := reclaimspace.NewReclaimSpaceControllerClient(addonsConn).ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{})
-				return err
-			}},
-			addonProbe{"volumegroup.Controller", func(ctx context.Context) error {
-				_, err := volumegroup.NewControllerClient(addonsConn).ControllerGetVolumeGroup(ctx, &volumegroup.ControllerGetVolumeGroupRequest{})
-				return err
-			}},
-			addonProbe{"replication.Controller", func(ctx context.Context) error {
-				_, err := replication.NewControllerClient(addonsConn).GetVolumeReplicationInfo(ctx, &replication.GetVolumeReplicationInfoRequest{})
-				return err
-			}},
-			addonProbe{"fence.FenceController", func(ctx context.Context) error {
-				_, err := fence.NewFenceControllerClient(addonsConn).ListClusterFence(ctx, &fence.ListClusterFenceRequest{})
-				return err
-			}},
-			addonProbe{"csi.v1.GroupController", func(ctx context.Context) error {
-				_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
-				return err
-			}},
+			probeOf("reclaimspace.ReclaimSpaceController", reclaimspace.NewReclaimSpaceControllerClient(addonsConn).ControllerReclaimSpace),
+			probeOf("volumegroup.Controller", volumegroup.NewControllerClient(addonsConn).ControllerGetVolumeGroup),
+			probeOf("replication.Controller", replication.NewControllerClient(addonsConn).GetVolumeReplicationInfo),
+			probeOf("fence.FenceController", fence.NewFenceControllerClient(addonsConn).ListClusterFence),
+			probeOf("csi.v1.GroupController", csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities),
 		)
 	}
 	if known {
@@ -326,4 +308,13 @@ func addonsCapabilities(ctx context.Context, conn *grpc.ClientConn, serves func(
 type addonProbe struct {
 	name string
 	call func(ctx context.Context) error
+}
+
+// probeOf is the probe of the service name that calls method with an empty
+// request.
+func probeOf[Req, Resp any](name string, method func(context.Context, *Req, ...grpc.CallOption) (Resp, error)) addonProbe {
+	return addonProbe{name, func(ctx context.Context) error {
+		_, err := method(ctx, new(Req))
+		return err
+	}}
 }

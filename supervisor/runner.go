@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -44,20 +45,12 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	for _, d := range []struct {
-		v   *time.Duration
-		def time.Duration
-	}{
-		{&c.ReadyTimeout, DefaultReadyTimeout}, {&c.ProbeInterval, DefaultProbeInterval},
-		{&c.BackoffBase, DefaultBackoffBase}, {&c.BackoffMax, DefaultBackoffMax}, {&c.BackoffReset, DefaultBackoffReset},
-	} {
-		if *d.v <= 0 {
-			*d.v = d.def
-		}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Set(&c.ReadyTimeout, DefaultReadyTimeout)
+	defaults.Set(&c.ProbeInterval, DefaultProbeInterval)
+	defaults.Set(&c.BackoffBase, DefaultBackoffBase)
+	defaults.Set(&c.BackoffMax, DefaultBackoffMax)
+	defaults.Set(&c.BackoffReset, DefaultBackoffReset)
+	c.Logger = defaults.Logger(c.Logger)
 	if c.OnChange == nil {
 		c.OnChange = func() {}
 	}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/csiagent/csiagent/internal/defaults"
 )
 
 // Defaults for Config's zero fields.
@@ -82,15 +84,9 @@ type Poller struct {
 // Interval of 0 or less turns periodic polling off (Run returns at once);
 // Refresh still polls.
 func New(cfg Config) *Poller {
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = DefaultMaxConcurrent
-	}
-	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = DefaultCallTimeout
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Set(&cfg.MaxConcurrent, DefaultMaxConcurrent)
+	defaults.Set(&cfg.CallTimeout, DefaultCallTimeout)
+	cfg.Logger = defaults.Logger(cfg.Logger)
 	return &Poller{cfg: cfg, sem: make(chan struct{}, cfg.MaxConcurrent),
 		last: map[Key]Stats{}, due: map[Key]time.Time{}, busy: map[Key]bool{}}
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/defaults"
 )
 
 // DefaultParent is the parent cgroup of plugin cgroups, relative to the
@@ -80,10 +82,7 @@ func Detect(cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("cgroup: parent %q: %w", parent, err)
 		}
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := defaults.Logger(cfg.Logger)
 
 	root, detected := cfg.Root, cfg.Root == ""
 	if detected {

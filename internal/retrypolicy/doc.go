@@ -3,5 +3,7 @@
 // them to the fields a request leaves unset, and the CLI shows them as its
 // flags' defaults. They are defined here only, so the two cannot drift.
 //
-// It has no code; import it for the constants alone.
+// Backoff is the one exponential backoff with a cap and jitter: the
+// controller operations' retries and the supervisor's plugin restarts
+// wait what it computes (each with its own base, cap and jitter).
 package retrypolicy

@@ -41,22 +41,35 @@ const (
 	targetsDir = "#targets"
 )
 
-// begin checks that node volume calls are enabled and takes the volume's
-// lock.
-func (p *plugin) begin(method, volumeID string) (unlock func(), err error) {
+// begin starts a node call on a volume: it checks that the plugin has
+// --data-dir and that the volume id is set, takes the volume's lock
+// without waiting, then checks the other arguments (argErrs: what their
+// checks returned, in order) and returns the volume's directory. The
+// caller releases the lock with unlock.
+func (p *plugin) begin(method, volumeID string, argErrs ...error) (dir string, unlock func(), err error) {
 	if p.cfg.dataDir == "" {
-		return nil, status.Errorf(codes.Unimplemented, "%s needs --data-dir", method)
+		return "", nil, status.Errorf(codes.Unimplemented, "%s needs --data-dir", method)
 	}
 	if volumeID == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+		return "", nil, status.Error(codes.InvalidArgument, "volume_id is required")
 	}
 	// A second concurrent operation is refused with the CSI code for
 	// that (Aborted), not queued.
 	unlock, ok := p.volumes.TryLock(volumeID)
 	if !ok {
-		return nil, status.Errorf(codes.Aborted, "an operation on volume %q is in progress", volumeID)
+		return "", nil, status.Errorf(codes.Aborted, "an operation on volume %q is in progress", volumeID)
 	}
-	return unlock, nil
+	for _, err := range argErrs {
+		if err != nil {
+			unlock()
+			return "", nil, err
+		}
+	}
+	if dir, err = p.volumeDir(volumeID); err != nil {
+		unlock()
+		return "", nil, err
+	}
+	return dir, unlock, nil
 }
 
 // volumeDir is the volume's directory; its block backing file is the same
@@ -154,22 +167,13 @@ func (p *plugin) checkSecrets(method string, got, want map[string]string) error 
 }
 
 func (p *plugin) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	unlock, err := p.begin("NodeStageVolume", req.GetVolumeId())
+	staging := req.GetStagingTargetPath()
+	_, capErr := requireCapability(req.GetVolumeCapability())
+	src, unlock, err := p.begin("NodeStageVolume", req.GetVolumeId(), requirePaths("staging_target_path", staging), capErr)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	staging := req.GetStagingTargetPath()
-	if err := requirePaths("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	if _, err := requireCapability(req.GetVolumeCapability()); err != nil {
-		return nil, err
-	}
-	src, err := p.volumeDir(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
 	if err := failFromFile(p.cfg.failStageFile, "--fail-stage-file", "NodeStageVolume"); err != nil {
 		return nil, err
 	}
@@ -190,19 +194,12 @@ func (p *plugin) NodeStageVolume(_ context.Context, req *csi.NodeStageVolumeRequ
 }
 
 func (p *plugin) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	unlock, err := p.begin("NodeUnstageVolume", req.GetVolumeId())
+	staging := req.GetStagingTargetPath()
+	src, unlock, err := p.begin("NodeUnstageVolume", req.GetVolumeId(), requirePaths("staging_target_path", staging))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	staging := req.GetStagingTargetPath()
-	if err := requirePaths("staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	src, err := p.volumeDir(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
 	// The staging directory is the CO's: only the mount goes.
 	if err := unmountOwn(staging, src); err != nil {
 		return nil, err
@@ -211,23 +208,13 @@ func (p *plugin) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 }
 
 func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	unlock, err := p.begin("NodePublishVolume", req.GetVolumeId())
+	staging, target := req.GetStagingTargetPath(), req.GetTargetPath()
+	block, capErr := requireCapability(req.GetVolumeCapability())
+	dir, unlock, err := p.begin("NodePublishVolume", req.GetVolumeId(), requirePaths("staging_target_path", staging, "target_path", target), capErr)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	staging, target := req.GetStagingTargetPath(), req.GetTargetPath()
-	if err := requirePaths("staging_target_path", staging, "target_path", target); err != nil {
-		return nil, err
-	}
-	block, err := requireCapability(req.GetVolumeCapability())
-	if err != nil {
-		return nil, err
-	}
-	dir, err := p.volumeDir(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
 	if err := failFromFile(p.cfg.failPublishFile, "--fail-publish-file", "NodePublishVolume"); err != nil {
 		return nil, err
 	}
@@ -276,19 +263,12 @@ func (p *plugin) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 }
 
 func (p *plugin) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	unlock, err := p.begin("NodeUnpublishVolume", req.GetVolumeId())
+	target := req.GetTargetPath()
+	dir, unlock, err := p.begin("NodeUnpublishVolume", req.GetVolumeId(), requirePaths("target_path", target))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	target := req.GetTargetPath()
-	if err := requirePaths("target_path", target); err != nil {
-		return nil, err
-	}
-	dir, err := p.volumeDir(req.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
 	if err := unmountOwn(target, dir, dir+".blk"); err != nil {
 		return nil, err
 	}

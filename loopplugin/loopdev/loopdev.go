@@ -153,9 +153,17 @@ func FindAll(backing string) ([]Device, error) {
 	if err := unix.Stat(backing, &want); err != nil {
 		return nil, fmt.Errorf("find loop devices of %s: %w", backing, err)
 	}
-	ds, err := list(func(st *unix.Stat_t) bool { return st.Dev == want.Dev && st.Ino == want.Ino })
+	as, err := attached(func(path string) bool {
+		var st unix.Stat_t
+		// A backing file deleted or renamed away is not ours to match.
+		return unix.Stat(path, &st) == nil && st.Dev == want.Dev && st.Ino == want.Ino
+	})
 	if err != nil {
 		return nil, fmt.Errorf("find loop devices of %s: %w", backing, err)
+	}
+	var ds []Device
+	for _, a := range as {
+		ds = append(ds, a.Device)
 	}
 	return ds, nil
 }
@@ -175,9 +183,15 @@ func List(dir string) ([]Attached, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list loop devices: %w", err)
 	}
+	return attached(func(backing string) bool { return strings.HasPrefix(backing, root+"/") })
+}
+
+// attached returns the attached devices whose backing file (the path the
+// kernel reports) match accepts, ordered by number.
+func attached(match func(backing string) bool) ([]Attached, error) {
 	var out []Attached
-	err = scan(func(name, backing string) error {
-		if !strings.HasPrefix(backing, root+"/") {
+	err := scan(func(name, backing string) error {
+		if !match(backing) {
 			return nil
 		}
 		dev, err := sysDevice(name)
@@ -188,31 +202,6 @@ func List(dir string) ([]Attached, error) {
 			return err
 		}
 		out = append(out, Attached{Device: dev, BackingFile: backing})
-		return nil
-	})
-	return out, err
-}
-
-// list returns the attached devices whose (still linked) backing file
-// matches, ordered by number.
-func list(match func(*unix.Stat_t) bool) ([]Device, error) {
-	var out []Device
-	err := scan(func(name, backing string) error {
-		var st unix.Stat_t
-		if err := unix.Stat(backing, &st); err != nil {
-			return nil // deleted or renamed away: not ours to match
-		}
-		if !match(&st) {
-			return nil
-		}
-		dev, err := sysDevice(name)
-		if gone(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		out = append(out, dev)
 		return nil
 	})
 	return out, err
