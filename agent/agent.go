@@ -17,6 +17,7 @@ import (
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
+	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -110,42 +111,18 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	defDur := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&c.ConfigDir, DefaultConfigDir)
-	def(&c.WorkDir, DefaultWorkDir)
-	def(&c.RuntimeDir, DefaultRuntimeDir)
-	def(&c.APISocket, filepath.Join(c.RuntimeDir, "agent.sock"))
-	defDur(&c.ShutdownTimeout, DefaultShutdownTimeout)
-	if c.LogMaxBytes <= 0 {
-		c.LogMaxBytes = DefaultLogMaxBytes
-	}
-	if c.LogKeep <= 0 {
-		c.LogKeep = DefaultLogKeep
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.ReclaimDefaults.Timeout <= 0 {
-		c.ReclaimDefaults.Timeout = DefaultReclaimTimeout
-	}
-	if c.KeyRotationDefaults.Timeout <= 0 {
-		c.KeyRotationDefaults.Timeout = DefaultKeyRotationTimeout
-	}
-	if c.ReclaimDefaults.MaxConcurrent <= 0 {
-		c.ReclaimDefaults.MaxConcurrent = DefaultReclaimPluginMax
-	}
-	if c.ReclaimMaxConcurrent <= 0 {
-		c.ReclaimMaxConcurrent = DefaultReclaimMaxConcurrent
-	}
+	defaults.Set(&c.ConfigDir, DefaultConfigDir)
+	defaults.Set(&c.WorkDir, DefaultWorkDir)
+	defaults.Set(&c.RuntimeDir, DefaultRuntimeDir)
+	defaults.Set(&c.APISocket, filepath.Join(c.RuntimeDir, "agent.sock"))
+	defaults.Set(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	defaults.Set(&c.LogMaxBytes, DefaultLogMaxBytes)
+	defaults.Set(&c.LogKeep, DefaultLogKeep)
+	c.Logger = defaults.Logger(c.Logger)
+	defaults.Set(&c.ReclaimDefaults.Timeout, DefaultReclaimTimeout)
+	defaults.Set(&c.KeyRotationDefaults.Timeout, DefaultKeyRotationTimeout)
+	defaults.Set(&c.ReclaimDefaults.MaxConcurrent, DefaultReclaimPluginMax)
+	defaults.Set(&c.ReclaimMaxConcurrent, DefaultReclaimMaxConcurrent)
 }
 
 // Agent is the csiagent daemon.

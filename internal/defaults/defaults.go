@@ -1,15 +1,15 @@
 package defaults
 
-import "log/slog"
+import (
+	"cmp"
+	"log/slog"
+)
 
-// Number is what Set fills in: integers, floats and durations.
-type Number interface {
-	~int | ~int8 | ~int16 | ~int32 | ~int64 | ~float32 | ~float64
-}
-
-// Set sets *v to def when it is zero or less (unset).
-func Set[T Number](v *T, def T) {
-	if *v <= 0 {
+// Set sets *v to def when it is unset: zero or less (numbers and
+// durations), or empty (strings).
+func Set[T cmp.Ordered](v *T, def T) {
+	var zero T
+	if *v <= zero {
 		*v = def
 	}
 }

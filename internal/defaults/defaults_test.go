@@ -14,6 +14,12 @@ func TestSet(t *testing.T) {
 	if d != time.Second || n != 4 || keep != 7 {
 		t.Fatalf("got %v, %d, %d; want 1s, 4, 7", d, n, keep)
 	}
+	dir, set := "", "/etc"
+	Set(&dir, "/run")
+	Set(&set, "/run")
+	if dir != "/run" || set != "/etc" {
+		t.Fatalf("got %q, %q; want /run, /etc", dir, set)
+	}
 }
 
 func TestLogger(t *testing.T) {
