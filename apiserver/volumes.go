@@ -2,7 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/dockerplugin"
+	"github.com/csiagent/csiagent/internal/statuscode"
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/volumestats"
@@ -27,25 +27,15 @@ func Status(err error) error {
 	if code, ok := isolator.RPCCode(err); ok {
 		return status.Error(code, err.Error())
 	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, isolator.ErrInvalid):
-		code = codes.InvalidArgument
-	case errors.Is(err, isolator.ErrPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, isolator.ErrUnknownPlugin):
-		code = codes.NotFound
-	case errors.Is(err, isolator.ErrUnavailable):
-		code = codes.Unavailable
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+	return statuscode.Error(err,
+		statuscode.Class{Err: isolator.ErrInvalid, Code: codes.InvalidArgument},
+		statuscode.Class{Err: isolator.ErrPrecondition, Code: codes.FailedPrecondition},
+		statuscode.Class{Err: isolator.ErrUnknownPlugin, Code: codes.NotFound},
+		statuscode.Class{Err: isolator.ErrUnavailable, Code: codes.Unavailable},
 		// The work dir is full: a checkpoint could not be written.
-		code = codes.ResourceExhausted
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
+		statuscode.Class{Err: syscall.ENOSPC, Code: codes.ResourceExhausted},
+		statuscode.Class{Err: syscall.EDQUOT, Code: codes.ResourceExhausted},
+	)
 }
 
 // WaitRecovered waits for the isolator's first recovery pass, or ctx: a

@@ -1,12 +1,13 @@
 package loopplugin
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/internal/statuscode"
 )
 
 // Error classes. Everything inside the package wraps one of these with %w;
@@ -68,30 +69,21 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	code := codes.Internal
-	switch {
-	case errors.Is(err, ErrInvalid):
-		code = codes.InvalidArgument
-	case errors.Is(err, ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, ErrIncompatible):
-		code = codes.AlreadyExists
-	case errors.Is(err, ErrPrecondition):
-		code = codes.FailedPrecondition
-	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalidToken):
-		code = codes.Aborted
-	case errors.Is(err, ErrOutOfRange):
-		code = codes.OutOfRange
-	case errors.Is(err, ErrNoSpace), errors.Is(err, ErrLimit):
-		code = codes.ResourceExhausted
-	case errors.Is(err, ErrUnimplemented):
-		code = codes.Unimplemented
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	return status.Error(code, err.Error())
+	return statuscode.Error(err, errorCodes...)
+}
+
+// errorCodes are the codes of the plugin's error classes.
+var errorCodes = []statuscode.Class{
+	{Err: ErrInvalid, Code: codes.InvalidArgument},
+	{Err: ErrNotFound, Code: codes.NotFound},
+	{Err: ErrIncompatible, Code: codes.AlreadyExists},
+	{Err: ErrPrecondition, Code: codes.FailedPrecondition},
+	{Err: ErrBusy, Code: codes.Aborted},
+	{Err: ErrInvalidToken, Code: codes.Aborted},
+	{Err: ErrOutOfRange, Code: codes.OutOfRange},
+	{Err: ErrNoSpace, Code: codes.ResourceExhausted},
+	{Err: ErrLimit, Code: codes.ResourceExhausted},
+	{Err: ErrUnimplemented, Code: codes.Unimplemented},
 }
 
 func outOfRangef(format string, a ...any) error {
