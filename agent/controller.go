@@ -8,7 +8,7 @@ import (
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // controllerPlugins is the agent's plugin set as the Controller API
@@ -39,8 +39,8 @@ func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string)
 
 func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.PublishedVolume, bool) {
 	for _, v := range p.a.iso.ListVolumes() {
-		if v.GetPluginName() == plugin && v.GetVolumeId() == volumeID && v.GetState() == agentv1.VolumeStatus_PUBLISHED {
-			return controllerops.PublishedVolume{TargetPath: v.GetTargetPath(), StagingPath: v.GetStagingPath(), Block: v.GetBlock()}, true
+		if v.Plugin == plugin && v.ID == volumeID && v.State == statev1.VolumeCheckpoint_PUBLISHED {
+			return controllerops.PublishedVolume{TargetPath: v.TargetPath, StagingPath: v.StagingPath, Block: v.Block}, true
 		}
 	}
 	return controllerops.PublishedVolume{}, false

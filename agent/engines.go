@@ -32,9 +32,12 @@ func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest)
 	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
 		return nil, err
 	}
-	resp, err := b.a.iso.Prepare(ctx, req)
+	mounts, err := b.a.iso.Prepare(ctx, apiserver.PrepareRequest(req))
 	b.a.pokeSchedules()
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.PrepareResponse{Mounts: apiserver.Mounts(mounts)}, nil
 }
 
 func (b engineBackend) Cleanup(ctx context.Context, id string) error {
@@ -46,8 +49,21 @@ func (b engineBackend) Cleanup(ctx context.Context, id string) error {
 	return err
 }
 
-func (b engineBackend) ListContainers() []*agentv1.ContainerStatus { return b.a.iso.ListContainers() }
-func (b engineBackend) ListVolumes() []*agentv1.VolumeStatus       { return b.a.iso.ListVolumes() }
+func (b engineBackend) ListContainers() []*agentv1.ContainerStatus {
+	var out []*agentv1.ContainerStatus
+	for _, c := range b.a.iso.ListContainers() {
+		out = append(out, apiserver.ContainerStatus(c))
+	}
+	return out
+}
+
+func (b engineBackend) ListVolumes() []*agentv1.VolumeStatus {
+	var out []*agentv1.VolumeStatus
+	for _, v := range b.a.iso.ListVolumes() {
+		out = append(out, apiserver.VolumeStatus(v))
+	}
+	return out
+}
 
 func (b engineBackend) CheckPlugin(typ string) error {
 	_, err := plugins(b).Lookup(typ)

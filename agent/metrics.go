@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
@@ -281,27 +282,27 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// drops to 0 rather than vanishing.
 	volumes := map[[2]string]int{}
 	for _, p := range plugins {
-		for _, state := range agentv1.VolumeStatus_State_name {
-			if state != agentv1.VolumeStatus_UNKNOWN.String() {
+		for _, state := range statev1.VolumeCheckpoint_State_name {
+			if state != statev1.VolumeCheckpoint_UNKNOWN.String() {
 				volumes[[2]string{p.GetType(), state}] = 0
 			}
 		}
 	}
 	for _, v := range c.a.iso.ListVolumes() {
-		volumes[[2]string{v.GetPluginName(), v.GetState().String()}]++
+		volumes[[2]string{v.Plugin, v.State.String()}]++
 	}
 	for k, n := range volumes {
 		ch <- prometheus.MustNewConstMetric(c.volumes, prometheus.GaugeValue, float64(n), k[0], k[1])
 	}
 
 	phases := map[string]int{}
-	for _, phase := range agentv1.ContainerStatus_Phase_name {
-		if phase != agentv1.ContainerStatus_PHASE_UNKNOWN.String() {
+	for _, phase := range statev1.ContainerCheckpoint_Phase_name {
+		if phase != statev1.ContainerCheckpoint_PHASE_UNKNOWN.String() {
 			phases[phase] = 0
 		}
 	}
 	for _, ct := range c.a.iso.ListContainers() {
-		phases[ct.GetPhase().String()]++
+		phases[ct.Phase.String()]++
 	}
 	for phase, n := range phases {
 		ch <- prometheus.MustNewConstMetric(c.containers, prometheus.GaugeValue, float64(n), phase)

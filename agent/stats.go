@@ -7,7 +7,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/csiagent/csiagent/mount"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
@@ -20,16 +20,16 @@ func (s statsSource) Volumes() []volumestats.Volume {
 	var out []volumestats.Volume
 	caps := map[string][]string{}
 	for _, v := range s.a.iso.ListVolumes() {
-		if v.GetState() != agentv1.VolumeStatus_PUBLISHED {
+		if v.State != statev1.VolumeCheckpoint_PUBLISHED {
 			continue
 		}
-		c, ok := caps[v.GetPluginName()]
+		c, ok := caps[v.Plugin]
 		if !ok {
-			c = s.a.set.NodeCapabilities(v.GetPluginName())
-			caps[v.GetPluginName()] = c
+			c = s.a.set.NodeCapabilities(v.Plugin)
+			caps[v.Plugin] = c
 		}
 		if slices.Contains(c, "GET_VOLUME_STATS") || slices.Contains(c, "GET_VOLUME_HEALTH") {
-			out = append(out, volumestats.Volume{Plugin: v.GetPluginName(), ID: v.GetVolumeId(), TargetPath: v.GetTargetPath(), StagingPath: v.GetStagingPath()})
+			out = append(out, volumestats.Volume{Plugin: v.Plugin, ID: v.ID, TargetPath: v.TargetPath, StagingPath: v.StagingPath})
 		}
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // sdNotifier tells systemd (Type=notify) how the agent is doing: READY=1
@@ -53,7 +54,7 @@ func (n *sdNotifier) status() string {
 	}
 	published := 0
 	for _, v := range n.a.iso.ListVolumes() {
-		if v.GetState() == agentv1.VolumeStatus_PUBLISHED {
+		if v.State == statev1.VolumeCheckpoint_PUBLISHED {
 			published++
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -46,8 +45,8 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 	case *agentv1.ReclaimSpaceRequest_ContainerId:
 		var keys []isolator.PublishedVolume
 		for _, c := range s.iso.ListContainers() {
-			if c.GetContainerId() == t.ContainerId {
-				for _, m := range c.GetMounts() {
+			if c.ID == t.ContainerId {
+				for _, m := range c.Mounts {
 					keys = append(keys, isolator.PublishedVolume{Plugin: m.GetPluginName(), ID: m.GetVolumeId()})
 				}
 			}
@@ -88,8 +87,8 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 // was not published any more).
 func (s *Server) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
 	for _, vs := range s.iso.ListVolumes() {
-		if vs.GetPluginName() == v.Plugin && vs.GetVolumeId() == v.ID && vs.GetLastReclaim() != nil {
-			return proto.Clone(vs.GetLastReclaim()).(*agentv1.ReclaimResult)
+		if vs.Plugin == v.Plugin && vs.ID == v.ID && vs.LastReclaim != nil {
+			return ReclaimResult(vs.LastReclaim)
 		}
 	}
 	res := &agentv1.ReclaimResult{Outcome: "ok", PreUsage: r.PreUsage, PostUsage: r.PostUsage}
@@ -115,7 +114,7 @@ func (s *Server) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRe
 	if res == nil {
 		return Status(err)
 	}
-	if err := stream.Send(&agentv1.ReclaimSpaceProgress{Volume: ref, Result: res}); err != nil {
+	if err := stream.Send(&agentv1.ReclaimSpaceProgress{Volume: ref, Result: ReclaimResult(res)}); err != nil {
 		return err
 	}
 	sum := &agentv1.ReclaimSummary{Volumes: 1, BytesFreed: res.GetBytesReclaimed()}

@@ -75,9 +75,12 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	resp, err := s.iso.Prepare(ctx, req)
+	mounts, err := s.iso.Prepare(ctx, PrepareRequest(req))
 	s.cfg.OnVolumesChanged()
-	return resp, Status(err)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &agentv1.PrepareResponse{Mounts: Mounts(mounts)}, nil
 }
 
 // Cleanup releases the container's volumes.
@@ -101,8 +104,10 @@ func (s *Server) ListVolumes(ctx context.Context, req *agentv1.ListVolumesReques
 	if req.GetRefreshStats() {
 		s.cfg.Stats.Refresh(ctx, s.cfg.StatsVolumes())
 	}
-	vols := s.iso.ListVolumes()
-	for _, v := range vols {
+	var vols []*agentv1.VolumeStatus
+	for _, info := range s.iso.ListVolumes() {
+		v := VolumeStatus(info)
+		vols = append(vols, v)
 		if st, ok := s.cfg.Stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
 			v.Stats = statsOf(st)
 		}
@@ -138,7 +143,11 @@ func statsOf(s volumestats.Stats) *agentv1.VolumeStats {
 
 // ListContainers reports every container the agent prepared.
 func (s *Server) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
-	return &agentv1.ListContainersResponse{Containers: s.iso.ListContainers()}, nil
+	resp := &agentv1.ListContainersResponse{}
+	for _, c := range s.iso.ListContainers() {
+		resp.Containers = append(resp.Containers, ContainerStatus(c))
+	}
+	return resp, nil
 }
 
 // Reconcile cleans up the containers not in the live list.
@@ -154,11 +163,11 @@ func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (
 	// The engines' mounts are the engine endpoint's to release.
 	live := req.GetLiveContainerIds()
 	for _, c := range s.iso.ListContainers() {
-		if CheckNotEngineID(c.GetContainerId()) != nil {
-			live = append(live, c.GetContainerId())
+		if CheckNotEngineID(c.ID) != nil {
+			live = append(live, c.ID)
 		}
 	}
-	resp := s.iso.Reconcile(ctx, live)
+	res := s.iso.Reconcile(ctx, live)
 	s.cfg.OnVolumesChanged()
-	return resp, nil
+	return &agentv1.ReconcileResponse{CleanedUp: res.CleanedUp, Failed: res.Failed}, nil
 }

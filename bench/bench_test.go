@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -351,11 +352,12 @@ func TestRecoveryAndIdle(t *testing.T) {
 	setup := time.Now()
 	for c := 0; c*perContainer < vols; c++ {
 		cid := fmt.Sprint("ctr-", c)
-		req := &agentv1.PrepareRequest{ContainerId: cid, Sandbox: filepath.Join(sb, cid)}
-		ccp := &statev1.ContainerCheckpoint{ContainerId: cid, Request: req, Phase: agentv1.ContainerStatus_PREPARED}
+		// The request as the isolator records it (its own schema).
+		req := apiserver.PrepareRequest(&agentv1.PrepareRequest{ContainerId: cid, Sandbox: filepath.Join(sb, cid)})
+		ccp := &statev1.ContainerCheckpoint{ContainerId: cid, Request: req, Phase: statev1.ContainerCheckpoint_PREPARED}
 		for v := range perContainer {
 			id := fmt.Sprintf("v-%d-%d", c, v)
-			vol := mountVolume(fastType, id, fmt.Sprint("vol", v))
+			vol := apiserver.PrepareRequest(&agentv1.PrepareRequest{Volumes: []*agentv1.Volume{mountVolume(fastType, id, fmt.Sprint("vol", v))}}).Volumes[0]
 			req.Volumes = append(req.Volumes, vol)
 			staging, target := filepath.Join(mountRoot, id, "staging"), filepath.Join(mountRoot, id, "target")
 			mp := filepath.Join(req.Sandbox, fmt.Sprint("vol", v))
@@ -364,7 +366,7 @@ func TestRecoveryAndIdle(t *testing.T) {
 			bind(staging, target)
 			bind(target, mp)
 			vcp := &statev1.VolumeCheckpoint{
-				State: agentv1.VolumeStatus_PUBLISHED, StateSince: now, PluginName: fastType,
+				State: statev1.VolumeCheckpoint_PUBLISHED, StateSince: now, PluginName: fastType,
 				StaticProvisioning: vol.Source.CsiVolume.StaticProvisioning, StagingPath: staging, TargetPath: target,
 				BootId: bootID, Users: []string{cid},
 			}
@@ -374,7 +376,7 @@ func TestRecoveryAndIdle(t *testing.T) {
 			if _, err := commit.Put(filepath.Join(vdir, "volume.state"), b, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			ccp.Mounts = append(ccp.Mounts, &agentv1.ContainerMount{PluginName: fastType, VolumeId: id, ContainerPath: vol.ContainerPath, HostPath: target, MountPoint: mp})
+			ccp.Mounts = append(ccp.Mounts, &statev1.ContainerMount{PluginName: fastType, VolumeId: id, ContainerPath: vol.ContainerPath, HostPath: target, MountPoint: mp})
 		}
 		b, _ := marshal.Marshal(ccp)
 		cdir := filepath.Join(work, "isolators", "volume", "csi", cid)

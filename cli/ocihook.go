@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/dockerplugin"
-	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -125,7 +124,7 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket str
 	}
 	var vols []*agentv1.Volume
 	if hasVolumes {
-		if vols, err = isolator.ParseVolumes([]byte(raw)); err != nil {
+		if vols, err = parseVolumes([]byte(raw)); err != nil {
 			return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
 		}
 	}

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/csiagent/csiagent/isolator"
 )
 
 // FuzzOCIHookInput feeds arbitrary bytes to the OCI hook's parsers: the
@@ -42,7 +40,7 @@ func FuzzOCIHookInput(f *testing.F) {
 			return
 		}
 		if raw, ok := st.Annotations[VolumesAnnotation]; ok {
-			vols, err := isolator.ParseVolumes([]byte(raw))
+			vols, err := parseVolumes([]byte(raw))
 			if err == nil {
 				for i, v := range vols {
 					if v == nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -76,7 +75,7 @@ func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return usageError(err.Error())
 			}
-			if vols, err = isolator.ParseVolumes(data); err != nil {
+			if vols, err = parseVolumes(data); err != nil {
 				return usageError(fmt.Sprintf("%s: %v", *file, err))
 			}
 		}

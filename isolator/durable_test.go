@@ -14,10 +14,13 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -79,7 +82,7 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := iso.containers["c1"]
-	if c == nil || c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED || len(c.cp.GetMounts()) != 1 || c.cp.GetMounts()[0].GetMountPoint() != "/sandbox/data" {
+	if c == nil || c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || len(c.cp.GetMounts()) != 1 || c.cp.GetMounts()[0].GetMountPoint() != "/sandbox/data" {
 		t.Fatalf("container c1 not loaded as written: %v", c)
 	}
 	v := iso.volumes[volumeKey{"loop", "vol-1"}]
@@ -105,9 +108,9 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 // states a power cut leaves when a container's record reached the disk
 // and its volume's did not (or an older version did).
 func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
-	req := func(id, vol string) *agentv1.PrepareRequest {
-		r := &agentv1.PrepareRequest{}
-		if err := proto.Unmarshal(seedRequest(func(r *agentv1.PrepareRequest) {
+	req := func(id, vol string) *statev1.PrepareRequest {
+		r := &statev1.PrepareRequest{}
+		if err := proto.Unmarshal(seedRequest(func(r *statev1.PrepareRequest) {
 			r.ContainerId = id
 			r.Volumes[0].GetSource().GetCsiVolume().GetStaticProvisioning().VolumeId = vol
 		}), r); err != nil {
@@ -122,7 +125,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := seed.writeCheckpoint(dir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: c.id, Request: req(c.id, c.vol), Phase: agentv1.ContainerStatus_PREPARED}); err != nil {
+		if _, err := seed.writeCheckpoint(dir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: c.id, Request: req(c.id, c.vol), Phase: statev1.ContainerCheckpoint_PREPARED}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -175,7 +178,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 func seedPrepared(t *testing.T) string {
 	t.Helper()
 	work := t.TempDir()
-	req := &agentv1.PrepareRequest{}
+	req := &statev1.PrepareRequest{}
 	if err := proto.Unmarshal(seedRequest(nil), req); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +191,7 @@ func seedPrepared(t *testing.T) string {
 		}
 	}
 	seed := &Isolator{}
-	if _, err := seed.writeCheckpoint(cdir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: "c1", Request: req, Phase: agentv1.ContainerStatus_PREPARED}); err != nil {
+	if _, err := seed.writeCheckpoint(cdir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: "c1", Request: req, Phase: statev1.ContainerCheckpoint_PREPARED}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := seed.writeCheckpoint(vdir, volumeStateFile, &statev1.VolumeCheckpoint{
@@ -243,4 +246,100 @@ func fsyncPath(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// Checkpoints written by the release whose checkpoint schema was made of
+// the agent API's messages (testdata/record-checkpoints, made by that
+// code, every field set) load into the isolator's own schema unchanged:
+// field names, numbers and enum value names are the same.
+func TestLoadsCheckpointsOfTheAPISchemaRelease(t *testing.T) {
+	work := t.TempDir()
+	if err := os.CopyFS(work, os.DirFS("testdata/record-checkpoints")); err != nil {
+		t.Fatal(err)
+	}
+	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "boot-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := func(s string) *timestamppb.Timestamp {
+		x, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return timestamppb.New(x)
+	}
+	capMount := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4", MountFlags: []string{"noatime"}, VolumeMountGroup: "1000"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
+	}
+	capBlock := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY},
+	}
+	static1 := &statev1.StaticProvisioning{
+		VolumeId: "vol-1", VolumeCapability: capMount, VolumeContext: map[string]string{"pool": "fast", "size": "1Gi"},
+		NodeStageSecrets: map[string]*statev1.Secret{
+			"key": {Type: statev1.Secret_VALUE, Value: &statev1.Secret_Value{Data: []byte("s3cret")}},
+			"ref": {Type: statev1.Secret_REFERENCE, Reference: &statev1.Secret_Reference{Name: "creds", Key: "password"}},
+		},
+		NodePublishSecrets: map[string]*statev1.Secret{"pub": {Type: statev1.Secret_VALUE, Value: &statev1.Secret_Value{Data: []byte("p")}}},
+	}
+	static2 := &statev1.StaticProvisioning{VolumeId: "blk/2", VolumeCapability: capBlock}
+	vol := func(sp *statev1.StaticProvisioning, path string, mode statev1.Volume_Mode) *statev1.Volume {
+		return &statev1.Volume{ContainerPath: path, Mode: mode, Source: &statev1.Volume_Source{Type: statev1.Volume_Source_CSI_VOLUME,
+			CsiVolume: &statev1.CSIVolume{PluginName: "loop", StaticProvisioning: sp}}}
+	}
+	const mounts = "/var/lib/csi-agent/csi/loop/default/mounts/"
+	wantVolumes := map[volumeKey]*statev1.VolumeCheckpoint{
+		{"loop", "vol-1"}: {
+			State: statev1.VolumeCheckpoint_PUBLISHED, StateSince: ts("2026-11-20T10:00:00.5Z"), PluginName: "loop",
+			StaticProvisioning: static1, StagingPath: mounts + "vol-1/staging", TargetPath: mounts + "vol-1/target",
+			BootId: "boot-a", Users: []string{"c1", "c2"}, NextReclaim: ts("2026-11-27T03:04:05Z"),
+			LastReclaim: &statev1.ReclaimResult{Start: ts("2026-11-20T03:04:05Z"), Duration: durationpb.New(1500 * time.Millisecond), Outcome: "ok",
+				PreUsage: 1000, PostUsage: 400, BytesReclaimed: 600},
+			NextKeyRotation: ts("2026-12-01T00:00:00Z"), LastRepair: "2026-11-21T08:00:00Z: republished; re-bound 2 container mounts",
+		},
+		{"loop", "blk/2"}: {
+			State: statev1.VolumeCheckpoint_NODE_UNPUBLISH, StateSince: ts("2026-11-21T00:00:00Z"), PluginName: "loop",
+			StaticProvisioning: static2, Readonly: true, StagingPath: mounts + "blk%2F2/staging", TargetPath: mounts + "blk%2F2/target",
+			BootId: "boot-a", Users: []string{"c2"}, LastError: "NodeUnpublishVolume: rpc error: code = Unavailable desc = plugin down",
+			LastReclaim:  &statev1.ReclaimResult{Start: ts("2026-11-20T03:04:05Z"), Outcome: "plugin refused", PreUsage: -1, PostUsage: -1, Code: "Aborted"},
+			RoTargetPath: mounts + "blk%2F2/target-ro",
+		},
+	}
+	wantContainers := map[string]*statev1.ContainerCheckpoint{
+		"c1": {
+			ContainerId: "c1", Phase: statev1.ContainerCheckpoint_PREPARED,
+			Request: &statev1.PrepareRequest{ContainerId: "c1", Volumes: []*statev1.Volume{vol(static1, "/data", statev1.Volume_RW)},
+				Rootfs: "/run/c1/rootfs", Sandbox: "/run/c1/sandbox", User: "1000:1000", Pid: 4242},
+			Mounts: []*statev1.ContainerMount{{PluginName: "loop", VolumeId: "vol-1", ContainerPath: "/data", HostPath: mounts + "vol-1/target",
+				MountPoint: "/run/c1/rootfs/data", MountId: 812, ParentMountId: 640, MountNamespace: 4026532201}},
+			MountNamespace: 4026532201, BootId: "boot-a",
+		},
+		"c2": {
+			ContainerId: "c2", Phase: statev1.ContainerCheckpoint_CLEANING,
+			Request: &statev1.PrepareRequest{ContainerId: "c2", Sandbox: "/run/c2/sandbox",
+				Volumes: []*statev1.Volume{vol(static1, "/data", statev1.Volume_RO), vol(static2, "/dev/xvdb", statev1.Volume_RO)}},
+			Mounts: []*statev1.ContainerMount{
+				{PluginName: "loop", VolumeId: "vol-1", ContainerPath: "/data", HostPath: mounts + "vol-1/target",
+					MountPoint: "/run/c2/sandbox/data", Readonly: true, MountId: 900, ParentMountId: 30},
+				{PluginName: "loop", VolumeId: "blk/2", ContainerPath: "/dev/xvdb", HostPath: mounts + "blk%2F2/target-ro",
+					MountPoint: "/run/c2/sandbox/dev/xvdb", Readonly: true},
+			},
+			LastError: "unmounting /run/c2/sandbox/data: covered by a mount that is not ours", BootId: "boot-a",
+		},
+	}
+	if len(iso.volumes) != len(wantVolumes) || len(iso.containers) != len(wantContainers) {
+		t.Fatalf("loaded %d volumes and %d containers, want %d and %d", len(iso.volumes), len(iso.containers), len(wantVolumes), len(wantContainers))
+	}
+	for k, want := range wantVolumes {
+		if v := iso.volumes[k]; v == nil || !proto.Equal(v.cp, want) {
+			t.Errorf("volume %v loaded as %v, want %v", k, v, want)
+		}
+	}
+	for id, want := range wantContainers {
+		if c := iso.containers[id]; c == nil || !proto.Equal(c.cp, want) {
+			t.Errorf("container %s loaded as %v, want %v", id, c, want)
+		}
+	}
 }

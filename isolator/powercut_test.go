@@ -25,7 +25,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // powercutMixes is how many random disk states are tried per cut point,
@@ -318,14 +318,14 @@ func TestPowerCut(t *testing.T) {
 	t.Logf("power cut: %d cut points, %d disk states recovered, %d violations", points, recovered, violations)
 }
 
-func powercutRequest(t *testing.T, id, root string) *agentv1.PrepareRequest {
+func powercutRequest(t *testing.T, id, root string) *statev1.PrepareRequest {
 	t.Helper()
 	sandbox := filepath.Join(root, "sandbox-"+id)
 	if err := os.MkdirAll(sandbox, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := &agentv1.PrepareRequest{}
-	if err := proto.Unmarshal(seedRequest(func(r *agentv1.PrepareRequest) { r.ContainerId, r.Sandbox = id, sandbox }), r); err != nil {
+	r := &statev1.PrepareRequest{}
+	if err := proto.Unmarshal(seedRequest(func(r *statev1.PrepareRequest) { r.ContainerId, r.Sandbox = id, sandbox }), r); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -388,7 +388,7 @@ func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked
 		switch {
 		case cleaned && c != nil:
 			problems = append(problems, id+" was acknowledged cleaned up but is back: "+c.cp.GetPhase().String())
-		case wantPrepared && (c == nil || c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED):
+		case wantPrepared && (c == nil || c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED):
 			problems = append(problems, id+" was acknowledged prepared but is "+map[bool]string{true: "gone", false: "not PREPARED"}[c == nil])
 		case c != nil && quarantined(c.cp) && (wantPrepared || cleaned):
 			problems = append(problems, id+" acknowledged but quarantined: "+c.cp.GetLastError())
@@ -398,7 +398,7 @@ func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked
 		}
 		for _, m := range c.cp.GetMounts() {
 			claimed[m.GetMountPoint()] = true
-			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED && !mountedAt(m.GetMountPoint()) {
+			if c.cp.GetPhase() == statev1.ContainerCheckpoint_PREPARED && !mountedAt(m.GetMountPoint()) {
 				problems = append(problems, id+": "+m.GetMountPoint()+" not mounted after recovery")
 			}
 		}
@@ -449,7 +449,7 @@ func TestPrepareNotDurableIsRolledBack(t *testing.T) {
 	if _, err := iso.Prepare(ctx, req); !errors.Is(err, unix.EIO) {
 		t.Fatalf("Prepare while every fsync fails: %v; want the EIO", err)
 	}
-	if c := iso.containers["c1"]; c != nil && c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+	if c := iso.containers["c1"]; c != nil && c.cp.GetPhase() == statev1.ContainerCheckpoint_PREPARED {
 		t.Errorf("c1 is PREPARED after a Prepare that was not durable")
 	}
 	if mp := filepath.Join(req.GetSandbox(), "data"); mountedAt(mp) {
@@ -473,7 +473,7 @@ func TestRepeatedPrepareRestoresMissingMounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mp := resp.GetMounts()[0].GetMountPoint()
+	mp := resp[0].GetMountPoint()
 	if err := unix.Unmount(mp, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -16,13 +16,12 @@ import (
 
 	"github.com/csiagent/csiagent/internal/redact"
 	"github.com/csiagent/csiagent/mount"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // Prepare gives a container its volumes. All or nothing: on failure
 // everything done for this container is undone before returning.
-func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
 	plan, err := iso.plan(req)
 	if err != nil {
 		return nil, err
@@ -53,7 +52,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		if !sameRequest(c.cp.GetRequest(), req) {
 			return nil, fmt.Errorf("%w: container %s already has a different set of volumes; clean it up first", ErrPrecondition, id)
 		}
-		if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED {
+		if c.cp.GetPhase() == statev1.ContainerCheckpoint_PREPARED {
 			// Acknowledged before: its mounts must really be there.
 			if missing := iso.missingMounts(c); len(missing) > 0 {
 				iso.remount(ctx, c)
@@ -66,7 +65,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 			if err := iso.commit.Sync(ctx); err != nil {
 				return nil, fmt.Errorf("container %s: %w", id, err)
 			}
-			return &agentv1.PrepareResponse{Mounts: c.cp.GetMounts()}, nil
+			return c.cp.GetMounts(), nil
 		}
 		// An interrupted prepare or cleanup: finish undoing it, then
 		// start afresh.
@@ -92,7 +91,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		}
 		c.cp.MountNamespace = ns
 	}
-	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARING); err != nil {
+	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING); err != nil {
 		return nil, err
 	}
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
@@ -104,7 +103,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		}
 		return nil, err
 	}
-	if err := iso.setPhase(c, agentv1.ContainerStatus_PREPARED); err != nil {
+	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARED); err != nil {
 		return nil, err
 	}
 	// Acknowledged only once PREPARED is durable, and with it (changes
@@ -118,7 +117,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (
 		return nil, err
 	}
 	iso.log.Info("container prepared", "container", id, "volumes", len(plan))
-	return &agentv1.PrepareResponse{Mounts: c.cp.GetMounts()}, nil
+	return c.cp.GetMounts(), nil
 }
 
 func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []plannedMount, uid, gid int) error {
@@ -189,7 +188,7 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 		return err
 	}
 	order := mountOrder(plan)
-	var made []*agentv1.ContainerMount
+	var made []*statev1.ContainerMount
 	for len(order) > 0 {
 		n := batchLen(plan, order)
 		pending := make([]*pendingMount, 0, n)
@@ -198,7 +197,7 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 				p.close()
 			}
 		}()
-		records := append([]*agentv1.ContainerMount(nil), made...)
+		records := append([]*statev1.ContainerMount(nil), made...)
 		for _, i := range order[:n] {
 			p, err := iso.readyMount(c, plan[i], vcps[i], ns, uid, gid)
 			if err != nil {
@@ -241,7 +240,7 @@ func (iso *Isolator) mountNamespace(c *container) (uint64, error) {
 // and, on the host, the resolved mount point.
 type pendingMount struct {
 	pm     plannedMount
-	rec    *agentv1.ContainerMount
+	rec    *statev1.ContainerMount
 	tree   *os.File
 	target *os.File // host mounts only
 }
@@ -266,7 +265,7 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 			return nil, err
 		}
 	}
-	p := &pendingMount{pm: pm, rec: &agentv1.ContainerMount{
+	p := &pendingMount{pm: pm, rec: &statev1.ContainerMount{
 		PluginName: pm.key.plugin, VolumeId: pm.key.id, ContainerPath: pm.containerPath,
 		HostPath: hostPath, Readonly: pm.readonly, MountNamespace: ns,
 	}}
@@ -389,7 +388,7 @@ func (iso *Isolator) inNamespace(c *container, f func(Mounter) error) error {
 // removed there, inside the rootfs before pivot_root or "/" after it. A
 // mount that moved or is gone is logged and described in the note
 // returned.
-func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.ContainerMount) (note string, err error) {
+func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *statev1.ContainerMount) (note string, err error) {
 	req := c.cp.GetRequest()
 	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath()}
 	root := mountRoot(req, m.GetContainerPath())
@@ -427,7 +426,7 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *agentv1.Co
 
 // mountRoot is the root a container path resolves in: the sandbox for a
 // relative path, else the rootfs, or the host's "/" when there is none.
-func mountRoot(req *agentv1.PrepareRequest, containerPath string) string {
+func mountRoot(req *statev1.PrepareRequest, containerPath string) string {
 	switch {
 	case !filepath.IsAbs(containerPath):
 		return req.GetSandbox()
@@ -442,7 +441,7 @@ func mountRoot(req *agentv1.PrepareRequest, containerPath string) string {
 // is none; a relative one inside the sandbox. Symlinks resolve inside that
 // root, never out of it. A block volume's mount point is a file. m is the
 // Mounter of the namespace it is resolved in.
-func resolveMountPoint(m Mounter, req *agentv1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
+func resolveMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
 	root := mountRoot(req, containerPath)
 	kind := mount.Directory
 	if block {
@@ -499,8 +498,8 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 // forgets it. On failure the container stays CLEANING, with the error,
 // for Cleanup, Reconcile or the resync to finish. force: see Cleanup.
 func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool) error {
-	if c.cp.GetPhase() != agentv1.ContainerStatus_CLEANING {
-		if err := iso.setPhase(c, agentv1.ContainerStatus_CLEANING); err != nil {
+	if c.cp.GetPhase() != statev1.ContainerCheckpoint_CLEANING {
+		if err := iso.setPhase(c, statev1.ContainerCheckpoint_CLEANING); err != nil {
 			return err
 		}
 	}
@@ -580,19 +579,19 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 // Reconcile cleans up every container not in live. A plugin found down
 // (its wait has the RPC deadline) is not waited for again: the other
 // containers using it are reported failed, not tried.
-func (iso *Isolator) Reconcile(ctx context.Context, live []string) *agentv1.ReconcileResponse {
+func (iso *Isolator) Reconcile(ctx context.Context, live []string) ReconcileResult {
 	alive := map[string]bool{}
 	for _, id := range live {
 		alive[id] = true
 	}
-	resp := &agentv1.ReconcileResponse{Failed: map[string]string{}}
+	resp := ReconcileResult{Failed: map[string]string{}}
 	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		if alive[id] {
 			continue
 		}
 		iso.mu.Lock()
-		var req *agentv1.PrepareRequest
+		var req *statev1.PrepareRequest
 		if c := iso.containers[id]; c != nil {
 			req = c.cp.GetRequest()
 		}
@@ -622,48 +621,48 @@ func (iso *Isolator) containerIDs() []string {
 	return ids
 }
 
-// ListVolumes reports every tracked volume.
-func (iso *Isolator) ListVolumes() []*agentv1.VolumeStatus {
+// ListVolumes reports every tracked volume, sorted by plugin and id.
+func (iso *Isolator) ListVolumes() []VolumeInfo {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
-	out := make([]*agentv1.VolumeStatus, 0, len(iso.volumes))
+	out := make([]VolumeInfo, 0, len(iso.volumes))
 	for _, v := range iso.volumes {
 		cp := v.cp
-		out = append(out, &agentv1.VolumeStatus{
-			PluginName: v.key.plugin, VolumeId: v.key.id, State: cp.GetState(), StateSince: cp.GetStateSince(),
-			Containers: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
+		out = append(out, VolumeInfo{
+			Plugin: v.key.plugin, ID: v.key.id, State: cp.GetState(), StateSince: optionalTime(cp.GetStateSince()),
+			Users: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
-			NextReclaim: cp.GetNextReclaim(), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
-			NextKeyRotation: cp.GetNextKeyRotation(), LastRepair: cp.GetLastRepair(),
+			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
+			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].PluginName != out[j].PluginName {
-			return out[i].PluginName < out[j].PluginName
+		if out[i].Plugin != out[j].Plugin {
+			return out[i].Plugin < out[j].Plugin
 		}
-		return out[i].VolumeId < out[j].VolumeId
+		return out[i].ID < out[j].ID
 	})
 	return out
 }
 
-// ListContainers reports every container with volumes.
-func (iso *Isolator) ListContainers() []*agentv1.ContainerStatus {
+// ListContainers reports every container with volumes, sorted by id.
+func (iso *Isolator) ListContainers() []ContainerInfo {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
-	out := make([]*agentv1.ContainerStatus, 0, len(iso.containers))
+	out := make([]ContainerInfo, 0, len(iso.containers))
 	for id, c := range iso.containers {
-		out = append(out, &agentv1.ContainerStatus{
-			ContainerId: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(), LastError: c.cp.GetLastError(),
+		out = append(out, ContainerInfo{
+			ID: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(), LastError: c.cp.GetLastError(),
 		})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ContainerId < out[j].ContainerId })
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
 // sameRequest compares two Prepare requests as sets of volumes.
-func sameRequest(a, b *agentv1.PrepareRequest) bool {
-	norm := func(r *agentv1.PrepareRequest) *agentv1.PrepareRequest {
-		r = proto.Clone(r).(*agentv1.PrepareRequest)
+func sameRequest(a, b *statev1.PrepareRequest) bool {
+	norm := func(r *statev1.PrepareRequest) *statev1.PrepareRequest {
+		r = proto.Clone(r).(*statev1.PrepareRequest)
 		sort.Slice(r.Volumes, func(i, j int) bool {
 			ki := r.Volumes[i].GetSource().GetCsiVolume()
 			kj := r.Volumes[j].GetSource().GetCsiVolume()

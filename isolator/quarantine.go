@@ -8,7 +8,6 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -26,7 +25,7 @@ import (
 
 // quarantined reports whether a container record is a quarantined one.
 func quarantined(cp *statev1.ContainerCheckpoint) bool {
-	return cp.GetPhase() == agentv1.ContainerStatus_PHASE_UNKNOWN
+	return cp.GetPhase() == statev1.ContainerCheckpoint_PHASE_UNKNOWN
 }
 
 // quarantine rebuilds the record of container id, whose file was corrupt
@@ -36,8 +35,8 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 	cp := &statev1.ContainerCheckpoint{
 		ContainerId: id,
 		BootId:      iso.bootID,
-		Phase:       agentv1.ContainerStatus_PHASE_UNKNOWN,
-		Request:     &agentv1.PrepareRequest{ContainerId: id},
+		Phase:       statev1.ContainerCheckpoint_PHASE_UNKNOWN,
+		Request:     &statev1.PrepareRequest{ContainerId: id},
 	}
 	var keys []volumeKey
 	for k, v := range iso.volumes {
@@ -55,8 +54,8 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 	}
 	for _, k := range keys {
 		v := iso.volumes[k]
-		cp.Request.Volumes = append(cp.Request.Volumes, &agentv1.Volume{
-			Source: &agentv1.Volume_Source{Type: agentv1.Volume_Source_CSI_VOLUME, CsiVolume: &agentv1.CSIVolume{
+		cp.Request.Volumes = append(cp.Request.Volumes, &statev1.Volume{
+			Source: &statev1.Volume_Source{Type: statev1.Volume_Source_CSI_VOLUME, CsiVolume: &statev1.CSIVolume{
 				PluginName: k.plugin, StaticProvisioning: v.cp.GetStaticProvisioning(),
 			}},
 		})
@@ -65,7 +64,7 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 				// No rootfs is known: the mount point is resolved from the
 				// host's root without following links, and only the mount
 				// with this id (and the volume's root) is ever unmounted.
-				cp.Mounts = append(cp.Mounts, &agentv1.ContainerMount{
+				cp.Mounts = append(cp.Mounts, &statev1.ContainerMount{
 					PluginName: k.plugin, VolumeId: k.id, MountPoint: m.Mountpoint, ContainerPath: m.Mountpoint,
 					HostPath: v.cp.GetTargetPath(), MountId: uint64(m.ID), ParentMountId: uint64(m.Parent),
 				})

@@ -8,7 +8,6 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -40,7 +39,7 @@ func TestMountIDsOfAnotherBootAreNotTrusted(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := iso.updateContainer(c1, func(cp *statev1.ContainerCheckpoint) {
-		cp.Phase = agentv1.ContainerStatus_CLEANING
+		cp.Phase = statev1.ContainerCheckpoint_CLEANING
 		cp.Mounts[0].MountId = theirs.GetMountId()
 	}); err != nil {
 		t.Fatal(err)

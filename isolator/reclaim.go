@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -88,7 +87,7 @@ func (iso *Isolator) schedule(ctx context.Context, plugin, id string, set func(c
 // The result is kept with the volume. The error is the plugin's status
 // error (its code drives the caller's retry policy), or wraps
 // reclaim.ErrNotPublished.
-func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugin, id string) (*agentv1.ReclaimResult, error) {
+func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugin, id string) (*statev1.ReclaimResult, error) {
 	key := volumeKey{plugin, id}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -108,7 +107,7 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 		delete(iso.reclaiming, key)
 		iso.mu.Unlock()
 	}()
-	var res *agentv1.ReclaimResult
+	var res *statev1.ReclaimResult
 	var callErr error
 	err := iso.withVolume(ctx, key, func(v *volume) error {
 		if v == nil || v.cp.GetState() != stPublished {
@@ -147,8 +146,8 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 
 // ReclaimOffline calls ControllerReclaimSpace for a volume that is not
 // published on this host.
-func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimController, plugin, id string, secrets map[string]string) (*agentv1.ReclaimResult, error) {
-	var res *agentv1.ReclaimResult
+func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimController, plugin, id string, secrets map[string]string) (*statev1.ReclaimResult, error) {
+	var res *statev1.ReclaimResult
 	var callErr error
 	err := iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
 		if v != nil {
@@ -167,8 +166,8 @@ func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimControlle
 	return res, callErr
 }
 
-func reclaimResult(start time.Time, pre, post int64, hasPre, hasPost bool, err error) *agentv1.ReclaimResult {
-	res := &agentv1.ReclaimResult{
+func reclaimResult(start time.Time, pre, post int64, hasPre, hasPost bool, err error) *statev1.ReclaimResult {
+	res := &statev1.ReclaimResult{
 		Start: timestamppb.New(start), Duration: durationpb.New(time.Since(start)),
 		Outcome: "ok", PreUsage: -1, PostUsage: -1,
 	}

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -30,7 +29,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	down := downPlugins{}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if c.cp.GetPhase() == agentv1.ContainerStatus_PREPARED || quarantined(c.cp) {
+			if c.cp.GetPhase() == statev1.ContainerCheckpoint_PREPARED || quarantined(c.cp) {
 				return
 			}
 			if p, ok := down.of(c.cp.GetRequest()); ok {
@@ -79,7 +78,7 @@ func (d downPlugins) note(err error) {
 }
 
 // of names a plugin of the request's volumes that is down.
-func (d downPlugins) of(req *agentv1.PrepareRequest) (string, bool) {
+func (d downPlugins) of(req *statev1.PrepareRequest) (string, bool) {
 	for _, v := range req.GetVolumes() {
 		if p := v.GetSource().GetCsiVolume().GetPluginName(); d[p] {
 			return p, true
@@ -211,7 +210,7 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 func (iso *Isolator) remount(ctx context.Context, c *container) {
 	// A container with a pid has its mounts in its own namespace: they
 	// live and die with it, whatever the agent does.
-	if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED || c.cp.GetRequest().GetPid() != 0 {
+	if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetRequest().GetPid() != 0 {
 		return
 	}
 	req := c.cp.GetRequest()
@@ -273,7 +272,7 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 
 // requestVolume returns the volume key names in a container record's
 // request, or nil.
-func requestVolume(cp *statev1.ContainerCheckpoint, key volumeKey) *agentv1.CSIVolume {
+func requestVolume(cp *statev1.ContainerCheckpoint, key volumeKey) *statev1.CSIVolume {
 	for _, rv := range cp.GetRequest().GetVolumes() {
 		csiVol := rv.GetSource().GetCsiVolume()
 		if csiVol.GetPluginName() == key.plugin && csiVol.GetStaticProvisioning().GetVolumeId() == key.id {
@@ -342,7 +341,7 @@ func (iso *Isolator) Pending() string {
 	defer iso.mu.Unlock()
 	containers := 0
 	for _, c := range iso.containers {
-		if c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+		if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED {
 			containers++
 		}
 	}

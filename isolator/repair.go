@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/mount"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -123,7 +122,7 @@ func (iso *Isolator) rebindContainer(ctx context.Context, id string, key volumeK
 	iso.mu.Lock()
 	c := iso.containers[id]
 	iso.mu.Unlock()
-	if c == nil || c.cp.GetPhase() != agentv1.ContainerStatus_PREPARED {
+	if c == nil || c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED {
 		return nil
 	}
 	var errs []error
@@ -207,7 +206,7 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 	}); err != nil {
 		return 0, err
 	}
-	rec := proto.Clone(old).(*agentv1.ContainerMount)
+	rec := proto.Clone(old).(*statev1.ContainerMount)
 	rec.MountId = newID
 	// The new mount goes beneath the old one: recorded before it, so a
 	// cleanup (last first) unmounts the old one first.
@@ -240,7 +239,7 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 		iso.log.Warn("re-bind: the stale mount was not where recorded", "container", c.id, "note", note)
 	}
 	if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
-		cp.Mounts = slices.DeleteFunc(cp.Mounts, func(m *agentv1.ContainerMount) bool { return m.GetMountId() == old.GetMountId() })
+		cp.Mounts = slices.DeleteFunc(cp.Mounts, func(m *statev1.ContainerMount) bool { return m.GetMountId() == old.GetMountId() })
 	}); err != nil {
 		return 0, err
 	}
@@ -249,7 +248,7 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 }
 
 // isBlockMount reports whether mount m of c is of a block volume.
-func isBlockMount(c *container, m *agentv1.ContainerMount) bool {
+func isBlockMount(c *container, m *statev1.ContainerMount) bool {
 	for _, v := range c.cp.GetRequest().GetVolumes() {
 		csiVol := v.GetSource().GetCsiVolume()
 		if csiVol.GetPluginName() == m.GetPluginName() && csiVol.GetStaticProvisioning().GetVolumeId() == m.GetVolumeId() &&

@@ -7,23 +7,23 @@ import (
 	"path/filepath"
 	"strings"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // resolveSecrets turns Mesos secrets into the CSI secrets map: VALUE
 // secrets as given; REFERENCE secrets read from --secrets-dir, where name
 // is a file holding a JSON object and key one of its keys. Errors name the
 // secret, never its value.
-func (iso *Isolator) resolveSecrets(in map[string]*agentv1.Secret) (map[string]string, error) {
+func (iso *Isolator) resolveSecrets(in map[string]*statev1.Secret) (map[string]string, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
 	out := make(map[string]string, len(in))
 	for k, s := range in {
 		switch s.GetType() {
-		case agentv1.Secret_VALUE:
+		case statev1.Secret_VALUE:
 			out[k] = string(s.GetValue().GetData())
-		case agentv1.Secret_REFERENCE:
+		case statev1.Secret_REFERENCE:
 			v, err := iso.readReference(s.GetReference())
 			if err != nil {
 				return nil, fmt.Errorf("%w: secret %q: %w", ErrInvalid, k, err)
@@ -36,7 +36,7 @@ func (iso *Isolator) resolveSecrets(in map[string]*agentv1.Secret) (map[string]s
 	return out, nil
 }
 
-func (iso *Isolator) readReference(ref *agentv1.Secret_Reference) (string, error) {
+func (iso *Isolator) readReference(ref *statev1.Secret_Reference) (string, error) {
 	name, key := ref.GetName(), ref.GetKey()
 	if iso.cfg.SecretsDir == "" {
 		return "", fmt.Errorf("reference %q: the agent has no --secrets-dir", name)
@@ -63,7 +63,7 @@ func (iso *Isolator) readReference(ref *agentv1.Secret_Reference) (string, error
 // checkSecrets resolves a request's secrets up front, so that a missing
 // reference fails the request before anything is done.
 func (iso *Isolator) checkSecrets(pm plannedMount) error {
-	for what, m := range map[string]map[string]*agentv1.Secret{
+	for what, m := range map[string]map[string]*statev1.Secret{
 		"node_stage_secrets":   pm.static.GetNodeStageSecrets(),
 		"node_publish_secrets": pm.static.GetNodePublishSecrets(),
 	} {

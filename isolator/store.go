@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -64,14 +63,14 @@ func (iso *Isolator) mountRoot(p Plugin) string {
 }
 
 // newVolume makes the in-memory record of a volume not yet checkpointed.
-func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *agentv1.StaticProvisioning, readonly bool) *volume {
+func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *statev1.StaticProvisioning, readonly bool) *volume {
 	enc := encodeVolumeID(key.id)
 	mounts := filepath.Join(iso.mountRoot(p), enc)
 	return &volume{
 		key: key,
 		dir: filepath.Join(iso.pluginDir(p), "volumes", enc),
 		cp: &statev1.VolumeCheckpoint{
-			State:              agentv1.VolumeStatus_CREATED,
+			State:              statev1.VolumeCheckpoint_CREATED,
 			StateSince:         timestamppb.Now(),
 			PluginName:         key.plugin,
 			StaticProvisioning: static,
@@ -173,7 +172,7 @@ func (iso *Isolator) updateContainer(c *container, mutate func(cp *statev1.Conta
 	return nil
 }
 
-func (iso *Isolator) setPhase(c *container, phase agentv1.ContainerStatus_Phase) error {
+func (iso *Isolator) setPhase(c *container, phase statev1.ContainerCheckpoint_Phase) error {
 	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Phase = phase })
 }
 
@@ -366,7 +365,7 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 		mounts = filepath.Join(iso.mountRoot(p), filepath.Base(dir))
 	}
 	cp := &statev1.VolumeCheckpoint{
-		State:       agentv1.VolumeStatus_UNKNOWN,
+		State:       statev1.VolumeCheckpoint_UNKNOWN,
 		StateSince:  timestamppb.Now(),
 		PluginName:  key.plugin,
 		StagingPath: filepath.Join(mounts, "staging"),

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -18,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // The TestUnit tests run the isolator on the fakes of fake_test.go: no
@@ -90,7 +91,7 @@ type vol struct {
 
 // request is a Prepare of container id with vols, in a rootfs of its own
 // (absolute paths) or its sandbox (relative ones).
-func (w *world) request(id string, vols ...vol) *agentv1.PrepareRequest {
+func (w *world) request(id string, vols ...vol) *statev1.PrepareRequest {
 	w.t.Helper()
 	rootfs, sandbox := filepath.Join(w.dir, "rootfs-"+id), filepath.Join(w.dir, "sandbox-"+id)
 	for _, d := range []string{rootfs, sandbox} {
@@ -98,17 +99,17 @@ func (w *world) request(id string, vols ...vol) *agentv1.PrepareRequest {
 			w.t.Fatal(err)
 		}
 	}
-	req := &agentv1.PrepareRequest{ContainerId: id, Rootfs: rootfs, Sandbox: sandbox}
+	req := &statev1.PrepareRequest{ContainerId: id, Rootfs: rootfs, Sandbox: sandbox}
 	for _, v := range vols {
-		mode, access := agentv1.Volume_RW, csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+		mode, access := statev1.Volume_RW, csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
 		if v.ro {
-			mode = agentv1.Volume_RO
+			mode = statev1.Volume_RO
 		}
-		req.Volumes = append(req.Volumes, &agentv1.Volume{
+		req.Volumes = append(req.Volumes, &statev1.Volume{
 			ContainerPath: v.path, Mode: mode,
-			Source: &agentv1.Volume_Source{Type: agentv1.Volume_Source_CSI_VOLUME, CsiVolume: &agentv1.CSIVolume{
+			Source: &statev1.Volume_Source{Type: statev1.Volume_Source_CSI_VOLUME, CsiVolume: &statev1.CSIVolume{
 				PluginName: v.plugin,
-				StaticProvisioning: &agentv1.StaticProvisioning{VolumeId: v.id, VolumeCapability: &csi.VolumeCapability{
+				StaticProvisioning: &statev1.StaticProvisioning{VolumeId: v.id, VolumeCapability: &csi.VolumeCapability{
 					AccessMode: &csi.VolumeCapability_AccessMode{Mode: access},
 					AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 				}},
@@ -142,53 +143,53 @@ func (w *world) problems(iso *Isolator) []string {
 	named := map[volumeKey][]string{}
 	w.table.mu.Lock()
 	for _, c := range containers {
-		if c.GetPhase() != agentv1.ContainerStatus_PREPARED {
-			bad("container %s is %s (%s)", c.GetContainerId(), c.GetPhase(), c.GetLastError())
+		if c.Phase != statev1.ContainerCheckpoint_PREPARED {
+			bad("container %s is %s (%s)", c.ID, c.Phase, c.LastError)
 		}
 		ns := uint64(hostNS)
 		iso.mu.Lock()
-		req := iso.containers[c.GetContainerId()].cp.GetRequest()
+		req := iso.containers[c.ID].cp.GetRequest()
 		if req.GetPid() != 0 {
-			ns = iso.containers[c.GetContainerId()].cp.GetMountNamespace()
+			ns = iso.containers[c.ID].cp.GetMountNamespace()
 		}
 		iso.mu.Unlock()
 		for _, v := range req.GetVolumes() {
 			k := volumeKey{v.GetSource().GetCsiVolume().GetPluginName(), v.GetSource().GetCsiVolume().GetStaticProvisioning().GetVolumeId()}
-			named[k] = append(named[k], c.GetContainerId())
+			named[k] = append(named[k], c.ID)
 		}
 		if req.GetPid() != 0 && w.table.procs[int(req.GetPid())] != ns {
 			// The container's process ended: its mounts went with its
 			// namespace; the record waits for a Cleanup or Reconcile.
 			continue
 		}
-		for _, m := range c.GetMounts() {
+		for _, m := range c.Mounts {
 			claimed[m.GetMountId()] = true
 			top := w.table.top(ns, m.GetMountPoint())
 			switch {
 			case top == nil:
-				bad("container %s: nothing mounted at %s", c.GetContainerId(), m.GetMountPoint())
+				bad("container %s: nothing mounted at %s", c.ID, m.GetMountPoint())
 			case top.id != m.GetMountId():
-				bad("container %s: mount %d on top at %s, recorded %d", c.GetContainerId(), top.id, m.GetMountPoint(), m.GetMountId())
+				bad("container %s: mount %d on top at %s, recorded %d", c.ID, top.id, m.GetMountPoint(), m.GetMountId())
 			case top.dev != w.table.devs[m.GetVolumeId()]:
-				bad("container %s: %s shows filesystem %d, not volume %s's", c.GetContainerId(), m.GetMountPoint(), top.dev, m.GetVolumeId())
+				bad("container %s: %s shows filesystem %d, not volume %s's", c.ID, m.GetMountPoint(), top.dev, m.GetVolumeId())
 			case top.readonly != m.GetReadonly():
-				bad("container %s: %s read-only %v, recorded %v", c.GetContainerId(), m.GetMountPoint(), top.readonly, m.GetReadonly())
+				bad("container %s: %s read-only %v, recorded %v", c.ID, m.GetMountPoint(), top.readonly, m.GetReadonly())
 			}
 		}
 	}
 	paths := map[string]bool{}
 	for _, v := range volumes {
-		k := volumeKey{v.GetPluginName(), v.GetVolumeId()}
+		k := volumeKey{v.Plugin, v.ID}
 		want := slices.Sorted(slices.Values(named[k]))
-		if !slices.Equal(v.GetContainers(), want) {
-			bad("volume %s: users %v, container records name %v", k, v.GetContainers(), want)
+		if !slices.Equal(v.Users, want) {
+			bad("volume %s: users %v, container records name %v", k, v.Users, want)
 		}
-		if len(v.GetContainers()) == 0 || v.GetState() != agentv1.VolumeStatus_PUBLISHED || v.GetLastError() != "" {
-			bad("volume %s: %s with users %v (%s)", k, v.GetState(), v.GetContainers(), v.GetLastError())
+		if len(v.Users) == 0 || v.State != statev1.VolumeCheckpoint_PUBLISHED || v.LastError != "" {
+			bad("volume %s: %s with users %v (%s)", k, v.State, v.Users, v.LastError)
 		}
-		mounted := []string{v.GetTargetPath()}
+		mounted := []string{v.TargetPath}
 		if w.node(k.plugin).stageUnstage {
-			mounted = append(mounted, v.GetStagingPath())
+			mounted = append(mounted, v.StagingPath)
 		}
 		for _, p := range mounted {
 			paths[p] = true
@@ -213,17 +214,31 @@ func (w *world) problems(iso *Isolator) []string {
 		}
 	}
 	fresh := w.isolator(Config{})
-	if got := fresh.ListContainers(); !equalMessages(got, containers) {
+	if got := fresh.ListContainers(); !sameContainers(got, containers) {
 		bad("the checkpoints on disk hold containers %v, memory %v", got, containers)
 	}
-	if got := fresh.ListVolumes(); !equalMessages(got, volumes) {
+	if got := fresh.ListVolumes(); !sameVolumes(got, volumes) {
 		bad("the checkpoints on disk hold volumes %v, memory %v", got, volumes)
 	}
 	return out
 }
 
-func equalMessages[M proto.Message](a, b []M) bool {
-	return slices.EqualFunc(a, b, func(x, y M) bool { return proto.Equal(x, y) })
+func sameMounts(a, b []*statev1.ContainerMount) bool {
+	return slices.EqualFunc(a, b, func(x, y *statev1.ContainerMount) bool { return proto.Equal(x, y) })
+}
+
+func sameContainers(a, b []ContainerInfo) bool {
+	return slices.EqualFunc(a, b, func(x, y ContainerInfo) bool {
+		return x.ID == y.ID && x.Phase == y.Phase && x.Rootfs == y.Rootfs && x.LastError == y.LastError && sameMounts(x.Mounts, y.Mounts)
+	})
+}
+
+func sameVolumes(a, b []VolumeInfo) bool {
+	return slices.EqualFunc(a, b, func(x, y VolumeInfo) bool {
+		lx, ly := x.LastReclaim, y.LastReclaim
+		x.LastReclaim, y.LastReclaim = nil, nil
+		return reflect.DeepEqual(x, y) && proto.Equal(lx, ly)
+	})
 }
 
 // check fails the test on any of w.problems.
@@ -279,19 +294,19 @@ func (w *world) calls(plugin string) []string {
 	return out
 }
 
-func containerOf(iso *Isolator, id string) *agentv1.ContainerStatus {
+func containerOf(iso *Isolator, id string) *ContainerInfo {
 	for _, c := range iso.ListContainers() {
-		if c.GetContainerId() == id {
-			return c
+		if c.ID == id {
+			return &c
 		}
 	}
 	return nil
 }
 
-func volumeOf(iso *Isolator, plugin, id string) *agentv1.VolumeStatus {
+func volumeOf(iso *Isolator, plugin, id string) *VolumeInfo {
 	for _, v := range iso.ListVolumes() {
-		if v.GetPluginName() == plugin && v.GetVolumeId() == id {
-			return v
+		if v.Plugin == plugin && v.ID == id {
+			return &v
 		}
 	}
 	return nil
@@ -309,7 +324,7 @@ func TestUnitPrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := resp.GetMounts()
+	ms := resp
 	if len(ms) != 1 || ms[0].GetMountPoint() != filepath.Join(req.GetRootfs(), "data") || ms[0].GetContainerPath() != "/data" || ms[0].GetMountId() == 0 {
 		t.Fatalf("mounts %v; want one at %s/data with its id", ms, req.GetRootfs())
 	}
@@ -317,14 +332,14 @@ func TestUnitPrepare(t *testing.T) {
 	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}) {
 		t.Errorf("node calls %v", got)
 	}
-	if v.GetState() != agentv1.VolumeStatus_PUBLISHED || !slices.Equal(v.GetContainers(), []string{"c1"}) {
+	if v.State != statev1.VolumeCheckpoint_PUBLISHED || !slices.Equal(v.Users, []string{"c1"}) {
 		t.Errorf("volume %v", v)
 	}
-	if ms[0].GetHostPath() != v.GetTargetPath() {
-		t.Errorf("bound from %s, the volume is published at %s", ms[0].GetHostPath(), v.GetTargetPath())
+	if ms[0].GetHostPath() != v.TargetPath {
+		t.Errorf("bound from %s, the volume is published at %s", ms[0].GetHostPath(), v.TargetPath)
 	}
-	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_PREPARED {
-		t.Errorf("c1 is %v", c.GetPhase())
+	if c := containerOf(iso, "c1"); c.Phase != statev1.ContainerCheckpoint_PREPARED {
+		t.Errorf("c1 is %v", c.Phase)
 	}
 	w.check(iso)
 
@@ -352,13 +367,13 @@ func TestUnitPrepareWithoutStage(t *testing.T) {
 	if got := w.calls("plain"); !slices.Equal(got, []string{"NodePublishVolume vol-1"}) {
 		t.Errorf("node calls %v", got)
 	}
-	m := resp.GetMounts()[0]
+	m := resp[0]
 	if m.GetMountPoint() != filepath.Join(req.GetSandbox(), "data/in") || !m.GetReadonly() {
 		t.Errorf("mount %v; want read-only at %s/data/in", m, req.GetSandbox())
 	}
 	v := volumeOf(iso, "plain", "vol-1")
-	if ok, _ := iso.mounts.IsMountPoint(v.GetStagingPath()); ok {
-		t.Errorf("staging path %s mounted for a plugin without STAGE_UNSTAGE", v.GetStagingPath())
+	if ok, _ := iso.mounts.IsMountPoint(v.StagingPath); ok {
+		t.Errorf("staging path %s mounted for a plugin without STAGE_UNSTAGE", v.StagingPath)
 	}
 	w.check(iso)
 	if err := iso.Cleanup(ctx, "c1", false); err != nil {
@@ -385,13 +400,13 @@ func TestUnitRepeatedPrepare(t *testing.T) {
 	w.calls("loop")
 	w.calls("plain")
 	// The same set of volumes, listed in another order.
-	again := proto.Clone(req).(*agentv1.PrepareRequest)
+	again := proto.Clone(req).(*statev1.PrepareRequest)
 	slices.Reverse(again.Volumes)
 	second, err := iso.Prepare(ctx, again)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(first, second) {
+	if !sameMounts(first, second) {
 		t.Errorf("repeated Prepare answered %v, first %v", second, first)
 	}
 	if got := append(w.calls("loop"), w.calls("plain")...); len(got) > 0 {
@@ -401,12 +416,12 @@ func TestUnitRepeatedPrepare(t *testing.T) {
 	if _, err := iso.Prepare(ctx, other); !errors.Is(err, ErrPrecondition) {
 		t.Errorf("Prepare of c1 with other volumes: %v; want ErrPrecondition", err)
 	}
-	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_PREPARED || !equalMessages(c.GetMounts(), first.GetMounts()) {
+	if c := containerOf(iso, "c1"); c.Phase != statev1.ContainerCheckpoint_PREPARED || !sameMounts(c.Mounts, first) {
 		t.Errorf("after the refused Prepare c1 is %v", c)
 	}
 	w.check(iso)
 	// The nested mount: /data/sub is on the volume at /data.
-	ms := first.GetMounts()
+	ms := first
 	if len(ms) != 2 || ms[1].GetParentMountId() != ms[0].GetMountId() {
 		t.Errorf("mounts %v: want /data/sub on the mount at /data", ms)
 	}
@@ -436,8 +451,8 @@ func TestUnitSharedVolume(t *testing.T) {
 	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}) {
 		t.Errorf("node calls for two users %v; want one stage and one publish", got)
 	}
-	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.GetContainers(), []string{"c1", "c2"}) {
-		t.Errorf("users %v", v.GetContainers())
+	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.Users, []string{"c1", "c2"}) {
+		t.Errorf("users %v", v.Users)
 	}
 	w.check(iso)
 
@@ -447,13 +462,13 @@ func TestUnitSharedVolume(t *testing.T) {
 	if got := w.calls("loop"); len(got) > 0 {
 		t.Errorf("cleanup of a user that is not the last asked %v", got)
 	}
-	if ok, _ := iso.mounts.IsMountPoint(r1.GetMounts()[0].GetMountPoint()); ok {
+	if ok, _ := iso.mounts.IsMountPoint(r1[0].GetMountPoint()); ok {
 		t.Error("c1's mount is still there")
 	}
-	if ok, _ := iso.mounts.IsMountPoint(r2.GetMounts()[0].GetMountPoint()); !ok {
+	if ok, _ := iso.mounts.IsMountPoint(r2[0].GetMountPoint()); !ok {
 		t.Error("c2's mount went with c1's cleanup")
 	}
-	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.GetContainers(), []string{"c2"}) || v.GetState() != agentv1.VolumeStatus_PUBLISHED {
+	if v := volumeOf(iso, "loop", "vol-1"); !slices.Equal(v.Users, []string{"c2"}) || v.State != statev1.VolumeCheckpoint_PUBLISHED {
 		t.Errorf("after c1's cleanup: %v", v)
 	}
 	w.check(iso)
@@ -498,7 +513,7 @@ func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
 		t.Errorf("c1 left %v", c)
 	}
 	w.check(iso)
-	if v := iso.ListVolumes(); len(v) != 1 || v[0].GetVolumeId() != "vol-0" {
+	if v := iso.ListVolumes(); len(v) != 1 || v[0].ID != "vol-0" {
 		t.Errorf("volumes after the rollback: %v; want vol-0 only", v)
 	}
 	for _, p := range []string{"a", "b", "c"} {
@@ -524,7 +539,7 @@ func TestUnitManyContainers(t *testing.T) {
 	ctx := context.Background()
 	vols := []vol{{"loop", "vol-a", "/a", false}, {"loop", "vol-b", "/b", false}, {"plain", "vol-c", "/c", false}}
 	const n = 24
-	reqs := make([]*agentv1.PrepareRequest, n)
+	reqs := make([]*statev1.PrepareRequest, n)
 	for i := range n {
 		reqs[i] = w.request(fmt.Sprintf("c%d", i), vols[i%3], vols[(i+1)%3])
 	}
@@ -572,7 +587,7 @@ func TestUnitManyContainers(t *testing.T) {
 	sort.Strings(prepared)
 	var got []string
 	for _, c := range iso.ListContainers() {
-		got = append(got, c.GetContainerId())
+		got = append(got, c.ID)
 	}
 	if !slices.Equal(got, prepared) {
 		t.Errorf("containers %v; want %v", got, prepared)
@@ -613,7 +628,7 @@ func TestUnitRecoveryWithPluginDown(t *testing.T) {
 		t.Errorf("recovery with the plugin down took %v; the RPC timeout is %v", took, timeout)
 	}
 	for _, id := range []string{"c1", "c2"} {
-		if c := containerOf(iso, id); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
+		if c := containerOf(iso, id); c.Phase != statev1.ContainerCheckpoint_CLEANING {
 			t.Errorf("%s after recovery with its plugin down: %v", id, c)
 		}
 	}
@@ -622,7 +637,7 @@ func TestUnitRecoveryWithPluginDown(t *testing.T) {
 	}
 	w.plugins.setDown("loop", false)
 	resp := iso.Reconcile(ctx, nil)
-	if len(resp.GetFailed()) > 0 || len(resp.GetCleanedUp()) != 2 {
+	if len(resp.Failed) > 0 || len(resp.CleanedUp) != 2 {
 		t.Errorf("Reconcile once the plugin is back: %v", resp)
 	}
 	if p := iso.Pending(); p != "" {
@@ -670,10 +685,10 @@ var crashScript = []crashStep{
 const crashPid = 4242
 
 // crashWorld is a world with crashScript's requests and c4's process.
-func crashWorld(t *testing.T) (*world, map[string]*agentv1.PrepareRequest) {
+func crashWorld(t *testing.T) (*world, map[string]*statev1.PrepareRequest) {
 	w := newWorld(t)
 	w.table.startProcess(crashPid, 77)
-	reqs := map[string]*agentv1.PrepareRequest{
+	reqs := map[string]*statev1.PrepareRequest{
 		"c1": w.request("c1", vol{"loop", "vol-1", "/data", false}),
 		"c2": w.request("c2", vol{"loop", "vol-1", "/data", false}),
 		"c3": w.request("c3", vol{"plain", "vol-2", "data", false}),
@@ -683,7 +698,7 @@ func crashWorld(t *testing.T) (*world, map[string]*agentv1.PrepareRequest) {
 	return w, reqs
 }
 
-func (s crashStep) do(ctx context.Context, iso *Isolator, reqs map[string]*agentv1.PrepareRequest) error {
+func (s crashStep) do(ctx context.Context, iso *Isolator, reqs map[string]*statev1.PrepareRequest) error {
 	if s.prepare {
 		_, err := iso.Prepare(ctx, reqs[s.id])
 		return err
@@ -808,8 +823,8 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 		}
 		w.check(iso)
 	}
-	if resp := iso.Reconcile(ctx, nil); len(resp.GetFailed()) > 0 {
-		t.Errorf("Reconcile after recovery: %v", resp.GetFailed())
+	if resp := iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+		t.Errorf("Reconcile after recovery: %v", resp.Failed)
 	}
 	w.checkEmpty(iso)
 }
@@ -835,7 +850,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	if _, err := iso.Prepare(ctx, r2); err != nil {
 		t.Fatal(err)
 	}
-	stray := filepath.Join(volumeOf(iso, "loop", "vol-x").GetTargetPath(), "stray")
+	stray := filepath.Join(volumeOf(iso, "loop", "vol-x").TargetPath, "stray")
 	crashing := w.isolator(Config{CrashPoint: func(point string) {
 		if point == "checkpoint container CLEANING" {
 			panic(errCrash)
@@ -851,7 +866,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	// Recovery publishes vol-1 again (staging, target), then restores
 	// c2's mount: with the id c1 recorded.
 	var old uint64
-	for _, m := range resp1.GetMounts() {
+	for _, m := range resp1 {
 		if m.GetVolumeId() == "vol-1" {
 			old = m.GetMountId()
 		}
@@ -860,11 +875,11 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	w.table.nextID = old - 3
 	w.table.mu.Unlock()
 	iso = w.run(Config{})
-	if c := containerOf(iso, "c1"); c.GetPhase() != agentv1.ContainerStatus_CLEANING {
+	if c := containerOf(iso, "c1"); c.Phase != statev1.ContainerCheckpoint_CLEANING {
 		t.Fatalf("c1 after recovery with vol-x's directory not empty: %v", c)
 	}
 	c2 := containerOf(iso, "c2")
-	if id := c2.GetMounts()[0].GetMountId(); id != old {
+	if id := c2.Mounts[0].GetMountId(); id != old {
 		t.Fatalf("c2's mount got id %d after the reboot, want c1's old %d", id, old)
 	}
 	if err := os.Remove(stray); err != nil {
@@ -874,7 +889,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 		t.Fatalf("c1's cleanup after the reboot: %v", err)
 	}
 	w.check(iso)
-	if c := containerOf(iso, "c2"); !equalMessages(c.GetMounts(), c2.GetMounts()) {
+	if c := containerOf(iso, "c2"); !sameMounts(c.Mounts, c2.Mounts) {
 		t.Errorf("c2 after c1's cleanup: %v", c)
 	}
 	if err := iso.Cleanup(ctx, "c2", false); err != nil {
@@ -932,7 +947,7 @@ func TestUnitContainerInItsOwnNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := resp.GetMounts()[0]
+	m := resp[0]
 	if m.GetMountNamespace() != 77 || m.GetMountPoint() != filepath.Join(req.GetRootfs(), "data") {
 		t.Errorf("mount %v; want it in namespace 77 at %s/data", m, req.GetRootfs())
 	}
@@ -960,15 +975,15 @@ func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
 	for _, tc := range []struct {
 		plugin, rpc string
 		prepare     bool
-		state       agentv1.VolumeStatus_State // after the failure
+		state       statev1.VolumeCheckpoint_State // after the failure
 	}{
 		// A failed prepare's rollback fails at its first call, unpublish.
-		{"loop", "NodeStageVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
-		{"loop", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
-		{"plain", "NodePublishVolume", true, agentv1.VolumeStatus_NODE_UNPUBLISH},
-		{"loop", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
-		{"loop", "NodeUnstageVolume", false, agentv1.VolumeStatus_NODE_UNSTAGE},
-		{"plain", "NodeUnpublishVolume", false, agentv1.VolumeStatus_NODE_UNPUBLISH},
+		{"loop", "NodeStageVolume", true, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"loop", "NodePublishVolume", true, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"plain", "NodePublishVolume", true, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"loop", "NodeUnpublishVolume", false, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"loop", "NodeUnstageVolume", false, statev1.VolumeCheckpoint_NODE_UNSTAGE},
+		{"plain", "NodeUnpublishVolume", false, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
 	} {
 		for _, reboot := range []bool{false, true} {
 			name := fmt.Sprintf("%s/%s/reboot=%v", tc.plugin, tc.rpc, reboot)
@@ -999,10 +1014,10 @@ func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
 					t.Fatalf("the operation succeeded with %s broken", tc.rpc)
 				}
 				c, v := containerOf(iso, "c1"), volumeOf(iso, tc.plugin, "vol-1")
-				if c.GetPhase() != agentv1.ContainerStatus_CLEANING || c.GetLastError() == "" {
+				if c.Phase != statev1.ContainerCheckpoint_CLEANING || c.LastError == "" {
 					t.Errorf("container after the failure: %v", c)
 				}
-				if v.GetState() != tc.state || !strings.Contains(v.GetLastError(), "broken") {
+				if v.State != tc.state || !strings.Contains(v.LastError, "broken") {
 					t.Errorf("volume after the failure: %v; want %v with the error", v, tc.state)
 				}
 				if p := iso.Pending(); !strings.Contains(p, "1 containers and 1 volumes pending") {
@@ -1044,12 +1059,12 @@ func TestUnitRepeatedPrepareRestoresMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.unmountBehindOurBack(first.GetMounts()[0].GetMountPoint())
+	w.unmountBehindOurBack(first[0].GetMountPoint())
 	again, err := iso.Prepare(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id := again.GetMounts()[0].GetMountId(); id == first.GetMounts()[0].GetMountId() {
+	if id := again[0].GetMountId(); id == first[0].GetMountId() {
 		t.Errorf("the restored mount answered with the old id %d", id)
 	}
 	w.check(iso)
@@ -1077,11 +1092,11 @@ func TestUnitRepair(t *testing.T) {
 	}
 	// c2 covers its volume path with a tmpfs of its own.
 	w.table.mu.Lock()
-	cover := w.table.newMount(hostNS, r2.GetMounts()[0].GetMountPoint(), 99, "/")
+	cover := w.table.newMount(hostNS, r2[0].GetMountPoint(), 99, "/")
 	w.table.mounts = append(w.table.mounts, cover)
 	w.table.mu.Unlock()
 	v := volumeOf(iso, "loop", "vol-1")
-	w.unmountBehindOurBack(v.GetTargetPath())
+	w.unmountBehindOurBack(v.TargetPath)
 	w.calls("loop")
 	rep, err := iso.Repair(ctx, "loop", "vol-1")
 	if err != nil {
@@ -1094,11 +1109,11 @@ func TestUnitRepair(t *testing.T) {
 		t.Errorf("repair asked %v; want a publish (the staging path is still mounted)", got)
 	}
 	c1 := containerOf(iso, "c1")
-	if len(c1.GetMounts()) != 1 || c1.GetMounts()[0].GetMountId() == r1.GetMounts()[0].GetMountId() {
-		t.Errorf("c1's mounts after the repair: %v; want one, new", c1.GetMounts())
+	if len(c1.Mounts) != 1 || c1.Mounts[0].GetMountId() == r1[0].GetMountId() {
+		t.Errorf("c1's mounts after the repair: %v; want one, new", c1.Mounts)
 	}
-	if v := volumeOf(iso, "loop", "vol-1"); !strings.Contains(v.GetLastRepair(), "re-bound") {
-		t.Errorf("the volume's last repair: %q", v.GetLastRepair())
+	if v := volumeOf(iso, "loop", "vol-1"); !strings.Contains(v.LastRepair, "re-bound") {
+		t.Errorf("the volume's last repair: %q", v.LastRepair)
 	}
 	// c2's cover goes; then everything is as it should be.
 	w.table.mu.Lock()
@@ -1131,8 +1146,8 @@ func TestUnitCleanupAfterRootfsRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	iso = w.run(Config{})
-	if resp := iso.Reconcile(ctx, nil); len(resp.GetFailed()) > 0 {
-		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.GetFailed())
+	if resp := iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.Failed)
 	}
 	w.checkEmpty(iso)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/proto"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 const (
@@ -30,7 +30,7 @@ func (k volumeKey) String() string { return k.plugin + "/" + k.id }
 // plannedMount is one validated volume of a Prepare request.
 type plannedMount struct {
 	key           volumeKey
-	static        *agentv1.StaticProvisioning
+	static        *statev1.StaticProvisioning
 	containerPath string
 	readonly      bool // the container's mode is RO
 	block         bool
@@ -107,7 +107,7 @@ func decodeVolumeIDLoose(s string) (string, error) {
 
 // plan validates a Prepare request. Messages follow Mesos's volume/csi
 // isolator where it has one.
-func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
+func (iso *Isolator) plan(req *statev1.PrepareRequest) ([]plannedMount, error) {
 	if err := ValidateContainerID(req.GetContainerId()); err != nil {
 		return nil, err
 	}
@@ -125,8 +125,8 @@ func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
 		field := func(format string, args ...any) error {
 			return fmt.Errorf("%w: volumes[%d]: %s", ErrInvalid, i, fmt.Sprintf(format, args...))
 		}
-		if t := v.GetSource().GetType(); t != agentv1.Volume_Source_CSI_VOLUME {
-			if agentv1.Volume_Source_Type_name[int32(t)] == "" {
+		if t := v.GetSource().GetType(); t != statev1.Volume_Source_CSI_VOLUME {
+			if statev1.Volume_Source_Type_name[int32(t)] == "" {
 				return nil, field("source.type %d is not a Mesos volume source type; csi-agent handles CSI_VOLUME volumes only", int32(t))
 			}
 			return nil, field("source.type is %s; csi-agent handles CSI_VOLUME volumes only", t)
@@ -165,10 +165,10 @@ func (iso *Isolator) plan(req *agentv1.PrepareRequest) ([]plannedMount, error) {
 		}
 		var readonly bool
 		switch v.GetMode() {
-		case agentv1.Volume_RW:
-		case agentv1.Volume_RO:
+		case statev1.Volume_RW:
+		case statev1.Volume_RO:
 			readonly = true
-		case agentv1.Volume_MODE_UNKNOWN:
+		case statev1.Volume_MODE_UNKNOWN:
 			return nil, field("mode is required: RW or RO")
 		default:
 			return nil, field("mode %d is not RW or RO", int32(v.GetMode()))
@@ -222,7 +222,7 @@ func singleUser(c *csi.VolumeCapability) bool {
 // sameUse reports whether two requests for one volume are compatible:
 // the same capability and context (secrets may differ: a later user's are
 // not needed once the volume is published).
-func sameUse(a, b *agentv1.StaticProvisioning) bool {
+func sameUse(a, b *statev1.StaticProvisioning) bool {
 	return proto.Equal(a.GetVolumeCapability(), b.GetVolumeCapability()) &&
-		proto.Equal(&agentv1.StaticProvisioning{VolumeContext: a.GetVolumeContext()}, &agentv1.StaticProvisioning{VolumeContext: b.GetVolumeContext()})
+		proto.Equal(&statev1.StaticProvisioning{VolumeContext: a.GetVolumeContext()}, &statev1.StaticProvisioning{VolumeContext: b.GetVolumeContext()})
 }

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -110,12 +109,12 @@ func (fakePlugins) Node(ctx context.Context, typ string) (Node, error) {
 	return Node{}, ErrUnavailable
 }
 
-func seedRequest(mutate func(r *agentv1.PrepareRequest)) []byte {
-	r := &agentv1.PrepareRequest{ContainerId: "c1", Sandbox: "/sandbox", Volumes: []*agentv1.Volume{{
-		ContainerPath: "data", Mode: agentv1.Volume_RW,
-		Source: &agentv1.Volume_Source{Type: agentv1.Volume_Source_CSI_VOLUME, CsiVolume: &agentv1.CSIVolume{
+func seedRequest(mutate func(r *statev1.PrepareRequest)) []byte {
+	r := &statev1.PrepareRequest{ContainerId: "c1", Sandbox: "/sandbox", Volumes: []*statev1.Volume{{
+		ContainerPath: "data", Mode: statev1.Volume_RW,
+		Source: &statev1.Volume_Source{Type: statev1.Volume_Source_CSI_VOLUME, CsiVolume: &statev1.CSIVolume{
 			PluginName: "loop",
-			StaticProvisioning: &agentv1.StaticProvisioning{VolumeId: "vol-1", VolumeCapability: &csi.VolumeCapability{
+			StaticProvisioning: &statev1.StaticProvisioning{VolumeId: "vol-1", VolumeCapability: &csi.VolumeCapability{
 				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 			}},
@@ -138,31 +137,31 @@ func seedRequest(mutate func(r *agentv1.PrepareRequest)) []byte {
 // container paths carry no NUL and relative ones have a sandbox.
 func FuzzPrepareRequest(f *testing.F) {
 	f.Add(seedRequest(nil))
-	v := func(r *agentv1.PrepareRequest) *agentv1.Volume { return r.Volumes[0] }
-	sp := func(r *agentv1.PrepareRequest) *agentv1.StaticProvisioning {
+	v := func(r *statev1.PrepareRequest) *statev1.Volume { return r.Volumes[0] }
+	sp := func(r *statev1.PrepareRequest) *statev1.StaticProvisioning {
 		return v(r).Source.CsiVolume.StaticProvisioning
 	}
-	for _, m := range []func(r *agentv1.PrepareRequest){
-		func(r *agentv1.PrepareRequest) { v(r).Mode = 7 },
-		func(r *agentv1.PrepareRequest) { v(r).Source.Type = 9 },
-		func(r *agentv1.PrepareRequest) { sp(r).VolumeCapability.AccessMode.Mode = 99 },
-		func(r *agentv1.PrepareRequest) { sp(r).VolumeId = "../../../etc" },
-		func(r *agentv1.PrepareRequest) { sp(r).VolumeId = strings.Repeat("\u2215", 90) },
-		func(r *agentv1.PrepareRequest) { r.ContainerId = "../x" },
-		func(r *agentv1.PrepareRequest) { v(r).ContainerPath = "/../../etc" },
-		func(r *agentv1.PrepareRequest) { v(r).ContainerPath = "a\x00b" },
-		func(r *agentv1.PrepareRequest) { v(r).Source.CsiVolume.PluginName = "p" },
-		func(r *agentv1.PrepareRequest) { r.Sandbox = "relative" },
-		func(r *agentv1.PrepareRequest) {
-			r.Volumes = append(r.Volumes, proto.Clone(r.Volumes[0]).(*agentv1.Volume))
+	for _, m := range []func(r *statev1.PrepareRequest){
+		func(r *statev1.PrepareRequest) { v(r).Mode = 7 },
+		func(r *statev1.PrepareRequest) { v(r).Source.Type = 9 },
+		func(r *statev1.PrepareRequest) { sp(r).VolumeCapability.AccessMode.Mode = 99 },
+		func(r *statev1.PrepareRequest) { sp(r).VolumeId = "../../../etc" },
+		func(r *statev1.PrepareRequest) { sp(r).VolumeId = strings.Repeat("\u2215", 90) },
+		func(r *statev1.PrepareRequest) { r.ContainerId = "../x" },
+		func(r *statev1.PrepareRequest) { v(r).ContainerPath = "/../../etc" },
+		func(r *statev1.PrepareRequest) { v(r).ContainerPath = "a\x00b" },
+		func(r *statev1.PrepareRequest) { v(r).Source.CsiVolume.PluginName = "p" },
+		func(r *statev1.PrepareRequest) { r.Sandbox = "relative" },
+		func(r *statev1.PrepareRequest) {
+			r.Volumes = append(r.Volumes, proto.Clone(r.Volumes[0]).(*statev1.Volume))
 		},
-		func(r *agentv1.PrepareRequest) { sp(r).VolumeCapability.AccessType = nil },
+		func(r *statev1.PrepareRequest) { sp(r).VolumeCapability.AccessType = nil },
 	} {
 		f.Add(seedRequest(m))
 	}
 	iso := &Isolator{cfg: Config{WorkDir: "/work", Plugins: fakePlugins{}}}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		req := &agentv1.PrepareRequest{}
+		req := &statev1.PrepareRequest{}
 		if err := proto.Unmarshal(data, req); err != nil {
 			return
 		}
@@ -193,7 +192,7 @@ func FuzzPrepareRequest(f *testing.F) {
 			}
 		}
 		for _, vol := range req.GetVolumes() {
-			if m := vol.GetMode(); m != agentv1.Volume_RW && m != agentv1.Volume_RO {
+			if m := vol.GetMode(); m != statev1.Volume_RW && m != statev1.Volume_RO {
 				t.Fatalf("accepted mode %d", m)
 			}
 		}
@@ -206,8 +205,8 @@ func FuzzPrepareRequest(f *testing.F) {
 // cannot read aside, and answer ListVolumes and ListContainers. Whatever
 // decodes must survive a write and a re-read unchanged.
 func FuzzCheckpointDecode(f *testing.F) {
-	vcp, _ := protojson.Marshal(&statev1.VolumeCheckpoint{State: agentv1.VolumeStatus_PUBLISHED, PluginName: "loop", Users: []string{"c1"}, StagingPath: "/s", TargetPath: "/t", BootId: "b"})
-	ccp, _ := protojson.Marshal(&statev1.ContainerCheckpoint{ContainerId: "c1", Phase: agentv1.ContainerStatus_PREPARED})
+	vcp, _ := protojson.Marshal(&statev1.VolumeCheckpoint{State: statev1.VolumeCheckpoint_PUBLISHED, PluginName: "loop", Users: []string{"c1"}, StagingPath: "/s", TargetPath: "/t", BootId: "b"})
+	ccp, _ := protojson.Marshal(&statev1.ContainerCheckpoint{ContainerId: "c1", Phase: statev1.ContainerCheckpoint_PREPARED})
 	for _, s := range [][]byte{vcp, ccp, []byte(`{"state": "PUBL`), {}, []byte("null"), []byte(`{"users":[null]}`),
 		[]byte(`{"state": 99, "users": ["../x"]}`), []byte(`{"request": {"volumes": [{"source": {}}]}}`), []byte("\x00\xff")} {
 		f.Add(s, s)

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -25,19 +24,19 @@ const (
 	retryMax  = 5 * time.Second
 )
 
-type vstate = agentv1.VolumeStatus_State
+type vstate = statev1.VolumeCheckpoint_State
 
 // The Mesos volume states.
 const (
-	stUnknown     = agentv1.VolumeStatus_UNKNOWN
-	stCreated     = agentv1.VolumeStatus_CREATED
-	stNodeReady   = agentv1.VolumeStatus_NODE_READY
-	stVolReady    = agentv1.VolumeStatus_VOL_READY
-	stPublished   = agentv1.VolumeStatus_PUBLISHED
-	stNodeStage   = agentv1.VolumeStatus_NODE_STAGE
-	stNodeUnstage = agentv1.VolumeStatus_NODE_UNSTAGE
-	stNodePublish = agentv1.VolumeStatus_NODE_PUBLISH
-	stNodeUnpub   = agentv1.VolumeStatus_NODE_UNPUBLISH
+	stUnknown     = statev1.VolumeCheckpoint_UNKNOWN
+	stCreated     = statev1.VolumeCheckpoint_CREATED
+	stNodeReady   = statev1.VolumeCheckpoint_NODE_READY
+	stVolReady    = statev1.VolumeCheckpoint_VOL_READY
+	stPublished   = statev1.VolumeCheckpoint_PUBLISHED
+	stNodeStage   = statev1.VolumeCheckpoint_NODE_STAGE
+	stNodeUnstage = statev1.VolumeCheckpoint_NODE_UNSTAGE
+	stNodePublish = statev1.VolumeCheckpoint_NODE_PUBLISH
+	stNodeUnpub   = statev1.VolumeCheckpoint_NODE_UNPUBLISH
 )
 
 // withVolume runs f with the volume's lock held. v is nil when the agent
