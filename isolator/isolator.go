@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/keyedlock"
 )
 
@@ -145,15 +146,9 @@ func New(cfg Config) (*Isolator, error) {
 	if cfg.WorkDir == "" || cfg.Plugins == nil {
 		return nil, errors.New("isolator: WorkDir and Plugins are required")
 	}
-	if cfg.RPCTimeout <= 0 {
-		cfg.RPCTimeout = DefaultRPCTimeout
-	}
-	if cfg.ResyncInterval <= 0 {
-		cfg.ResyncInterval = DefaultResyncInterval
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	defaults.Set(&cfg.RPCTimeout, DefaultRPCTimeout)
+	defaults.Set(&cfg.ResyncInterval, DefaultResyncInterval)
+	cfg.Logger = defaults.Logger(cfg.Logger)
 	if cfg.OnChange == nil {
 		cfg.OnChange = func() {}
 	}

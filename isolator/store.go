@@ -139,18 +139,24 @@ func (iso *Isolator) setState(v *volume, state vstate) error {
 
 // forgetVolume removes a torn-down volume's checkpoint and directory.
 func (iso *Isolator) forgetVolume(v *volume) error {
-	if _, err := iso.commit.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil {
-		return fmt.Errorf("volume %s: removing checkpoint: %w", v.key, err)
-	}
-	if _, err := iso.commit.Remove(v.dir); err != nil {
-		iso.log.Warn("removing volume checkpoint directory", "volume", v.key.String(), "error", err)
-	}
 	v.pending = nil
+	return iso.forget("volume", v.key.String(), v.dir, volumeStateFile, func() { delete(iso.volumes, v.key) })
+}
+
+// forget removes the checkpoint file of a volume or container (kind) and
+// its directory, then drops it from memory (drop runs under iso.mu).
+func (iso *Isolator) forget(kind, name, dir, file string, drop func()) error {
+	if _, err := iso.commit.Remove(filepath.Join(dir, file)); err != nil {
+		return fmt.Errorf("%s %s: removing checkpoint: %w", kind, name, err)
+	}
+	if _, err := iso.commit.Remove(dir); err != nil {
+		iso.log.Warn("removing "+kind+" checkpoint directory", kind, name, "error", err)
+	}
 	iso.mu.Lock()
-	delete(iso.volumes, v.key)
+	drop()
 	iso.mu.Unlock()
 	iso.cfg.OnChange()
-	iso.cfg.CrashPoint("checkpoint volume removed")
+	iso.cfg.CrashPoint("checkpoint " + kind + " removed")
 	return nil
 }
 
@@ -176,19 +182,10 @@ func (iso *Isolator) setPhase(c *container, phase statev1.ContainerCheckpoint_Ph
 	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Phase = phase })
 }
 
+// forgetContainer removes a cleaned-up container's checkpoint and
+// directory.
 func (iso *Isolator) forgetContainer(c *container) error {
-	if _, err := iso.commit.Remove(filepath.Join(c.dir, containerStateFile)); err != nil {
-		return fmt.Errorf("container %s: removing checkpoint: %w", c.id, err)
-	}
-	if _, err := iso.commit.Remove(c.dir); err != nil {
-		iso.log.Warn("removing container checkpoint directory", "container", c.id, "error", err)
-	}
-	iso.mu.Lock()
-	delete(iso.containers, c.id)
-	iso.mu.Unlock()
-	iso.cfg.OnChange()
-	iso.cfg.CrashPoint("checkpoint container removed")
-	return nil
+	return iso.forget("container", c.id, c.dir, containerStateFile, func() { delete(iso.containers, c.id) })
 }
 
 // load reads every checkpoint. A corrupt file is moved aside and
