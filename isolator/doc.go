@@ -19,10 +19,17 @@
 // one runs per volume at a time, and the cleanup of the volume's last
 // user cancels it.
 //
+// Its types are its own: what a container asks for, a volume's and a
+// mount's records are the messages of its checkpoint schema
+// (proto/state/v1, versioned, importing no API schema), and ListVolumes,
+// ListContainers and Reconcile report plain views. It imports no API
+// package; the API edge (package apiserver) translates.
+//
 // It finds plugins through the Plugins interface the daemon implements and
 // never dials or supervises them. Its mount work goes through a Mounter:
 // package mount by default; the package's unit tests put an in-memory
 // model of the mount table and a fake node service in their place, so the
-// state machine, recovery and reference counting are tested without root. Not for: provisioning volumes (CSI
-// controller calls) or deciding when to reclaim (package reclaim).
+// state machine, recovery and reference counting are tested without root.
+// Not for: provisioning volumes (CSI controller calls) or deciding when to
+// reclaim (package reclaim).
 package isolator
