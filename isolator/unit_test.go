@@ -343,9 +343,7 @@ func TestUnitPrepare(t *testing.T) {
 	}
 	w.check(iso)
 
-	if err := iso.Cleanup(ctx, "c1", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c1")
 	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
 		t.Errorf("node calls on cleanup %v", got)
 	}
@@ -376,9 +374,7 @@ func TestUnitPrepareWithoutStage(t *testing.T) {
 		t.Errorf("staging path %s mounted for a plugin without STAGE_UNSTAGE", v.StagingPath)
 	}
 	w.check(iso)
-	if err := iso.Cleanup(ctx, "c1", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c1")
 	if got := w.calls("plain"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1"}) {
 		t.Errorf("node calls on cleanup %v", got)
 	}
@@ -425,9 +421,7 @@ func TestUnitRepeatedPrepare(t *testing.T) {
 	if len(ms) != 2 || ms[1].GetParentMountId() != ms[0].GetMountId() {
 		t.Errorf("mounts %v: want /data/sub on the mount at /data", ms)
 	}
-	if err := iso.Cleanup(ctx, "c1", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }
 
@@ -440,14 +434,8 @@ func TestUnitSharedVolume(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
 	ctx := context.Background()
-	r1, err := iso.Prepare(ctx, w.request("c1", vol{"loop", "vol-1", "/data", false}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r2, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/shared", false}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r1 := w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	r2 := w.prepare(iso, w.request("c2", vol{"loop", "vol-1", "/shared", false}))
 	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}) {
 		t.Errorf("node calls for two users %v; want one stage and one publish", got)
 	}
@@ -456,9 +444,7 @@ func TestUnitSharedVolume(t *testing.T) {
 	}
 	w.check(iso)
 
-	if err := iso.Cleanup(ctx, "c1", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c1")
 	if got := w.calls("loop"); len(got) > 0 {
 		t.Errorf("cleanup of a user that is not the last asked %v", got)
 	}
@@ -480,9 +466,7 @@ func TestUnitSharedVolume(t *testing.T) {
 	if got := w.calls("loop"); len(got) > 0 {
 		t.Errorf("cleanups of clean containers asked %v", got)
 	}
-	if err := iso.Cleanup(ctx, "c2", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c2")
 	if got := w.calls("loop"); !slices.Equal(got, []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}) {
 		t.Errorf("last user's cleanup asked %v", got)
 	}
@@ -496,9 +480,7 @@ func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
 	ctx := context.Background()
-	if _, err := iso.Prepare(ctx, w.request("c0", vol{"loop", "vol-0", "/data", false})); err != nil {
-		t.Fatal(err)
-	}
+	w.prepare(iso, w.request("c0", vol{"loop", "vol-0", "/data", false}))
 	w.node("plain").setFail(func(rpc, id string) error {
 		if rpc == "NodePublishVolume" {
 			return status.Error(codes.Internal, "refused")
@@ -521,9 +503,7 @@ func TestUnitFailedPrepareIsRolledBack(t *testing.T) {
 			t.Errorf("/%s still mounted in c1's rootfs", p)
 		}
 	}
-	if err := iso.Cleanup(ctx, "c0", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c0")
 	w.checkEmpty(iso)
 }
 
@@ -605,9 +585,7 @@ func TestUnitRecoveryWithPluginDown(t *testing.T) {
 	iso := w.isolator(Config{})
 	ctx := context.Background()
 	for _, id := range []string{"c1", "c2"} {
-		if _, err := iso.Prepare(ctx, w.request(id, vol{"loop", "vol-" + id, "/data", false})); err != nil {
-			t.Fatal(err)
-		}
+		w.prepare(iso, w.request(id, vol{"loop", "vol-" + id, "/data", false}))
 	}
 	// Both cleanups stop at their first checkpoint (CLEANING).
 	crashing := w.isolator(Config{CrashPoint: func(point string) {
@@ -892,9 +870,7 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	if c := containerOf(iso, "c2"); !sameMounts(c.Mounts, c2.Mounts) {
 		t.Errorf("c2 after c1's cleanup: %v", c)
 	}
-	if err := iso.Cleanup(ctx, "c2", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c2")
 	w.checkEmpty(iso)
 }
 
@@ -905,11 +881,8 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 func TestUnitLostContainerRecord(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
-	ctx := context.Background()
 	for _, id := range []string{"c1", "c2"} {
-		if _, err := iso.Prepare(ctx, w.request(id, vol{"loop", "vol-" + id, "/data", false})); err != nil {
-			t.Fatal(err)
-		}
+		w.prepare(iso, w.request(id, vol{"loop", "vol-" + id, "/data", false}))
 	}
 	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
 		t.Fatal(err)
@@ -926,9 +899,7 @@ func TestUnitLostContainerRecord(t *testing.T) {
 		t.Errorf("recovery asked %v; want vol-c2 published again, nothing else", got)
 	}
 	w.check(iso)
-	if err := iso.Cleanup(ctx, "c2", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c2")
 	w.checkEmpty(iso)
 }
 
@@ -1068,9 +1039,7 @@ func TestUnitRepeatedPrepareRestoresMount(t *testing.T) {
 		t.Errorf("the restored mount answered with the old id %d", id)
 	}
 	w.check(iso)
-	if err := iso.Cleanup(ctx, "c1", false); err != nil {
-		t.Fatal(err)
-	}
+	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }
 
@@ -1082,14 +1051,8 @@ func TestUnitRepair(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
 	ctx := context.Background()
-	r1, err := iso.Prepare(ctx, w.request("c1", vol{"loop", "vol-1", "/data", false}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r2, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/data", false}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r1 := w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	r2 := w.prepare(iso, w.request("c2", vol{"loop", "vol-1", "/data", false}))
 	// c2 covers its volume path with a tmpfs of its own.
 	w.table.mu.Lock()
 	cover := w.table.newMount(hostNS, r2[0].GetMountPoint(), 99, "/")
@@ -1150,4 +1113,22 @@ func TestUnitCleanupAfterRootfsRemoved(t *testing.T) {
 		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.Failed)
 	}
 	w.checkEmpty(iso)
+}
+
+// prepare prepares req, failing the test on an error.
+func (w *world) prepare(iso *Isolator, req *statev1.PrepareRequest) []*statev1.ContainerMount {
+	w.t.Helper()
+	mounts, err := iso.Prepare(context.Background(), req)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return mounts
+}
+
+// cleanup cleans container id up, failing the test on an error.
+func (w *world) cleanup(iso *Isolator, id string) {
+	w.t.Helper()
+	if err := iso.Cleanup(context.Background(), id, false); err != nil {
+		w.t.Fatal(err)
+	}
 }
