@@ -1,4 +1,3 @@
-// Command csi-agent is the csiagent daemon and its command line.
 package main
 
 import (

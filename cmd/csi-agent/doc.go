@@ -1,0 +1,2 @@
+// Command csi-agent is the csiagent daemon and its command line.
+package main
