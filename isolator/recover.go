@@ -170,10 +170,15 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 		cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return slices.Contains(stale, u) })
 		cp.Users = append(cp.Users, missing...)
 		if rebooted {
-			// Mounts do not survive a reboot: nothing is staged or
-			// published any more.
+			// Mounts do not survive a reboot: a volume that keeps users
+			// is staged and published again, from NODE_READY. One
+			// without users keeps its state, so that recovery tears it
+			// down through the plugin (NodeUnpublishVolume and
+			// NodeUnstageVolume are idempotent): node state that
+			// outlives a reboot, such as iSCSI sessions that log in
+			// again at boot, is the plugin's to drop.
 			cp.BootId = iso.bootID
-			if cp.State != stCreated {
+			if cp.State != stCreated && len(cp.Users) > 0 {
 				cp.State = stNodeReady
 			}
 		}
