@@ -39,14 +39,21 @@ type Repair struct {
 // never touched.
 //
 // Nothing is done (and nothing returned) for a volume that is not
-// published or whose target is still mounted.
+// published, has no users, or whose target is still mounted, nor before
+// the first recovery pass has run (recovery restores mounts itself, and
+// tears down the volumes left without users).
 func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (Repair, error) {
 	var r Repair
+	select {
+	case <-iso.recovered:
+	default:
+		return r, nil
+	}
 	key := volumeKey{pluginType, volumeID}
 	var users []string
 	var target string
 	err := iso.withVolume(ctx, key, func(v *volume) error {
-		if v == nil || v.cp.State != stPublished {
+		if v == nil || v.cp.State != stPublished || len(v.cp.Users) == 0 {
 			return nil
 		}
 		if ok, err := iso.mounts.IsMountPoint(v.cp.TargetPath); err != nil || ok {

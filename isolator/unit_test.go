@@ -1137,3 +1137,26 @@ func (w *world) cleanup(iso *Isolator, id string) {
 		w.t.Fatal(err)
 	}
 }
+
+// TestUnitRepairWaitsForRecovery: after a reboot, before recovery, a
+// volume still recorded as published (its mounts gone with the reboot) is
+// not repaired: recovery republishes what has users and tears down what
+// has none. A published volume without users is never republished.
+func TestUnitRepairWaitsForRecovery(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	w.reboot()
+	w.calls("loop")
+	iso = w.isolator(Config{})
+	if r, err := iso.Repair(context.Background(), "loop", "vol-1"); err != nil || r.Republished {
+		t.Errorf("Repair before recovery: %+v, %v; want nothing done", r, err)
+	}
+	if got := w.calls("loop"); len(got) > 0 {
+		t.Errorf("Repair before recovery asked the plugin %v", got)
+	}
+	iso = w.run(Config{})
+	w.check(iso)
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
