@@ -45,7 +45,7 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 func (a *Agent) ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
 	st, conn, err := a.set.Ready(ctx, typ, svc)
 	for _, c := range []struct{ from, to error }{
-		{supervisor.ErrUnknownPlugin, isolator.ErrUnknownPlugin},
+		{supervisor.ErrNotConfigured, isolator.ErrUnknownPlugin},
 		{supervisor.ErrNoService, isolator.ErrPrecondition},
 		{supervisor.ErrNotReady, isolator.ErrUnavailable},
 	} {

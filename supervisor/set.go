@@ -19,8 +19,9 @@ import (
 
 // Errors of Set.Ready.
 var (
-	// ErrUnknownPlugin: no config defines the plugin type.
-	ErrUnknownPlugin = errors.New("unknown plugin")
+	// ErrNotConfigured: no config defines the plugin type (the set has
+	// no plugin of that type).
+	ErrNotConfigured = errors.New("plugin not configured")
 	// ErrNoService: the plugin's config has no instance serving the
 	// service asked for.
 	ErrNoService = errors.New("plugin does not serve the service")
@@ -171,14 +172,14 @@ func (s *Set) Statuses() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
 
 // Ready waits, woken by status changes, until the plugin's instance
 // serving svc is ready, and returns its status and connection. Errors
-// wrap ErrUnknownPlugin, ErrNoService, or ErrNotReady (with the instance's
+// wrap ErrNotConfigured, ErrNoService, or ErrNotReady (with the instance's
 // state and last error) when ctx ends first.
 func (s *Set) Ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
 	for {
 		changed := s.Changed()
 		p := s.Get(typ)
 		if p == nil {
-			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", ErrUnknownPlugin, typ)
+			return nil, nil, fmt.Errorf("%w: Unknown CSI plugin '%s'", ErrNotConfigured, typ)
 		}
 		st, conn, ok := p.Instance(svc)
 		if !ok {
