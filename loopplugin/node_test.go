@@ -19,8 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"

@@ -9,7 +9,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 

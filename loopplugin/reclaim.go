@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/mount"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 

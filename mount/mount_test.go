@@ -13,8 +13,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 

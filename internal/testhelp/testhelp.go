@@ -11,7 +11,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/mount"
 )
 

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
-	"github.com/csiagent/csiagent/loopplugin/loopdev"
 )
 
 // image creates a sparse file of size bytes and registers a cleanup that
