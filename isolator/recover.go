@@ -170,16 +170,23 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 		cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return slices.Contains(stale, u) })
 		cp.Users = append(cp.Users, missing...)
 		if rebooted {
-			// Mounts do not survive a reboot: a volume that keeps users
-			// is staged and published again, from NODE_READY. One
-			// without users keeps its state, so that recovery tears it
-			// down through the plugin (NodeUnpublishVolume and
-			// NodeUnstageVolume are idempotent): node state that
-			// outlives a reboot, such as iSCSI sessions that log in
-			// again at boot, is the plugin's to drop.
+			// Mounts do not survive a reboot, but node state may (iSCSI
+			// sessions log in again at boot), and that is the plugin's
+			// to drop. So a volume past CREATED goes to a transitional
+			// state, from which converge takes the whole way whichever
+			// way it goes: staged and published again while it has
+			// users (NODE_STAGE), unpublished and unstaged through the
+			// plugin once it has none (NODE_UNPUBLISH), both calls
+			// idempotent. Never a stable state: PUBLISHED would hand
+			// the next user an empty target, NODE_READY would forget
+			// the volume with no call to its plugin.
 			cp.BootId = iso.bootID
-			if cp.State != stCreated && len(cp.Users) > 0 {
-				cp.State = stNodeReady
+			switch {
+			case cp.State == stCreated:
+			case len(cp.Users) > 0:
+				cp.State = stNodeStage
+			default:
+				cp.State = stNodeUnpub
 			}
 		}
 	})

@@ -908,6 +908,102 @@ func TestUnitLostContainerRecord(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitRebootWithPluginDown: after a reboot a volume that recovery
+// could not tear down (its plugin down) is not taken for published: its
+// mounts went with the reboot. A Prepare while the plugin is still down
+// fails; once it is back, a Prepare stages and publishes the volume again
+// and the container sees it (before: the Prepare succeeded with the plugin
+// down, binding the agent's empty target directory into the container).
+func TestUnitRebootWithPluginDown(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	w.calls("loop")
+	w.plugins.setDown("loop", true)
+	iso = w.run(Config{RPCTimeout: 200 * time.Millisecond, ResyncInterval: time.Hour})
+	v := volumeOf(iso, "loop", "vol-1")
+	if v == nil || v.State == statev1.VolumeCheckpoint_PUBLISHED || v.LastError == "" {
+		t.Fatalf("after recovery with the plugin down: %v; want the volume kept, not PUBLISHED, with the error", v)
+	}
+	if _, err := iso.Prepare(context.Background(), w.request("c2", vol{"loop", "vol-1", "/data", false})); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Prepare with the plugin down: %v; want Unavailable", err)
+	}
+	// The failed prepare's rollback waits for the plugin too (c2 stays
+	// CLEANING until its cleanup is retried).
+	w.plugins.setDown("loop", false)
+	w.cleanup(iso, "c2")
+	w.calls("loop")
+	w.prepare(iso, w.request("c3", vol{"loop", "vol-1", "/data", false}))
+	if got, want := w.calls("loop"), []string{"NodeStageVolume vol-1", "NodePublishVolume vol-1"}; !slices.Equal(got, want) {
+		t.Errorf("Prepare once the plugin is back asked %v; want %v", got, want)
+	}
+	w.check(iso)
+	w.cleanup(iso, "c3")
+	w.checkEmpty(iso)
+}
+
+// TestUnitCleanupCutByReboot: the last user's cleanup was cut by a power
+// cut; after the reboot recovery finishes it and tears its volume down
+// through the plugin, like a volume whose user's record was lost.
+func TestUnitCleanupCutByReboot(t *testing.T) {
+	w := newWorld(t)
+	w.prepare(w.isolator(Config{}), w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	crashing := w.isolator(Config{CrashPoint: func(point string) {
+		if point == "checkpoint container CLEANING" {
+			panic(errCrash)
+		}
+	}})
+	if !crashed(func() { _ = crashing.Cleanup(context.Background(), "c1", false) }) {
+		t.Fatal("the cleanup did not reach its crash point")
+	}
+	w.reboot()
+	w.calls("loop")
+	iso := w.run(Config{})
+	if got, want := w.calls("loop"), []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1"}; !slices.Equal(got, want) {
+		t.Errorf("recovery asked %v; want %v", got, want)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestUnitPluginNoLongerConfigured: after a reboot, a volume without users
+// whose plugin is no longer configured, with nothing mounted at its paths,
+// is forgotten (no plugin to tear it down with, nothing on the host to
+// undo); one that still has a user is kept for its cleanup, and named as
+// pending.
+func TestUnitPluginNoLongerConfigured(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	w.prepare(iso, w.request("c2", vol{"loop", "vol-2", "/data", false}))
+	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	loop := w.plugins.nodes["loop"]
+	delete(w.plugins.nodes, "loop")
+	iso = w.run(Config{})
+	if v := volumeOf(iso, "loop", "vol-1"); v != nil {
+		t.Errorf("a volume without users of an unconfigured plugin is kept: %v", v)
+	}
+	v := volumeOf(iso, "loop", "vol-2")
+	if v == nil || len(v.Users) != 1 || v.State == statev1.VolumeCheckpoint_PUBLISHED {
+		t.Errorf("the volume c2 uses: %v; want it kept with its user, not PUBLISHED", v)
+	}
+	if p := iso.Pending(); !strings.Contains(p, "loop") {
+		t.Errorf("Pending() = %q; want vol-2's plugin named", p)
+	}
+	w.plugins.nodes["loop"] = loop
+	w.calls("loop")
+	iso = w.run(Config{})
+	w.check(iso)
+	w.cleanup(iso, "c2")
+	w.checkEmpty(iso)
+}
+
 // TestUnitContainerInItsOwnNamespace: a container with a pid gets its
 // mount in its own mount namespace (not the host's), resolved in its
 // rootfs; once its process has ended, the mount has gone with the

@@ -157,12 +157,7 @@ func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string,
 			return nil
 		}
 		users := slices.DeleteFunc(slices.Clone(v.cp.Users), func(u string) bool { return u == id })
-		mounted := false
-		for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
-			if ok, err := iso.mounts.IsMountPoint(p); ok || err != nil {
-				mounted = true
-			}
-		}
+		mounted := iso.anyMounted(v)
 		if len(users) > 0 || mounted {
 			if len(users) == 0 {
 				iso.log.Warn("forced cleanup: keeping a volume that is still mounted for the resync to tear down", "volume", key.String(), "container", id, "error", failure)
@@ -241,6 +236,13 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	node, err := iso.cfg.Plugins.Node(nctx, v.key.plugin)
 	cancel()
 	if err != nil {
+		if want == stCreated && errors.Is(err, ErrUnknownPlugin) && !iso.anyMounted(v) {
+			// No plugin to tear it down with and nothing on the host to
+			// undo: kept, it would wait for ever.
+			iso.log.Warn("forgetting a volume without users whose plugin is no longer configured; nothing is mounted at its paths, node state the plugin may keep for it is not dropped",
+				"volume", v.key.String(), "state", v.cp.State.String())
+			return v.cp.State, iso.teardownDirs(v)
+		}
 		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
 	}
 	before := v.cp.State
@@ -286,12 +288,18 @@ func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool 
 	if !ok || (code != codes.InvalidArgument && code != codes.NotFound && code != codes.FailedPrecondition) {
 		return false
 	}
+	return !iso.anyMounted(v)
+}
+
+// anyMounted reports whether something is (or may be: the check failed)
+// mounted at the volume's staging or target path.
+func (iso *Isolator) anyMounted(v *volume) bool {
 	for _, p := range []string{v.cp.StagingPath, v.cp.TargetPath} {
-		if mounted, merr := iso.mounts.IsMountPoint(p); mounted || merr != nil {
-			return false
+		if mounted, err := iso.mounts.IsMountPoint(p); mounted || err != nil {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
 // readState finds out a reconstructed volume's state from the mount table.
