@@ -260,6 +260,9 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	if pm.readonly && pm.block {
 		hostPath = vcp.GetRoTargetPath() // a device its users cannot write
 	}
+	if err := iso.checkMounted(pm.key, hostPath); err != nil {
+		return nil, err
+	}
 	if !pm.readonly && !pm.block {
 		if err := giveVolumeRoot(hostPath, uid, gid); err != nil {
 			return nil, err
@@ -309,6 +312,20 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
 	}
 	return p, nil
+}
+
+// checkMounted refuses a volume whose publish path (the clone's source)
+// is not a mount: unmounted outside the agent, a clone of it would hand
+// the container the agent's empty directory to write in.
+func (iso *Isolator) checkMounted(key volumeKey, path string) error {
+	ok, err := iso.mounts.IsMountPoint(path)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", key, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: volume %s: its publish path %s is not mounted (unmounted outside the agent); a repair (volume stats pass) publishes it again", ErrUnavailable, key, path)
+	}
+	return nil
 }
 
 // mountOne moves a cloned volume onto its mount point: the handle

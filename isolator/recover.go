@@ -256,6 +256,9 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 				}
 				source = v.cp.GetRoTargetPath()
 			}
+			if err := iso.checkMounted(key, source); err != nil {
+				return err
+			}
 			tree, err := iso.mounts.CloneTree(source, m.GetReadonly())
 			if err != nil {
 				return err

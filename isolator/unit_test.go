@@ -1144,6 +1144,34 @@ func TestUnitRepeatedPrepareRestoresMount(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitPrepareRefusesUnmountedTarget: a published volume whose target
+// was unmounted behind the agent's back is not handed to a new container
+// (it would get the agent's empty directory, and write there): the
+// Prepare fails Unavailable, saying why, and works once the volume is
+// repaired.
+func TestUnitPrepareRefusesUnmountedTarget(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-1").TargetPath)
+	_, err := iso.Prepare(ctx, w.request("c2", vol{"loop", "vol-1", "/data", false}))
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not mounted") {
+		t.Fatalf("Prepare of a volume whose target is unmounted: %v; want Unavailable, saying it is not mounted", err)
+	}
+	if c := containerOf(iso, "c2"); c != nil {
+		t.Errorf("c2 after its failed Prepare: %v; want it rolled back", c)
+	}
+	if _, err := iso.Repair(ctx, "loop", "vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	w.prepare(iso, w.request("c2", vol{"loop", "vol-1", "/data", false}))
+	w.check(iso)
+	w.cleanup(iso, "c1")
+	w.cleanup(iso, "c2")
+	w.checkEmpty(iso)
+}
+
 // TestUnitRepair: a published volume's target unmounted behind the
 // agent's back is published again and each user's mount replaced (the
 // new one put beneath the old, the old one unmounted by id); a mount a
