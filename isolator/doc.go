@@ -9,8 +9,10 @@
 // Every transition is checkpointed under the work directory before the
 // node call that may act, and a volume's users are persisted with it, so a
 // crash or a reboot never loses track of a mount: Run recovers first
-// (redoing a transitional state the whole way, remounting what a reboot
-// removed, dropping users no container backs) and then keeps every volume
+// (redoing a transitional state the whole way, republishing after a
+// reboot what has users and tearing down through the plugin what has
+// none, remounting container mounts a reboot removed, dropping users no
+// container backs) and then keeps every volume
 // and container converged. Each wait for a plugin and each node call has
 // a deadline, and a plugin that is down holds up only its own volumes
 // (skipped, state kept, retried on the next pass). Operations are
