@@ -14,7 +14,8 @@ import (
 // resync drives every volume and container to where it should be. The
 // first pass after start is recovery: it also handles a reboot (mounts
 // gone), references that no container backs, mounts missing from
-// prepared containers, and directories no checkpoint claims. Anything
+// prepared containers (retried by later passes while a volume cannot be
+// published), and directories no checkpoint claims. Anything
 // locked is being handled by a live operation and is skipped.
 func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	if recovery {
@@ -58,10 +59,14 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})
+	for _, id := range iso.containerIDs() {
+		iso.withContainerIfFree(id, func(c *container) {
+			if recovery || c.remount {
+				iso.remount(ctx, c)
+			}
+		})
+	}
 	if recovery {
-		for _, id := range iso.containerIDs() {
-			iso.withContainerIfFree(id, func(c *container) { iso.remount(ctx, c) })
-		}
 		iso.removeOrphanDirs()
 	}
 }
@@ -218,8 +223,10 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 }
 
 // remount restores a prepared container's mounts that are missing (after
-// a reboot, or if someone unmounted them).
+// a reboot, or if someone unmounted them). If one cannot be restored yet,
+// c.remount has the following passes retry.
 func (iso *Isolator) remount(ctx context.Context, c *container) {
+	c.remount = false
 	// A container with a pid has its mounts in its own namespace: they
 	// live and die with it, whatever the agent does.
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetRequest().GetPid() != 0 {
@@ -278,7 +285,8 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 			})
 		})
 		if err != nil {
-			iso.log.Warn("restoring a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
+			c.remount = true
+			iso.log.Warn("restoring a prepared container's mount; will retry", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
 		} else {
 			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
 		}

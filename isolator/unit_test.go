@@ -946,6 +946,26 @@ func TestUnitRebootWithPluginDown(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitRebootWithPluginDownRestoresMountsLater: a prepared container's
+// mount that recovery could not restore after a reboot (its volume's
+// plugin down) is restored by the first pass after the plugin is back,
+// not only by the next restart.
+func TestUnitRebootWithPluginDownRestoresMountsLater(t *testing.T) {
+	w := newWorld(t)
+	w.prepare(w.isolator(Config{}), w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	w.reboot()
+	w.plugins.setDown("loop", true)
+	iso := w.run(Config{RPCTimeout: 200 * time.Millisecond, ResyncInterval: time.Hour})
+	if len(w.problems(iso)) == 0 {
+		t.Fatal("recovery restored c1's mount with its plugin down")
+	}
+	w.plugins.setDown("loop", false)
+	iso.resync(context.Background(), false)
+	w.check(iso)
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
+
 // TestUnitCleanupCutByReboot: the last user's cleanup was cut by a power
 // cut; after the reboot recovery finishes it and tears its volume down
 // through the plugin, like a volume whose user's record was lost.
@@ -969,11 +989,13 @@ func TestUnitCleanupCutByReboot(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
-// TestUnitPluginNoLongerConfigured: after a reboot, a volume without users
-// whose plugin is no longer configured, with nothing mounted at its paths,
-// is forgotten (no plugin to tear it down with, nothing on the host to
-// undo); one that still has a user is kept for its cleanup, and named as
-// pending.
+// TestUnitPluginNoLongerConfigured: after a reboot, volumes whose plugin
+// is not configured (its file removed, or not valid when the agent
+// started) are kept, with or without users, and named as pending: the
+// agent cannot tell a plugin removed for good from one whose config is
+// being rewritten, and forgetting would leave the plugin's node state
+// behind for ever. Once the config is back, the volume without users is
+// torn down through the plugin and the other published again.
 func TestUnitPluginNoLongerConfigured(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
@@ -986,19 +1008,23 @@ func TestUnitPluginNoLongerConfigured(t *testing.T) {
 	loop := w.plugins.nodes["loop"]
 	delete(w.plugins.nodes, "loop")
 	iso = w.run(Config{})
-	if v := volumeOf(iso, "loop", "vol-1"); v != nil {
-		t.Errorf("a volume without users of an unconfigured plugin is kept: %v", v)
+	for _, id := range []string{"vol-1", "vol-2"} {
+		if v := volumeOf(iso, "loop", id); v == nil || v.State == statev1.VolumeCheckpoint_PUBLISHED {
+			t.Errorf("%s with its plugin not configured: %v; want it kept, not PUBLISHED", id, v)
+		}
 	}
-	v := volumeOf(iso, "loop", "vol-2")
-	if v == nil || len(v.Users) != 1 || v.State == statev1.VolumeCheckpoint_PUBLISHED {
-		t.Errorf("the volume c2 uses: %v; want it kept with its user, not PUBLISHED", v)
-	}
-	if p := iso.Pending(); !strings.Contains(p, "loop") {
-		t.Errorf("Pending() = %q; want vol-2's plugin named", p)
+	if p := iso.Pending(); !strings.Contains(p, "2 volumes") || !strings.Contains(p, "loop") {
+		t.Errorf("Pending() = %q; want both volumes and their plugin named", p)
 	}
 	w.plugins.nodes["loop"] = loop
 	w.calls("loop")
 	iso = w.run(Config{})
+	got := w.calls("loop")
+	for _, call := range []string{"NodeUnpublishVolume vol-1", "NodeUnstageVolume vol-1", "NodeStageVolume vol-2", "NodePublishVolume vol-2"} {
+		if !slices.Contains(got, call) {
+			t.Errorf("once the plugin is configured again, recovery asked %v; want %s among them", got, call)
+		}
+	}
 	w.check(iso)
 	w.cleanup(iso, "c2")
 	w.checkEmpty(iso)

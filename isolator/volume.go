@@ -236,13 +236,6 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	node, err := iso.cfg.Plugins.Node(nctx, v.key.plugin)
 	cancel()
 	if err != nil {
-		if want == stCreated && errors.Is(err, ErrUnknownPlugin) && !iso.anyMounted(v) {
-			// No plugin to tear it down with and nothing on the host to
-			// undo: kept, it would wait for ever.
-			iso.log.Warn("forgetting a volume without users whose plugin is no longer configured; nothing is mounted at its paths, node state the plugin may keep for it is not dropped",
-				"volume", v.key.String(), "state", v.cp.State.String())
-			return v.cp.State, iso.teardownDirs(v)
-		}
 		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
 	}
 	before := v.cp.State
