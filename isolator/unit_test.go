@@ -874,6 +874,16 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// loseRecordAndReboot removes a container's record, as a power cut
+// before its first durable write can, then reboots.
+func (w *world) loseRecordAndReboot(iso *Isolator, id string) {
+	w.t.Helper()
+	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), id)); err != nil {
+		w.t.Fatal(err)
+	}
+	w.reboot()
+}
+
 // TestUnitLostContainerRecord: a container record lost with a power cut
 // (removed here, then a reboot): recovery drops the user no record backs,
 // and the volume, left without users, is torn down through the plugin and
@@ -884,10 +894,7 @@ func TestUnitLostContainerRecord(t *testing.T) {
 	for _, id := range []string{"c1", "c2"} {
 		w.prepare(iso, w.request(id, vol{"loop", "vol-" + id, "/data", false}))
 	}
-	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
-		t.Fatal(err)
-	}
-	w.reboot()
+	w.loseRecordAndReboot(iso, "c1")
 	w.calls("loop")
 	iso = w.run(Config{})
 	if v := volumeOf(iso, "loop", "vol-c1"); v != nil {
@@ -918,10 +925,7 @@ func TestUnitRebootWithPluginDown(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
-	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
-		t.Fatal(err)
-	}
-	w.reboot()
+	w.loseRecordAndReboot(iso, "c1")
 	w.calls("loop")
 	w.plugins.setDown("loop", true)
 	iso = w.run(Config{RPCTimeout: 200 * time.Millisecond, ResyncInterval: time.Hour})
@@ -1001,10 +1005,7 @@ func TestUnitPluginNoLongerConfigured(t *testing.T) {
 	iso := w.isolator(Config{})
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
 	w.prepare(iso, w.request("c2", vol{"loop", "vol-2", "/data", false}))
-	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), "c1")); err != nil {
-		t.Fatal(err)
-	}
-	w.reboot()
+	w.loseRecordAndReboot(iso, "c1")
 	loop := w.plugins.nodes["loop"]
 	delete(w.plugins.nodes, "loop")
 	iso = w.run(Config{})
