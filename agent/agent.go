@@ -71,6 +71,10 @@ type Config struct {
 	SecretsDir string
 	// RPCTimeout bounds each node RPC step, retries included.
 	RPCTimeout time.Duration
+	// ResyncInterval is how often every volume and container is checked
+	// and driven to where it should be (isolator.DefaultResyncInterval
+	// when 0).
+	ResyncInterval time.Duration
 	// CrashPoint is for crash tests only: see isolator.Config.
 	CrashPoint func(point string)
 	// BootID is for reboot tests only: see isolator.Config.
@@ -88,12 +92,12 @@ type Config struct {
 	KeyRotationDefaults reclaim.Policy
 	// VolumeStatsInterval is how often each published volume's usage and
 	// health are polled (plugins with GET_VOLUME_STATS or
-	// GET_VOLUME_HEALTH); 0 turns periodic polling (and so repair) off:
-	// csi-agent volumes --refresh-stats still polls.
+	// GET_VOLUME_HEALTH); 0 turns periodic polling off: csi-agent volumes
+	// --refresh-stats still polls.
 	VolumeStatsInterval time.Duration
 	// NoRepair turns off repair: a published volume whose target path is
-	// found not mounted (by a volume stats pass) is then only reported,
-	// not republished and re-bound into its containers.
+	// found not mounted (by a volume stats poll or a resync pass) is then
+	// only reported, not republished and re-bound into its containers.
 	NoRepair bool
 
 	// MetricsAddress, when set, is the host:port where Run serves
@@ -192,8 +196,11 @@ func New(cfg Config) (*Agent, error) {
 	})
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
-		RPCTimeout: cfg.RPCTimeout, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint, OnChange: a.set.Notify,
-		BootID: cfg.BootID,
+		RPCTimeout: cfg.RPCTimeout, ResyncInterval: cfg.ResyncInterval, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
+		OnChange: a.set.Notify, BootID: cfg.BootID,
+		Unmounted: func(ctx context.Context, plugin, id, target string) {
+			a.repair(ctx, volumestats.Volume{Plugin: plugin, ID: id, TargetPath: target})
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -224,4 +226,56 @@ func TestRepairLeavesOthersMountsAlone(t *testing.T) {
 	}
 	h.mustCleanup("c")
 	h.assertClean(pool)
+}
+
+// TestRepairPluginWithoutStats: a plugin that reports neither usage nor
+// health (the test plugin, which the volume stats poller never polls) gets
+// repairs too, from the resync passes. Its volume's publish target is
+// unmounted behind the agent's back: a new container's Prepare is refused
+// (Unavailable, naming the path) rather than given the agent's empty
+// directory; the next resync pass republishes the volume and re-binds the
+// first container; then the Prepare succeeds and both containers see the
+// same data.
+func TestRepairPluginWithoutStats(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	h.dataPlugin("t")
+	cfg := fastConfig(h)
+	cfg.ResyncInterval = 100 * time.Millisecond
+	h.start(cfg)
+	h.waitPlugin("t", "ready", ready)
+	spec := volumeSpec{plugin: "t", id: "v", path: "d"}
+	first := h.mustPrepare("c1", h.dir("sandbox1"), "", spec)
+	if err := os.WriteFile(filepath.Join(first.GetMounts()[0].GetMountPoint(), "hello"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	oldID := containerMountID(t, h, "c1")
+	target := h.volumes()[0].GetTargetPath()
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil { // behind the agent's back
+		t.Fatal(err)
+	}
+	_, err := h.prepare("c2", h.dir("sandbox2"), "", spec)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "is not mounted") {
+		// A resync pass may have repaired it first: then c2 is prepared.
+		if err != nil {
+			t.Fatalf("Prepare of a volume whose target is unmounted: %v; want Unavailable, saying it is not mounted", err)
+		}
+		h.mustCleanup("c2")
+	}
+	waitFor(t, "a resync pass to repair the volume", func() bool {
+		v := h.volumes()
+		return len(v) == 1 && v[0].GetLastRepair() != "" && containerMountID(t, h, "c1") != oldID
+	})
+	if ok, err := mount.IsMountPoint(target); err != nil || !ok {
+		t.Fatalf("the target %s is not mounted again after the repair: %v, %v", target, ok, err)
+	}
+	second := h.mustPrepare("c2", h.dir("sandbox2"), "", spec)
+	for _, m := range []string{first.GetMounts()[0].GetMountPoint(), second.GetMounts()[0].GetMountPoint()} {
+		if b, err := os.ReadFile(filepath.Join(m, "hello")); err != nil || string(b) != "kept" {
+			t.Errorf("%s/hello: %q, %v; want the volume's data", m, b, err)
+		}
+	}
+	h.mustCleanup("c1")
+	h.mustCleanup("c2")
+	h.assertClean()
 }

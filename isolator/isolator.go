@@ -96,6 +96,11 @@ type Config struct {
 	// OnChange, when set, is called after every change of a volume or a
 	// container (checkpoints, reclaims starting and ending).
 	OnChange func()
+	// Unmounted, when set, is called by each resync pass after recovery,
+	// outside any lock, for every published volume with users whose
+	// target path is not a mount (unmounted outside the agent): the
+	// daemon decides whether to Repair it.
+	Unmounted func(ctx context.Context, pluginType, volumeID, targetPath string)
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
 	CrashPoint func(point string)

@@ -323,7 +323,7 @@ func (iso *Isolator) checkMounted(key volumeKey, path string) error {
 		return fmt.Errorf("volume %s: %w", key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: volume %s: its publish path %s is not mounted (unmounted outside the agent); it is published again by a repair (the volume stats poll, --repair) or once its last user is cleaned up", ErrUnavailable, key, path)
+		return fmt.Errorf("%w: volume %s: its publish path %s is not mounted (unmounted outside the agent); a repair publishes it again (the next resync pass, unless repair is off), or the first prepare after its last user's cleanup", ErrUnavailable, key, path)
 	}
 	return nil
 }

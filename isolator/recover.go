@@ -15,8 +15,10 @@ import (
 // first pass after start is recovery: it also handles a reboot (mounts
 // gone), references that no container backs, mounts missing from
 // prepared containers (retried by later passes while a volume cannot be
-// published), and directories no checkpoint claims. Anything
-// locked is being handled by a live operation and is skipped.
+// published), and directories no checkpoint claims. The passes after it
+// hand published volumes whose target path is not a mount to
+// Config.Unmounted. Anything locked is being handled by a live operation
+// and is skipped.
 func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 	if recovery {
 		for _, id := range iso.containerIDs() {
@@ -43,10 +45,20 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			}
 		})
 	}
+	type target struct {
+		key  volumeKey
+		path string
+	}
+	var unmounted []target
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated
 		if len(v.cp.Users) > 0 {
 			want = stPublished
+		}
+		if v.cp.State == stPublished && want == stPublished && !recovery && iso.cfg.Unmounted != nil {
+			if ok, err := iso.mounts.IsMountPoint(v.cp.TargetPath); err == nil && !ok {
+				unmounted = append(unmounted, target{v.key, v.cp.TargetPath})
+			}
 		}
 		if (v.cp.State == want && v.cp.LastError == "") || down[v.key.plugin] {
 			return
@@ -59,6 +71,9 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})
+	for _, u := range unmounted {
+		iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path)
+	}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
 			if recovery || c.remount {

@@ -1199,6 +1199,24 @@ func TestUnitPrepareRefusesUnmountedTarget(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitResyncReportsUnmountedTargets: a resync pass hands each
+// published volume whose target path is not a mount to Config.Unmounted
+// (the daemon repairs it), and only those.
+func TestUnitResyncReportsUnmountedTargets(t *testing.T) {
+	w := newWorld(t)
+	var reported []string
+	iso := w.run(Config{ResyncInterval: time.Hour, Unmounted: func(_ context.Context, plugin, id, target string) {
+		reported = append(reported, plugin+"/"+id+" "+target)
+	}})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-2", "/more", false}))
+	target := volumeOf(iso, "loop", "vol-1").TargetPath
+	w.unmountBehindOurBack(target)
+	iso.resync(context.Background(), false)
+	if want := []string{"loop/vol-1 " + target}; !slices.Equal(reported, want) {
+		t.Errorf("reported %v; want %v", reported, want)
+	}
+}
+
 // TestUnitRepair: a published volume's target unmounted behind the
 // agent's back is published again and each user's mount replaced (the
 // new one put beneath the old, the old one unmounted by id); a mount a

@@ -157,7 +157,7 @@ func retryBusy(ctx context.Context, unmount func() error, clearBusy func() (bool
 // Lookup returns the topmost mount whose mount point is path, and whether
 // there is one. A path that does not exist is not a mount point. It reads the
 // mount table once, and not at all when path is not a mount point (one
-// statx of path and of its parent tells).
+// statx tells).
 func Lookup(path string) (*mountinfo.Info, bool, error) {
 	if mounted, ok, err := mountedAt(path); ok && err == nil && !mounted {
 		return nil, false, nil
@@ -184,11 +184,10 @@ func Lookup(path string) (*mountinfo.Info, bool, error) {
 	return top, top != nil, nil
 }
 
-// IsMountPoint reports whether something is mounted at path. A path that
-// does not exist is not a mount point. It compares the mount ids (statx
-// STATX_MNT_ID) of path and of its parent: O(1), no mount table read, so it
-// belongs on hot paths; only a kernel without mount ids (before 5.8) has it
-// read the table.
+// IsMountPoint reports whether something is mounted at path (symlinks
+// followed). A path that does not exist is not a mount point. It is one
+// statx (STATX_ATTR_MOUNT_ROOT): no mount table read, so it belongs on hot
+// paths; only a kernel before 5.8 has it read the table.
 func IsMountPoint(path string) (bool, error) {
 	if mounted, ok, err := mountedAt(path); ok {
 		return mounted, err

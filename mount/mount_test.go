@@ -334,3 +334,67 @@ func TestTrimAndFreeze(t *testing.T) {
 		}
 	})
 }
+
+// TestIsMountPoint: IsMountPoint's one statx agrees with the mount table
+// on every kind of mount point the agent meets: a filesystem, a bind of a
+// directory of the same filesystem (same st_dev as its parent), a bind on
+// a file, stacked mounts, a symlink to a mount point (followed), and on
+// what is not one (a directory inside a mount, a plain directory, a
+// missing path).
+func TestIsMountPoint(t *testing.T) {
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
+	p := func(name string) string { return filepath.Join(base, name) }
+	for _, d := range []string{"fs", "fs/sub", "samefs-src", "samefs-dst", "stacked", "plain"} {
+		if err := os.Mkdir(p(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"file-src", "file-dst"} {
+		if err := os.WriteFile(p(f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mountTmpfs(t, p("fs"))
+	if err := os.Mkdir(p("fs/inside"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][2]string{{p("samefs-src"), p("samefs-dst")}, {p("file-src"), p("file-dst")}} {
+		if err := mount.Bind(b[0], b[1], false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mountTmpfs(t, p("stacked"))
+	mountTmpfs(t, p("stacked"))
+	if err := os.Symlink(p("fs"), p("link")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, m := range []string{"stacked", "stacked", "file-dst", "samefs-dst", "fs"} {
+			_ = mount.Unmount(context.Background(), p(m))
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{
+		{"fs", true}, {"samefs-dst", true}, {"file-dst", true}, {"stacked", true}, {"link", true},
+		{"fs/inside", false}, {"samefs-src", false}, {"plain", false}, {"missing", false}, {"file-src", false},
+	} {
+		got, err := mount.IsMountPoint(p(tc.name))
+		if err != nil || got != tc.want {
+			t.Errorf("IsMountPoint(%s) = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+		canon, err := filepath.EvalSymlinks(p(tc.name))
+		if err != nil {
+			canon = p(tc.name)
+		}
+		ms, err := mount.List(func(m *mountinfo.Info) (bool, bool) { return m.Mountpoint != canon, false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inTable := len(ms) > 0; inTable != tc.want {
+			t.Errorf("%s: the mount table says %v", tc.name, inTable)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package mount
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 
@@ -31,52 +30,25 @@ func mountIDAt(dirfd int, name string) (uint64, error) {
 	return st.Mnt_id, nil
 }
 
-// isMountPointFast reports whether a mount sits at the canonical path mp: a
-// mount point is on another mount than its parent directory. Mounts stacked
-// on mp, binds of a directory of the same filesystem and mounts on files
-// are all seen (st_dev comparisons miss the last two). errNoMountID when
-// the kernel cannot tell.
-func isMountPointFast(mp string) (bool, error) {
-	if mp == "/" {
-		return true, nil
-	}
-	parent, err := os.OpenFile(filepath.Dir(mp), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, err
-	}
-	defer parent.Close()
-	pid, err := mountIDAt(int(parent.Fd()), "")
-	if err != nil {
-		return false, err
-	}
-	id, err := mountIDAt(int(parent.Fd()), filepath.Base(mp))
-	if err != nil {
-		return false, err
-	}
-	return id != pid, nil
-}
-
 // mountedAt is IsMountPoint's fast answer for a path, or ok=false when only
-// the mount table can tell.
+// the mount table can tell. It is one statx: STATX_ATTR_MOUNT_ROOT says
+// whether the path (symlinks followed) is the root of the mount it is on,
+// so mounts stacked on the path, binds of a directory of the same
+// filesystem and mounts on files are all seen (st_dev comparisons miss the
+// last two). Kernels before 5.8 do not report the attribute.
 func mountedAt(path string) (mounted, ok bool, err error) {
-	mp, err := canonical(path)
-	if errors.Is(err, os.ErrNotExist) {
+	var st unix.Statx_t
+	err = unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &st)
+	if errors.Is(err, unix.ENOENT) {
 		return false, true, nil
 	}
 	if err != nil {
-		return false, true, err
+		return false, true, &os.PathError{Op: "statx", Path: path, Err: err}
 	}
-	m, err := isMountPointFast(mp)
-	if errors.Is(err, errNoMountID) {
+	if st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
 		return false, false, nil
 	}
-	if errors.Is(err, os.ErrNotExist) {
-		return false, true, nil
-	}
-	if err != nil {
-		return false, true, fmt.Errorf("mount id of %s: %w", mp, err)
-	}
-	return m, true, nil
+	return st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, true, nil
 }
 
 // mountedBelow reports the first mount found at or below the directory d
