@@ -198,8 +198,8 @@ func New(cfg Config) (*Agent, error) {
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
 		RPCTimeout: cfg.RPCTimeout, ResyncInterval: cfg.ResyncInterval, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
 		OnChange: a.set.Notify, BootID: cfg.BootID,
-		Unmounted: func(ctx context.Context, plugin, id, target string) {
-			a.repair(ctx, volumestats.Volume{Plugin: plugin, ID: id, TargetPath: target})
+		Unmounted: func(ctx context.Context, plugin, id, target string) error {
+			return a.repair(ctx, volumestats.Volume{Plugin: plugin, ID: id, TargetPath: target})
 		},
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -36,9 +37,12 @@ func (s statsSource) Volumes() []volumestats.Volume {
 }
 
 // Poll repairs the volume if its target is no longer mounted, then asks
-// the plugin for its usage and health.
+// the plugin for its usage and health; a failed repair is the poll's
+// error (the figures of a path that is not mounted mean nothing).
 func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats.Stats {
-	s.a.repair(ctx, v)
+	if err := s.a.repair(ctx, v); err != nil {
+		return volumestats.Stats{Err: err}
+	}
 	conn, err := s.a.set.Node(v.Plugin).Conn(ctx, "csi.v1.Node")
 	if err != nil {
 		return volumestats.Stats{Err: err}
@@ -48,23 +52,24 @@ func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats
 
 // repair republishes a volume whose target path is no longer mounted and
 // re-binds it into its containers (see isolator.Repair), unless repair is
-// off; it logs and counts what it did.
-func (a *Agent) repair(ctx context.Context, v volumestats.Volume) {
+// off; it logs and counts what it did, and returns why it failed.
+func (a *Agent) repair(ctx context.Context, v volumestats.Volume) error {
 	if mounted, err := mount.IsMountPoint(v.TargetPath); err != nil || mounted {
-		return
+		return nil
 	}
 	if a.cfg.NoRepair {
 		a.log.Warn("a published volume's target path is not mounted; repair is off (--repair=false)", "plugin", v.Plugin, "volume", v.ID, "target", v.TargetPath)
-		return
+		return nil
 	}
 	r, err := a.iso.Repair(ctx, v.Plugin, v.ID)
 	if err != nil {
 		a.metrics.repairs.WithLabelValues(v.Plugin, "failed").Inc()
 		a.log.Error("repairing a volume whose target path was not mounted", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped, "error", err)
-		return
+		return fmt.Errorf("repairing the volume (its target path was not mounted): %w", err)
 	}
 	if r.Republished {
 		a.metrics.repairs.WithLabelValues(v.Plugin, "repaired").Inc()
 		a.log.Warn("repaired a volume whose target path was not mounted: republished", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped)
 	}
+	return nil
 }

@@ -99,8 +99,10 @@ type Config struct {
 	// Unmounted, when set, is called by each resync pass after recovery,
 	// outside any lock, for every published volume with users whose
 	// target path is not a mount (unmounted outside the agent): the
-	// daemon decides whether to Repair it.
-	Unmounted func(ctx context.Context, pluginType, volumeID, targetPath string)
+	// daemon decides whether to Repair it. An error saying the plugin is
+	// down (as Repair's do) skips that plugin's other volumes for the
+	// pass.
+	Unmounted func(ctx context.Context, pluginType, volumeID, targetPath string) error
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
 	CrashPoint func(point string)

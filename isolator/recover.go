@@ -72,7 +72,9 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		}
 	})
 	for _, u := range unmounted {
-		iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path)
+		if !down[u.key.plugin] {
+			down.note(iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path))
+		}
 	}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {

@@ -63,7 +63,7 @@ func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (R
 		node, err := iso.cfg.Plugins.Node(nctx, pluginType)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("volume %s: %w", key, err)
+			return fmt.Errorf("volume %s: %w", key, &pluginDownError{plugin: pluginType, err: err})
 		}
 		if node.StageUnstage {
 			if ok, err := iso.mounts.IsMountPoint(v.cp.StagingPath); err != nil {

@@ -1201,19 +1201,28 @@ func TestUnitPrepareRefusesUnmountedTarget(t *testing.T) {
 
 // TestUnitResyncReportsUnmountedTargets: a resync pass hands each
 // published volume whose target path is not a mount to Config.Unmounted
-// (the daemon repairs it), and only those.
+// (the daemon repairs it), and only those; once the repair says the plugin
+// is down, the plugin's other volumes wait for the next pass.
 func TestUnitResyncReportsUnmountedTargets(t *testing.T) {
 	w := newWorld(t)
 	var reported []string
-	iso := w.run(Config{ResyncInterval: time.Hour, Unmounted: func(_ context.Context, plugin, id, target string) {
+	var repairErr error
+	iso := w.run(Config{ResyncInterval: time.Hour, Unmounted: func(_ context.Context, plugin, id, target string) error {
 		reported = append(reported, plugin+"/"+id+" "+target)
+		return repairErr
 	}})
-	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-2", "/more", false}))
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-2", "/more", false}, vol{"loop", "vol-3", "/else", false}))
 	target := volumeOf(iso, "loop", "vol-1").TargetPath
 	w.unmountBehindOurBack(target)
 	iso.resync(context.Background(), false)
 	if want := []string{"loop/vol-1 " + target}; !slices.Equal(reported, want) {
 		t.Errorf("reported %v; want %v", reported, want)
+	}
+	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-2").TargetPath)
+	reported, repairErr = nil, &pluginDownError{plugin: "loop", err: ErrUnavailable}
+	iso.resync(context.Background(), false)
+	if len(reported) != 1 {
+		t.Errorf("with the plugin down, the pass reported %v; want one volume, then the plugin skipped", reported)
 	}
 }
 
