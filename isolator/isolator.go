@@ -96,12 +96,12 @@ type Config struct {
 	// OnChange, when set, is called after every change of a volume or a
 	// container (checkpoints, reclaims starting and ending).
 	OnChange func()
-	// Unmounted, when set, is called by each resync pass after recovery,
-	// outside any lock, for every published volume with users whose
-	// target path is not a mount (unmounted outside the agent): the
-	// daemon decides whether to Repair it. An error saying the plugin is
-	// down (as Repair's do) skips that plugin's other volumes for the
-	// pass.
+	// Unmounted, when set, is called after each resync pass after
+	// recovery, outside any lock and beside the passes (one call at a
+	// time), for every published volume with users whose target path the
+	// pass found not a mount (unmounted outside the agent): the daemon
+	// decides whether to Repair it. An error saying the plugin is down (as
+	// Repair's do) skips that plugin's other volumes for the pass.
 	Unmounted func(ctx context.Context, pluginType, volumeID, targetPath string) error
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
@@ -201,11 +201,24 @@ func New(cfg Config) (*Isolator, error) {
 func (iso *Isolator) Run(ctx context.Context) {
 	iso.resync(ctx, true)
 	close(iso.recovered)
+	// Repairs run beside the passes: a repair waits for its volume's and
+	// containers' locks, which a pass must not (it skips what is busy).
+	// While the worker is busy, a pass's batch is dropped: the next pass
+	// finds those volumes again.
+	repairs := make(chan []unmountedTarget, 1)
+	var worker sync.WaitGroup
+	worker.Go(func() {
+		for batch := range repairs {
+			iso.repairUnmounted(ctx, batch)
+		}
+	})
 	t := time.NewTicker(iso.cfg.ResyncInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			close(repairs)
+			worker.Wait()
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalSyncTimeout)
 			if err := iso.commit.Sync(sctx); err != nil {
 				iso.log.Error("making the last checkpoint changes durable", "error", err)
@@ -213,7 +226,12 @@ func (iso *Isolator) Run(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
-			iso.resync(ctx, false)
+			if batch := iso.resync(ctx, false); len(batch) > 0 {
+				select {
+				case repairs <- batch:
+				default:
+				}
+			}
 		}
 	}
 }

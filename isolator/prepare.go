@@ -55,7 +55,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		if c.cp.GetPhase() == statev1.ContainerCheckpoint_PREPARED {
 			// Acknowledged before: its mounts must really be there.
 			if missing := iso.missingMounts(c); len(missing) > 0 {
-				iso.remount(ctx, c)
+				iso.remount(ctx, c, true, downPlugins{})
 				if missing = iso.missingMounts(c); len(missing) > 0 {
 					return nil, fmt.Errorf("%w: container %s is prepared but its mounts %v are gone and cannot be restored; clean it up first", ErrPrecondition, id, missing)
 				}

@@ -16,10 +16,10 @@ import (
 // gone), references that no container backs, mounts missing from
 // prepared containers (retried by later passes while a volume cannot be
 // published), and directories no checkpoint claims. The passes after it
-// hand published volumes whose target path is not a mount to
-// Config.Unmounted. Anything locked is being handled by a live operation
+// return the published volumes whose target path is not a mount, for
+// repairUnmounted. Anything locked is being handled by a live operation
 // and is skipped.
-func (iso *Isolator) resync(ctx context.Context, recovery bool) {
+func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarget {
 	if recovery {
 		for _, id := range iso.containerIDs() {
 			iso.withContainerIfFree(id, iso.forgetOtherBootMountIDs)
@@ -45,11 +45,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			}
 		})
 	}
-	type target struct {
-		key  volumeKey
-		path string
-	}
-	var unmounted []target
+	var unmounted []unmountedTarget
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated
 		if len(v.cp.Users) > 0 {
@@ -57,7 +53,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 		}
 		if v.cp.State == stPublished && want == stPublished && !recovery && iso.cfg.Unmounted != nil {
 			if ok, err := iso.mounts.IsMountPoint(v.cp.TargetPath); err == nil && !ok {
-				unmounted = append(unmounted, target{v.key, v.cp.TargetPath})
+				unmounted = append(unmounted, unmountedTarget{v.key, v.cp.TargetPath})
 			}
 		}
 		if (v.cp.State == want && v.cp.LastError == "") || down[v.key.plugin] {
@@ -71,20 +67,34 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) {
 			iso.log.Warn("volume not converged; will retry", "volume", v.key.String(), "want", want.String(), "error", err)
 		}
 	})
-	for _, u := range unmounted {
-		if !down[u.key.plugin] {
-			down.note(iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path))
-		}
-	}
 	for _, id := range iso.containerIDs() {
 		iso.withContainerIfFree(id, func(c *container) {
-			if recovery || c.remount {
-				iso.remount(ctx, c)
+			if recovery || len(c.remount) > 0 {
+				iso.remount(ctx, c, recovery, down)
 			}
 		})
 	}
 	if recovery {
 		iso.removeOrphanDirs()
+	}
+	return unmounted
+}
+
+// unmountedTarget is a published volume whose target path a resync pass
+// found not mounted.
+type unmountedTarget struct {
+	key  volumeKey
+	path string
+}
+
+// repairUnmounted hands a pass's unmounted targets to Config.Unmounted one
+// at a time, skipping the rest of a plugin's once it is found down.
+func (iso *Isolator) repairUnmounted(ctx context.Context, batch []unmountedTarget) {
+	down := downPlugins{}
+	for _, u := range batch {
+		if !down[u.key.plugin] {
+			down.note(iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path))
+		}
 	}
 }
 
@@ -122,10 +132,7 @@ func (iso *Isolator) forEachVolume(f func(v *volume)) {
 		if !ok {
 			continue
 		}
-		iso.mu.Lock()
-		v := iso.volumes[k]
-		iso.mu.Unlock()
-		if v != nil {
+		if v := iso.volumeAt(k); v != nil {
 			f(v)
 		}
 		unlock()
@@ -240,10 +247,17 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 }
 
 // remount restores a prepared container's mounts that are missing (after
-// a reboot, or if someone unmounted them). If one cannot be restored yet,
-// c.remount has the following passes retry.
-func (iso *Isolator) remount(ctx context.Context, c *container) {
-	c.remount = false
+// a reboot, or if someone unmounted them): with all (recovery, a repeated
+// Prepare) every one, waiting for each volume's lock; otherwise (later
+// resync passes) only those an earlier call could not restore
+// (c.remount), skipping a volume another operation holds. A mount once
+// restored is not retried by the passes, so a container that turns its
+// mount point into a symlink gets at most one more mount per start, which
+// its cleanup finds by id. Each restore has the RPC deadline; a volume of
+// a plugin found down waits for a later pass.
+func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down downPlugins) {
+	retry := c.remount
+	c.remount = nil
 	// A container with a pid has its mounts in its own namespace: they
 	// live and die with it, whatever the agent does.
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetRequest().GetPid() != 0 {
@@ -255,59 +269,80 @@ func (iso *Isolator) remount(ctx context.Context, c *container) {
 		uid, gid = -1, -1
 	}
 	for i, m := range c.cp.GetMounts() {
+		if !all && !slices.Contains(retry, m.GetContainerPath()) {
+			continue
+		}
 		if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); ok {
 			continue
 		}
 		key := volumeKey{m.GetPluginName(), m.GetVolumeId()}
-		err := iso.withVolume(ctx, key, func(v *volume) error {
-			if v == nil || v.cp.State != stPublished {
-				return errors.New("the volume is not published")
+		restore := func(v *volume) error {
+			if down[key.plugin] {
+				return fmt.Errorf("volume %s: its plugin is down", key)
 			}
-			block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
-			target, _, err := resolveMountPoint(iso.mounts, req, m.GetContainerPath(), block, uid, gid)
-			if err != nil {
-				return err
-			}
-			defer target.Close()
-			parent, err := iso.mounts.ID(target)
-			if err != nil {
-				return err
-			}
-			source := v.cp.GetTargetPath()
-			if block && m.GetReadonly() {
-				if err := iso.publishReadOnly(ctx, v); err != nil {
-					return err
-				}
-				source = v.cp.GetRoTargetPath()
-			}
-			if err := iso.checkMounted(key, source); err != nil {
-				return err
-			}
-			tree, err := iso.mounts.CloneTree(source, m.GetReadonly())
-			if err != nil {
-				return err
-			}
-			defer tree.Close()
-			id, err := iso.mounts.ID(tree)
-			if err != nil {
-				return err
-			}
-			if err := iso.mounts.MoveTree(tree, target); err != nil {
-				return err
-			}
-			// The new mount's identity, for the cleanup to find it.
-			return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
-				cp.Mounts[i].MountId, cp.Mounts[i].ParentMountId = id, parent
-				cp.BootId = iso.bootID
-			})
-		})
+			rctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+			defer cancel()
+			return iso.restoreMount(rctx, c, i, v, uid, gid)
+		}
+		if all {
+			err = iso.withVolume(ctx, key, restore)
+		} else {
+			err = iso.tryVolume(key, restore)
+		}
 		if err != nil {
-			c.remount = true
+			down.note(err)
+			c.remount = append(c.remount, m.GetContainerPath())
 			iso.log.Warn("restoring a prepared container's mount; will retry", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
 		} else {
 			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
 		}
 	}
+}
+
+// restoreMount puts a clone of the published volume v (lock held) at the
+// container's mount i and records its identity.
+func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *volume, uid, gid int) error {
+	m := c.cp.GetMounts()[i]
+	if v == nil || v.cp.State != stPublished {
+		return errors.New("the volume is not published")
+	}
+	block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
+	target, _, err := resolveMountPoint(iso.mounts, c.cp.GetRequest(), m.GetContainerPath(), block, uid, gid)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	parent, err := iso.mounts.ID(target)
+	if err != nil {
+		return err
+	}
+	source := v.cp.GetTargetPath()
+	if block && m.GetReadonly() {
+		if err := iso.publishReadOnly(ctx, v); err != nil {
+			return err
+		}
+		source = v.cp.GetRoTargetPath()
+	}
+	if err := iso.checkMounted(v.key, source); err != nil {
+		return err
+	}
+	tree, err := iso.mounts.CloneTree(source, m.GetReadonly())
+	if err != nil {
+		return err
+	}
+	defer tree.Close()
+	id, err := iso.mounts.ID(tree)
+	if err != nil {
+		return err
+	}
+	if err := iso.mounts.MoveTree(tree, target); err != nil {
+		return err
+	}
+	// The new mount's identity, for the cleanup to find it.
+	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
+		cp.Mounts[i].MountId, cp.Mounts[i].ParentMountId = id, parent
+		cp.BootId = iso.bootID
+	})
 }
 
 // requestVolume returns the volume key names in a container record's

@@ -43,9 +43,9 @@ type container struct {
 	cp  *statev1.ContainerCheckpoint
 	// written is the committer's number for the last write of cp.
 	written uint64
-	// remount: a recovery pass could not restore all of the container's
-	// mounts (a volume's plugin down); every later pass retries.
-	remount bool
+	// remount: the container paths of the mounts recovery could not
+	// restore (a volume's plugin down); later passes retry those only.
+	remount []string
 }
 
 func (iso *Isolator) containersRoot() string {

@@ -970,6 +970,51 @@ func TestUnitRebootWithPluginDownRestoresMountsLater(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitLaterPassesDoNotWait: a resync pass retrying a mount recovery
+// could not restore does not wait for a volume another operation holds
+// (it retries at the next pass), and a mount restored once is not
+// restored again by the passes: a container that removes it (or turns its
+// mount point into a symlink, which the host's check follows) gets no
+// mount stacked per pass.
+func TestUnitLaterPassesDoNotWait(t *testing.T) {
+	w := newWorld(t)
+	w.prepare(w.isolator(Config{}), w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"plain", "vol-2", "/more", false}))
+	w.reboot()
+	w.plugins.setDown("plain", true)
+	iso := w.run(Config{RPCTimeout: 200 * time.Millisecond, ResyncInterval: time.Hour})
+	c := containerOf(iso, "c1")
+	data, more := c.Mounts[0].GetMountPoint(), c.Mounts[1].GetMountPoint()
+	if ok, _ := iso.mounts.IsMountPoint(data); !ok {
+		t.Fatalf("recovery did not restore %s (its plugin is up)", data)
+	}
+	w.plugins.setDown("plain", false)
+	unlock, ok := iso.volumeLocks.TryLock(volumeKey{"plain", "vol-2"}.String())
+	if !ok {
+		t.Fatal("vol-2 is locked")
+	}
+	done := make(chan struct{})
+	go func() {
+		iso.resync(context.Background(), false)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a resync pass waits for a volume another operation holds")
+	}
+	unlock()
+	w.unmountBehindOurBack(data)
+	for range 3 {
+		iso.resync(context.Background(), false)
+	}
+	if ok, _ := iso.mounts.IsMountPoint(data); ok {
+		t.Errorf("the passes restored %s again, which recovery had restored once", data)
+	}
+	if ok, _ := iso.mounts.IsMountPoint(more); !ok {
+		t.Errorf("%s, which recovery could not restore, is not restored by a later pass", more)
+	}
+}
+
 // TestUnitCleanupCutByReboot: the last user's cleanup was cut by a power
 // cut; after the reboot recovery finishes it and tears its volume down
 // through the plugin, like a volume whose user's record was lost.
@@ -1199,10 +1244,11 @@ func TestUnitPrepareRefusesUnmountedTarget(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
-// TestUnitResyncReportsUnmountedTargets: a resync pass hands each
-// published volume whose target path is not a mount to Config.Unmounted
-// (the daemon repairs it), and only those; once the repair says the plugin
-// is down, the plugin's other volumes wait for the next pass.
+// TestUnitResyncReportsUnmountedTargets: a resync pass returns each
+// published volume whose target path is not a mount, and only those, for
+// the repair worker to hand to Config.Unmounted (the daemon repairs it;
+// the pass itself does not wait for that); once the repair says the
+// plugin is down, the plugin's other volumes wait for the next pass.
 func TestUnitResyncReportsUnmountedTargets(t *testing.T) {
 	w := newWorld(t)
 	var reported []string
@@ -1214,13 +1260,18 @@ func TestUnitResyncReportsUnmountedTargets(t *testing.T) {
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-2", "/more", false}, vol{"loop", "vol-3", "/else", false}))
 	target := volumeOf(iso, "loop", "vol-1").TargetPath
 	w.unmountBehindOurBack(target)
-	iso.resync(context.Background(), false)
+	ctx := context.Background()
+	batch := iso.resync(ctx, false)
+	if len(reported) > 0 {
+		t.Errorf("the pass itself called Unmounted (%v): it must not wait for a repair", reported)
+	}
+	iso.repairUnmounted(ctx, batch)
 	if want := []string{"loop/vol-1 " + target}; !slices.Equal(reported, want) {
 		t.Errorf("reported %v; want %v", reported, want)
 	}
 	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-2").TargetPath)
 	reported, repairErr = nil, &pluginDownError{plugin: "loop", err: ErrUnavailable}
-	iso.resync(context.Background(), false)
+	iso.repairUnmounted(ctx, iso.resync(ctx, false))
 	if len(reported) != 1 {
 		t.Errorf("with the plugin down, the pass reported %v; want one volume, then the plugin skipped", reported)
 	}

@@ -47,10 +47,25 @@ func (iso *Isolator) withVolume(ctx context.Context, key volumeKey, f func(v *vo
 		return fmt.Errorf("volume %s: waiting for another operation on it: %w", key, err)
 	}
 	defer unlock()
+	return f(iso.volumeAt(key))
+}
+
+// tryVolume is withVolume for who must not wait: it fails at once when
+// another operation holds the volume.
+func (iso *Isolator) tryVolume(key volumeKey, f func(v *volume) error) error {
+	unlock, ok := iso.volumeLocks.TryLock(key.String())
+	if !ok {
+		return fmt.Errorf("volume %s: another operation holds it", key)
+	}
+	defer unlock()
+	return f(iso.volumeAt(key))
+}
+
+// volumeAt is the volume of key, or nil.
+func (iso *Isolator) volumeAt(key volumeKey) *volume {
 	iso.mu.Lock()
-	v := iso.volumes[key]
-	iso.mu.Unlock()
-	return f(v)
+	defer iso.mu.Unlock()
+	return iso.volumes[key]
 }
 
 // acquire makes container id a user of the volume and has it published.

@@ -16,7 +16,7 @@ var errNoMountID = errors.New("statx: no mount id")
 // dirfd itself for "") is on, without following a symlink in the last
 // component. It costs one statx: no mount table is read.
 func mountIDAt(dirfd int, name string) (uint64, error) {
-	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_DONT_SYNC
+	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_STATX_DONT_SYNC | unix.AT_NO_AUTOMOUNT
 	if name == "" {
 		flags |= unix.AT_EMPTY_PATH
 	}
@@ -35,10 +35,12 @@ func mountIDAt(dirfd int, name string) (uint64, error) {
 // whether the path (symlinks followed) is the root of the mount it is on,
 // so mounts stacked on the path, binds of a directory of the same
 // filesystem and mounts on files are all seen (st_dev comparisons miss the
-// last two). Kernels before 5.8 do not report the attribute.
+// last two). An automount point is not triggered (AT_NO_AUTOMOUNT: its
+// daemon may never answer); the autofs mount there counts. Kernels before
+// 5.8 do not report the attribute.
 func mountedAt(path string) (mounted, ok bool, err error) {
 	var st unix.Statx_t
-	err = unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &st)
+	err = unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC|unix.AT_NO_AUTOMOUNT, unix.STATX_TYPE, &st)
 	if errors.Is(err, unix.ENOENT) {
 		return false, true, nil
 	}
