@@ -15,7 +15,7 @@ declare -A want=(
 	[runc]=runc
 	[systemd-analyze]=systemd
 	[debugfs]=e2fsprogs
-	# The container engine tests (package dockerplugin) run real engines.
+	# The container engine tests (package integration) run real engines.
 	[dockerd]=docker.io
 	[podman]=podman
 )

@@ -276,10 +276,11 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 			continue
 		}
 		key := volumeKey{m.GetPluginName(), m.GetVolumeId()}
+		if down[key.plugin] { // logged by whoever found it down
+			c.remount = append(c.remount, m.GetContainerPath())
+			continue
+		}
 		restore := func(v *volume) error {
-			if down[key.plugin] {
-				return fmt.Errorf("volume %s: its plugin is down", key)
-			}
 			rctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 			defer cancel()
 			return iso.restoreMount(rctx, c, i, v, uid, gid)

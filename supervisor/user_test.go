@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -24,8 +25,12 @@ import (
 func TestCommandUser(t *testing.T) {
 	testhelp.NeedRoot(t)
 	u, err := user.Lookup("nobody")
-	if err != nil {
+	var unknown user.UnknownUserError
+	if errors.As(err, &unknown) {
 		t.Skipf("no user nobody to run the plugin as: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("looking up user nobody: %v", err)
 	}
 	// As on a host: the directories above the agent's are searchable.
 	base := t.TempDir()
