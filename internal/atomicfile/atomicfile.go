@@ -8,6 +8,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,11 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Write replaces path with data, durably. The directory must exist.
-func Write(path string, data []byte, perm os.FileMode) error {
-	return write(path, data, perm, syncFile, 0)
-}
-
+// write replaces path with data, durably: temp file, fsync, rename,
+// directory fsync. The directory must exist.
 func write(path string, data []byte, perm os.FileMode, fsync func(string) error, prealloc int64) error {
 	tmp, err := writeTemp(path, data, perm, prealloc)
 	if err != nil {
@@ -34,6 +33,47 @@ func write(path string, data []byte, perm os.FileMode, fsync func(string) error,
 		return fmt.Errorf("replacing %s: %w", path, err)
 	}
 	return fsync(filepath.Dir(path))
+}
+
+// MkdirAll is os.MkdirAll whose new directories are durable when it
+// returns: the parent of each directory it makes is fsynced. For a
+// Committer's root; below it, use the Committer's MkdirAll.
+func MkdirAll(dir string, perm os.FileMode) error {
+	made, err := mkdirs("", dir, perm)
+	for _, d := range made {
+		if serr := syncFile(filepath.Dir(d)); err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+// mkdirs makes dir and its missing parents (below root, which must
+// exist, when set) and returns the directories it made, top first.
+func mkdirs(root, dir string, perm os.FileMode) ([]string, error) {
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil {
+			if !st.IsDir() {
+				return nil, fmt.Errorf("creating %s: %s is not a directory", dir, d)
+			}
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("creating %s: %w", dir, err)
+		}
+		if d == root || d == filepath.Dir(d) {
+			return nil, fmt.Errorf("creating %s: %w", dir, fs.ErrNotExist)
+		}
+		missing = append(missing, d)
+	}
+	var made []string
+	for _, d := range slices.Backward(missing) {
+		if err := os.Mkdir(d, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+			return made, fmt.Errorf("creating %s: %w", d, err)
+		}
+		made = append(made, d)
+	}
+	return made, nil
 }
 
 // writeTemp writes data to a new temp file beside path and returns its
@@ -85,12 +125,27 @@ func syncFile(path string) error {
 // every file written and every directory changed since the previous
 // commit, in one round that serves all of them (group commit), and starts
 // again at once while changes keep coming. Each change gets a sequence
-// number; Wait(n) returns once change n is durable. The zero value is
-// ready to use.
+// number; Wait(n) returns once change n is durable.
+//
+// A daemon has one Committer for its work dir (its root), shared by
+// everything that writes there: a directory it makes is durable, with
+// every directory above it up to the root, before any change made in it
+// later counts as durable, whoever made the change. What existed when it
+// was made counts as durable: the caller has synced the root's filesystem
+// (syncfs) first. It checks at each round that its root is the directory
+// it was made with (same device and inode): a root removed, renamed or
+// replaced stops every later change with ErrRootReplaced, instead of
+// acknowledging changes written into a tree nobody will read.
 //
 // Changes to one path must not race each other (the caller serialises
 // them, as a checkpoint's lock does).
 type Committer struct {
+	// root is the directory the Committer owns ("" for none: no identity
+	// check, records identified by their absolute paths).
+	root    string
+	rootDev uint64
+	rootIno uint64
+
 	// changing is held shared by Put and Remove while they change a
 	// file, exclusively by a round rewriting one whose fsync failed.
 	changing sync.RWMutex
@@ -104,6 +159,7 @@ type Committer struct {
 	lastErr  error         // the last round's error, if it failed
 	errUpTo  uint64        // the changes that round covered
 	retryIn  time.Duration // pause before retrying a failed round
+	rootErr  error         // the root is gone or replaced: every change fails
 	writes   atomic.Uint64
 	fsyncs   atomic.Uint64
 	inflight atomic.Int64
@@ -116,6 +172,47 @@ type Committer struct {
 	// (tests inject failures and delays).
 	Fsync func(path string) error
 }
+
+// ErrRootReplaced: the Committer's root is no longer the directory it was
+// made with.
+var ErrRootReplaced = errors.New("work directory removed or replaced while the agent runs")
+
+// New makes the Committer of root, an existing directory.
+func New(root string) (*Committer, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return nil, fmt.Errorf("opening %s: %w", root, err)
+	}
+	return &Committer{root: filepath.Clean(root), rootDev: st.Dev, rootIno: st.Ino}, nil
+}
+
+// Root is the directory the Committer owns.
+func (c *Committer) Root() string { return c.root }
+
+// checkRoot fails, for good, once the root is not the directory the
+// Committer was made with.
+func (c *Committer) checkRoot() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkRootLocked()
+}
+
+func (c *Committer) checkRootLocked() error {
+	if c.rootErr != nil || c.root == "" {
+		return c.rootErr
+	}
+	var st unix.Stat_t
+	switch err := unix.Stat(c.root, &st); {
+	case err != nil:
+		c.rootErr = fmt.Errorf("%w: %s: %w; restart the agent once the work directory is back", ErrRootReplaced, c.root, err)
+	case st.Dev != c.rootDev || st.Ino != c.rootIno:
+		c.rootErr = fmt.Errorf("%w: %s is another directory now (device %d inode %d, was %d/%d); restart the agent", ErrRootReplaced, c.root, st.Dev, st.Ino, c.rootDev, c.rootIno)
+	}
+	return c.rootErr
+}
+
+// identity is a record's frame identity (see record.go).
+func (c *Committer) identity(path string) string { return Identity(c.root, path) }
 
 // slotState is what a Committer knows of one record file's slots (-1:
 // none).
@@ -145,7 +242,7 @@ func (st *slotState) freeSlot() int {
 // loadSlots reads what a record file on disk holds: nil for a missing
 // file. The newest valid version is taken as durable: the caller has made
 // the file's filesystem durable (syncfs) before its first Put.
-func loadSlots(path string) (*slotState, error) {
+func (c *Committer) loadSlots(path string) (*slotState, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -154,8 +251,8 @@ func loadSlots(path string) (*slotState, error) {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	st := &slotState{durable: -1, flight: -1, pending: -1}
-	vs, _ := versions(b)
-	if len(vs) == 0 || recordHeader+len(vs[0].payload) > slotSize || len(b) > recordSlots*slotSize {
+	vs, _, foreign := versions(b, c.identity(path))
+	if len(vs) == 0 || foreign != "" || vs[0].size() > slotSize || len(b) > recordSlots*slotSize {
 		st.whole = true
 	}
 	if len(vs) > 0 {
@@ -175,6 +272,9 @@ type content struct {
 	epoch uint64
 	// rewrite: an earlier round failed to fsync it; write it afresh.
 	rewrite bool
+	// synced: the content is durable already (a new file, fsynced
+	// before its rename); the round commits its name only.
+	synced bool
 }
 
 // retry pauses after a failed commit round: doubling from retryMin.
@@ -190,24 +290,28 @@ func (c *Committer) Stats() (writes, fsyncs uint64, pending int64) {
 }
 
 // MkdirAll is os.MkdirAll whose new directories are committed (their
-// parents' entries) with the next round.
+// parents' entries) with the next round. dir must be below the root,
+// which it never makes.
 func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
-	if st, err := os.Stat(dir); err == nil && st.IsDir() {
-		return nil
-	}
-	parent := filepath.Dir(dir)
-	if parent != dir {
-		if err := c.MkdirAll(parent, perm); err != nil {
-			return err
-		}
-	}
-	if err := os.Mkdir(dir, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := c.checkRoot(); err != nil {
 		return err
 	}
+	if c.root != "" && !within(c.root, dir) {
+		return fmt.Errorf("creating %s: outside %s", dir, c.root)
+	}
+	made, err := mkdirs(c.root, dir, perm)
 	c.mu.Lock()
-	c.noteLocked("", parent, content{})
+	for _, d := range made {
+		c.noteLocked("", filepath.Dir(d), content{})
+	}
 	c.mu.Unlock()
-	return nil
+	return err
+}
+
+// within reports whether path is root or below it.
+func within(root, path string) bool {
+	rel, err := filepath.Rel(root, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // Put writes a new version of the record file path (see ReadRecord):
@@ -219,34 +323,60 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 	defer c.changing.RUnlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.checkRootLocked(); err != nil {
+		return 0, err
+	}
+	n, err := c.putLocked(path, payload, perm)
+	if err != nil {
+		// A file or directory gone may be the root gone.
+		if rerr := c.checkRootLocked(); rerr != nil {
+			return 0, rerr
+		}
+	}
+	return n, err
+}
+
+func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (uint64, error) {
+	id := c.identity(path)
+	if len(id) > maxIdentity {
+		return 0, fmt.Errorf("writing %s: path longer than %d bytes below %s", path, maxIdentity, c.root)
+	}
 	st := c.slots[path]
 	if st == nil {
 		var err error
-		if st, err = loadSlots(path); err != nil {
+		if st, err = c.loadSlots(path); err != nil {
 			return 0, err
 		}
 	}
 	dir := ""
+	synced := false // the version is durable already (a new file's)
 	var data []byte
 	switch {
 	case st == nil:
-		// A new file: made whole, durable with the next round (the file,
-		// then its directory).
-		data = frame(1, payload)
+		// A new file: its content durable before its name appears (temp
+		// file fsynced, then renamed), so a name that survives a power
+		// cut always has its first version; the name is durable with
+		// the next round (its directory's fsync).
+		data = frame(1, id, payload)
 		tmp, err := writeTemp(path, data, perm, recordSlots*slotSize)
 		if err != nil {
 			return 0, err
+		}
+		c.fsyncs.Add(1)
+		if err := c.fsync()(tmp); err != nil {
+			os.Remove(tmp)
+			return 0, fmt.Errorf("writing %s: %w", path, err)
 		}
 		if err := os.Rename(tmp, path); err != nil {
 			os.Remove(tmp)
 			return 0, fmt.Errorf("replacing %s: %w", path, err)
 		}
-		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0}
-		dir = filepath.Dir(path)
-	case st.whole || recordHeader+len(payload) > slotSize:
+		st = &slotState{gen: 1, durable: 0, flight: -1, pending: -1}
+		dir, synced = filepath.Dir(path), true
+	case st.whole || headerSize(id)+len(payload) > slotSize:
 		// Replaced whole, durably at once (temp file fsynced before the
 		// rename): the old file's slots are not overwritten.
-		data = frame(st.gen+1, payload)
+		data = frame(st.gen+1, id, payload)
 		if err := write(path, data, perm, c.fsync(), recordSlots*slotSize); err != nil {
 			return 0, err
 		}
@@ -255,7 +385,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 			epoch: st.epoch + 1, whole: len(data) > slotSize}
 		dir = filepath.Dir(path)
 	default:
-		data = frame(st.gen+1, payload)
+		data = frame(st.gen+1, id, payload)
 		slot := st.pending
 		if slot < 0 {
 			slot = st.freeSlot()
@@ -274,7 +404,7 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 	if slot < 0 {
 		slot = st.durable
 	}
-	return c.noteLocked(path, dir, content{data: data, perm: perm, slot: slot, epoch: st.epoch}), nil
+	return c.noteLocked(path, dir, content{data: data, perm: perm, slot: slot, epoch: st.epoch, synced: synced}), nil
 }
 
 // writeAt writes data into an existing file at off.
@@ -307,6 +437,9 @@ func (c *Committer) Remove(path string) (uint64, error) {
 	defer c.changing.RUnlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.checkRootLocked(); err != nil {
+		return 0, err
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
@@ -399,10 +532,13 @@ func (c *Committer) commitLoop() {
 // removed since is committed by its directory's fsync, a directory
 // removed since by its parent's.
 func (c *Committer) commit(files map[string]content, dirs map[string]bool) error {
+	if err := c.checkRoot(); err != nil {
+		return err
+	}
 	var errs []error
 	fsync := c.fsync()
 	for f, data := range files {
-		if data.removed {
+		if data.removed || (data.synced && !data.rewrite) {
 			continue // its directory's fsync commits it
 		}
 		var err error

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"path/filepath"
 	"slices"
 )
 
@@ -14,10 +15,18 @@ import (
 // offsets 0, slotSize, 2*slotSize; a version larger than a slot fills a
 // file of its own (slot 0 only). Each frame is
 //
-//	magic "CSR1" | payload length u32 | generation u64 | CRC32C u32 | payload
+//	magic "CSR2" | payload length u32 | generation u64 | CRC32C u32 |
+//	identity length u16 | identity | payload
 //
-// with the CRC over length, generation and payload (little endian). The
-// reader takes the valid frame with the highest generation: a torn or
+// with the CRC over everything after the magic but the CRC itself (little
+// endian). The identity is the record's path relative to the Committer's
+// root (its kind and key: "csi/T/N/volumes/V/volume.state"): a frame is
+// bound to its file, so a valid frame copied into another record file (a
+// misdirected write, a restored backup, an operator's cp) is not taken as
+// that file's version. Frames of the previous format ("CSR1", the same
+// without the identity) are still read.
+//
+// The reader takes the valid frame with the highest generation: a torn or
 // half-written frame fails its CRC and is skipped, so what it returns is
 // always a complete version that was written, never a mix.
 //
@@ -25,31 +34,47 @@ import (
 // version, nor into one whose version a commit round is making durable:
 // a power cut can damage only versions that nobody was told are durable.
 const (
-	recordMagic  = "CSR1"
-	recordHeader = 20
-	slotSize     = 4096
-	recordSlots  = 3
+	recordMagic       = "CSR2"
+	legacyRecordMagic = "CSR1"
+	legacyHeader      = 20
+	slotSize          = 4096
+	recordSlots       = 3
+	// maxIdentity bounds a frame's identity (a path within the root).
+	maxIdentity = 1024
 )
 
-// ErrCorrupt: no slot of a record file holds a valid version.
-var ErrCorrupt = errors.New("no valid record version (torn or damaged)")
+// Errors of ReadRecord.
+var (
+	// ErrCorrupt: no slot of a record file holds a valid version, or one
+	// holds another file's.
+	ErrCorrupt = errors.New("no valid record version (torn or damaged)")
+	// ErrForeign: a slot holds a valid frame of another record file.
+	ErrForeign = errors.New("record file holds a frame of another record")
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// frame encodes one version of a record.
-func frame(gen uint64, payload []byte) []byte {
-	b := make([]byte, recordHeader+len(payload))
+// headerSize is the size of a frame's header for identity id.
+func headerSize(id string) int { return legacyHeader + 2 + len(id) }
+
+// frame encodes one version of the record identified by id.
+func frame(gen uint64, id string, payload []byte) []byte {
+	h := headerSize(id)
+	b := make([]byte, h+len(payload))
 	copy(b, recordMagic)
 	binary.LittleEndian.PutUint32(b[4:], uint32(len(payload)))
 	binary.LittleEndian.PutUint64(b[8:], gen)
-	copy(b[recordHeader:], payload)
+	binary.LittleEndian.PutUint16(b[20:], uint16(len(id)))
+	copy(b[22:], id)
+	copy(b[h:], payload)
 	binary.LittleEndian.PutUint32(b[16:], frameCRC(b))
 	return b
 }
 
+// frameCRC is the CRC of a frame: everything after the magic but the CRC.
 func frameCRC(b []byte) uint32 {
 	crc := crc32.Update(0, castagnoli, b[4:16])
-	return crc32.Update(crc, castagnoli, b[recordHeader:])
+	return crc32.Update(crc, castagnoli, b[legacyHeader:])
 }
 
 // version is a valid frame found in a record file.
@@ -57,28 +82,56 @@ type version struct {
 	slot    int
 	gen     uint64
 	payload []byte
+	// id is the frame's identity; legacy frames have none.
+	id     string
+	legacy bool
 }
 
 // parseFrame decodes the frame at the start of b, if valid.
-func parseFrame(b []byte) (gen uint64, payload []byte, ok bool) {
-	if len(b) < recordHeader || string(b[:4]) != recordMagic {
-		return 0, nil, false
+func parseFrame(b []byte) (v version, ok bool) {
+	if len(b) < legacyHeader {
+		return v, false
+	}
+	h := legacyHeader
+	switch string(b[:4]) {
+	case legacyRecordMagic:
+		v.legacy = true
+	case recordMagic:
+		if len(b) < legacyHeader+2 {
+			return v, false
+		}
+		h = headerSize("") + int(binary.LittleEndian.Uint16(b[20:]))
+	default:
+		return v, false
 	}
 	n := int(binary.LittleEndian.Uint32(b[4:]))
-	if n > len(b)-recordHeader {
-		return 0, nil, false
+	if h > len(b) || n > len(b)-h {
+		return v, false
 	}
-	b = b[:recordHeader+n]
+	b = b[:h+n]
 	if binary.LittleEndian.Uint32(b[16:]) != frameCRC(b) {
-		return 0, nil, false
+		return v, false
 	}
-	return binary.LittleEndian.Uint64(b[8:]), b[recordHeader:], true
+	if !v.legacy {
+		v.id = string(b[22:h])
+	}
+	v.gen, v.payload = binary.LittleEndian.Uint64(b[8:]), b[h:]
+	return v, true
+}
+
+// size is the frame's size on disk.
+func (v version) size() int {
+	if v.legacy {
+		return legacyHeader + len(v.payload)
+	}
+	return headerSize(v.id) + len(v.payload)
 }
 
 // versions lists the valid frames of a record file's content, newest
 // first. framed reports whether the content is in the record format at
-// all (false: a file of the previous release, plain content).
-func versions(b []byte) (vs []version, framed bool) {
+// all (false: a file of the previous release, plain content); foreign
+// names the identity of a valid frame that is not id's ("" if none).
+func versions(b []byte, id string) (vs []version, framed bool, foreign string) {
 	for s := range recordSlots {
 		off := s * slotSize
 		if off >= len(b) {
@@ -88,34 +141,59 @@ func versions(b []byte) (vs []version, framed bool) {
 		if s == 0 {
 			end = len(b) // a large version fills the file
 		}
-		if len(b[off:]) >= 4 && string(b[off:off+4]) == recordMagic {
+		if len(b[off:]) >= 4 && (string(b[off:off+4]) == recordMagic || string(b[off:off+4]) == legacyRecordMagic) {
 			framed = true
 		}
-		if gen, p, ok := parseFrame(b[off:end]); ok {
-			vs = append(vs, version{s, gen, p})
-			if s == 0 && recordHeader+len(p) > slotSize {
-				break // a large version: no other slots
-			}
+		v, ok := parseFrame(b[off:end])
+		if !ok {
+			continue
+		}
+		if !v.legacy && v.id != id {
+			foreign = v.id
+			continue
+		}
+		v.slot = s
+		vs = append(vs, v)
+		if s == 0 && v.size() > slotSize {
+			break // a large version: no other slots
 		}
 	}
 	slices.SortFunc(vs, func(a, b version) int { return cmp.Compare(b.gen, a.gen) })
-	return vs, framed
+	return vs, framed, foreign
 }
 
-// ReadRecord returns the newest valid version of a record file written by
-// a Committer. A file not in the record format (the previous release's
-// plain files) is returned whole with legacy set; the caller validates it.
-// A record file with no valid version is ErrCorrupt.
-func ReadRecord(path string) (payload []byte, legacy bool, err error) {
+// Identity is the identity a record at path has under root: the path
+// relative to root, or path itself when root is "" (a Committer without
+// a root).
+func Identity(root, path string) string {
+	if root == "" {
+		return filepath.Clean(path)
+	}
+	rel, err := filepath.Rel(root, path)
+	if err != nil {
+		return filepath.Clean(path)
+	}
+	return filepath.ToSlash(rel)
+}
+
+// ReadRecord returns the newest valid version of the record file at path
+// written by a Committer whose root is root. A file not in the record
+// format (the previous release's plain files) is returned whole with
+// legacy set; the caller validates it. A record file with no valid
+// version, or holding a frame of another record (ErrForeign), is
+// ErrCorrupt.
+func ReadRecord(root, path string) (payload []byte, legacy bool, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, false, err
 	}
-	vs, framed := versions(b)
-	if !framed {
+	vs, framed, foreign := versions(b, Identity(root, path))
+	switch {
+	case !framed:
 		return b, true, nil
-	}
-	if len(vs) == 0 {
+	case foreign != "":
+		return nil, false, fmt.Errorf("%s: %w: %w %q", path, ErrCorrupt, ErrForeign, foreign)
+	case len(vs) == 0:
 		return nil, false, fmt.Errorf("%s: %w", path, ErrCorrupt)
 	}
 	return vs[0].payload, false, nil

@@ -14,15 +14,15 @@ import (
 
 // Frames round-trip; any change of a byte is detected.
 func TestRecordFrameDetectsDamage(t *testing.T) {
-	f := frame(7, []byte(`{"state":"PUBLISHED"}`))
-	gen, p, ok := parseFrame(f)
-	if !ok || gen != 7 || string(p) != `{"state":"PUBLISHED"}` {
-		t.Fatalf("round trip: %d %q %v", gen, p, ok)
+	f := frame(7, "csi/t/n/volumes/v/volume.state", []byte(`{"state":"PUBLISHED"}`))
+	v, ok := parseFrame(f)
+	if !ok || v.gen != 7 || string(v.payload) != `{"state":"PUBLISHED"}` || v.id != "csi/t/n/volumes/v/volume.state" {
+		t.Fatalf("round trip: %+v %v", v, ok)
 	}
 	for i := range f {
 		g := bytes.Clone(f)
 		g[i] ^= 0x40
-		if _, _, ok := parseFrame(g); ok {
+		if _, ok := parseFrame(g); ok {
 			t.Errorf("a flipped byte %d went undetected", i)
 		}
 	}
@@ -35,7 +35,7 @@ func TestRecordReadsAndReplacesLegacyFiles(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"a": 1}      `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b, legacy, err := ReadRecord(path)
+	b, legacy, err := ReadRecord("", path)
 	if err != nil || !legacy || string(b) != `{"a": 1}      ` {
 		t.Fatalf("legacy read: %q %v %v", b, legacy, err)
 	}
@@ -43,7 +43,7 @@ func TestRecordReadsAndReplacesLegacyFiles(t *testing.T) {
 	if _, err := c.Put(path, []byte(`{"a": 2}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b, legacy, err = ReadRecord(path)
+	b, legacy, err = ReadRecord("", path)
 	if err != nil || legacy || string(b) != `{"a": 2}` {
 		t.Fatalf("after put: %q %v %v", b, legacy, err)
 	}
@@ -52,12 +52,12 @@ func TestRecordReadsAndReplacesLegacyFiles(t *testing.T) {
 // A file in the record format with no valid version is reported as such.
 func TestRecordAllSlotsDamaged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state")
-	f := frame(1, []byte("x"))
+	f := frame(1, path, []byte("x"))
 	f[len(f)-1] = 'y'
 	if err := os.WriteFile(path, f, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := ReadRecord(path); err == nil || !strings.Contains(err.Error(), "torn or damaged") {
+	if _, _, err := ReadRecord("", path); err == nil || !strings.Contains(err.Error(), "torn or damaged") {
 		t.Fatalf("want a damage error, got %v", err)
 	}
 }
@@ -140,7 +140,7 @@ func TestRecordPowerCut(t *testing.T) {
 		steps++
 		for _, disk := range cutStates(images, rng) {
 			states++
-			vs, _ := versions(disk)
+			vs, _, _ := versions(disk, path)
 			if acked == 0 {
 				continue
 			}
@@ -212,8 +212,8 @@ func mustRead(t *testing.T, path string) []byte {
 func TestRecordPutsWhileRoundInFlightOnLoadedFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state")
 	img := make([]byte, 2*slotSize)
-	copy(img, frame(1, []byte("one")))
-	copy(img[slotSize:], frame(2, []byte("two")))
+	copy(img, frame(1, path, []byte("one")))
+	copy(img[slotSize:], frame(2, path, []byte("two")))
 	if err := os.WriteFile(path, img, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestRecordPutsWhileRoundInFlightOnLoadedFile(t *testing.T) {
 	if err := c.Sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if b, _, err := ReadRecord(path); err != nil || string(b) != "five" {
+	if b, _, err := ReadRecord("", path); err != nil || string(b) != "five" {
 		t.Fatalf("read %q, %v; want five", b, err)
 	}
 }
@@ -274,7 +274,7 @@ func TestFailedDirectoryFsyncRedoesItsEntries(t *testing.T) {
 	if tmpSynced == 0 {
 		t.Error("the file was not written afresh after its directory's fsync failed")
 	}
-	if b, _, err := ReadRecord(path); err != nil || string(b) != "v1" {
+	if b, _, err := ReadRecord("", path); err != nil || string(b) != "v1" {
 		t.Errorf("read %q, %v", b, err)
 	}
 }
