@@ -93,12 +93,12 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(v.dir, volumeStateFile)
-	b, legacy, err := atomicfile.ReadRecord(path)
+	b, legacy, err := atomicfile.ReadRecord(iso.commit.Root(), path)
 	if err != nil || legacy {
 		t.Fatalf("after an update: legacy=%v err=%v", legacy, err)
 	}
 	got := &statev1.VolumeCheckpoint{}
-	if err := readCheckpoint(path, got); err != nil || got.GetLastError() != "x" || !slices.Equal(got.GetUsers(), []string{"c1"}) {
+	if err := readCheckpoint(iso.commit.Root(), path, got); err != nil || got.GetLastError() != "x" || !slices.Equal(got.GetUsers(), []string{"c1"}) {
 		t.Fatalf("updated record %s: %v", b, err)
 	}
 }
@@ -119,7 +119,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 		return r
 	}
 	work := t.TempDir()
-	seed := &Isolator{}
+	seed := seedIsolator(t, work)
 	for _, c := range []struct{ id, vol string }{{"c1", "vol-1"}, {"c2", "vol-1"}, {"c3", "vol-2"}} {
 		dir := filepath.Join(work, "isolators", "volume", "csi", c.id)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -145,6 +145,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	iso.rebuildMissingVolumes() // as each resync pass does, first
 	iso.recoverVolumes()
 	if err := iso.commit.Sync(context.Background()); err != nil {
 		t.Fatal(err)
@@ -164,7 +165,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 		}
 		// On disk too, for the next start.
 		onDisk := &statev1.VolumeCheckpoint{}
-		if err := readCheckpoint(filepath.Join(v.dir, volumeStateFile), onDisk); err != nil || !slices.Equal(slices.Sorted(slices.Values(onDisk.GetUsers())), tc.users) {
+		if err := readCheckpoint(iso.commit.Root(), filepath.Join(v.dir, volumeStateFile), onDisk); err != nil || !slices.Equal(slices.Sorted(slices.Values(onDisk.GetUsers())), tc.users) {
 			t.Errorf("%s on disk: %v, %v", tc.vol, onDisk.GetUsers(), err)
 		}
 	}
@@ -190,7 +191,7 @@ func seedPrepared(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	seed := &Isolator{}
+	seed := seedIsolator(t, work)
 	if _, err := seed.writeCheckpoint(cdir, containerStateFile, &statev1.ContainerCheckpoint{ContainerId: "c1", Request: req, Phase: statev1.ContainerCheckpoint_PREPARED}); err != nil {
 		t.Fatal(err)
 	}
@@ -342,4 +343,15 @@ func TestLoadsCheckpointsOfTheAPISchemaRelease(t *testing.T) {
 			t.Errorf("container %s loaded as %v, want %v", id, c, want)
 		}
 	}
+}
+
+// seedIsolator writes records into work as an isolator would, without
+// loading anything.
+func seedIsolator(t *testing.T, work string) *Isolator {
+	t.Helper()
+	c, err := atomicfile.New(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Isolator{commit: c}
 }

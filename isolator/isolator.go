@@ -110,8 +110,12 @@ type Config struct {
 	// (/proc/sys/kernel/random/boot_id) when set: a value other than the
 	// one in the checkpoints makes recovery treat the host as rebooted.
 	BootID string
+	// Commit writes the checkpoints: the daemon's one Committer of the
+	// work dir (shared with whatever else records state there). Nil: the
+	// isolator makes its own (tests).
+	Commit *atomicfile.Committer
 	// Fsync, for durability tests only, replaces the fsync of checkpoint
-	// files.
+	// files of the Committer the isolator makes when Commit is nil.
 	Fsync func(path string) error
 	// Mounts does the mount work; nil: package mount, the kernel's.
 	Mounts Mounter
@@ -126,7 +130,7 @@ type Isolator struct {
 
 	// commit writes checkpoints: visible at once, durable in shared
 	// commit rounds.
-	commit atomicfile.Committer
+	commit *atomicfile.Committer
 
 	volumeLocks    keyedlock.Map
 	containerLocks keyedlock.Map
@@ -184,10 +188,21 @@ func New(cfg Config) (*Isolator, error) {
 		reclaimActive: map[volumeKey]bool{},
 		releasing:     map[volumeKey]int{},
 		recovered:     make(chan struct{}),
-		commit:        atomicfile.Committer{Fsync: cfg.Fsync},
+		commit:        cfg.Commit,
 	}
 	if err := syncWorkDir(cfg.WorkDir); err != nil {
 		return nil, err
+	}
+	if iso.commit == nil {
+		if err := atomicfile.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating the work directory: %w", err)
+		}
+		c, err := atomicfile.New(cfg.WorkDir)
+		if err != nil {
+			return nil, err
+		}
+		c.Fsync = cfg.Fsync
+		iso.commit = c
 	}
 	if err := iso.load(); err != nil {
 		return nil, err

@@ -131,7 +131,11 @@ func (d *diskModel) fsync(p string) error {
 	base := filepath.Base(p)
 	switch {
 	case isRecord(p) && rerr == nil:
+		// The file's own fsync supersedes the temp file it was renamed
+		// from (a new record's first version, fsynced before its name
+		// appeared), whose entry its directory's fsync makes durable.
 		d.data[p] = b
+		delete(d.whole, p)
 	case strings.HasPrefix(base, ".volume.state.tmp-") || strings.HasPrefix(base, ".volumes.state.tmp-"):
 		d.whole[filepath.Join(filepath.Dir(p), strings.SplitN(base[1:], ".tmp-", 2)[0])] = b
 	case derr == nil: // a directory: its entries are durable

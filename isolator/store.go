@@ -199,7 +199,7 @@ func (iso *Isolator) load() error {
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
-	cps, errs := readCheckpoints(files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
+	cps, errs := readCheckpoints(iso.commit.Root(), files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
 	var corrupt [][3]string // id, dir, where the file was moved
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
@@ -219,7 +219,7 @@ func (iso *Isolator) load() error {
 	if err != nil {
 		return fmt.Errorf("loading volume checkpoints: %w", err)
 	}
-	vcps, errs := readCheckpoints(files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
+	vcps, errs := readCheckpoints(iso.commit.Root(), files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
 			continue
@@ -239,7 +239,6 @@ func (iso *Isolator) load() error {
 		}
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
 	}
-	iso.rebuildMissingVolumes()
 	for _, c := range corrupt {
 		iso.quarantine(c[0], c[1], c[2])
 	}
@@ -248,29 +247,56 @@ func (iso *Isolator) load() error {
 
 // rebuildMissingVolumes recreates the record of every volume a container
 // record names but no volume record holds (a power cut can leave a
-// container's record durable and its volume's lost): rebuilt as
-// reconstruct does, UNKNOWN until resync reads the mount table.
+// container's record durable and its volume's lost, or every record
+// below a directory whose entry was lost): rebuilt as reconstruct does,
+// UNKNOWN until converged from the mount table. It runs at the start of
+// each resync pass, once the plugin configs are read (the volume's paths
+// depend on its plugin's): a volume of a plugin not configured yet is
+// rebuilt by the first pass after its config is back.
 func (iso *Isolator) rebuildMissingVolumes() {
-	for _, c := range iso.containers {
-		for _, rv := range c.cp.GetRequest().GetVolumes() {
-			csiVol := rv.GetSource().GetCsiVolume()
-			key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
-			if iso.volumes[key] != nil {
-				continue
+	// Containers an operation holds are skipped: a Prepare writes its
+	// container record before its volumes' (the next pass sees them).
+	missing := map[volumeKey]string{} // a container naming it
+	for _, id := range iso.containerIDs() {
+		iso.withContainerIfFree(id, func(c *container) {
+			iso.mu.Lock()
+			defer iso.mu.Unlock()
+			for _, rv := range c.cp.GetRequest().GetVolumes() {
+				csiVol := rv.GetSource().GetCsiVolume()
+				key := volumeKey{csiVol.GetPluginName(), csiVol.GetStaticProvisioning().GetVolumeId()}
+				if iso.volumes[key] == nil {
+					missing[key] = c.id
+				}
 			}
-			p, err := iso.cfg.Plugins.Lookup(key.plugin)
-			if err != nil {
-				iso.log.Error("volume record missing; cannot rebuild it", "volume", key.String(), "container", c.id, "error", err)
-				continue
+		})
+	}
+	for key, cid := range missing {
+		p, err := iso.cfg.Plugins.Lookup(key.plugin)
+		if err != nil {
+			iso.log.Error("volume record missing; it is rebuilt once its plugin is configured", "volume", key.String(), "container", cid, "error", err)
+			continue
+		}
+		err = iso.tryVolume(key, func(v *volume) error {
+			if v != nil {
+				return nil // made meanwhile (a Prepare)
 			}
-			v := iso.newVolume(key, p, nil, false)
+			v = iso.newVolume(key, p, nil, false)
+			iso.mu.Lock()
 			v.cp = iso.reconstruct(key, v.dir, "")
+			iso.mu.Unlock()
 			v.cp.LastError = "volume record missing; rebuilt from container records and the mount table"
-			iso.volumes[key] = v
 			if _, err := iso.writeCheckpoint(v.dir, volumeStateFile, v.cp); err != nil {
-				iso.log.Error("checkpointing a rebuilt volume", "volume", key.String(), "error", err)
+				return err
 			}
+			iso.mu.Lock()
+			iso.volumes[key] = v
+			iso.mu.Unlock()
+			iso.cfg.OnChange()
 			iso.log.Error("volume record missing: rebuilt from container records", "volume", key.String(), "users", v.cp.GetUsers())
+			return nil
+		})
+		if err != nil {
+			iso.log.Error("rebuilding a missing volume record; retrying next pass", "volume", key.String(), "error", err)
 		}
 	}
 }
@@ -303,7 +329,7 @@ func checkpointFiles(roots []string, name string) ([]string, error) {
 const loadWorkers = 64
 
 // readCheckpoints reads and decodes files in parallel.
-func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error) {
+func readCheckpoints[T proto.Message](root string, files []string, mk func() T) ([]T, []error) {
 	out, errs := make([]T, len(files)), make([]error, len(files))
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -311,7 +337,7 @@ func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
 				out[i] = mk()
-				errs[i] = readCheckpoint(files[i], out[i])
+				errs[i] = readCheckpoint(root, files[i], out[i])
 			}
 		})
 	}
@@ -321,8 +347,8 @@ func readCheckpoints[T proto.Message](files []string, mk func() T) ([]T, []error
 
 // readCheckpoint reads a checkpoint record's newest valid version (see
 // atomicfile.ReadRecord), or a plain JSON file of the previous release.
-func readCheckpoint(path string, m proto.Message) error {
-	b, _, err := atomicfile.ReadRecord(path)
+func readCheckpoint(root, path string, m proto.Message) error {
+	b, _, err := atomicfile.ReadRecord(root, path)
 	if err != nil {
 		return err
 	}

@@ -211,10 +211,20 @@ func FuzzCheckpointDecode(f *testing.F) {
 		[]byte(`{"state": 99, "users": ["../x"]}`), []byte(`{"request": {"volumes": [{"source": {}}]}}`), []byte("\x00\xff")} {
 		f.Add(s, s)
 	}
-	// The same in the record format (see atomicfile.ReadRecord).
-	record := func(b []byte) []byte {
-		p := filepath.Join(f.TempDir(), "record")
-		var c atomicfile.Committer
+	// The same in the record format (see atomicfile.ReadRecord), each
+	// framed with the identity of the file the fuzz body writes it to.
+	volumeRecord := filepath.Join("csi", "loop", "default", "volumes", "vol-1", volumeStateFile)
+	containerRecord := filepath.Join("isolators", "volume", "csi", "c1", containerStateFile)
+	record := func(b []byte, rel string) []byte {
+		root := f.TempDir()
+		c, err := atomicfile.New(root)
+		if err != nil {
+			f.Fatal(err)
+		}
+		p := filepath.Join(root, rel)
+		if err := c.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			f.Fatal(err)
+		}
 		if _, err := c.Put(p, b, 0o600); err != nil {
 			f.Fatal(err)
 		}
@@ -224,12 +234,11 @@ func FuzzCheckpointDecode(f *testing.F) {
 		}
 		return out
 	}
-	f.Add(record(vcp), record(ccp))
+	f.Add(record(vcp, volumeRecord), record(ccp, containerRecord))
 	f.Fuzz(func(t *testing.T, volumeState, containerState []byte) {
 		work := t.TempDir()
-		vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
-		cdir := filepath.Join(work, "isolators", "volume", "csi", "c1")
-		for dir, b := range map[string][]byte{filepath.Join(vdir, volumeStateFile): volumeState, filepath.Join(cdir, containerStateFile): containerState} {
+		vdir := filepath.Dir(filepath.Join(work, volumeRecord))
+		for dir, b := range map[string][]byte{filepath.Join(work, volumeRecord): volumeState, filepath.Join(work, containerRecord): containerState} {
 			if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
 				t.Fatal(err)
 			}
@@ -252,7 +261,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 				t.Fatal(err)
 			}
 			again := &statev1.VolumeCheckpoint{}
-			if err := readCheckpoint(filepath.Join(vdir, volumeStateFile), again); err != nil || !proto.Equal(cp, again) {
+			if err := readCheckpoint(work, filepath.Join(vdir, volumeStateFile), again); err != nil || !proto.Equal(cp, again) {
 				t.Fatalf("checkpoint changed across write and read: %v", err)
 			}
 		}
