@@ -1,14 +1,17 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
@@ -155,6 +159,10 @@ type Agent struct {
 	configured chan struct{}
 	// metrics is the agent's Prometheus registry (metrics.go).
 	metrics *metrics
+	// commit writes every record under the work dir (see
+	// atomicfile.Committer); unlockWork releases the work dir's lock.
+	commit     *atomicfile.Committer
+	unlockWork func()
 }
 
 // New checks cfg, loads the volume checkpoints and makes an Agent; Run
@@ -179,11 +187,35 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("--debug-address %q: %w", cfg.DebugAddress, err)
 		}
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{}), access: apiserver.Access{Group: cfg.APIGroup}}
+	// The work dir is this agent's alone (two agents would overwrite
+	// each other's records), made durably, before any record is read.
+	if err := atomicfile.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("--work-dir: %w", err)
+	}
+	unlockWork, err := lockDir(cfg.WorkDir, "--work-dir")
+	if err != nil {
+		return nil, err
+	}
+	a, err := newAgent(cfg)
+	if err != nil {
+		unlockWork()
+		return nil, err
+	}
+	a.unlockWork = unlockWork
+	return a, nil
+}
+
+// newAgent makes the Agent of New, its work dir locked.
+func newAgent(cfg Config) (*Agent, error) {
+	commit, err := atomicfile.New(cfg.WorkDir)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: cfg.Logger, stopping: make(chan struct{}), configured: make(chan struct{}), access: apiserver.Access{Group: cfg.APIGroup}, commit: commit}
 	a.stats = volumestats.New(volumestats.Config{Source: statsSource{a}, Interval: cfg.VolumeStatsInterval, Logger: cfg.Logger})
 	a.metrics = newMetrics(a)
 	a.set = supervisor.NewSet(supervisor.Config{
-		WorkDir: cfg.WorkDir, RuntimeDir: cfg.RuntimeDir, NodeID: cfg.NodeID,
+		WorkDir: cfg.WorkDir, RuntimeDir: cfg.RuntimeDir, NodeID: cfg.NodeID, Commit: commit,
 		ReadyTimeout: cfg.ReadyTimeout, ProbeInterval: cfg.ProbeInterval,
 		BackoffBase: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, BackoffReset: cfg.BackoffReset,
 		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
@@ -195,7 +227,7 @@ func New(cfg Config) (*Agent, error) {
 		},
 	})
 	iso, err := isolator.New(isolator.Config{
-		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a},
+		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a}, Commit: commit,
 		RPCTimeout: cfg.RPCTimeout, ResyncInterval: cfg.ResyncInterval, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
 		OnChange: a.set.Notify, BootID: cfg.BootID,
 		Unmounted: func(ctx context.Context, plugin, id, target string) error {
@@ -222,17 +254,16 @@ func New(cfg Config) (*Agent, error) {
 // accepting calls and in-flight ones get ShutdownTimeout to finish.
 // Managed plugins keep running so that the next agent adopts them.
 func (a *Agent) Run(ctx context.Context) error {
-	for _, dir := range []string{a.cfg.WorkDir, a.cfg.ConfigDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating %s: %w", dir, err)
-		}
+	defer a.unlockWork()
+	if err := os.MkdirAll(a.cfg.ConfigDir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", a.cfg.ConfigDir, err)
 	}
 	// The API group and plugins run as other users reach their sockets
 	// through the runtime dir, so it is searchable whatever the umask.
 	if err := unixsock.MkdirAll(a.cfg.RuntimeDir); err != nil {
 		return err
 	}
-	unlock, err := lockRuntimeDir(a.cfg.RuntimeDir)
+	unlock, err := lockDir(a.cfg.RuntimeDir, "--runtime-dir")
 	if err != nil {
 		return err
 	}
@@ -409,22 +440,25 @@ func (a *Agent) listenUnix(path, what string) (net.Listener, error) {
 	return lis, nil
 }
 
-// lockRuntimeDir makes sure one agent runs per runtime dir.
-func lockRuntimeDir(dir string) (func(), error) {
+// lockDir takes the exclusive lock of one of the agent's directories
+// (flag names it): <dir>/agent.lock, holding the holder's pid. A second
+// agent on the same directory refuses to start, naming the holder.
+func lockDir(dir, flag string) (func(), error) {
 	path := filepath.Join(dir, "agent.lock")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", path, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := io.ReadAll(io.LimitReader(f, 32))
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another csi-agent is running with --runtime-dir %s (%s is locked)", dir, path)
+			return nil, fmt.Errorf("another csi-agent (pid %s) is running with %s %s (%s is locked)", cmp.Or(strings.TrimSpace(string(holder)), "unknown"), flag, dir, path)
 		}
 		return nil, fmt.Errorf("locking %s: %w", path, err)
 	}
 	_ = f.Truncate(0)
-	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return func() { f.Close() }, nil
 }
 

@@ -78,12 +78,12 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if a.cfg.DockerPluginSocket == "" {
 		return func() {}, nil
 	}
-	store, err := namedvol.OpenStore(NamedVolumesDir(a.cfg.WorkDir))
+	store, err := namedvol.OpenStore(a.commit, NamedVolumesDir(a.cfg.WorkDir))
 	if err != nil {
 		return nil, err
 	}
 	srv, err := dockerplugin.New(dockerplugin.Config{
-		Store: store, Backend: engineBackend{a}, Dir: filepath.Join(a.cfg.WorkDir, engineMountsDir),
+		Store: store, Backend: engineBackend{a}, Dir: filepath.Join(a.cfg.WorkDir, engineMountsDir), Commit: a.commit,
 		Logger: a.log.With("component", "docker-plugin"),
 	})
 	if err != nil {

@@ -76,6 +76,9 @@ func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup
 			return ExitUsage
 		}
 	}
+	// CSIAGENT_TEST_BOOT_ID, for reboot tests only (see agent.Config):
+	// the host is taken as rebooted since the records were written.
+	cfg.BootID = os.Getenv("CSIAGENT_TEST_BOOT_ID")
 	if cfg.CrashPoint, err = crashPointFromEnv(); err != nil {
 		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitUsage

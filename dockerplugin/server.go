@@ -58,7 +58,10 @@ type Config struct {
 	Store   *namedvol.Store
 	Backend Backend
 	// Dir holds the engine mounts: a directory and a record per mount.
-	Dir    string
+	Dir string
+	// Commit writes the records: the daemon's Committer of the work dir
+	// Dir is in.
+	Commit *atomicfile.Committer
 	Logger *slog.Logger
 }
 
@@ -66,7 +69,7 @@ type Config struct {
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
-	commit atomicfile.Committer
+	commit *atomicfile.Committer
 
 	locksMu sync.Mutex
 	locks   map[string]*nameLock
@@ -91,7 +94,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, locks: map[string]*nameLock{}, users: map[string]*user{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, commit: cfg.Commit, locks: map[string]*nameLock{}, users: map[string]*user{}}
 	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
 	}
@@ -109,7 +112,7 @@ func New(cfg Config) (*Server, error) {
 			continue
 		}
 		u := &user{}
-		data, _, err := atomicfile.ReadRecord(filepath.Join(cfg.Dir, e.Name()))
+		data, _, err := atomicfile.ReadRecord(s.commit.Root(), filepath.Join(cfg.Dir, e.Name()))
 		if err == nil {
 			err = json.Unmarshal(data, u)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/docker/go-plugins-helpers/volume"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -63,11 +64,15 @@ func (f *fakeBackend) CheckPlugin(string) error             { return nil }
 func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
 	t.Helper()
 	dir := t.TempDir()
-	store, err := namedvol.OpenStore(filepath.Join(dir, "named"))
+	commit, err := atomicfile.New(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Store: store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	store, err := namedvol.OpenStore(commit, filepath.Join(dir, "named"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Store: store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: commit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +100,7 @@ func TestMountsOfOneIDAreCounted(t *testing.T) {
 		t.Fatal("the first of two Unmounts released the volume")
 	}
 	// The count survives a restart of the agent.
-	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: s.cfg.Commit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +178,7 @@ func TestInterruptedMountIsNotCounted(t *testing.T) {
 	}
 	// The agent restarts; recovery rolled the container back after the
 	// engine mount's record was loaded.
-	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine")})
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: s.cfg.Commit})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,9 @@ declare -A want=(
 	[runc]=runc
 	[systemd-analyze]=systemd
 	[debugfs]=e2fsprogs
+	# The whole-daemon crash-state test records the daemon's file-system
+	# operations (integration TestCrashStates).
+	[strace]=strace
 	# The container engine tests (package integration) run real engines.
 	[dockerd]=docker.io
 	[podman]=podman

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/agent"
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/supervisor"
 )
@@ -140,12 +141,8 @@ func (h *harness) killPlugins() {
 			PID        int    `json:"pid"`
 			StartTicks uint64 `json:"start_ticks"`
 		}
-		b, err := os.ReadFile(f)
-		if err != nil {
+		if err := readProcessRecord(h.cfg.WorkDir, f, &rec); err != nil {
 			h.t.Fatal(err)
-		}
-		if err := json.Unmarshal(b, &rec); err != nil {
-			h.t.Fatalf("%s: %v", f, err)
 		}
 		if rec.PID > 0 && startTicks(rec.PID) == rec.StartTicks {
 			killAndWait(h.t, rec.PID)
@@ -322,4 +319,17 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
+}
+
+// readProcessRecord decodes a plugin's process record (a record file of
+// the agent's Committer of work, see atomicfile) into rec.
+func readProcessRecord(work, path string, rec any) error {
+	b, _, err := atomicfile.ReadRecord(work, path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, rec); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }

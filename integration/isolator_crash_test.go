@@ -42,40 +42,43 @@ import (
 const settlePoll = 10 * time.Millisecond
 
 // sweepOnExit makes sure a test leaves nothing behind even when it fails
-// half-way (with no agent left to clean up, or one that cannot): it kills
-// every process whose command line names the test's directories (agents
-// and plugins the test started), then lazily unmounts whatever is still
-// mounted below them and detaches loop devices backed by files below them.
-// Register it right after newHarness, so it runs after the harness's own
-// cleanup.
+// half-way (with no agent left to clean up, or one that cannot): see
+// powerOff. Register it right after newHarness, so it runs after the
+// harness's own cleanup.
 func sweepOnExit(t *testing.T, h *harness) {
+	t.Cleanup(func() { powerOff(t, h, func(format string, args ...any) { t.Logf("sweep: "+format, args...) }) })
+}
+
+// powerOff is a reboot's end of everything the test's agents made: it
+// kills every process whose command line names the test's directories
+// (agents and plugins), lazily unmounts whatever is mounted below them and
+// detaches loop devices backed by files below them, telling logf of each.
+func powerOff(t *testing.T, h *harness, logf func(format string, args ...any)) {
 	base := filepath.Dir(h.work)
-	t.Cleanup(func() {
-		for _, pid := range processesNaming(base, h.run) {
-			t.Logf("sweep: killing leftover process %d", pid)
-			killAndWait(t, pid)
+	for _, pid := range processesNaming(base, h.run) {
+		logf("killing leftover process %d", pid)
+		killAndWait(t, pid)
+	}
+	for range 10 {
+		ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(base))
+		if err != nil || len(ms) == 0 {
+			break
 		}
-		for range 10 {
-			ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(base))
-			if err != nil || len(ms) == 0 {
-				break
-			}
-			// Newest (topmost) first.
-			sort.Slice(ms, func(i, j int) bool { return ms[i].ID > ms[j].ID })
-			for _, m := range ms {
-				t.Logf("sweep: unmounting leftover %s", m.Mountpoint)
-				_ = unix.Unmount(m.Mountpoint, unix.MNT_DETACH)
-			}
+		// Newest (topmost) first.
+		sort.Slice(ms, func(i, j int) bool { return ms[i].ID > ms[j].ID })
+		for _, m := range ms {
+			logf("unmounting leftover %s", m.Mountpoint)
+			_ = unix.Unmount(m.Mountpoint, unix.MNT_DETACH)
 		}
-		for _, f := range loopDevicesFor(t, base) {
-			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
-			t.Logf("sweep: detaching leftover %s (%s)", dev, loopUsers(dev))
-			if fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-				_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
-				unix.Close(fd)
-			}
+	}
+	for _, f := range loopDevicesFor(t, base) {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		logf("detaching leftover %s (%s)", dev, loopUsers(dev))
+		if fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			_ = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+			unix.Close(fd)
 		}
-	})
+	}
 }
 
 // loopUsers says who keeps a loop device: processes that have it open

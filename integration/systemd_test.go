@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -70,7 +69,7 @@ func TestSdNotify(t *testing.T) {
 		var rec struct {
 			PID int `json:"pid"`
 		}
-		if b, err := os.ReadFile(filepath.Join(h.work, "csi", "notified", "default", "containers", "0", "process.json")); err == nil && json.Unmarshal(b, &rec) == nil {
+		if readProcessRecord(h.work, filepath.Join(h.work, "csi", "notified", "default", "containers", "0", "process.json"), &rec) == nil {
 			killAndWait(t, rec.PID)
 		}
 	})

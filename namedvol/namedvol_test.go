@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -69,7 +70,12 @@ func TestDefinitionBecomesAVolume(t *testing.T) {
 
 func TestStoreCreateGetListRemove(t *testing.T) {
 	ctx := context.Background()
-	s, err := OpenStore(t.TempDir() + "/named")
+	dir := t.TempDir()
+	commit, err := atomicfile.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenStore(commit, dir+"/named")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,12 +26,13 @@ var (
 // volume's lock).
 type Store struct {
 	dir    string
-	commit atomicfile.Committer
+	commit *atomicfile.Committer
 }
 
-// OpenStore makes the directory if needed.
-func OpenStore(dir string) (*Store, error) {
-	s := &Store{dir: dir}
+// OpenStore makes the directory if needed; commit is the daemon's
+// Committer of the work dir dir is in.
+func OpenStore(commit *atomicfile.Committer, dir string) (*Store, error) {
+	s := &Store{dir: dir, commit: commit}
 	if err := s.commit.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the named volume directory: %w", err)
 	}
@@ -71,7 +72,7 @@ func (s *Store) Get(name string) (*Definition, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
-	data, _, err := atomicfile.ReadRecord(s.path(name))
+	data, _, err := atomicfile.ReadRecord(s.commit.Root(), s.path(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, name)
 	}

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -338,7 +339,7 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 	if err := os.Remove(in.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket: %w", err)
 	}
-	if err := os.MkdirAll(in.dir, 0o750); err != nil {
+	if err := in.cfg.Commit.MkdirAll(in.dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating plugin state directory: %w", err)
 	}
 	cgroupFD, cleanup, err := in.cfg.Limits.prepare(in, in.container.Resources)
@@ -353,11 +354,12 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeRecord(in.recordPath(), rec); err != nil {
-		// Without the record a restarted agent could not adopt it; that
-		// is worse than not running it.
-		terminate(ctx, p)
-		return nil, fmt.Errorf("recording plugin process: %w", err)
+	if err := in.writeRecord(ctx, rec); err != nil {
+		// Without the record a restarted agent cannot adopt the process
+		// (it starts another); without the process no container's volume
+		// can be restored. The record's file keeps slots reserved (see
+		// atomicfile), so this fails only where none was ever written.
+		in.log.Error("plugin process not recorded: an agent restarted before the next start will not adopt it", "pid", p.pid, "error", err)
 	}
 	in.log.Info("plugin process started", "pid", p.pid)
 	in.setProc(p, false)
@@ -367,7 +369,7 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 // adoptRecorded adopts the process an earlier agent recorded, or stops it
 // when its config changed. (nil, nil) means there is nothing to adopt.
 func (in *instance) adoptRecorded(ctx context.Context) (*process, error) {
-	rec, err := readRecord(in.recordPath())
+	rec, err := readRecord(in.cfg.Commit.Root(), in.recordPath())
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			in.log.Warn("ignoring unreadable plugin process record", "error", err)
@@ -416,10 +418,11 @@ func (in *instance) stopProcess(ctx context.Context) {
 	terminate(ctx, p)
 	p.release()
 	in.cfg.Limits.release(in)
-	for _, f := range []string{in.recordPath(), in.socket} {
-		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			in.log.Warn("cleaning up after plugin process", "error", err)
-		}
+	if _, err := in.cfg.Commit.Remove(in.recordPath()); err != nil {
+		in.log.Warn("cleaning up after plugin process", "error", err)
+	}
+	if err := os.Remove(in.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		in.log.Warn("cleaning up after plugin process", "error", err)
 	}
 	in.update(func(s *agentv1.PluginInstance) {
 		// No process, so not ready: never report READY with pid 0.
@@ -440,4 +443,18 @@ func (in *instance) release() *handover {
 		return nil
 	}
 	return &handover{proc: p, hash: in.hash}
+}
+
+// writeRecord records the instance's process, durably (the next agent
+// adopts it from the record), in the record's reserved slots.
+func (in *instance) writeRecord(ctx context.Context, rec *processRecord) error {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	n, err := in.cfg.Commit.Put(in.recordPath(), b, 0o600)
+	if err != nil {
+		return err
+	}
+	return in.cfg.Commit.Wait(ctx, n)
 }

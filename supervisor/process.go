@@ -373,8 +373,8 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-func readRecord(path string) (*processRecord, error) {
-	b, err := os.ReadFile(path)
+func readRecord(root, path string) (*processRecord, error) {
+	b, _, err := atomicfile.ReadRecord(root, path)
 	if err != nil {
 		return nil, err
 	}
@@ -383,12 +383,4 @@ func readRecord(path string) (*processRecord, error) {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	return &rec, nil
-}
-
-func writeRecord(path string, rec *processRecord) error {
-	b, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, b, 0o600)
 }

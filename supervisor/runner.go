@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -24,6 +25,9 @@ type Config struct {
 	// WorkDir keeps process records and logs under csi/<type>/<name>/;
 	// RuntimeDir the plugins' sockets.
 	WorkDir, RuntimeDir string
+	// Commit writes the process records and makes their directories: the
+	// daemon's Committer of WorkDir. Nil: one without a root (tests).
+	Commit *atomicfile.Committer
 	// NodeID is given to node plugins as MESOS_AGENT_ID.
 	NodeID        string
 	ReadyTimeout  time.Duration
@@ -51,6 +55,9 @@ func (c *Config) setDefaults() {
 	defaults.Set(&c.BackoffMax, DefaultBackoffMax)
 	defaults.Set(&c.BackoffReset, DefaultBackoffReset)
 	c.Logger = defaults.Logger(c.Logger)
+	if c.Commit == nil {
+		c.Commit = &atomicfile.Committer{}
+	}
 	if c.OnChange == nil {
 		c.OnChange = func() {}
 	}
