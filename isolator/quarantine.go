@@ -29,9 +29,9 @@ func quarantined(cp *statev1.ContainerCheckpoint) bool {
 }
 
 // quarantine rebuilds the record of container id, whose file was corrupt
-// (kept as aside), and checkpoints it. It runs at load, after every record
+// (cause; kept as aside), and checkpoints it. It runs at load, after every record
 // has been read.
-func (iso *Isolator) quarantine(id, dir, aside string) {
+func (iso *Isolator) quarantine(id, dir, aside string, cause error) {
 	cp := &statev1.ContainerCheckpoint{
 		ContainerId: id,
 		BootId:      iso.bootID,
@@ -75,7 +75,7 @@ func (iso *Isolator) quarantine(id, dir, aside string) {
 	for _, m := range cp.Mounts {
 		found = append(found, m.GetMountPoint())
 	}
-	cp.LastError = fmt.Sprintf("container record was corrupt (kept as %s); quarantined: volumes %v from their records, mounts %v from the mount table; clean it up to release them", aside, keys, found)
+	cp.LastError = fmt.Sprintf("container record was corrupt (%v; kept as %s); quarantined: volumes %v from their records, mounts %v from the mount table; clean it up to release them", cause, aside, keys, found)
 	if terr != nil {
 		cp.LastError += "; mount table unreadable: " + terr.Error()
 	}

@@ -200,14 +200,18 @@ func (iso *Isolator) load() error {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
 	cps, errs := readCheckpoints(iso.commit.Root(), files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
-	var corrupt [][3]string // id, dir, where the file was moved
+	type corruptRecord struct {
+		id, dir, aside string
+		cause          error
+	}
+	var corrupt []corruptRecord
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
 			continue // a directory without its checkpoint
 		}
 		id := filepath.Base(filepath.Dir(f))
 		if errs[i] != nil {
-			corrupt = append(corrupt, [3]string{id, filepath.Dir(f), iso.moveAside(f, errs[i])})
+			corrupt = append(corrupt, corruptRecord{id, filepath.Dir(f), iso.moveAside(f, errs[i]), errs[i]})
 			continue
 		}
 		iso.containers[id] = &container{id: id, dir: filepath.Dir(f), cp: cps[i]}
@@ -240,7 +244,7 @@ func (iso *Isolator) load() error {
 		iso.volumes[key] = &volume{key: key, dir: dir, cp: cp}
 	}
 	for _, c := range corrupt {
-		iso.quarantine(c[0], c[1], c[2])
+		iso.quarantine(c.id, c.dir, c.aside, c.cause)
 	}
 	return nil
 }
