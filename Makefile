@@ -26,6 +26,8 @@ SOAK_TIMEOUT ?= 3h
 SOAK_LOG     ?= /tmp/csiagent-soak.log
 # make powercut: random disk states per cut point, besides the systematic ones
 CUTS         ?= 20
+# make powercut: crash states of the whole daemon (make test recovers 60)
+CRASH_STATES ?= 1000
 POWERCUT_LOG ?= /tmp/csiagent-powercut.log
 BINARIES     := $(patsubst cmd/%/main.go,%,$(wildcard cmd/*/main.go))
 
@@ -82,9 +84,10 @@ soak: deps ## (root) random prepares/cleanups/reclaims with agent and plugin SIG
 	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./integration >$(SOAK_LOG) 2>&1; rc=$$?; \
 		grep -E '^soak: |invariant violation|^(--- |ok|FAIL)' $(SOAK_LOG); exit $$rc
 
-powercut: ## (root) TestPowerCut with CUTS random disk states per cut point (default 20; make test runs 2); prints its summary, full log in POWERCUT_LOG
-	@$(GO) test -count=1 -timeout=30m -run='^TestPowerCut$$' -v ./isolator -args -powercut.mixes=$(CUTS) >$(POWERCUT_LOG) 2>&1; rc=$$?; \
-		grep -E 'power cut: |^(--- |ok|FAIL)' $(POWERCUT_LOG); exit $$rc
+powercut: deps ## (root) the whole daemon's crash states (CRASH_STATES, default 1000; make test recovers 60) and TestPowerCut with CUTS random disk states per cut point (default 20; make test runs 2); prints the summaries, full log in POWERCUT_LOG
+	@$(GO) test -count=1 -timeout=60m -run='^TestCrashStates$$' -v ./integration -args -crash-states=$(CRASH_STATES) >$(POWERCUT_LOG) 2>&1; rc=$$?; \
+		$(GO) test -count=1 -timeout=30m -run='^TestPowerCut$$' -v ./isolator -args -powercut.mixes=$(CUTS) >>$(POWERCUT_LOG) 2>&1 || rc=$$?; \
+		grep -E '^crash states: |power cut: |^(--- |ok|FAIL)' $(POWERCUT_LOG); exit $$rc
 
 lint: ## gofmt, go vet and staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: not formatted:"; echo "$$out"; exit 1; fi

@@ -105,6 +105,10 @@ func newMetrics(a *Agent) *metrics {
 			Name: "csi_agent_checkpoint_fsyncs_total",
 			Help: "fsync calls of checkpoint commit rounds; one round makes every change since the previous one durable.",
 		}, func() float64 { _, f, _ := a.iso.CheckpointStats(); return float64(f) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "csi_agent_records_corrupt_total",
+			Help: "Record files found corrupt at start (torn, damaged, or holding another record's frame): each kept under <work-dir>/corrupt/, its container quarantined or its volume rebuilt.",
+		}, func() float64 { return float64(a.iso.CorruptRecords()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "csi_agent_checkpoint_pending",
 			Help: "Checkpoint changes (writes, removals) visible but not yet durable.",

@@ -348,7 +348,11 @@ func TestRecoveryAndIdle(t *testing.T) {
 	}
 	// The checkpoints are written in the agent's own record format, as
 	// the agent writes them.
-	var commit atomicfile.Committer
+	mkdirs(t, work)
+	commit, err := atomicfile.New(work)
+	if err != nil {
+		t.Fatal(err)
+	}
 	setup := time.Now()
 	for c := 0; c*perContainer < vols; c++ {
 		cid := fmt.Sprint("ctr-", c)

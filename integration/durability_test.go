@@ -31,7 +31,7 @@ func TestForeignRecordIsCorrupt(t *testing.T) {
 	sweepOnExit(t, h)
 	const typ = "foreign.test"
 	h.dataPlugin(typ)
-	cfg := fastConfig(h)
+	cfg := metricsConfig(h)
 	h.start(cfg)
 	h.waitPlugin(typ, "ready", ready)
 	h.mustPrepare("c1", h.dir("sb1"), "", volumeSpec{plugin: typ, id: "vol-a", path: "d"})
@@ -74,6 +74,9 @@ func TestForeignRecordIsCorrupt(t *testing.T) {
 		}
 	}
 	globOne(t, filepath.Join(h.work, "corrupt", "csi_"+typ+"_default_volumes_vol-c_volume.state.*"))
+	if got := h.scrape().value("csi_agent_records_corrupt_total", nil); got != 2 {
+		t.Errorf("csi_agent_records_corrupt_total = %v; want 2", got)
+	}
 	h.mustCleanup("c2")
 	if ok, _ := mountinfo.Mounted(mp2); ok {
 		t.Errorf("quarantined c2's mount %s left after its cleanup", mp2)

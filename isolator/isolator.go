@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -150,6 +151,8 @@ type Isolator struct {
 	releasing     map[volumeKey]int
 	// recovered is closed when the first recovery pass has run.
 	recovered chan struct{}
+	// corrupt counts the record files found corrupt (moveAside).
+	corrupt atomic.Uint64
 }
 
 // New makes an Isolator; Run recovers its state and keeps it converged.

@@ -367,6 +367,7 @@ func readCheckpoint(root, path string, m proto.Message) error {
 // Out of the checkpoint directories, it does not keep them from being
 // removed.
 func (iso *Isolator) moveAside(path string, cause error) string {
+	iso.corrupt.Add(1)
 	dir := filepath.Join(iso.cfg.WorkDir, "corrupt")
 	rel, err := filepath.Rel(iso.cfg.WorkDir, path)
 	if err != nil {
@@ -417,6 +418,11 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 	slices.Sort(cp.Users)
 	return cp
 }
+
+// CorruptRecords counts the record files found corrupt (torn, damaged or
+// holding another record's frame) since start: each moved aside, its
+// container quarantined or its volume rebuilt.
+func (iso *Isolator) CorruptRecords() uint64 { return iso.corrupt.Load() }
 
 // CheckpointStats reports the checkpoint writes made since start, the
 // fsyncs that made them durable, and the changes not yet durable.

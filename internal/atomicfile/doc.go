@@ -1,18 +1,22 @@
-// Package atomicfile writes files so that a reader, or the same process
-// after a crash or a power cut, sees a complete version, never a torn mix.
+// Package atomicfile writes the records a daemon needs after a crash or a
+// power cut, so that a reader (or the same daemon after a restart) sees a
+// complete version of each, never a torn mix and never another record's.
 //
-// Write replaces a whole file durably before it returns: temp file in the
-// same directory, fsync, rename over the old one, fsync the directory
-// (about a millisecond).
+// A Committer owns one directory, its root (the daemon's work dir; New).
+// Each Put writes a new version of a record, framed with the record's
+// identity (its path below the root), a generation and a CRC32C, into a
+// slot of the record's file that holds nothing a crash may still need
+// (see record.go), so the write is visible at once and made durable by a
+// background group commit shortly after: one round of fsyncs for every
+// write made meanwhile. A new record's first version is durable before
+// its name appears (temp file, fsync, rename); the directories the
+// Committer makes are committed with their parents, up to the root.
+// Wait blocks until a given write is durable (what must hold across a
+// power loss). A root removed or replaced stops every later change
+// (ErrRootReplaced). ReadRecord returns a record's newest valid version;
+// a file holding another record's frame is corrupt (ErrForeign).
 //
-// A Committer keeps records (checkpoints): each Put writes a new version,
-// framed with a generation and a CRC32C, into a slot of the record's file
-// that holds nothing a crash may still need (see record.go), so the write
-// is visible at once (what a restarted process needs) and made durable by
-// a background group commit shortly after, one round of fsyncs for every
-// write made meanwhile; Wait blocks until a given write is durable (what
-// must hold across a power loss). ReadRecord returns the newest valid
-// version.
+// MkdirAll makes a directory durably, for the root itself.
 //
 // Do not use it for data that may be lost on a crash (logs, caches).
 package atomicfile
