@@ -199,6 +199,7 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 	err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) {
 		cp.Users = slices.DeleteFunc(cp.Users, func(u string) bool { return slices.Contains(stale, u) })
 		cp.Users = append(cp.Users, missing...)
+		slices.Sort(cp.Users) // as every other change of the users keeps them
 		if rebooted {
 			// Mounts do not survive a reboot, but node state may (iSCSI
 			// sessions log in again at boot), and that is the plugin's
