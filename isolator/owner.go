@@ -75,39 +75,25 @@ func giveVolumeRoot(path string, uid, gid int) error {
 // freshLostFound reports whether the lost+found entry of the directory
 // open at rootFd (whose stat is root) is as mkfs.ext4 leaves it: a
 // directory on the root's file system, mode 0700 and no other bits, owned
-// by 0:0, with no entries. It is examined relative to rootFd without
-// following a symlink; an entry that vanishes or changes kind while it is
-// examined is not fresh.
+// by 0:0, with no entries. It is opened relative to rootFd without
+// following a symlink (a symlink, or anything but a directory, is not
+// fresh) and examined through that handle.
 func freshLostFound(rootFd int, root *unix.Stat_t) (bool, error) {
-	shaped := func(st *unix.Stat_t) bool {
-		return st.Mode&unix.S_IFMT == unix.S_IFDIR && st.Mode&0o7777 == 0o700 &&
-			st.Uid == 0 && st.Gid == 0 && st.Dev == root.Dev
-	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(rootFd, lostFound, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return false, nil
-		}
-		return false, fmt.Errorf("%s: %w", lostFound, err)
-	}
-	if !shaped(&st) {
-		return false, nil
-	}
 	fd, err := unix.Openat(rootFd, lostFound, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-			return false, nil // replaced since it was examined
+			return false, nil // gone, a symlink, or not a directory
 		}
 		return false, fmt.Errorf("%s: %w", lostFound, err)
 	}
 	f := os.NewFile(uintptr(fd), lostFound)
 	defer f.Close()
-	var opened unix.Stat_t
-	if err := unix.Fstat(fd, &opened); err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		return false, fmt.Errorf("%s: %w", lostFound, err)
 	}
-	if opened.Ino != st.Ino || !shaped(&opened) {
-		return false, nil // replaced since it was examined
+	if st.Mode&0o7777 != 0o700 || st.Uid != 0 || st.Gid != 0 || st.Dev != root.Dev {
+		return false, nil
 	}
 	names, err := f.Readdirnames(1)
 	if len(names) > 0 {
