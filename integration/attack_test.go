@@ -3,12 +3,16 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -354,5 +358,85 @@ func TestAttackInRunc(t *testing.T) {
 		t.Errorf("volume holds %q, %v; want what the container wrote", b, err)
 	}
 	h.mustCleanup("check")
+	h.assertClean(pool)
+}
+
+// TestContainerCannotHideItsMount (issue 24, finding 1): a running hook
+// container makes, in its own mount namespace, a directory at the host
+// path of its volume's publish target (the default work dir makes it
+// predictable). The cleanup, which runs in that namespace, must still
+// find the mount it made by the root recorded when it made it, and
+// unmount it; before, it looked the publish target up there, found the
+// container's directory, declared the mount gone and returned success with
+// the volume still mounted in the running container (and released it to
+// the next one).
+func TestContainerCannotHideItsMount(t *testing.T) {
+	runc, busybox := needRunc(t)
+	h := newHarness(t)
+	sweepOnExit(t, h)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "v")
+	h.start(fastConfig(h))
+	h.waitPlugin("loop", "ready", ready)
+	target := filepath.Join(h.work, "csi", "loop", "default", "mounts", "v", "target")
+	b := h.bundle(busybox, "hider", "busybox mkdir -p "+target+" && busybox sleep 600", volumeSpec{plugin: "loop", id: "v", path: "/data"})
+	// The detached container keeps runc's stdio: a file, not a pipe
+	// nobody would close.
+	logPath := filepath.Join(h.extra, "hider.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(runc, "run", "--detach", "--bundle", b, "hider")
+	cmd.Stdout, cmd.Stderr = log, log
+	err = cmd.Run()
+	log.Close()
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		t.Fatalf("runc run: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", "hider").Run() })
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if _, err := os.Stat(filepath.Join(b, "rootfs", target)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the container did not make its directory")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if vs := h.volumes(); len(vs) != 1 || vs[0].TargetPath != target {
+		t.Fatalf("volumes %v; want v published at %s", vs, target)
+	}
+	out, err := exec.Command(runc, "state", "hider").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatal(err)
+	}
+	mounted := func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", st.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(string(b), " /data ")
+	}
+	if !mounted() {
+		t.Fatal("the volume is not mounted in the container")
+	}
+	if _, err := h.api().Cleanup(context.Background(), &agentv1.CleanupRequest{ContainerId: "hider"}); err != nil {
+		t.Fatalf("cleanup of the running container: %v", err)
+	}
+	if mounted() {
+		t.Fatal("cleanup succeeded with the volume still mounted in the running container")
+	}
+	if err := exec.Command(runc, "delete", "--force", "hider").Run(); err != nil {
+		t.Fatal(err)
+	}
 	h.assertClean(pool)
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/internal/redact"
@@ -303,15 +304,55 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	if err != nil {
 		return nil, fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
 	}
-	if p.tree, err = iso.mounts.CloneTree(p.rec.HostPath, pm.readonly); err != nil {
+	var cid cloneID
+	if p.tree, cid, err = iso.clone(p.rec.HostPath, pm.readonly); err != nil {
 		p.close()
 		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
 	}
-	if p.rec.MountId, err = iso.mounts.ID(p.tree); err != nil {
-		p.close()
-		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
-	}
+	cid.setOn(p.rec)
 	return p, nil
+}
+
+// cloneID is what identifies a container mount the agent made: the
+// clone's mount id and its root's device and inode, read from the clone
+// itself when it is made (see mount.Identity).
+type cloneID struct{ mount, rootDev, rootIno uint64 }
+
+// setOn records the clone's identity in a container's mount record.
+func (id cloneID) setOn(m *statev1.ContainerMount) {
+	m.MountId, m.RootDev, m.RootIno = id.mount, id.rootDev, id.rootIno
+}
+
+// clone makes the detached mount tree of source for a container mount
+// and reads its identity.
+func (iso *Isolator) clone(source string, readOnly bool) (*os.File, cloneID, error) {
+	tree, err := iso.mounts.CloneTree(source, readOnly)
+	if err != nil {
+		return nil, cloneID{}, err
+	}
+	var id cloneID
+	if id.mount, err = iso.mounts.ID(tree); err == nil {
+		id.rootDev, id.rootIno, err = mount.RootOf(tree)
+	}
+	if err != nil {
+		tree.Close()
+		return nil, cloneID{}, err
+	}
+	return tree, id, nil
+}
+
+// mountIdentity is what identifies the recorded mount m for
+// mount.UnmountOwn. A record without the clone's root (an earlier
+// release's) gets the root of its host path as seen from the agent's own
+// mount namespace: looked up inside a container's, that path is the
+// container's to make.
+func mountIdentity(m *statev1.ContainerMount) mount.Identity {
+	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath(), RootDev: m.GetRootDev(), RootIno: m.GetRootIno()}
+	var st unix.Stat_t
+	if id.RootIno == 0 && id.Source != "" && unix.Stat(id.Source, &st) == nil {
+		id.RootDev, id.RootIno = st.Dev, st.Ino
+	}
+	return id
 }
 
 // checkMounted refuses a volume whose publish path (the clone's source)
@@ -407,7 +448,7 @@ func (iso *Isolator) inNamespace(c *container, f func(Mounter) error) error {
 // returned.
 func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *statev1.ContainerMount) (note string, err error) {
 	req := c.cp.GetRequest()
-	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath()}
+	id := mountIdentity(m)
 	root := mountRoot(req, m.GetContainerPath())
 	var res mount.Result
 	if req.GetPid() == 0 {

@@ -239,7 +239,9 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 	}
 	err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
 		for _, m := range cp.Mounts {
-			m.MountId, m.ParentMountId = 0, 0
+			// The roots too: the volumes are staged anew, on other
+			// devices.
+			m.MountId, m.ParentMountId, m.RootDev, m.RootIno = 0, 0, 0, 0
 		}
 		cp.BootId = iso.bootID
 	})
@@ -329,21 +331,18 @@ func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *v
 	if err := iso.checkMounted(v.key, source); err != nil {
 		return err
 	}
-	tree, err := iso.mounts.CloneTree(source, m.GetReadonly())
+	tree, id, err := iso.clone(source, m.GetReadonly())
 	if err != nil {
 		return err
 	}
 	defer tree.Close()
-	id, err := iso.mounts.ID(tree)
-	if err != nil {
-		return err
-	}
 	if err := iso.mounts.MoveTree(tree, target); err != nil {
 		return err
 	}
 	// The new mount's identity, for the cleanup to find it.
 	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
-		cp.Mounts[i].MountId, cp.Mounts[i].ParentMountId = id, parent
+		id.setOn(cp.Mounts[i])
+		cp.Mounts[i].ParentMountId = parent
 		cp.BootId = iso.bootID
 	})
 }

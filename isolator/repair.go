@@ -159,15 +159,12 @@ var errNotOurs = errors.New("the mount there is not the one the agent made: left
 // rebind replaces c's mount i (see Repair) and returns the new mount's id.
 func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 	old := c.cp.GetMounts()[i]
-	tree, err := iso.mounts.CloneTree(old.GetHostPath(), old.GetReadonly())
+	tree, cid, err := iso.clone(old.GetHostPath(), old.GetReadonly())
 	if err != nil {
 		return 0, err
 	}
 	defer tree.Close()
-	newID, err := iso.mounts.ID(tree)
-	if err != nil {
-		return 0, err
-	}
+	newID := cid.mount
 	req := c.cp.GetRequest()
 	kind := mount.Directory
 	if isBlockMount(c, old) {
@@ -214,7 +211,7 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 		return 0, err
 	}
 	rec := proto.Clone(old).(*statev1.ContainerMount)
-	rec.MountId = newID
+	cid.setOn(rec)
 	// The new mount goes beneath the old one: recorded before it, so a
 	// cleanup (last first) unmounts the old one first.
 	if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {

@@ -44,6 +44,41 @@ type Identity struct {
 	// Source is the host path that was bound. When ID is 0, a mount on top
 	// of the mount point whose root is Source's inode is taken to be ours.
 	Source string
+	// RootDev and RootIno are the device and inode of the mount's root,
+	// read from the clone when it was made (0: not recorded). Recorded,
+	// they decide whether a mount is ours: Source is not looked up, for
+	// it resolves in the calling thread's namespace, which may be a
+	// container's (where the container can make that path anything).
+	RootDev, RootIno uint64
+}
+
+// ErrUnverified is returned (wrapped) by UnmountOwn when a mount with the
+// recorded id is there but its root cannot be checked (no root recorded,
+// and Source cannot be seen): it is not touched, and not reported Gone
+// either.
+var ErrUnverified = errors.New("has the recorded mount id but its root cannot be verified")
+
+// RootOf reads the device and inode of the root of the mount tree f (a
+// CloneTree descriptor), for Identity.
+func RootOf(f *os.File) (dev, ino uint64, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, 0, fmt.Errorf("root of mount tree %s: %w", f.Name(), err)
+	}
+	return st.Dev, st.Ino, nil
+}
+
+// root is the inode a mount of id must have at its root, and whether it
+// was recorded (verified) or looked up by Source (nil if that fails).
+func (id Identity) root() (src *unix.Stat_t, recorded bool) {
+	if id.RootIno != 0 {
+		return &unix.Stat_t{Dev: id.RootDev, Ino: id.RootIno}, true
+	}
+	var st unix.Stat_t
+	if id.Source != "" && unix.Stat(id.Source, &st) == nil {
+		return &st, false
+	}
+	return nil, false
 }
 
 // Where says where UnmountOwn found the mount it removed.
@@ -89,9 +124,15 @@ type Result struct {
 //     was renamed), it is unmounted there after the same checks (Moved);
 //     found outside root, nothing is touched (error, ErrOutsideRoot);
 //     not found, it is Gone and nothing is touched.
-//   - Mount ids are reused: the mount's root must also be id.Source's
-//     inode (checked while id.Source can be seen), so a mount the
-//     container made after ours went is never taken for ours.
+//   - Mount ids are reused: the mount's root must also be the recorded
+//     root (id.RootDev, id.RootIno), so a mount the container made after
+//     ours went is never taken for ours. Without a recorded root (records
+//     of earlier releases) it is id.Source's inode, looked up in the
+//     calling thread's namespace: the caller must not leave that lookup
+//     to a namespace a container controls (it resolves id.Source in its
+//     own and records the result). A mount with the recorded id whose
+//     root cannot be checked at all (no root recorded, Source not seen)
+//     is not touched and not Gone either (ErrUnverified).
 //   - With id.ID 0 the mount at mountPoint is ours only if it is not the
 //     recorded parent and its root is id.Source's inode; otherwise ours
 //     was never made (Gone).
@@ -140,13 +181,9 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 		}
 	}
 	// Mount ids are reused once a mount is gone: the mount's root must
-	// also be the source's inode (when the source can still be seen).
-	var src *unix.Stat_t
-	var st unix.Stat_t
-	if id.Source != "" && unix.Stat(id.Source, &st) == nil {
-		src = &st
-	}
-	done, err := in.unmountIfAt(ctx, rel, id.ID, src)
+	// also be the recorded root (or, not recorded, the source's inode).
+	src, recorded := id.root()
+	done, err := in.unmountIfAt(ctx, rel, id.ID, src, recorded)
 	if err != nil || done {
 		return Result{Where: AtRecorded, Path: mountPoint}, err
 	}
@@ -154,15 +191,20 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 	if err != nil {
 		return Result{}, err
 	}
-	if info == nil || (src != nil && (uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev))) {
-		// Not there, or that id now names a mount of another filesystem.
+	if info == nil {
 		return Result{Where: Gone}, nil
+	}
+	if src == nil && !recorded {
+		return Result{}, fmt.Errorf("%w: mount %d at %s", ErrUnverified, id.ID, info.Mountpoint)
+	}
+	if src != nil && (uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev)) {
+		return Result{Where: Gone}, nil // that id now names a mount of another filesystem
 	}
 	rel, ok = in.rel(info.Mountpoint)
 	if !ok {
 		return Result{}, fmt.Errorf("%w: it moved to %s, not below %s: not touched", ErrOutsideRoot, info.Mountpoint, rootPath)
 	}
-	done, err = in.unmountIfAt(ctx, rel, id.ID, src)
+	done, err = in.unmountIfAt(ctx, rel, id.ID, src, recorded)
 	if err != nil {
 		return Result{}, err
 	}
@@ -185,9 +227,8 @@ func rootGone(root string, id Identity) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var src unix.Stat_t
-	if info == nil || (id.Source != "" && unix.Stat(id.Source, &src) == nil &&
-		(uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev))) {
+	src, _ := id.root()
+	if info == nil || (src != nil && (uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev))) {
 		return Result{Where: Gone}, nil
 	}
 	return Result{}, fmt.Errorf("%w: root %s is gone and the mount is at %s: not touched", ErrOutsideRoot, root, info.Mountpoint)
@@ -253,8 +294,7 @@ func (in inRoot) madeAt(rel string, id Identity) (uint64, error) {
 	if top == id.Parent {
 		return 0, nil
 	}
-	var src unix.Stat_t
-	if err := unix.Stat(id.Source, &src); err != nil || !sameInode(dir, name, &src) {
+	if src, _ := id.root(); src == nil || !sameInode(dir, name, src) {
 		return 0, nil
 	}
 	return top, nil
@@ -273,10 +313,13 @@ func sameInode(dir *os.File, name string, src *unix.Stat_t) bool {
 	return got.Dev == src.Dev && got.Ino == src.Ino
 }
 
-// unmountIfAt unmounts mount id if it is the top mount at rel (and its
-// root is the inode src, unless src is nil), first clearing the mounts
-// inside it when it is busy. false when it is not there.
-func (in inRoot) unmountIfAt(ctx context.Context, rel string, id uint64, src *unix.Stat_t) (bool, error) {
+// unmountIfAt unmounts mount id if it is the top mount at rel and its
+// root is the inode src (any root when src is nil and recorded: the
+// mounts inside ours), first clearing the mounts inside it when it is
+// busy. false when it is not there, or its id names a mount with another
+// root now. With its id there and no root to check it by (src nil, not
+// recorded): ErrUnverified, never "not there".
+func (in inRoot) unmountIfAt(ctx context.Context, rel string, id uint64, src *unix.Stat_t, recorded bool) (bool, error) {
 	dir, name, ok, err := in.parent(rel)
 	if err != nil || !ok {
 		return false, err
@@ -292,8 +335,15 @@ func (in inRoot) unmountIfAt(ctx context.Context, rel string, id uint64, src *un
 		if err != nil {
 			return &os.PathError{Op: "statx", Path: filepath.Join(dir.Name(), name), Err: err}
 		}
-		if top != id || !sameInode(dir, name, src) {
+		if top != id {
 			gone = true
+			return nil
+		}
+		if src == nil && !recorded {
+			return fmt.Errorf("%w: mount %d at %s", ErrUnverified, id, filepath.Join(dir.Name(), name))
+		}
+		if !sameInode(dir, name, src) {
+			gone = true // that id names another mount now
 			return nil
 		}
 		err = unmountAt(dir, name)
@@ -328,7 +378,7 @@ func (in inRoot) unmountChildren(ctx context.Context, id uint64, at string) (boo
 		if !ok {
 			continue
 		}
-		done, err := in.unmountIfAt(ctx, rel, uint64(children[i].ID), nil)
+		done, err := in.unmountIfAt(ctx, rel, uint64(children[i].ID), nil, true)
 		if err != nil {
 			return false, err
 		}

@@ -378,9 +378,11 @@ func TestUnmountOwnStackedAndSubmounts(t *testing.T) {
 
 // TestUnmountOwnInNamespace: the same rules inside a running container's
 // own mount namespace (pivoted, with a fake /proc): the container renames
-// the parent of its volume path and plants a link to the host's old root in
-// its place; the agent unmounts exactly its mount where it moved to, and
-// the runtime's tmpfs that was under it stays.
+// the parent of its volume path, plants a link to the host's old root in
+// its place and makes the source's host path a directory of its own; the
+// agent unmounts exactly its mount where it moved to, identified by the
+// root recorded when it was made, and the runtime's tmpfs that was under
+// it stays.
 func TestUnmountOwnInNamespace(t *testing.T) {
 	testhelp.NeedRoot(t)
 	src, c := nsSandbox(t, true)
@@ -412,12 +414,23 @@ func TestUnmountOwnInNamespace(t *testing.T) {
 		id.Source = src
 		return mount.MoveTree(tree, h)
 	})
+	// The clone's root, recorded as the isolator does: src is a host
+	// path, not to be looked up in the container's namespace.
+	if id.RootDev, id.RootIno, err = mount.RootOf(tree); err != nil {
+		t.Fatal(err)
+	}
 	tree.Close()
 	c.in(t, func() error {
 		if err := os.Rename("/x", "/y"); err != nil {
 			return err
 		}
-		return os.Symlink("/.old"+filepath.Dir(src), "/x")
+		if err := os.Symlink("/.old"+filepath.Dir(src), "/x"); err != nil {
+			return err
+		}
+		// The container makes the source's host path a directory of
+		// its own: with the source looked up in its namespace, the mount
+		// was not ours and was forgotten (Gone) while still mounted.
+		return os.MkdirAll(src, 0o755)
 	})
 	var res mount.Result
 	c.in(t, func() error {

@@ -966,8 +966,15 @@ type ContainerMount struct {
 	MountId        uint64 `protobuf:"varint,7,opt,name=mount_id,json=mountId,proto3" json:"mount_id,omitempty"`
 	ParentMountId  uint64 `protobuf:"varint,8,opt,name=parent_mount_id,json=parentMountId,proto3" json:"parent_mount_id,omitempty"`
 	MountNamespace uint64 `protobuf:"varint,9,opt,name=mount_namespace,json=mountNamespace,proto3" json:"mount_namespace,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The device and inode of the mount's root (the clone of host_path),
+	// read from the clone when it was made: a mount at mount_point is ours
+	// only with this root, whatever the path host_path resolves to later in
+	// a namespace the container controls. 0: not recorded (records of
+	// earlier releases).
+	RootDev       uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
+	RootIno       uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerMount) Reset() {
@@ -1059,6 +1066,20 @@ func (x *ContainerMount) GetParentMountId() uint64 {
 func (x *ContainerMount) GetMountNamespace() uint64 {
 	if x != nil {
 		return x.MountNamespace
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetRootDev() uint64 {
+	if x != nil {
+		return x.RootDev
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetRootIno() uint64 {
+	if x != nil {
+		return x.RootIno
 	}
 	return 0
 }
@@ -1424,7 +1445,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\xbb\x02\n" +
+	"\x05VALUE\x10\x02\"\xf1\x02\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -1436,7 +1457,10 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x19\n" +
 	"\bmount_id\x18\a \x01(\x04R\amountId\x12&\n" +
 	"\x0fparent_mount_id\x18\b \x01(\x04R\rparentMountId\x12'\n" +
-	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\"\x8b\x02\n" +
+	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\x12\x19\n" +
+	"\broot_dev\x18\n" +
+	" \x01(\x04R\arootDev\x12\x19\n" +
+	"\broot_ino\x18\v \x01(\x04R\arootIno\"\x8b\x02\n" +
 	"\rReclaimResult\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
