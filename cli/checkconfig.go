@@ -36,18 +36,19 @@ type checkFileErr struct {
 // checkConfigCmd is csi-agent check-config DIR.
 func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 	output := outputFlag(fs)
-	return func(_ context.Context, name string, args []string) int {
+	return func(ctx context.Context, name string, args []string) int {
 		if err := checkOutput(*output); err != nil {
 			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 			return ExitUsage
 		}
-		return e.checkConfig(name, args[0], *output)
+		return e.checkConfig(ctx, name, args[0], *output)
 	}
 }
 
-// checkConfig validates the plugin config directory dir.
-func (e *env) checkConfig(name, dir, output string) int {
-	set, err := pluginconfig.Load(dir)
+// checkConfig validates the plugin config directory dir. It stops as soon
+// as ctx ends (SIGINT, SIGTERM), even while a file is being read.
+func (e *env) checkConfig(ctx context.Context, name, dir, output string) int {
+	set, err := pluginconfig.LoadContext(ctx, dir)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 		return ExitProblem

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -33,16 +34,23 @@ func fieldErr(path, format string, args ...any) *FieldError {
 
 // decodeStrict decodes one JSON object into *PluginInfo. Unlike
 // encoding/json it names the exact field of every problem, with array
-// indices, and rejects unknown fields with a suggestion.
+// indices, rejects unknown fields with a suggestion and duplicate keys,
+// and never quotes the file's bytes in a syntax error, only their place.
 func decodeStrict(data []byte, out *PluginInfo) error {
+	// Syntax first, over the whole file: the scanner of Unmarshal gives
+	// true offsets (a Decoder's are relative to the value it was reading).
+	if err := json.Unmarshal(data, new(json.RawMessage)); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return syntaxErr(data, se)
+		}
+		return fmt.Errorf("checking JSON: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		return fieldErr("", "not valid JSON: %s", jsonSyntaxProblem(data, err))
-	}
-	if _, err := dec.Token(); err == nil {
-		return fieldErr("", "more than one JSON value; a config file holds one CSIPluginInfo object")
+	doc, err := readTree(dec, "")
+	if err != nil {
+		return err
 	}
 	if err := checkValue(doc, reflect.TypeFor[PluginInfo](), ""); err != nil {
 		return err
@@ -55,33 +63,100 @@ func decodeStrict(data []byte, out *PluginInfo) error {
 	return nil
 }
 
-// jsonSyntaxProblem turns a decoder error into "<what> at line L, column C".
-func jsonSyntaxProblem(data []byte, err error) string {
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		line, col := position(data, se.Offset)
-		return fmt.Sprintf("%s at line %d, column %d", strings.TrimPrefix(se.Error(), "json: "), line, col)
+// readTree reads the next value of dec (UseNumber), syntactically valid
+// JSON, into the form Decode gives an any, refusing a key twice in one
+// object (encoding/json would silently keep the last). path is the
+// value's field path.
+func readTree(dec *json.Decoder, path string) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, fmt.Errorf("reading checked JSON: %w", err)
 	}
-	if errors.Is(err, io.EOF) {
-		return "the file is empty"
+	switch tok {
+	case json.Delim('{'):
+		obj := map[string]any{}
+		for dec.More() {
+			kt, err := dec.Token()
+			if err != nil {
+				return nil, fmt.Errorf("reading checked JSON: %w", err)
+			}
+			key, _ := kt.(string) // the scanner proved it is one
+			if _, dup := obj[key]; dup {
+				return nil, fieldErr(path, "duplicate key %q", key)
+			}
+			sub := key
+			if path != "" {
+				sub = path + "." + key
+			}
+			if obj[key], err = readTree(dec, sub); err != nil {
+				return nil, err
+			}
+		}
+		_, err = dec.Token() // '}'
+		return obj, err
+	case json.Delim('['):
+		arr := []any{}
+		for i := 0; dec.More(); i++ {
+			v, err := readTree(dec, fmt.Sprintf("%s[%d]", path, i))
+			if err != nil {
+				return nil, err
+			}
+			arr = append(arr, v)
+		}
+		_, err = dec.Token() // ']'
+		return arr, err
 	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return "unexpected end of file"
-	}
-	return err.Error()
+	return tok, nil
 }
 
-func position(data []byte, offset int64) (line, col int) {
-	if offset > int64(len(data)) {
-		offset = int64(len(data))
+// syntaxErr describes a JSON syntax error by its place: byte offset, line
+// and column. encoding/json's own text quotes the offending byte
+// ("invalid character 'r' looking for beginning of value"), which would
+// hand the first byte of whatever file a symlink reaches to whoever sees
+// the error; it is rewritten from a list of the scanner's contexts.
+func syntaxErr(data []byte, se *json.SyntaxError) error {
+	msg := se.Error()
+	switch {
+	case len(bytes.TrimSpace(data)) == 0:
+		return fieldErr("", "not valid JSON: the file is empty")
+	case msg == "unexpected end of JSON input":
+		return fieldErr("", "not valid JSON: unexpected end of file")
 	}
+	// The scanner counts the offending byte in Offset.
+	at := place(data, se.Offset-1)
+	for _, c := range syntaxContexts {
+		if strings.Contains(msg, c.context) {
+			return fieldErr("", c.problem, at)
+		}
+	}
+	return fieldErr("", "not valid JSON at %s", at)
+}
+
+// syntaxContexts translates encoding/json's syntax errors ("invalid
+// character 'c' ..." and the like) by their context, the first that the
+// message contains (longer contexts before their prefixes).
+var syntaxContexts = []struct{ context, problem string }{
+	{" after top-level value", "more than one JSON value: text after the first at %s; a config file holds one CSIPluginInfo object"},
+	{" looking for beginning of value", "not valid JSON: expected a value at %s"},
+	{" looking for beginning of object key string", "not valid JSON: expected an object key (a string in double quotes) at %s"},
+	{" after object key:value pair", "not valid JSON: expected ',' or '}' after an object member at %s"},
+	{" after object key", "not valid JSON: expected ':' after an object key at %s"},
+	{" after array element", "not valid JSON: expected ',' or ']' after an array element at %s"},
+	{" in string literal", "not valid JSON: control character in a string (escape it) at %s"},
+	{" in string escape code", "not valid JSON: invalid escape in a string at %s"},
+	{" hexadecimal character escape", "not valid JSON: invalid \\u escape in a string at %s"},
+	{" numeric literal", "not valid JSON: invalid number at %s"},
+	{" in literal ", "not valid JSON: invalid literal (expected true, false or null) at %s"},
+	{"exceeded max depth", "not valid JSON: nested too deeply at %s"},
+}
+
+// place is "byte offset N (line L, column C)" for a 0-based offset.
+func place(data []byte, offset int64) string {
+	offset = max(0, min(offset, int64(len(data))))
 	before := data[:offset]
-	line = bytes.Count(before, []byte("\n")) + 1
-	col = int(offset) - bytes.LastIndexByte(before, '\n') - 1
-	if col < 1 {
-		col = 1
-	}
-	return line, col
+	line := bytes.Count(before, []byte("\n")) + 1
+	col := int(offset) - bytes.LastIndexByte(before, '\n')
+	return fmt.Sprintf("byte offset %d (line %d, column %d)", offset, line, col)
 }
 
 // checkValue checks that v (decoded with UseNumber) fits type t.
@@ -141,13 +216,26 @@ func checkValue(v any, t reflect.Type, path string) error {
 			return fieldErr(path, "expected an integer, got %s", n)
 		}
 		return nil
+	case reflect.Uint64:
+		n, ok := v.(json.Number)
+		if !ok {
+			return fieldErr(path, "expected a non-negative integer, got %s", describe(v))
+		}
+		if _, err := strconv.ParseUint(n.String(), 10, 64); err != nil {
+			if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(n.String(), "-") {
+				return fieldErr(path, "%s is out of range (at most %d)", n, uint64(math.MaxUint64))
+			}
+			return fieldErr(path, "expected a non-negative integer, got %s", n)
+		}
+		return nil
 	case reflect.Float64:
 		n, ok := v.(json.Number)
 		if !ok {
 			return fieldErr(path, "expected a number, got %s", describe(v))
 		}
 		if _, err := n.Float64(); err != nil {
-			return fieldErr(path, "expected a number, got %s", n)
+			// JSON has no NaN or Inf; a huge number is where they come from.
+			return fieldErr(path, "%s is out of range for a number", n)
 		}
 		return nil
 	}

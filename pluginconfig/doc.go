@@ -5,18 +5,29 @@
 // Contract:
 //   - Parse decodes one file strictly: Mesos field names, enums as names,
 //     unknown fields rejected (with a "did you mean" hint) except the one
-//     key SettingsKey for csiagent's own per-plugin settings. Every error
-//     names the field path and what was expected. Defaults are filled in
-//     (name "default", command.shell true) and endpoints normalised to
-//     unix:// URIs.
-//   - Load returns every valid plugin plus one error per bad file. A bad
-//     file never keeps another out; an empty directory is a valid, empty
-//     set. Its own error is only for a directory that cannot be read.
+//     key SettingsKey for csiagent's own per-plugin settings, a key given
+//     twice in any object rejected, resource amounts never negative or out
+//     of range. Every error names the field path and what was expected; a
+//     syntax error gives its byte offset, line and column, and never quotes
+//     the file's bytes (a config may be a symlink to anything). Defaults are
+//     filled in (name "default", command.shell true) and endpoints
+//     normalised to unix:// URIs.
+//   - Load and LoadContext return every valid plugin plus one error per
+//     bad file. Symlinks are followed, but each entry must reach a regular
+//     file of at most 1 MiB: a FIFO, device, socket, dangling symlink or
+//     directory named *.json is a bad file (other directories and names
+//     starting with '.' are skipped). Files are opened non-blocking and
+//     checked with fstat before any read, so no entry can block the load;
+//     a read that hangs anyway (a stuck file system) is given up after 5s,
+//     and LoadContext stops at once when its context ends. A bad file never
+//     keeps another out; an empty directory is a valid, empty set. Their
+//     own error is only for a directory that cannot be read, or an ended
+//     context.
 //   - Watch turns directory changes into per-plugin Added / Changed /
 //     Removed / Invalid events, debounced, and keeps a plugin's last good
-//     config in force while its file is invalid.
+//     config in force while its file is invalid, whatever made it so.
 //
 // When not to use it: the agent consumes Watch; one-off tools (check-config,
-// tests) use Load. Neither starts plugins or touches anything outside the
-// directory.
+// tests) use LoadContext. Neither starts plugins or touches anything
+// outside the directory, and neither reads from a device, FIFO or socket.
 package pluginconfig

@@ -1,19 +1,26 @@
 package pluginconfig
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// maxFileSize bounds one config file; real ones are a few hundred bytes.
-const maxFileSize = 1 << 20
+const (
+	// maxFileSize bounds one config file; real ones are a few hundred bytes.
+	maxFileSize = 1 << 20
+	// readTimeout bounds reading one config file, which takes microseconds
+	// unless its file system hangs.
+	readTimeout = 5 * time.Second
+)
 
 // Plugin is one valid plugin config and the file it came from.
 type Plugin struct {
@@ -49,18 +56,27 @@ func (s *Set) Sorted() []*Plugin {
 	return out
 }
 
-// Load reads every regular file in dir (following symlinks; names starting
-// with '.' are skipped) as one CSIPluginInfo. Its error is for a directory
-// that cannot be read at all; problems with single files are in
-// Set.Errors. When two files define one type, the first by name wins.
+// Load is LoadContext without a context: it runs to the end.
 func Load(dir string) (*Set, error) {
-	return load(dir, nil)
+	return LoadContext(context.Background(), dir)
 }
 
-// load is Load where owners (type -> file) says which file held each type
-// before: on a duplicate type the holder keeps it, so a new file cannot
-// take over a running plugin.
-func load(dir string, owners map[string]string) (*Set, error) {
+// LoadContext reads every entry of dir (following symlinks; names
+// starting with '.' are skipped) as one CSIPluginInfo. Each must reach a
+// regular file: a FIFO, device, socket, dangling symlink or directory
+// named *.json is an error for that entry (other directories are skipped,
+// as Mesos does). Its error is for a directory that cannot be read at
+// all, or for ctx ending, which stops it at once even while a file is
+// being read; problems with single files are in Set.Errors. When two
+// files define one type, the first by name wins.
+func LoadContext(ctx context.Context, dir string) (*Set, error) {
+	return load(ctx, dir, nil)
+}
+
+// load is LoadContext where owners (type -> file) says which file held
+// each type before: on a duplicate type the holder keeps it, so a new
+// file cannot take over a running plugin.
+func load(ctx context.Context, dir string, owners map[string]string) (*Set, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("reading plugin config directory: %w", err)
@@ -76,9 +92,12 @@ func load(dir string, owners map[string]string) (*Set, error) {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		info, err := loadFile(path)
+		info, err := loadFile(ctx, path)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return nil, fmt.Errorf("reading plugin config directory: interrupted: %w", ctxErr)
+		}
 		switch {
-		case errors.Is(err, errNotRegular):
+		case errors.Is(err, errSkipDir):
 			continue
 		case err != nil:
 			set.Errors = append(set.Errors, &FileError{File: path, Err: err})
@@ -106,38 +125,138 @@ func load(dir string, owners map[string]string) (*Set, error) {
 	return set, nil
 }
 
-var errNotRegular = errors.New("not a regular file")
+// errSkipDir is loadFile's answer for a directory that is not named like a
+// config file: skipped without a word, as Mesos skips directories.
+var errSkipDir = errors.New("a directory")
 
-// loadFile reads and parses one file. Directories, sockets and the like
-// give errNotRegular; a dangling symlink is an error worth reporting.
-func loadFile(path string) (*PluginInfo, error) {
-	st, err := os.Stat(path)
+// loadFile reads and parses one file, giving up after readTimeout or when
+// ctx ends (the read goes on in the background, its result dropped).
+func loadFile(ctx context.Context, path string) (*PluginInfo, error) {
+	data, err := within(ctx, readTimeout, func(deadline time.Time) ([]byte, error) {
+		return readRegular(path, deadline)
+	})
 	if err != nil {
+		return nil, err
+	}
+	return Parse(data)
+}
+
+// within runs read in a goroutine and waits for it for at most timeout,
+// or until ctx ends. read is given the deadline, to stop by itself too.
+func within(ctx context.Context, timeout time.Duration, read func(deadline time.Time) ([]byte, error)) ([]byte, error) {
+	type result struct {
+		data []byte
+		err  error
+	}
+	done := make(chan result, 1) // the goroutine never blocks on it
+	go func() {
+		data, err := read(time.Now().Add(timeout))
+		done <- result{data, err}
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.data, r.err
+	case <-timer.C:
+		return nil, fmt.Errorf("cannot read: not read within %v (a hung file system?)", timeout)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// readRegular reads path, which must reach a regular file of at most
+// maxFileSize bytes, without ever blocking on the file's kind:
+//
+//   - stat first, so that a device, FIFO or socket is refused without
+//     even being opened (opening some devices has effects of its own);
+//   - open O_NONBLOCK (a FIFO swapped in after the stat does not block
+//     the open) and O_NOCTTY (nor does a terminal become ours);
+//   - fstat the open file, which is what is read: it must be regular;
+//   - read with raw read(2) on the non-blocking descriptor, so that a
+//     regular-looking file that would block (/proc/kmsg) fails with
+//     EAGAIN instead of waiting in Go's poller, and stop at deadline.
+//
+// A file of size 0 is not read at all: an empty config is empty, and
+// kernel pseudo-files (which say 0) are not configs and may be consumed
+// by reading them.
+func readRegular(path string, deadline time.Time) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if target, lerr := os.Readlink(path); lerr == nil && errors.Is(err, unix.ENOENT) {
+			return nil, fmt.Errorf("cannot read: dangling symlink to %s: %w", target, err)
+		}
 		return nil, fmt.Errorf("cannot read: %w", err)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, errNotRegular
+	if err := checkRegular(path, st.Mode); err != nil {
+		return nil, err
 	}
-	// O_NONBLOCK: should the file have been swapped for a FIFO since the
-	// stat, opening it must not hang the loader.
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	if st, err = f.Stat(); err != nil {
+	defer unix.Close(fd)
+	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("cannot stat: %w", err)
 	}
-	if !st.Mode().IsRegular() {
-		return nil, errNotRegular
+	if err := checkRegular(path, st.Mode); err != nil {
+		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("cannot read: %w", err)
+	if st.Size > maxFileSize {
+		return nil, errTooLarge
 	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("larger than %d bytes; a CSIPluginInfo file is a small JSON object", maxFileSize)
+	if st.Size == 0 {
+		return nil, nil
 	}
-	return Parse(data)
+	buf := make([]byte, 0, min(st.Size+1, maxFileSize+1))
+	for {
+		if time.Now().After(deadline) {
+			return nil, errors.New("cannot read: reading took too long")
+		}
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(cap(buf), maxFileSize+1-len(buf)))
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return nil, fmt.Errorf("cannot read: %w (a file whose reads block is not a config file)", err)
+		case err != nil:
+			return nil, fmt.Errorf("cannot read: %w", err)
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+		if len(buf) > maxFileSize {
+			return nil, errTooLarge
+		}
+	}
+}
+
+var errTooLarge = fmt.Errorf("larger than %d bytes (1 MiB); a CSIPluginInfo file is a small JSON object", maxFileSize)
+
+// checkRegular accepts a regular file's mode, and says what else it is.
+func checkRegular(path string, mode uint32) error {
+	var what string
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return nil
+	case unix.S_IFDIR:
+		if !strings.HasSuffix(path, ".json") {
+			return errSkipDir
+		}
+		what = "a directory"
+	case unix.S_IFIFO:
+		what = "a FIFO (named pipe)"
+	case unix.S_IFCHR:
+		what = "a character device"
+	case unix.S_IFBLK:
+		what = "a block device"
+	case unix.S_IFSOCK:
+		what = "a socket"
+	default:
+		what = fmt.Sprintf("of file type %#o", mode&unix.S_IFMT)
+	}
+	return fmt.Errorf("not a regular file: it is %s; a config file must be (or link to) a regular file", what)
 }

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -109,9 +107,9 @@ func TestInvalidFiles(t *testing.T) {
 		name, content, want string
 	}{
 		{"not json", `{"type": "a",`, "not valid JSON: unexpected end of file"},
-		{"syntax error position", "{\n  \"type\": \"a\"\n  \"name\": \"b\"\n}", "not valid JSON: invalid character '\"' after object key:value pair at line 3, column 3"},
+		{"syntax error position", "{\n  \"type\": \"a\"\n  \"name\": \"b\"\n}", "not valid JSON: expected ',' or '}' after an object member at byte offset 18 (line 3, column 3)"},
 		{"empty file", "", "not valid JSON: the file is empty"},
-		{"two objects", `{"type":"a",` + node + `} {}`, "more than one JSON value; a config file holds one CSIPluginInfo object"},
+		{"two objects", `{"type":"a",` + node + `} {}`, "more than one JSON value: text after the first at byte offset 82 (line 1, column 83); a config file holds one CSIPluginInfo object"},
 		{"array", `[]`, "expected an object, got an array"},
 		{"type missing", `{` + node + `}`, `type: required: the plugin type that volumes name as plugin_name, e.g. "org.example.csi"`},
 		{"type with slash", `{"type":"a/b",` + node + `}`, `type: "a/b" has the character '/'; use letters, digits, '.', '_' and '-' (it is used as a directory name)`},
@@ -189,14 +187,11 @@ func TestLoadDirectory(t *testing.T) {
 			t.Fatalf("want a directory error, got %v", err)
 		}
 	})
-	t.Run("skips dotfiles, directories and fifos; follows symlinks", func(t *testing.T) {
+	t.Run("skips dotfiles and directories; follows symlinks", func(t *testing.T) {
 		dir := t.TempDir()
 		writeFile(t, dir, ".a.json.swp", "garbage")
 		writeFile(t, dir, "..data", "garbage")
 		if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		other := t.TempDir()

@@ -122,19 +122,30 @@ type Variable struct {
 }
 
 // Resource is a Mesos Resource as written in plugin configs (cpus, mem).
-// csiagent keeps it for reporting; it does not enforce it.
+// The supervisor enforces cpus and mem where cgroups allow it.
 type Resource struct {
 	Name   string          `json:"name"`
 	Type   string          `json:"type"`
 	Scalar *Scalar         `json:"scalar,omitempty"`
-	Ranges json.RawMessage `json:"ranges,omitempty"`
+	Ranges *Ranges         `json:"ranges,omitempty"`
 	Set    json.RawMessage `json:"set,omitempty"`
 	Role   string          `json:"role,omitempty"`
 }
 
-// Scalar is Mesos's Value.Scalar.
+// Scalar is Mesos's Value.Scalar; never negative.
 type Scalar struct {
 	Value float64 `json:"value"`
+}
+
+// Ranges is Mesos's Value.Ranges (e.g. ports).
+type Ranges struct {
+	Range []Range `json:"range"`
+}
+
+// Range is Mesos's Value.Range, Begin <= End.
+type Range struct {
+	Begin uint64 `json:"begin"`
+	End   uint64 `json:"end"`
 }
 
 // Endpoint is Mesos's CSIPluginEndpoint: where an unmanaged plugin listens.

@@ -159,9 +159,28 @@ func normalizeContainer(c *Container, path string, servedBy map[Service]string) 
 			seen[v.Name] = true
 		}
 	}
-	for k, r := range c.Resources {
-		if r.Name == "" {
-			return fieldErr(fmt.Sprintf("%s.resources[%d].name", path, k), "required, e.g. \"cpus\" or \"mem\"")
+	for k := range c.Resources {
+		if err := c.Resources[k].validate(fmt.Sprintf("%s.resources[%d]", path, k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validate checks one resource at path: a name, and no negative amount
+// (the decoder refused numbers out of range, whence NaN and Inf).
+func (r *Resource) validate(path string) error {
+	if r.Name == "" {
+		return fieldErr(path+".name", "required, e.g. \"cpus\" or \"mem\"")
+	}
+	if r.Scalar != nil && r.Scalar.Value < 0 {
+		return fieldErr(path+".scalar.value", "%s must not be negative, got %v", r.Name, r.Scalar.Value)
+	}
+	if r.Ranges != nil {
+		for i, rg := range r.Ranges.Range {
+			if rg.Begin > rg.End {
+				return fieldErr(fmt.Sprintf("%s.ranges.range[%d]", path, i), "begin %d is after end %d", rg.Begin, rg.End)
+			}
 		}
 	}
 	return nil

@@ -130,7 +130,7 @@ func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
 		plugins:  map[string]*Plugin{},
 		reported: map[string]string{},
 	}
-	first, err := w.reload()
+	first, err := w.reload(ctx)
 	if err != nil {
 		fsw.Close()
 		return nil, err
@@ -192,7 +192,10 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 			arm(0)
 		case <-timer.C:
 			burstStart = time.Time{}
-			u, err := w.reload()
+			u, err := w.reload(ctx)
+			if ctx.Err() != nil {
+				return // the reload was cut short: nothing to report
+			}
 			if err != nil {
 				u = w.dirError(err)
 			}
@@ -225,12 +228,12 @@ func (w *Watcher) dirError(err error) Update {
 }
 
 // reload loads the directory and works out what changed.
-func (w *Watcher) reload() (Update, error) {
+func (w *Watcher) reload(ctx context.Context) (Update, error) {
 	owners := make(map[string]string, len(w.plugins))
 	for t, p := range w.plugins {
 		owners[t] = p.File
 	}
-	set, err := load(w.cfg.Dir, owners)
+	set, err := load(ctx, w.cfg.Dir, owners)
 	if err != nil {
 		return Update{}, err
 	}

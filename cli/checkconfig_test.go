@@ -1,0 +1,82 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// checkHangBound is how long check-config may take here before it counts
+// as hung; a failure bound, far above the milliseconds it takes.
+const checkHangBound = 20 * time.Second
+
+// runBounded is Main(ctx, args) that fails the test instead of hanging it.
+func runBounded(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() { done <- Main(ctx, args, &out, &errb) }()
+	select {
+	case code = <-done:
+		return code, out.String(), errb.String()
+	case <-time.After(checkHangBound):
+		t.Fatalf("%v hung for %v", args, checkHangBound)
+	}
+	return 0, "", ""
+}
+
+// TestCheckConfigSpecialFiles: entries that would block or are not files
+// (a FIFO without a writer, a link to a character device, a directory
+// named *.json) are each reported as invalid, without hanging.
+func TestCheckConfigSpecialFiles(t *testing.T) {
+	dir := t.TempDir()
+	good := `{"type":"good","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/g.sock"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "good.json"), []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", filepath.Join(dir, "zero.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "dir.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runBounded(t, context.Background(), "check-config", dir)
+	if code != ExitProblem {
+		t.Fatalf("exit %d, want %d; stderr %q", code, ExitProblem, errOut)
+	}
+	for _, want := range []string{
+		"INVALID " + filepath.Join(dir, "fifo.json") + ": not a regular file: it is a FIFO (named pipe)",
+		"INVALID " + filepath.Join(dir, "zero.json") + ": not a regular file: it is a character device",
+		"INVALID " + filepath.Join(dir, "dir.json") + ": not a regular file: it is a directory",
+		"1 plugin(s), 3 invalid file(s)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestCheckConfigInterrupted: once its context ends (SIGINT, SIGTERM in
+// main), check-config stops and says so instead of finishing the load.
+func TestCheckConfigInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	good := `{"type":"good","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/g.sock"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "good.json"), []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	code, out, errOut := runBounded(t, ctx, "check-config", dir)
+	if code != ExitProblem || !strings.Contains(errOut, "interrupted: context canceled") || out != "" {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and interrupted", code, out, errOut, ExitProblem)
+	}
+}
