@@ -36,9 +36,9 @@
 //     not move the mount, and a read-only bind is never writable. The bind is
 //     recursive: submounts of the source come along (read-only too).
 //     Record the returned host path and the mount's identity ([ID] of
-//     the target handle before the move: the mount it goes on; [ID] of
-//     the [CloneTree] descriptor: the new mount): they are what to
-//     unmount later, with [UnmountOwn].
+//     the target handle before the move: the mount it goes on; [ID] and
+//     [RootOf] of the [CloneTree] descriptor: the new mount and its
+//     root): they are what to unmount later, with [UnmountOwn].
 //     BindInto is [CloneTree] (open_tree clone, read-only at once when
 //     asked) then [MoveTree] (kind check, move_mount onto the handle).
 //   - [InNamespace] runs a function on a throwaway OS thread that has
@@ -57,11 +57,13 @@
 //     createRuntime hook) the rootfs is at its host path, after it (a
 //     running container) the root is the container's and so are the paths.
 //   - [UnmountOwn] removes exactly one recorded mount ([Identity]: mount
-//     id, the mount it was put on, its source) inside a root the caller
-//     trusts, below which nothing is trusted: the mount point's parent is
-//     opened with openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS, statx of
-//     the name through it must show the recorded id (and the source's
-//     inode: ids are reused), and umount2 through that handle
+//     id, the mount it was put on, its source, its root) inside a root the
+//     caller trusts, below which nothing is trusted: the mount point's
+//     parent is opened with openat2 RESOLVE_IN_ROOT|RESOLVE_NO_SYMLINKS,
+//     statx of the name through it must show the recorded id (and the
+//     recorded root's inode: ids are reused; never the source looked up
+//     in a namespace a container controls; a mount with our id whose
+//     root cannot be checked is [ErrUnverified]), and umount2 through that handle
 //     (UMOUNT_NOFOLLOW) takes off just the top mount, so one underneath
 //     (a runtime's tmpfs) stays. Mounts inside ours go first, by id; a
 //     mount on top of ours is refused ([ErrCovered]); a mount that moved
