@@ -129,14 +129,14 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// vol-1's record is older than c1's (lists c2 and a user long gone);
-	// vol-2 has none.
+	// vol-1's record is older than c1's (lists c2, a user long gone, and
+	// c3, whose record names vol-2 only: newer than c3's); vol-2 has none.
 	vdir := filepath.Join(work, "csi", "loop", "default", "volumes", "vol-1")
 	if err := os.MkdirAll(vdir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := seed.writeCheckpoint(vdir, volumeStateFile, &statev1.VolumeCheckpoint{
-		State: stPublished, PluginName: "loop", Users: []string{"c2", "c-gone"}, BootId: "b",
+		State: stPublished, PluginName: "loop", Users: []string{"c2", "c-gone", "c3"}, BootId: "b",
 		StaticProvisioning: req("c1", "vol-1").GetVolumes()[0].GetSource().GetCsiVolume().GetStaticProvisioning(),
 	}); err != nil {
 		t.Fatal(err)

@@ -138,6 +138,8 @@ func (d *diskModel) fsync(p string) error {
 		delete(d.whole, p)
 	case strings.HasPrefix(base, ".volume.state.tmp-") || strings.HasPrefix(base, ".volumes.state.tmp-"):
 		d.whole[filepath.Join(filepath.Dir(p), strings.SplitN(base[1:], ".tmp-", 2)[0])] = b
+	case base == ".volume.state.new" || base == ".volumes.state.new": // a new record, renamed after this
+		d.whole[filepath.Join(filepath.Dir(p), strings.TrimSuffix(base[1:], ".new"))] = b
 	case derr == nil: // a directory: its entries are durable
 		present := map[string]bool{}
 		for _, e := range entries {

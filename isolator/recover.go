@@ -174,14 +174,16 @@ func (iso *Isolator) recoverVolumes() {
 }
 
 // recoverVolume resets a volume's mounts after a reboot and makes its
-// users those the container records back: it drops users no record
-// backs and adds the containers whose records name it (a power cut can
-// leave a container record newer than its volume's).
+// users those the container records back: it drops users whose records
+// do not name it and adds the containers whose records do (a power cut
+// can leave either record newer than the other).
 func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
-	iso.mu.Lock()
+	// A user is a container whose record names the volume: one whose
+	// record is gone, or names other volumes now (a power cut can leave
+	// the volume's record newer than the container's), is not.
 	var stale, missing []string
 	for _, u := range v.cp.Users {
-		if iso.containers[u] == nil {
+		if !slices.Contains(namedBy, u) {
 			stale = append(stale, u)
 		}
 	}
@@ -190,7 +192,6 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 			missing = append(missing, id)
 		}
 	}
-	iso.mu.Unlock()
 	slices.Sort(missing)
 	rebooted := v.cp.BootId != iso.bootID && v.cp.State != stUnknown
 	if len(stale) == 0 && len(missing) == 0 && !rebooted {

@@ -35,6 +35,8 @@ type world struct {
 	plugins *nodePlugins
 	bootID  string
 	boots   int
+	// isolators are the isolators made on the world, the last running.
+	isolators []*Isolator
 }
 
 func newWorld(t *testing.T) *world {
@@ -48,12 +50,22 @@ func newWorld(t *testing.T) *world {
 // get the world's.
 func (w *world) isolator(cfg Config) *Isolator {
 	w.t.Helper()
+	// The rounds of an earlier isolator (one that "crashed") end before
+	// the next one starts, as a crashed process's end with it: they
+	// would rename new records under its feet. What is visible is the
+	// same either way (see atomicfile.ReadRecord).
+	for _, old := range w.isolators {
+		if err := old.commit.Sync(context.Background()); err != nil {
+			w.t.Fatal(err)
+		}
+	}
 	cfg.WorkDir, cfg.Plugins, cfg.BootID = w.work, w.plugins, w.bootID
 	cfg.Mounts = &fakeMounter{t: w.table, ns: hostNS}
 	iso, err := New(cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	w.isolators = append(w.isolators, iso)
 	return iso
 }
 

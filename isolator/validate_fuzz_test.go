@@ -228,6 +228,9 @@ func FuzzCheckpointDecode(f *testing.F) {
 		if _, err := c.Put(p, b, 0o600); err != nil {
 			f.Fatal(err)
 		}
+		if err := c.Sync(context.Background()); err != nil { // renamed into place
+			f.Fatal(err)
+		}
 		out, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)

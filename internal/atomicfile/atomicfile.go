@@ -232,6 +232,26 @@ type slotState struct {
 	// whole: the next version replaces the file (a large version fills
 	// it, or the file is not in the record format).
 	whole bool
+	// fresh: the file does not exist under its name yet; its versions are
+	// written to newName(path), which the round that makes them durable
+	// renames into place.
+	fresh bool
+}
+
+// newName is where a new record file is written until its first round
+// renames it into place: a name of its own (not a random one), so that
+// what a crash leaves there is overwritten by the next attempt and
+// removed with the record.
+func newName(path string) string {
+	return filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".new")
+}
+
+// at is the file a record's versions are written to now.
+func (st *slotState) at(path string) string {
+	if st.fresh {
+		return newName(path)
+	}
+	return path
 }
 
 // freeSlot is a slot holding nothing that may be needed after a crash.
@@ -277,9 +297,6 @@ type content struct {
 	epoch uint64
 	// rewrite: an earlier round failed to fsync it; write it afresh.
 	rewrite bool
-	// synced: the content is durable already (a new file, fsynced
-	// before its rename); the round commits its name only.
-	synced bool
 }
 
 // retry pauses after a failed commit round: doubling from retryMin.
@@ -354,36 +371,29 @@ func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (ui
 		}
 	}
 	dir := ""
-	synced := false // the version is durable already (a new file's)
 	var data []byte
 	switch {
 	case st == nil:
-		// A new file: its content durable before its name appears (temp
-		// file fsynced, then renamed), so a name that survives a power
-		// cut always has its first version; the name is durable with
-		// the next round (its directory's fsync).
+		// A new file: written under newName(path) and renamed into place
+		// by the round that makes it durable, once its content is (fsync,
+		// then rename, then the directory's fsync): a name that survives
+		// a power cut always has a version, and versions put before that
+		// round share its one fsync.
 		data = frame(1, id, payload)
-		tmp, err := writeTemp(path, data, perm, recordSlots*slotSize)
-		if err != nil {
-			return 0, err
-		}
-		c.fsyncs.Add(1)
-		if err := c.fsync()(tmp); err != nil {
-			os.Remove(tmp)
+		if err := writeNew(newName(path), data, perm); err != nil {
 			return 0, fmt.Errorf("writing %s: %w", path, err)
 		}
-		if err := os.Rename(tmp, path); err != nil {
-			os.Remove(tmp)
-			return 0, fmt.Errorf("replacing %s: %w", path, err)
-		}
-		st = &slotState{gen: 1, durable: 0, flight: -1, pending: -1}
-		dir, synced = filepath.Dir(path), true
+		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0, fresh: true}
+		dir = filepath.Dir(path)
 	case st.whole || headerSize(id)+len(payload) > slotSize:
 		// Replaced whole, durably at once (temp file fsynced before the
 		// rename): the old file's slots are not overwritten.
 		data = frame(st.gen+1, id, payload)
 		if err := write(path, data, perm, c.fsync(), recordSlots*slotSize); err != nil {
 			return 0, err
+		}
+		if st.fresh {
+			os.Remove(newName(path))
 		}
 		c.fsyncs.Add(2)
 		st = &slotState{gen: st.gen + 1, durable: 0, flight: -1, pending: -1,
@@ -395,7 +405,7 @@ func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (ui
 		if slot < 0 {
 			slot = st.freeSlot()
 		}
-		if err := writeAt(path, data, int64(slot)*slotSize); err != nil {
+		if err := writeAt(st.at(path), data, int64(slot)*slotSize); err != nil {
 			return 0, err
 		}
 		st.gen, st.pending = st.gen+1, slot
@@ -409,7 +419,27 @@ func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (ui
 	if slot < 0 {
 		slot = st.durable
 	}
-	return c.noteLocked(path, dir, content{data: data, perm: perm, slot: slot, epoch: st.epoch, synced: synced}), nil
+	return c.noteLocked(path, dir, content{data: data, perm: perm, slot: slot, epoch: st.epoch}), nil
+}
+
+// writeNew writes a new record file's first version at name (replacing
+// what a crash may have left there), its slots reserved.
+func writeNew(name string, data []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
+	if err != nil {
+		return err
+	}
+	if _, err = f.Write(data); err == nil {
+		// Best effort: without it a later version may need a block.
+		_ = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, recordSlots*slotSize)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(name)
+	}
+	return err
 }
 
 // writeAt writes data into an existing file at off.
@@ -446,6 +476,11 @@ func (c *Committer) Remove(path string) (uint64, error) {
 		return 0, err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	// A new record not renamed into place yet, or what a crash left of
+	// one.
+	if err := os.Remove(newName(path)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.EISDIR) {
 		return 0, err
 	}
 	delete(c.slots, path)
@@ -543,14 +578,13 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 	var errs []error
 	fsync := c.fsync()
 	for f, data := range files {
-		if data.removed || (data.synced && !data.rewrite) {
+		if data.removed {
 			continue // its directory's fsync commits it
 		}
 		var err error
 		if !data.rewrite {
 			c.fsyncs.Add(1)
-			err = fsync(f)
-			if err == nil {
+			if err = c.commitFile(f, fsync); err == nil {
 				continue
 			}
 			if errors.Is(err, fs.ErrNotExist) {
@@ -599,6 +633,34 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 	return errors.Join(errs...)
 }
 
+// commitFile makes a record file's content durable: fsync, and for a new
+// file (not under its name yet) the rename into place after it, whose
+// directory the round fsyncs next.
+func (c *Committer) commitFile(path string, fsync func(string) error) error {
+	c.mu.Lock()
+	st := c.slots[path]
+	fresh := st != nil && st.fresh
+	c.mu.Unlock()
+	if !fresh {
+		return fsync(path)
+	}
+	if err := fsync(newName(path)); err != nil {
+		return err
+	}
+	// Under mu: no Put writes to the new name meanwhile; what one wrote
+	// since the fsync goes with the next round, into a slot not flying.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.slots[path]; st == nil || !st.fresh {
+		return nil // removed or replaced whole meanwhile
+	}
+	if err := os.Rename(newName(path), path); err != nil {
+		return fmt.Errorf("renaming %s into place: %w", path, err)
+	}
+	st.fresh = false
+	return nil
+}
+
 // rewrite writes a file afresh, durably, from the content a round had for
 // it, unless newer content (or its removal) has been noted since, and
 // reports whether it did.
@@ -618,6 +680,9 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 	// The file now holds this one version, durable, in slot 0.
 	c.mu.Lock()
 	if st := c.slots[path]; st != nil {
+		if st.fresh {
+			os.Remove(newName(path))
+		}
 		*st = slotState{gen: st.gen, durable: 0, flight: -1, pending: -1,
 			epoch: st.epoch + 1, whole: len(data.data) > slotSize}
 	}

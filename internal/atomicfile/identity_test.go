@@ -50,8 +50,8 @@ func TestNewRecordContentDurableBeforeItsName(t *testing.T) {
 	putDurably(t, c, path, "v1")
 	mu.Lock()
 	defer mu.Unlock()
-	if len(order) == 0 || !strings.HasPrefix(order[0], ".state.tmp-") || !strings.HasSuffix(order[0], "(name absent)") {
-		t.Fatalf("fsyncs %v: want the temp file's first, before the record's name exists", order)
+	if len(order) == 0 || !strings.HasPrefix(order[0], ".state.new ") || !strings.HasSuffix(order[0], "(name absent)") {
+		t.Fatalf("fsyncs %v: want the new file's first, under its own name, before the record's name exists", order)
 	}
 	for _, o := range order {
 		if strings.HasPrefix(o, "state ") {

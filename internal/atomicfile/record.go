@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -182,8 +183,17 @@ func Identity(root, path string) string {
 // legacy set; the caller validates it. A record file with no valid
 // version, or holding a frame of another record (ErrForeign), is
 // ErrCorrupt.
+//
+// A new record that no commit round has renamed into place yet is read
+// from where Put wrote it (newName): it is visible, as Put promises, to a
+// process that restarts after a crash of the writer; one with no valid
+// version there was never durable, so never acknowledged, and is reported
+// as not existing (fs.ErrNotExist), never as corrupt.
 func ReadRecord(root, path string) (payload []byte, legacy bool, err error) {
 	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return readNew(root, path, err)
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -195,6 +205,23 @@ func ReadRecord(root, path string) (payload []byte, legacy bool, err error) {
 		return nil, false, fmt.Errorf("%s: %w: %w %q", path, ErrCorrupt, ErrForeign, foreign)
 	case len(vs) == 0:
 		return nil, false, fmt.Errorf("%s: %w", path, ErrCorrupt)
+	}
+	return vs[0].payload, false, nil
+}
+
+// readNew is ReadRecord of a new record not renamed into place; missing
+// is the error of reading path.
+func readNew(root, path string, missing error) ([]byte, bool, error) {
+	b, err := os.ReadFile(newName(path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, missing
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	vs, _, foreign := versions(b, Identity(root, path))
+	if len(vs) == 0 || foreign != "" {
+		return nil, false, fmt.Errorf("%s: a new record never made durable: %w", path, fs.ErrNotExist)
 	}
 	return vs[0].payload, false, nil
 }

@@ -3,7 +3,9 @@ package atomicfile
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -87,7 +89,7 @@ func TestRecordPowerCut(t *testing.T) {
 		switch {
 		case p == path:
 			durable, since = b, nil
-		case strings.HasPrefix(filepath.Base(p), ".state.tmp-"):
+		case strings.HasPrefix(filepath.Base(p), ".state.tmp-"), filepath.Base(p) == ".state.new":
 			whole = b
 		case p == filepath.Dir(path) && whole != nil:
 			durable, since, whole = whole, nil, nil
@@ -201,6 +203,9 @@ func cutStates(images [][]byte, rng *rand.Rand) [][]byte {
 func mustRead(t *testing.T, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) { // a new record, before its round
+		b, err = os.ReadFile(newName(path))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +261,7 @@ func TestFailedDirectoryFsyncRedoesItsEntries(t *testing.T) {
 		case p == dir && dirFails == 0:
 			dirFails++
 			return fmt.Errorf("injected: %w", os.ErrInvalid)
-		case strings.HasPrefix(filepath.Base(p), ".state.tmp-"):
+		case strings.HasPrefix(filepath.Base(p), ".state.tmp-"), filepath.Base(p) == ".state.new":
 			tmpSynced++
 		}
 		return syncFile(p)
