@@ -3,9 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"path/filepath"
-	"time"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
@@ -70,9 +68,6 @@ func (b engineBackend) CheckPlugin(typ string) error {
 	return err
 }
 
-// engineCallTimeout bounds one engine call (a Mount stages and publishes).
-const engineCallTimeout = 2 * time.Minute
-
 // startEngines serves the Docker volume plugin socket when configured.
 func (a *Agent) startEngines() (stop func(), err error) {
 	if a.cfg.DockerPluginSocket == "" {
@@ -93,13 +88,12 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Peer credentials are checked as on the API socket.
-	hs := &http.Server{
-		ReadHeaderTimeout: 10 * time.Second,
-		ConnContext:       apiserver.ConnContext,
-		Handler:           a.access.HTTP(srv.Handler(engineCallTimeout)),
-		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelError),
-	}
+	// Peer credentials are checked as on the API socket; the limits bound
+	// each connection's time and how many are served at once.
+	lim := dockerplugin.DefaultLimits
+	hs := lim.HTTPServer(a.access.HTTP(srv.Handler(lim.CallTimeout)))
+	hs.ConnContext = apiserver.ConnContext
+	hs.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelError)
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
-	return a.serveHTTP(hs, lis, "docker volume plugin"), nil
+	return a.serveHTTP(hs, lim.Listener(lis), "docker volume plugin"), nil
 }

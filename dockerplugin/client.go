@@ -17,6 +17,16 @@ import (
 	"github.com/csiagent/csiagent/namedvol"
 )
 
+// maxAnswer bounds an answer the client reads: a ListPage page
+// (listPageBytes, or one volume larger than that) or a Get of a volume,
+// whose definition namedvol.MaxDefinition bounds, with its engine mounts.
+// A larger answer is an error, never cut short.
+const maxAnswer = 8 << 20
+
+// errNoSuchCall is a path the endpoint does not serve: an agent older
+// than the client.
+var errNoSuchCall = errors.New("the endpoint does not serve this call")
+
 // Client calls a volume plugin endpoint, as an engine does; the
 // csi-agent volume commands use it.
 type Client struct {
@@ -54,21 +64,30 @@ func (c *Client) call(ctx context.Context, path string, req, res any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxRequest))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return fmt.Errorf("reading the answer: %w", err)
+		return fmt.Errorf("reading the answer to %s: %w", path, err)
+	}
+	if len(data) > maxAnswer {
+		return fmt.Errorf("the answer to %s is larger than the client's limit of %d bytes (%d MiB)", path, maxAnswer, maxAnswer>>20)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e volume.ErrorResponse
 		if json.Unmarshal(data, &e) == nil && e.Err != "" {
 			return errors.New(e.Err)
 		}
+		if resp.StatusCode == http.StatusNotFound {
+			return fmt.Errorf("%s: %w", path, errNoSuchCall)
+		}
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(data)))
 	}
 	if res == nil {
 		return nil
 	}
-	return json.Unmarshal(data, res)
+	if err := json.Unmarshal(data, res); err != nil {
+		return fmt.Errorf("decoding the answer to %s: %w", path, err)
+	}
+	return nil
 }
 
 // Create defines a named volume.
@@ -90,13 +109,33 @@ func (c *Client) Get(ctx context.Context, name string) (*volume.Volume, error) {
 	return res.Volume, nil
 }
 
-// List reports every named volume.
+// List reports every named volume, sorted by name, a page (ListPage) at
+// a time; from an agent without pages, in Docker's one List answer.
 func (c *Client) List(ctx context.Context) ([]*volume.Volume, error) {
-	var res volume.ListResponse
-	if err := c.call(ctx, "/VolumeDriver.List", struct{}{}, &res); err != nil {
-		return nil, err
+	out := []*volume.Volume{}
+	req := &ListPageRequest{}
+	for {
+		var res ListPageResponse
+		err := c.call(ctx, ListPagePath, req, &res)
+		if errors.Is(err, errNoSuchCall) && req.After == "" {
+			var all volume.ListResponse
+			if err := c.call(ctx, "/VolumeDriver.List", struct{}{}, &all); err != nil {
+				return nil, err
+			}
+			return all.Volumes, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res.Volumes...)
+		if res.Next == "" {
+			return out, nil
+		}
+		if res.Next <= req.After {
+			return nil, fmt.Errorf("listing named volumes: the page after %q ends at %q, not later", req.After, res.Next)
+		}
+		req.After = res.Next
 	}
-	return res.Volumes, nil
 }
 
 // Definition reads a named volume's definition.

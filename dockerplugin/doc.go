@@ -15,4 +15,10 @@
 // github.com/docker/go-plugins-helpers/volume, served from this package's
 // own mux so that each call has the request's context: a Mount whose
 // engine gave up (a client timeout) is cancelled and rolled back.
+//
+// Limits bound the socket's connections (read, idle and write timeouts
+// that never cut a call short, and how many are served at once). Besides
+// Docker's List, which answers every volume at once as Docker expects,
+// ListPage answers them in pages of bounded size; the Client reads them
+// so, and fails on any answer over its limit rather than cutting it.
 package dockerplugin

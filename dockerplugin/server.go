@@ -33,6 +33,9 @@ const ContainerIDPrefix = "engine+"
 // ReconcilePath is the endpoint of Reconcile (not a Docker call).
 const ReconcilePath = "/CSIAgent.ReconcileEngineMounts"
 
+// ListPagePath is the endpoint of ListPage (not a Docker call).
+const ListPagePath = "/CSIAgent.ListNamedVolumes"
+
 // StatusOptions is the key of a volume's Status that holds its definition
 // as options.
 const StatusOptions = "options"
@@ -42,6 +45,10 @@ const mountDir = "/data"
 
 // maxRequest bounds a request body.
 const maxRequest = 1 << 20
+
+// listPageBytes bounds the volumes of a ListPage answer, as JSON: a page
+// holds at least one volume, and more only while they fit.
+const listPageBytes = 1 << 20
 
 // Backend is the agent's isolator, as the server uses it.
 type Backend interface {
@@ -494,6 +501,59 @@ func (s *Server) List() (*volume.ListResponse, error) {
 	return out, nil
 }
 
+// ListPageRequest asks for the named volumes whose names sort after
+// After ("": from the first).
+type ListPageRequest struct {
+	After string
+}
+
+// ListPageResponse is a page of named volumes, sorted by name, as List
+// shows them; Next is the After of the next page, "" after the last.
+type ListPageResponse struct {
+	Volumes []*volume.Volume
+	Next    string `json:",omitempty"`
+}
+
+// ListPage reports the named volumes a page at a time, so that no answer
+// grows with their number: a page holds volumes while they fit in
+// listPageBytes of JSON, and always one. A definition that cannot be read
+// is logged and skipped, as List does.
+func (s *Server) ListPage(req *ListPageRequest) (*ListPageResponse, error) {
+	names, err := s.cfg.Store.Names()
+	if err != nil {
+		return nil, err
+	}
+	names = names[sort.SearchStrings(names, req.After):]
+	if len(names) > 0 && names[0] == req.After {
+		names = names[1:]
+	}
+	vols := s.cfg.Backend.ListVolumes()
+	out := &ListPageResponse{Volumes: []*volume.Volume{}}
+	size := 0
+	for _, name := range names {
+		d, err := s.cfg.Store.Get(name)
+		if err != nil {
+			// A volume removed since Names is no problem.
+			if !errors.Is(err, namedvol.ErrNotFound) {
+				s.log.Warn("listing named volumes", "error", err)
+			}
+			continue
+		}
+		v := s.describe(d, vols)
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encoding volume %s: %w", name, err)
+		}
+		if len(out.Volumes) > 0 && size+len(b) > listPageBytes {
+			out.Next = out.Volumes[len(out.Volumes)-1].Name
+			break
+		}
+		size += len(b)
+		out.Volumes = append(out.Volumes, v)
+	}
+	return out, nil
+}
+
 // describe is a volume as Get and List show it: Status holds the
 // definition's options (secret references, never values; they parse back
 // with namedvol.ParseOptions), the volume's state in the agent and its
@@ -567,8 +627,9 @@ func (s *Server) Handler(timeout time.Duration) http.Handler {
 	}))
 	handle("/VolumeDriver.Path", decoded(func(_ context.Context, req *volume.PathRequest) (any, error) { return s.Path(req) }))
 	handle("/VolumeDriver.Get", decoded(func(_ context.Context, req *volume.GetRequest) (any, error) { return s.Get(req) }))
-	// csiagent's own call, outside the Docker protocol.
+	// csiagent's own calls, outside the Docker protocol.
 	handle(ReconcilePath, decoded(s.Reconcile))
+	handle(ListPagePath, decoded(func(_ context.Context, req *ListPageRequest) (any, error) { return s.ListPage(req) }))
 	return mux
 }
 

@@ -2,6 +2,7 @@ package dockerplugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -264,5 +265,74 @@ func TestNameLocksAreDropped(t *testing.T) {
 	defer s.locksMu.Unlock()
 	if len(s.locks) != 0 {
 		t.Errorf("%d name locks kept after every call returned", len(s.locks))
+	}
+}
+
+// ListPage answers pages of at most listPageBytes of JSON, which together
+// hold every volume once, sorted by name.
+func TestListPagesHoldEveryVolumeOnce(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	want := []string{"data"}
+	// 300 volumes of about 8 KiB: 2.4 MiB, three pages or more.
+	pad := strings.Repeat("x", 1000)
+	for i := range 300 {
+		name := fmt.Sprintf("v%03d", i)
+		opts := map[string]string{"plugin": "p", "volume_id": name}
+		for k := range 8 {
+			opts[fmt.Sprint("context.k", k)] = pad
+		}
+		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: opts}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+	}
+	// Names that sort otherwise than their files (a.json, a-b.json).
+	for _, name := range []string{"a", "a-b", "a.b", "a_b"} {
+		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: map[string]string{"plugin": "p", "volume_id": name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want = append([]string{"a", "a-b", "a.b", "a_b"}, want...)
+	var got []string
+	req := &ListPageRequest{}
+	pages := 0
+	for {
+		res, err := s.ListPage(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if b, _ := json.Marshal(res.Volumes); len(b) > listPageBytes+len(res.Volumes)+2 {
+			t.Errorf("page %d: %d bytes of volumes, more than %d", pages, len(b), listPageBytes)
+		}
+		for _, v := range res.Volumes {
+			got = append(got, v.Name)
+		}
+		if res.Next == "" {
+			break
+		}
+		req.After = res.Next
+	}
+	if pages < 3 || strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("%d pages of %d volumes; want 3 or more of %d, each volume once, sorted", pages, len(got), len(want))
+	}
+}
+
+// A definition over namedvol.MaxDefinition is refused at Create, naming
+// the cap.
+func TestCreateRefusesDefinitionOverTheCap(t *testing.T) {
+	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	opts := map[string]string{"plugin": "p", "volume_id": "v"}
+	for k := range 70 {
+		opts[fmt.Sprint("context.k", k)] = strings.Repeat("x", 1000)
+	}
+	err := s.Create(context.Background(), &volume.CreateRequest{Name: "big", Options: opts})
+	if !errors.Is(err, namedvol.ErrInvalid) || !strings.Contains(err.Error(), "cap of 65536 bytes") {
+		t.Errorf("Create of a 70 KB definition: %v, want an error naming the 65536-byte cap", err)
+	}
+	if _, err := s.cfg.Store.Get("big"); !errors.Is(err, namedvol.ErrNotFound) {
+		t.Errorf("the refused definition was stored: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package namedvol
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -20,6 +21,13 @@ const (
 	MaxName = 128
 	// MaxValue bounds every option value.
 	MaxValue = 1024
+	// MaxDefinition bounds a definition as Store.Create takes it: its
+	// Options encoded as JSON, the form in which engines send it and Get
+	// and List answer with it. CSI's general limit for a map<string,
+	// string> (volume_context) is 4 KiB and the other fields are short, so
+	// 64 KiB leaves room for plugins beyond the spec's limits while one
+	// definition stays a small part of an answer.
+	MaxDefinition = 64 << 10
 )
 
 // Option keys, as Mesos and CSI name the fields.
@@ -131,6 +139,13 @@ func (d *Definition) Options() map[string]string {
 		o[ContextPrefix+k] = v
 	}
 	return o
+}
+
+// Size is the length of the definition's Options encoded as JSON, what
+// MaxDefinition bounds.
+func (d *Definition) Size() int {
+	b, _ := json.Marshal(d.Options()) // a map of strings always encodes
+	return len(b)
 }
 
 // ValidateName checks a volume name: letters, digits, '_', '.', '-', not

@@ -42,10 +42,14 @@ func OpenStore(commit *atomicfile.Committer, dir string) (*Store, error) {
 func (s *Store) path(name string) string { return filepath.Join(s.dir, name+".json") }
 
 // Create stores d, durably. The same definition again is no change;
-// another one under the same name is ErrExists.
+// another one under the same name is ErrExists; one larger than
+// MaxDefinition is ErrInvalid.
 func (s *Store) Create(ctx context.Context, d *Definition) error {
 	if err := d.Validate(); err != nil {
 		return err
+	}
+	if n := d.Size(); n > MaxDefinition {
+		return fmt.Errorf("%w: %s: the definition is %d bytes as JSON options, more than the cap of %d bytes on a named volume definition; keep volume_context small", ErrInvalid, d.Name, n, MaxDefinition)
 	}
 	old, err := s.Get(d.Name)
 	switch {
@@ -89,20 +93,33 @@ func (s *Store) Get(name string) (*Definition, error) {
 	return d, nil
 }
 
-// List reads every definition, sorted by name; a file that cannot be read
-// is reported in the error and skipped.
-func (s *Store) List() ([]*Definition, error) {
+// Names lists the names of the definitions, sorted, without reading them.
+func (s *Store) Names() ([]string, error) {
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing named volumes: %w", err)
 	}
-	var out []*Definition
-	var errs []error
+	var out []string
 	for _, e := range ents {
 		name, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !e.Type().IsRegular() || ValidateName(name) != nil {
-			continue
+		if ok && e.Type().IsRegular() && ValidateName(name) == nil {
+			out = append(out, name)
 		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// List reads every definition, sorted by name; a file that cannot be read
+// is reported in the error and skipped.
+func (s *Store) List() ([]*Definition, error) {
+	names, err := s.Names()
+	if err != nil {
+		return nil, err
+	}
+	var out []*Definition
+	var errs []error
+	for _, name := range names {
 		d, err := s.Get(name)
 		if err != nil {
 			errs = append(errs, err)
@@ -110,7 +127,6 @@ func (s *Store) List() ([]*Definition, error) {
 		}
 		out = append(out, d)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, errors.Join(errs...)
 }
 

@@ -1,0 +1,48 @@
+package namedvol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+)
+
+// Store.Create takes a definition of MaxDefinition bytes and refuses a
+// larger one, naming the cap; nothing of it is stored.
+func TestStoreCapsDefinitionSize(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	commit, err := atomicfile.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenStore(commit, dir+"/named")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Exactly MaxDefinition: 500-byte context values, then one to fill.
+	d := &Definition{Name: "full", Plugin: "p", VolumeID: "v", VolumeContext: map[string]string{}}
+	for i := 0; d.Size() <= MaxDefinition-1000; i++ {
+		d.VolumeContext[fmt.Sprint("k", i)] = strings.Repeat("x", 500)
+	}
+	d.VolumeContext["z"] = ""
+	d.VolumeContext["z"] = strings.Repeat("x", MaxDefinition-d.Size())
+	if d.Size() != MaxDefinition {
+		t.Fatalf("test definition of %d bytes, want %d", d.Size(), MaxDefinition)
+	}
+	if err := s.Create(ctx, d); err != nil {
+		t.Fatalf("a definition of exactly MaxDefinition bytes: %v", err)
+	}
+	d.Name = "over"
+	d.VolumeContext["z"] += "x"
+	err = s.Create(ctx, d)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("is %d bytes as JSON options, more than the cap of 65536 bytes", MaxDefinition+1)) {
+		t.Errorf("a definition of MaxDefinition+1 bytes: %v, want ErrInvalid naming the 65536-byte cap", err)
+	}
+	if _, err := s.Get("over"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the refused definition: %v, want ErrNotFound", err)
+	}
+}
