@@ -8,9 +8,11 @@
 // slot of the record's file that holds nothing a crash may still need
 // (see record.go), so the write is visible at once and made durable by a
 // background group commit shortly after: one round of fsyncs for every
-// write made meanwhile. A new record's first version is durable before
-// its name appears (temp file, fsync, rename); the directories the
-// Committer makes are committed with their parents, up to the root.
+// write made meanwhile. A new record is written under a name of its own
+// and renamed into place by the round that fsyncs it, so its content is
+// durable before its name appears (ReadRecord reads it there meanwhile);
+// the directories the Committer makes are committed with their parents,
+// up to the root.
 // Wait blocks until a given write is durable (what must hold across a
 // power loss). A root removed or replaced stops every later change
 // (ErrRootReplaced). ReadRecord returns a record's newest valid version;
