@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -57,11 +58,14 @@ func (PeerCredentials) OverrideServerName(string) error { return nil }
 
 // PeerCred reads a unix socket connection's peer credentials.
 func PeerCred(conn net.Conn) (*unix.Ucred, error) {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
+	if _, ok := conn.LocalAddr().(*net.UnixAddr); !ok {
 		return nil, fmt.Errorf("API connection is not a unix socket: %T", conn)
 	}
-	raw, err := uc.SyscallConn()
+	sc, ok := conn.(syscall.Conn) // a *net.UnixConn, or a wrapper of one
+	if !ok {
+		return nil, fmt.Errorf("API connection has no file descriptor: %T", conn)
+	}
+	raw, err := sc.SyscallConn()
 	if err != nil {
 		return nil, fmt.Errorf("reading peer credentials: %w", err)
 	}

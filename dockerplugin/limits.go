@@ -1,11 +1,12 @@
 package dockerplugin
 
 import (
+	"errors"
 	"net"
 	"net/http"
+	"sync"
+	"syscall"
 	"time"
-
-	"golang.org/x/net/netutil"
 )
 
 // Limits bound the connections of the plugin socket, so that no client
@@ -53,7 +54,46 @@ func (l Limits) HTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// Listener serves at most MaxConns connections of lis at once.
+// Listener serves at most MaxConns connections of lis at once: Accept
+// waits while that many are open. Its connections still give their peer
+// credentials (syscall.Conn), which the socket's access check reads.
 func (l Limits) Listener(lis net.Listener) net.Listener {
-	return netutil.LimitListener(lis, l.MaxConns)
+	return &limitListener{Listener: lis, slots: make(chan struct{}, l.MaxConns)}
+}
+
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, free: func() { <-l.slots }}, nil
+}
+
+// limitedConn frees its slot when closed.
+type limitedConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
+}
+
+// SyscallConn is the underlying connection's, for its peer credentials.
+func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("connection has no file descriptor")
+	}
+	return sc.SyscallConn()
 }

@@ -800,8 +800,13 @@ type ContainerMount struct {
 	MountId        uint64 `protobuf:"varint,7,opt,name=mount_id,json=mountId,proto3" json:"mount_id,omitempty"`
 	ParentMountId  uint64 `protobuf:"varint,8,opt,name=parent_mount_id,json=parentMountId,proto3" json:"parent_mount_id,omitempty"`
 	MountNamespace uint64 `protobuf:"varint,9,opt,name=mount_namespace,json=mountNamespace,proto3" json:"mount_namespace,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The device and inode of the mount's root, read from the mount when it
+	// was made: a mount with mount_id is the agent's only with this root
+	// (mount ids are reused). 0: not recorded (an earlier release's).
+	RootDev       uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
+	RootIno       uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerMount) Reset() {
@@ -893,6 +898,20 @@ func (x *ContainerMount) GetParentMountId() uint64 {
 func (x *ContainerMount) GetMountNamespace() uint64 {
 	if x != nil {
 		return x.MountNamespace
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetRootDev() uint64 {
+	if x != nil {
+		return x.RootDev
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetRootIno() uint64 {
+	if x != nil {
+		return x.RootIno
 	}
 	return 0
 }
@@ -2873,7 +2892,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
-	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xbb\x02\n" +
+	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xf1\x02\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2885,7 +2904,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x19\n" +
 	"\bmount_id\x18\a \x01(\x04R\amountId\x12&\n" +
 	"\x0fparent_mount_id\x18\b \x01(\x04R\rparentMountId\x12'\n" +
-	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\"I\n" +
+	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\x12\x19\n" +
+	"\broot_dev\x18\n" +
+	" \x01(\x04R\arootDev\x12\x19\n" +
+	"\broot_ino\x18\v \x01(\x04R\arootIno\"I\n" +
 	"\x0eCleanupRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +
