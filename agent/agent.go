@@ -61,6 +61,10 @@ type Config struct {
 	// APIGroup, when >= 0, is a group whose members may call the API
 	// besides root; the socket is then 0660 root:APIGroup.
 	APIGroup int
+	// APIGroupRoots are the directory prefixes (absolute, clean, not "/")
+	// below which members of APIGroup may prepare a rootfs or sandbox;
+	// none: members may not prepare (see apiserver.Members).
+	APIGroupRoots []string
 
 	ReadyTimeout    time.Duration
 	ProbeInterval   time.Duration
@@ -313,6 +317,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
 		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
 		Offers: a.set.Offers, ControllerConn: a.controllerConn,
+		Members: apiserver.Members{Roots: a.cfg.APIGroupRoots},
 	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)

@@ -1,9 +1,12 @@
 // Package apiserver is the agent's gRPC API edge (proto/agent/v1's Agent
 // service on the API socket): it checks who calls (peer credentials: root
-// and members of --api-group), waits for the first recovery pass before
-// volume calls, translates requests to the isolator's own types and its
-// results back, and maps errors to status codes (a plugin's own code is
-// kept; never Unknown).
+// and members of --api-group), limits what members may do (Members: a
+// rootfs or sandbox only below --api-group-roots, only their own user and
+// processes, no Reconcile, cleanup only below the prefixes; root keeps
+// the whole API), waits for the first recovery pass before volume calls,
+// translates requests to the isolator's own types and its results back,
+// and maps errors to status codes (a plugin's own code is kept; never
+// Unknown).
 //
 // It holds no state of its own: everything it serves comes from the
 // isolator, the schedules and the callbacks of Config, which the daemon

@@ -46,6 +46,9 @@ type Config struct {
 	// service and returns the connection serving it (status errors).
 	Offers         func(plugin, service string) bool
 	ControllerConn func(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	// Members is what callers other than root (members of --api-group)
+	// may do; root may do everything.
+	Members Members
 }
 
 // Server is the Agent gRPC service.

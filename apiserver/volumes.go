@@ -72,6 +72,15 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 	if err := CheckNotEngineID(req.GetContainerId()); err != nil {
 		return nil, Status(err)
 	}
+	c, err := member(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c != nil {
+		if err := s.cfg.Members.CheckPrepare(c, req); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
@@ -80,7 +89,19 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 	if err != nil {
 		return nil, Status(err)
 	}
-	return &agentv1.PrepareResponse{Mounts: Mounts(mounts)}, nil
+	resp := &agentv1.PrepareResponse{Mounts: Mounts(mounts)}
+	if c != nil {
+		if err := s.cfg.Members.CheckMounts(c, resp.Mounts); err != nil {
+			// Undone whatever the caller's ctx: the mount is not the
+			// member's to keep.
+			if cerr := s.iso.Cleanup(context.WithoutCancel(ctx), req.GetContainerId(), true); cerr != nil {
+				return nil, status.Errorf(codes.PermissionDenied, "%s (and undoing it failed: %v)", status.Convert(err).Message(), cerr)
+			}
+			s.cfg.OnVolumesChanged()
+			return nil, err
+		}
+	}
+	return resp, nil
 }
 
 // Cleanup releases the container's volumes.
@@ -88,10 +109,19 @@ func (s *Server) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*age
 	if err := CheckNotEngineID(req.GetContainerId()); err != nil {
 		return nil, Status(err)
 	}
+	c, err := member(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	err := s.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
+	if c != nil {
+		if err := s.cfg.Members.CheckCleanup(c, req.GetContainerId(), s.iso.ListContainers()); err != nil {
+			return nil, err
+		}
+	}
+	err = s.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
 	s.cfg.OnVolumesChanged()
 	if err != nil {
 		return nil, Status(err)
@@ -150,8 +180,16 @@ func (s *Server) ListContainers(context.Context, *agentv1.ListContainersRequest)
 	return resp, nil
 }
 
-// Reconcile cleans up the containers not in the live list.
+// Reconcile cleans up the containers not in the live list: root only (it
+// cleans up every container not listed, other users' too).
 func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (*agentv1.ReconcileResponse, error) {
+	c, err := member(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c != nil {
+		return nil, denied(c, "Reconcile cleans up every container not in live_container_ids, root's and other users' too: only root may call it; clean up your own containers with Cleanup")
+	}
 	for _, id := range req.GetLiveContainerIds() {
 		if err := isolator.ValidateContainerID(id); err != nil {
 			return nil, Status(err)

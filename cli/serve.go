@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/agent"
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/supervisor"
@@ -29,7 +30,8 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.RuntimeDir, "runtime-dir", agent.DefaultRuntimeDir, "sockets and the lock (a tmpfs such as /run)")
 	fs.StringVar(&cfg.APISocket, "api-socket", "", "the agent API socket (default <runtime-dir>/agent.sock)")
 	fs.StringVar(&cfg.NodeID, "node-id", defaultNodeID(), "node id given to node plugins as MESOS_AGENT_ID (default $MESOS_AGENT_ID, else the hostname)")
-	apiGroup := fs.String("api-group", "", "group (name or gid) whose members may use the API besides root")
+	apiGroup := fs.String("api-group", "", "group (name or gid) whose members may use the API besides root (within --api-group-roots)")
+	apiGroupRoots := fs.String("api-group-roots", "", "comma-separated absolute directory prefixes below which --api-group members may prepare a rootfs or sandbox (default none: members may not prepare)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.DurationVar(&cfg.ReadyTimeout, "plugin-ready-timeout", supervisor.DefaultReadyTimeout, "deadline for a plugin's socket, Probe and discovery")
@@ -51,6 +53,16 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker, Podman and 'csi-agent volume' (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
 		cfg.NoRepair = !*repair
+		roots, err := apiserver.ParseRoots(*apiGroupRoots)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "%s: --api-group-roots: %v\n", name, err)
+			return ExitUsage
+		}
+		if len(roots) > 0 && *apiGroup == "" {
+			fmt.Fprintf(e.stderr, "%s: --api-group-roots needs --api-group (the members it is for)\n", name)
+			return ExitUsage
+		}
+		cfg.APIGroupRoots = roots
 		return e.serve(ctx, name, cfg, *apiGroup, *logFormat, *logLevel)
 	}
 }

@@ -30,17 +30,19 @@
 //     optionally chowned) and, for a block volume ([File]), an empty file
 //     with O_CREAT|O_EXCL|O_NOFOLLOW. It returns an O_PATH handle and the
 //     target's real host path. BindInto mounts onto that handle with the new
-//     mount API (open_tree clone, mount_setattr read-only while detached,
+//     mount API (open_tree clone, mount_setattr nosuid, nodev (not for a
+//     device node: a block volume) and read-only when asked while detached,
 //     move_mount onto the descriptor): nothing is looked up by name between
 //     resolution and mount, so swapping the path for a symlink meanwhile does
 //     not move the mount, and a read-only bind is never writable. The bind is
-//     recursive: submounts of the source come along (read-only too).
+//     recursive: submounts of the source come along (with the same flags).
 //     Record the returned host path and the mount's identity ([ID] of
 //     the target handle before the move: the mount it goes on; [ID] and
 //     [RootOf] of the [CloneTree] descriptor: the new mount and its
 //     root): they are what to unmount later, with [UnmountOwn].
-//     BindInto is [CloneTree] (open_tree clone, read-only at once when
-//     asked) then [MoveTree] (kind check, move_mount onto the handle).
+//     BindInto is [CloneTree] (open_tree clone, nosuid, nodev and
+//     read-only at once) then [MoveTree] (kind check, move_mount onto the
+//     handle).
 //   - [InNamespace] runs a function on a throwaway OS thread that has
 //     entered the mount namespace of a process (unshare(CLONE_FS), then
 //     setns on /proc/<pid>/ns/mnt, whose inode is checked against the one

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,10 +15,15 @@ import (
 // in the caller's mount namespace (the host's, for the agent) and is trusted:
 // symlinks in it are followed.
 //
-// With readOnly the whole copy, submounts included, is made read-only
-// (mount_setattr MOUNT_ATTR_RDONLY, AT_RECURSIVE) before CloneTree returns,
-// while nothing can reach it: it is never writable wherever it is attached
-// later. Other flags (nosuid, nodev, ...) stay as they are on source.
+// The whole copy, submounts included, is made nosuid, and nodev unless its
+// root is not a directory (mount_setattr MOUNT_ATTR_NOSUID|MOUNT_ATTR_NODEV,
+// AT_RECURSIVE), and with readOnly read-only too (MOUNT_ATTR_RDONLY), before
+// CloneTree returns, while nothing can reach it: a container mount never
+// honours a setuid bit or a device node of the volume (a container user's
+// way to root on the host), and a read-only one is never writable, wherever
+// it is attached later. A clone whose root is a device node (a block volume,
+// bound as a file) is not nodev: that would make the device itself
+// unusable. Other flags (noexec, ...) stay as they are on source.
 //
 // The copy belongs to no mount namespace yet. Attach it with MoveTree, in
 // this mount namespace or, inside InNamespace, in another one (a
@@ -42,14 +48,50 @@ func cloneTree(source string, readOnly bool) (*os.File, error) {
 		return nil, fmt.Errorf("open_tree: %w", err)
 	}
 	tree := os.NewFile(uintptr(fd), source)
-	if readOnly {
-		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
-		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-			tree.Close()
-			return nil, fmt.Errorf("mount_setattr read-only: %w", err)
+	attrs, err := cloneAttrs(fd, readOnly)
+	if err == nil {
+		attr := unix.MountAttr{Attr_set: attrs}
+		if err = unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+			err = fmt.Errorf("mount_setattr %s: %w", attrNames(attrs), err)
 		}
 	}
+	if err != nil {
+		tree.Close()
+		return nil, err
+	}
 	return tree, nil
+}
+
+// cloneAttrs are the mount attributes CloneTree sets on the clone fd:
+// nosuid; nodev unless its root is not a directory (a block volume's
+// device node); read-only when asked.
+func cloneAttrs(fd int, readOnly bool) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("fstat the clone: %w", err)
+	}
+	attrs := uint64(unix.MOUNT_ATTR_NOSUID)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		attrs |= unix.MOUNT_ATTR_NODEV
+	}
+	if readOnly {
+		attrs |= unix.MOUNT_ATTR_RDONLY
+	}
+	return attrs, nil
+}
+
+// attrNames names the attributes of cloneAttrs, for errors.
+func attrNames(attrs uint64) string {
+	var names []string
+	for _, a := range []struct {
+		bit  uint64
+		name string
+	}{{unix.MOUNT_ATTR_RDONLY, "read-only"}, {unix.MOUNT_ATTR_NOSUID, "nosuid"}, {unix.MOUNT_ATTR_NODEV, "nodev"}} {
+		if attrs&a.bit != 0 {
+			names = append(names, a.name)
+		}
+	}
+	return strings.Join(names, ",")
 }
 
 // MoveTree attaches tree, a detached mount tree from CloneTree, onto the file
