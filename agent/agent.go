@@ -169,8 +169,8 @@ type Agent struct {
 	unlockWork func()
 }
 
-// New checks cfg, loads the volume checkpoints and makes an Agent; Run
-// starts it.
+// New checks cfg, makes and locks the work dir (released when Run
+// returns), loads the volume checkpoints and makes an Agent; Run starts it.
 func New(cfg Config) (*Agent, error) {
 	cfg.setDefaults()
 	for name, dir := range map[string]string{"--work-dir": cfg.WorkDir, "--runtime-dir": cfg.RuntimeDir, "--csi-plugin-config-dir": cfg.ConfigDir} {
