@@ -98,11 +98,19 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	str(namedvol.KeyStageSecret, "NodeStage secret reference NAME/KEY in the agent's --secrets-dir")
 	str(namedvol.KeyPublishSecret, "NodePublish secret reference NAME/KEY in the agent's --secrets-dir")
 	block := fs.Bool("block", false, "a raw block volume (engines refuse to mount these)")
+	allowAnnotations := fs.Bool("allow-annotations", false, "let containers name the volume in the "+MountsAnnotation+" annotation, which whoever may create a container (with CRI-O, a pod) can set (default: refused)")
+	shareEngineMounts := fs.Bool("share-engine-mounts", false, "with --allow-annotations: let annotation users have the volume while engine mounts (docker run -v) hold it (default: refused)")
 	flags := fs.StringArray("mount-flag", nil, "a mount flag (repeatable)")
 	contextKV := fs.StringArray("context", nil, "a volume_context entry KEY=VALUE (repeatable)")
 	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, args []string) error {
 		if *block {
 			opts[namedvol.KeyBlock] = "true"
+		}
+		if *allowAnnotations {
+			opts[namedvol.KeyAllowAnnotations] = "true"
+		}
+		if *shareEngineMounts {
+			opts[namedvol.KeyShareEngineMounts] = "true"
 		}
 		if len(*flags) > 0 {
 			opts[namedvol.KeyMountFlags] = strings.Join(*flags, ",")

@@ -9,14 +9,18 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/docker/go-plugins-helpers/volume"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/namedvol"
@@ -31,6 +35,19 @@ const VolumesAnnotation = "csi.csiagent.io/volumes"
 // NAME:/path[:ro][;NAME:/path[:ro]...]: no JSON, so that it survives
 // engines that parse annotation values as CSV (podman run --annotation).
 const MountsAnnotation = "csi.csiagent.io/mounts"
+
+// ErrAnnotationRefused marks what the hook's annotation policy refuses:
+// annotations are set by whoever may create a container (with CRI-O, a
+// pod), so they reach only what the operator allowed.
+var ErrAnnotationRefused = errors.New("refused by the annotation policy")
+
+// hookPolicy is what the operator lets annotations reach.
+type hookPolicy struct {
+	// allowReferenceSecrets lets the volumes annotation name REFERENCE
+	// secrets, which the agent resolves from its --secrets-dir: secrets
+	// that are the operator's, not the annotation writer's.
+	allowReferenceSecrets bool
+}
 
 // DefaultHookTimeout bounds a hook's whole run, waiting for the agent
 // included.
@@ -62,7 +79,12 @@ func (e *env) ociHookCmd() *cobra.Command {
 	cmd.ValidArgs = ociHookStages
 	cmd.Long = "The OCI runtime hook: add it to a bundle's config.json as createRuntime (args: csi-agent oci-hook create-runtime)\n" +
 		"and poststop (args: csi-agent oci-hook poststop). It reads the container state on stdin. Without a stage it takes\n" +
-		"it from the state's status (creating: create-runtime; stopped: poststop), so that one hooks.d file serves both."
+		"it from the state's status (creating: create-runtime; stopped: poststop), so that one hooks.d file serves both.\n\n" +
+		"Annotations are set by whoever may create a container (with CRI-O, a pod), so the hook lets them reach only what\n" +
+		"the operator allowed: a named volume in " + MountsAnnotation + " only if it was created with --allow-annotations\n" +
+		"(docker: --opt allow_annotations=true), and not while engine mounts hold it unless also --share-engine-mounts;\n" +
+		"REFERENCE secrets (resolved from the agent's --secrets-dir) in " + VolumesAnnotation + " only with\n" +
+		"--allow-reference-secrets. VALUE secrets an annotation carries are its writer's own and always allowed."
 	return cmd
 }
 
@@ -71,18 +93,19 @@ func (e *env) ociHookFlags(fs *pflag.FlagSet) runFunc {
 	socket := apiSocketFlag(fs)
 	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
 	pluginSocket := dockerPluginSocketFlag(fs, "the agent's --docker-plugin-socket, where the named volumes of "+MountsAnnotation+" are looked up")
+	allowRefs := fs.Bool("allow-reference-secrets", false, "let "+VolumesAnnotation+" name REFERENCE secrets of the agent's --secrets-dir (default: refused; whoever may set the annotation could use any of them)")
 	return func(ctx context.Context, name string, args []string) int {
 		stage := ""
 		if len(args) == 1 {
 			stage = args[0]
 		}
-		return e.ociHook(ctx, name, stage, *socket, *pluginSocket, *timeout)
+		return e.ociHook(ctx, name, stage, *socket, *pluginSocket, *timeout, hookPolicy{allowReferenceSecrets: *allowRefs})
 	}
 }
 
 // ociHook runs the hook's stage ("": the one the container's status
 // says).
-func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket string, timeout time.Duration) int {
+func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket string, timeout time.Duration, policy hookPolicy) int {
 	fail := func(err error) int {
 		fmt.Fprintf(e.stderr, "%s: %v\n", strings.TrimSpace(name+" "+stage), err)
 		return ExitProblem
@@ -127,9 +150,14 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket str
 		if vols, err = parseVolumes([]byte(raw)); err != nil {
 			return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
 		}
+		if !policy.allowReferenceSecrets {
+			if err := refuseReferenceSecrets(vols); err != nil {
+				return fail(fmt.Errorf("annotation %s: %w", VolumesAnnotation, err))
+			}
+		}
 	}
 	if hasMounts {
-		named, err := namedVolumes(ctx, pluginSocket, mounts)
+		named, err := annotationVolumes(ctx, pluginSocket, mounts)
 		if err != nil {
 			return fail(fmt.Errorf("annotation %s: %w", MountsAnnotation, err))
 		}
@@ -202,10 +230,94 @@ func readBundle(bundle string) (rootfs, user string, _ error) {
 	return filepath.Join(bundle, cfg.Root.Path), user, nil
 }
 
-// namedVolumes reads named mounts NAME:PATH[:ro];... (the mounts
-// annotation, prepare --mounts) and looks the names up in the agent; the
-// agent checks the paths as any container path.
+// refuseReferenceSecrets fails on the first REFERENCE secret anywhere in
+// vols (by volume index, then field path): the agent would resolve it from
+// its --secrets-dir, where the secrets are the operator's.
+func refuseReferenceSecrets(vols []*agentv1.Volume) error {
+	for i, v := range vols {
+		var refs []string
+		referenceSecrets(v.ProtoReflect(), "", &refs)
+		if len(refs) > 0 {
+			sort.Strings(refs)
+			return fmt.Errorf("volumes[%d]: secret %s is a REFERENCE, resolved from the agent's --secrets-dir: %w (an annotation may carry VALUE secrets of its own; the operator allows references by adding --allow-reference-secrets to the hook's args in its hooks.d file)", i, refs[0], ErrAnnotationRefused)
+		}
+	}
+	return nil
+}
+
+// referenceSecrets appends to refs the REFERENCE secrets in m, each as
+// its field path and reference: every Secret, wherever the message holds
+// one (node stage, node publish, any secrets map added later).
+func referenceSecrets(m protoreflect.Message, path string, refs *[]string) {
+	if s, ok := m.Interface().(*agentv1.Secret); ok {
+		if s.GetType() == agentv1.Secret_REFERENCE {
+			r := s.GetReference()
+			*refs = append(*refs, fmt.Sprintf("%s (%s/%s)", path, namedvol.Clip(r.GetName()), namedvol.Clip(r.GetKey())))
+		}
+		return
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		name := string(fd.Name())
+		if path != "" {
+			name = path + "." + name
+		}
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				return true
+			}
+			v.Map().Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
+				referenceSecrets(mv.Message(), name+"["+strconv.Quote(namedvol.Clip(k.String()))+"]", refs)
+				return true
+			})
+		case fd.IsList():
+			if fd.Message() == nil {
+				return true
+			}
+			for j := range v.List().Len() {
+				referenceSecrets(v.List().Get(j).Message(), fmt.Sprintf("%s[%d]", name, j), refs)
+			}
+		case fd.Message() != nil:
+			referenceSecrets(v.Message(), name, refs)
+		}
+		return true
+	})
+}
+
+// namedVolumes reads named mounts NAME:PATH[:ro];... (prepare --mounts,
+// whose caller the agent's API trusts) and looks the names up in the
+// agent; the agent checks the paths as any container path.
 func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
+	return lookUpNamed(ctx, socket, value, nil)
+}
+
+// annotationVolumes is namedVolumes for the mounts annotation, which
+// whoever may create a container can set: each volume's definition must
+// allow annotations, and one that engine mounts hold must allow sharing
+// with them.
+func annotationVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
+	return lookUpNamed(ctx, socket, value, checkAnnotationUse)
+}
+
+// checkAnnotationUse is the annotation policy of one named volume, given
+// its definition and the engine mounts (ids) that hold it.
+func checkAnnotationUse(d *namedvol.Definition, engineMounts []string) error {
+	if !d.AllowAnnotations {
+		return fmt.Errorf("named volume %s may not be named in an annotation: %w: its definition lacks %s=true (definitions made before the option existed lack it too); "+
+			"if any container that may be created here may have it, remove it (csi-agent volume rm %s) and recreate it with csi-agent volume create %s ... --allow-annotations "+
+			"(docker volume create -d csi-agent --opt %s=true ...)", d.Name, ErrAnnotationRefused, namedvol.KeyAllowAnnotations, d.Name, d.Name, namedvol.KeyAllowAnnotations)
+	}
+	if len(engineMounts) > 0 && !d.ShareEngineMounts {
+		return fmt.Errorf("named volume %s is held by %d engine mount(s) (docker run -v %s:...): %w: an annotation user may not share it unless its definition has %s=true "+
+			"(csi-agent volume create %s ... --allow-annotations --share-engine-mounts)", d.Name, len(engineMounts), d.Name, ErrAnnotationRefused, namedvol.KeyShareEngineMounts, d.Name)
+	}
+	return nil
+}
+
+// lookUpNamed reads named mounts NAME:PATH[:ro];... and looks the names
+// up in the agent; check (nil: none) vets each definition, given the
+// engine mounts holding its volume, before any volume is used.
+func lookUpNamed(ctx context.Context, socket, value string, check func(d *namedvol.Definition, engineMounts []string) error) ([]*agentv1.Volume, error) {
 	c := dockerplugin.NewClient(socket)
 	var out []*agentv1.Volume
 	for i, m := range strings.Split(value, ";") {
@@ -217,9 +329,18 @@ func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume,
 		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
 			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, namedvol.Clip(m))
 		}
-		d, err := c.Definition(ctx, parts[0])
+		v, err := c.Get(ctx, parts[0])
 		if err != nil {
 			return nil, fmt.Errorf("mount %d: %w", i+1, err)
+		}
+		d, engineMounts, err := definitionOf(parts[0], v)
+		if err != nil {
+			return nil, fmt.Errorf("mount %d: %w", i+1, err)
+		}
+		if check != nil {
+			if err := check(d, engineMounts); err != nil {
+				return nil, fmt.Errorf("mount %d: %w", i+1, err)
+			}
 		}
 		if d.Block {
 			return nil, fmt.Errorf("mount %d: volume %s is a block volume; name it in %s instead", i+1, d.Name, VolumesAnnotation)
@@ -227,4 +348,32 @@ func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume,
 		out = append(out, d.Volume(parts[1], ro))
 	}
 	return out, nil
+}
+
+// definitionOf reads a named volume's definition and its engine mounts
+// from the plugin endpoint's Get answer (as dockerplugin.Client's
+// Definition does, which does not give the mounts).
+func definitionOf(name string, v *volume.Volume) (*namedvol.Definition, []string, error) {
+	if v == nil {
+		return nil, nil, fmt.Errorf("volume %s: the agent's answer has no volume", name)
+	}
+	raw, _ := v.Status[dockerplugin.StatusOptions].(map[string]any)
+	opts := make(map[string]string, len(raw))
+	for k, val := range raw {
+		s, ok := val.(string)
+		if !ok {
+			return nil, nil, fmt.Errorf("volume %s: option %s is %T, not a string", name, namedvol.Clip(k), val)
+		}
+		opts[k] = s
+	}
+	d, err := namedvol.ParseOptions(name, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, _ := v.Status["mounts"].([]any)
+	mounts := make([]string, 0, len(list))
+	for _, m := range list {
+		mounts = append(mounts, fmt.Sprint(m))
+	}
+	return d, mounts, nil
 }

@@ -780,7 +780,8 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 		t.Fatalf("mkfs: %v\n%s", err, out)
 	}
 	for _, def := range [][]string{{"data", "--volume-id", "vol1"}, {"logs", "--volume-id", "vol2", "--access-mode", "SINGLE_NODE_READER_ONLY"}} {
-		if out, err := e.cli(append([]string{"create", def[0], "--plugin", "loop.test", "--fs-type", "ext4"}, def[1:]...)...); err != nil {
+		// Named by the annotation: the operator allows it (the policy).
+		if out, err := e.cli(append([]string{"create", def[0], "--plugin", "loop.test", "--fs-type", "ext4", "--allow-annotations"}, def[1:]...)...); err != nil {
 			t.Fatalf("csi-agent volume create: %v\n%s", err, out)
 		}
 	}

@@ -40,11 +40,17 @@ const (
 	KeyMountFlags    = "mount_flags"
 	KeyStageSecret   = "stage_secret"
 	KeyPublishSecret = "publish_secret"
+	// KeyAllowAnnotations lets containers name the volume in the
+	// csi.csiagent.io/mounts annotation (false when absent).
+	KeyAllowAnnotations = "allow_annotations"
+	// KeyShareEngineMounts lets annotation users have the volume while
+	// engine mounts hold it (false when absent; needs allow_annotations).
+	KeyShareEngineMounts = "share_engine_mounts"
 	// ContextPrefix starts the keys of volume_context entries.
 	ContextPrefix = "context."
 )
 
-var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, ContextPrefix + "KEY"}
+var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, KeyAllowAnnotations, KeyShareEngineMounts, ContextPrefix + "KEY"}
 
 // Definition is a named volume.
 type Definition struct {
@@ -64,6 +70,15 @@ type Definition struct {
 	// never stored here.
 	StageSecret   string `json:"stage_secret,omitempty"`
 	PublishSecret string `json:"publish_secret,omitempty"`
+	// AllowAnnotations lets containers name the volume in the
+	// csi.csiagent.io/mounts annotation, which whoever creates a container
+	// (with CRI-O, a pod) may set: the operator's choice per volume.
+	// Definitions stored before the field existed lack it: not allowed.
+	AllowAnnotations bool `json:"allow_annotations,omitempty"`
+	// ShareEngineMounts lets annotation users have the volume while engine
+	// mounts (docker run -v NAME:...) hold it; without it the hook refuses
+	// a volume an engine has mounted.
+	ShareEngineMounts bool `json:"share_engine_mounts,omitempty"`
 }
 
 // ParseOptions makes a definition from engine options (docker volume
@@ -92,7 +107,17 @@ func ParseOptions(name string, opts map[string]string) (*Definition, error) {
 				d.Block = true
 			case "false":
 			default:
-				return nil, fmt.Errorf("%w: option %s=%q: expected true or false", ErrInvalid, k, v)
+				return nil, fmt.Errorf("%w: option %s=%q: expected true or false", ErrInvalid, k, Clip(v))
+			}
+		case k == KeyAllowAnnotations || k == KeyShareEngineMounts:
+			b, err := parseBool(k, v)
+			if err != nil {
+				return nil, err
+			}
+			if k == KeyAllowAnnotations {
+				d.AllowAnnotations = b
+			} else {
+				d.ShareEngineMounts = b
 			}
 		case k == KeyAccessMode:
 			d.AccessMode = v
@@ -119,6 +144,18 @@ func ParseOptions(name string, opts map[string]string) (*Definition, error) {
 	return d, nil
 }
 
+// parseBool reads the value of a boolean option: true or false, nothing
+// else (not even "", which block takes for true).
+func parseBool(key, v string) (bool, error) {
+	switch v {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: option %s=%q: expected true or false", ErrInvalid, key, Clip(v))
+}
+
 // Options is the inverse of ParseOptions: the definition as engine
 // options, for display.
 func (d *Definition) Options() map[string]string {
@@ -131,6 +168,12 @@ func (d *Definition) Options() map[string]string {
 	set(KeyFSType, d.FSType)
 	if d.Block {
 		o[KeyBlock] = "true"
+	}
+	if d.AllowAnnotations {
+		o[KeyAllowAnnotations] = "true"
+	}
+	if d.ShareEngineMounts {
+		o[KeyShareEngineMounts] = "true"
 	}
 	set(KeyMountFlags, strings.Join(d.MountFlags, ","))
 	set(KeyStageSecret, d.StageSecret)
@@ -199,6 +242,9 @@ func (d *Definition) Validate() error {
 	}
 	if d.Block && d.FSType != "" {
 		return fmt.Errorf("%w: options %s and %s exclude each other", ErrInvalid, KeyBlock, KeyFSType)
+	}
+	if d.ShareEngineMounts && !d.AllowAnnotations {
+		return fmt.Errorf("%w: option %s needs %s=true (it lets annotation users share the volume with engine mounts)", ErrInvalid, KeyShareEngineMounts, KeyAllowAnnotations)
 	}
 	if d.AccessMode != "" {
 		if m, ok := csi.VolumeCapability_AccessMode_Mode_value[d.AccessMode]; !ok || m == 0 {

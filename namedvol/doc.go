@@ -6,4 +6,12 @@
 // a directory (Store), at most MaxDefinition bytes each, each written
 // crash-safely: a definition is either there whole or not at all, and
 // durable once Create or Remove returns.
+//
+// A named volume has no owner: engines' volume plugin protocol carries no
+// caller identity, and whoever may create a container can set an
+// annotation. So a definition says itself whether annotations may name it
+// (allow_annotations, false unless set, also for definitions stored
+// before the option existed) and whether annotation users may have it
+// while engine mounts hold it (share_engine_mounts); the OCI hook
+// enforces both, engine mounts (docker run -v) are not affected.
 package namedvol
