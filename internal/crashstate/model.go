@@ -408,6 +408,18 @@ func (r *replayer) open(op Op) error {
 		return err
 	}
 	f, ok := dir.entries[name]
+	if op.ReadOnly {
+		// Binds the descriptor only; "." is the root itself.
+		if op.Path == "." {
+			f, ok = r.root, true
+		}
+		if ok {
+			st := &fdState{ino: f}
+			r.fds[fdKey{op.Fd, f.id}] = st
+			r.lastFd[op.Fd] = st
+		}
+		return nil
+	}
 	switch {
 	case !ok && !op.Create:
 		return fmt.Errorf("%s: %w", op.Path, fs.ErrNotExist)

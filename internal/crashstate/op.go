@@ -79,6 +79,10 @@ type Op struct {
 	Mode    fs.FileMode
 
 	Create, Trunc, Append bool // OpOpen; Append also for OpWrite (RWF_APPEND)
+	// ReadOnly: an OpOpen that changes nothing; it binds the descriptor
+	// to the file or directory, so that an fsync through it after the
+	// name is unlinked (strace prints "(deleted)") still reaches it.
+	ReadOnly bool
 	KeepSize, ZeroRange   bool // OpFallocate
 	NoReplace, Exchange   bool // OpRename
 	Follow                bool // OpLink: follow a symlink at Path

@@ -655,7 +655,12 @@ func (p *parser) open(c call, dirfd, name, flagArg, modeArg string) error {
 	op := Op{Kind: OpOpen, Fd: fd, Path: rel,
 		Create: flags["O_CREAT"], Trunc: flags["O_TRUNC"], Append: flags["O_APPEND"]}
 	if !op.Create && !op.Trunc && !flags["O_WRONLY"] && !flags["O_RDWR"] {
-		return nil // read-only: changes nothing
+		if flags["O_PATH"] {
+			return nil // a handle no fsync goes through
+		}
+		// Read-only: changes nothing, but an fsync may go through it
+		// (of a file or a directory) after its name is gone.
+		op.ReadOnly = true
 	}
 	if op.Create && modeArg != "" {
 		m, err := parseMode(modeArg)

@@ -124,6 +124,7 @@ func TestParseStrace(t *testing.T) {
 		"write w/f \"hello \\\"world\\\"\\n\\x00\\xff\" at -1",
 		"fsync w/f",
 		"rename w/f w/g",
+		"open w readonly",
 		"fsync w",
 		"open w/x create trunc",
 		`write w/x "" at -1`,
@@ -182,6 +183,9 @@ func summary(op Op) string {
 		}
 		if op.Append {
 			s += " append"
+		}
+		if op.ReadOnly {
+			s += " readonly"
 		}
 		return s
 	case OpWrite:
@@ -242,6 +246,7 @@ func TestParseLines(t *testing.T) {
 		"rename d e",
 		`write x y "zz" at -1`,
 		"remove e",
+		"open a readonly",
 		"symlink s",
 		"mkdir m",
 		`write a "abc" at -1`,
@@ -259,10 +264,10 @@ func TestParseLines(t *testing.T) {
 		if op := tr.Ops[1]; op.Mode != 0o644 || op.Line != 3 || op.Fd != 3 {
 			t.Errorf("open mode %v line %d fd %d, want 0644 line 3 fd 3", op.Mode, op.Line, op.Fd)
 		}
-		if !tr.Ops[3].NoReplace || !tr.Ops[4].Deleted || !tr.Ops[8].Append {
-			t.Errorf("flags lost: %v %v %v", tr.Ops[3], tr.Ops[4], tr.Ops[8])
+		if !tr.Ops[3].NoReplace || !tr.Ops[4].Deleted || !tr.Ops[6].ReadOnly || !tr.Ops[9].Append {
+			t.Errorf("flags lost: %v %v %v %v", tr.Ops[3], tr.Ops[4], tr.Ops[6], tr.Ops[9])
 		}
-		if op := tr.Ops[7]; op.Mode != 0o700 {
+		if op := tr.Ops[8]; op.Mode != 0o700 {
 			t.Errorf("mkdir after umask 077: mode %v", op.Mode)
 		}
 	}
