@@ -82,10 +82,10 @@ type Op struct {
 	// ReadOnly: an OpOpen that changes nothing; it binds the descriptor
 	// to the file or directory, so that an fsync through it after the
 	// name is unlinked (strace prints "(deleted)") still reaches it.
-	ReadOnly bool
-	KeepSize, ZeroRange   bool // OpFallocate
-	NoReplace, Exchange   bool // OpRename
-	Follow                bool // OpLink: follow a symlink at Path
+	ReadOnly            bool
+	KeepSize, ZeroRange bool // OpFallocate
+	NoReplace, Exchange bool // OpRename
+	Follow              bool // OpLink: follow a symlink at Path
 }
 
 func (o Op) String() string {
