@@ -403,23 +403,20 @@ func (r *replayer) freeEntry(p string) (*inode, string, error) {
 }
 
 func (r *replayer) open(op Op) error {
-	dir, name, err := r.parent(op.Path)
-	if err != nil {
-		return err
-	}
-	f, ok := dir.entries[name]
 	if op.ReadOnly {
-		// Binds the descriptor only; "." is the root itself.
-		if op.Path == "." {
-			f, ok = r.root, true
-		}
-		if ok {
+		// Binds the descriptor only (a file, a directory, the root).
+		if f, err := r.lookup(op.Path); err == nil {
 			st := &fdState{ino: f}
 			r.fds[fdKey{op.Fd, f.id}] = st
 			r.lastFd[op.Fd] = st
 		}
 		return nil
 	}
+	dir, name, err := r.parent(op.Path)
+	if err != nil {
+		return err
+	}
+	f, ok := dir.entries[name]
 	switch {
 	case !ok && !op.Create:
 		return fmt.Errorf("%s: %w", op.Path, fs.ErrNotExist)

@@ -99,13 +99,14 @@ func TestCreateRenameWithoutDirFsync(t *testing.T) {
 // cleanup removed the record. TestParseLines checks the open is kept.)
 func TestFsyncThroughReadOnlyDescriptorAfterUnlink(t *testing.T) {
 	tr := &Trace{Ops: []Op{
+		{Kind: OpOpen, Fd: 5, Path: ".", ReadOnly: true}, // the root, to fsync it
 		{Kind: OpOpen, Fd: 4, Path: "r", ReadOnly: true},
 		{Kind: OpWrite, Fd: 3, Path: "r", Data: []byte("new"), Offset: 0},
 		{Kind: OpRemove, Fd: -1, Path: "r"},
 		{Kind: OpFsync, Fd: 4, Path: "r", Deleted: true},
 	}}
 	init := newTree("r=old")
-	for _, st := range states(t, tr, init, 4, 5) {
+	for _, st := range states(t, tr, init, 5, 5) {
 		if got, ok := file(st.Tree, "r"); ok && got != "new" {
 			t.Errorf("%s: r holds %q; its content was fsynced as %q before the crash", st.Name, got, "new")
 		}
