@@ -88,7 +88,7 @@ func helperWork(dir string, i int) error {
 
 func TestParseStrace(t *testing.T) {
 	if _, err := exec.LookPath("strace"); err != nil {
-		t.Skip("strace is not installed")
+		t.Fatalf("strace is not installed (make deps installs Debian's strace): %v", err)
 	}
 	tmp := t.TempDir()
 	root := filepath.Join(tmp, "root")
