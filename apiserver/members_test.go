@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +65,13 @@ func memberProcess(t *testing.T, ownNamespaces bool) int {
 	}
 	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start a process of uid %d (own namespaces %v): %v", memberUID, ownNamespaces, err)
+		switch {
+		case os.Geteuid() != 0:
+			t.Skipf("not root: cannot start a process of uid %d: %v", memberUID, err)
+		case ownNamespaces && (errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOSPC)):
+			t.Skipf("this kernel does not let root make a user namespace: %v", err)
+		}
+		t.Fatalf("starting a process of uid %d (own namespaces %v): %v", memberUID, ownNamespaces, err)
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,11 +32,15 @@ func (noBackend) ListContainers() []*agentv1.ContainerStatus { return nil }
 func (noBackend) ListVolumes() []*agentv1.VolumeStatus       { return nil }
 func (noBackend) CheckPlugin(string) error                   { return nil }
 
-// servePlugin serves a dockerplugin server on a socket of its own and
-// returns the socket and the server's store.
-func servePlugin(t *testing.T) (string, *namedvol.Store) {
+// servePlugin serves the real volume plugin endpoint, with backend, on a
+// socket of its own and returns the socket and the server's store.
+func servePlugin(t *testing.T, backend dockerplugin.Backend) (string, *namedvol.Store) {
 	t.Helper()
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "csp") // short: a socket path has a limit
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	commit, err := atomicfile.New(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +50,7 @@ func servePlugin(t *testing.T) (string, *namedvol.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := dockerplugin.New(dockerplugin.Config{Store: store, Backend: noBackend{}, Dir: filepath.Join(dir, "engine"), Commit: commit})
+	srv, err := dockerplugin.New(dockerplugin.Config{Store: store, Backend: backend, Dir: filepath.Join(dir, "engine"), Commit: commit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +68,7 @@ func servePlugin(t *testing.T) (string, *namedvol.Store) {
 // volume ls lists 10,000 named volumes (several MiB of answers).
 func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 	const n = 10000
-	sock, store := servePlugin(t)
+	sock, store := servePlugin(t, noBackend{})
 	names := make(chan string)
 	var wg sync.WaitGroup
 	for range 32 {
@@ -106,7 +111,7 @@ func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 
 // volume create refuses a definition over the cap, naming it.
 func TestVolumeCreateRefusesDefinitionOverTheCap(t *testing.T) {
-	sock, _ := servePlugin(t)
+	sock, _ := servePlugin(t, noBackend{})
 	args := []string{"volume", "create", "big", "--docker-plugin-socket", sock, "--plugin", "p", "--volume-id", "v"}
 	for k := range 70 {
 		args = append(args, "--context", fmt.Sprintf("k%d=%s", k, strings.Repeat("x", 1000)))

@@ -12,12 +12,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/docker/go-plugins-helpers/volume"
 
 	"github.com/csiagent/csiagent/dockerplugin"
-	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -55,39 +53,6 @@ func (b *mountingBackend) ListContainers() []*agentv1.ContainerStatus {
 
 func (b *mountingBackend) ListVolumes() []*agentv1.VolumeStatus { return nil }
 func (b *mountingBackend) CheckPlugin(string) error             { return nil }
-
-// servePolicyPlugin serves the real volume plugin endpoint on a socket of
-// its own, with a backend whose engine mounts succeed.
-func servePolicyPlugin(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "csp") // short: a socket path has a limit
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	commit, err := atomicfile.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	commit.Fsync = func(string) error { return nil }
-	store, err := namedvol.OpenStore(commit, filepath.Join(dir, "named"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := dockerplugin.New(dockerplugin.Config{Store: store, Backend: &mountingBackend{containers: map[string]bool{}}, Dir: filepath.Join(dir, "engine"), Commit: commit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "p.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: srv.Handler(time.Minute)}
-	go hs.Serve(lis)
-	t.Cleanup(func() { hs.Close() })
-	return sock
-}
 
 // engineMount mounts a named volume as Docker does (VolumeDriver.Mount).
 func engineMount(t *testing.T, socket, name, id string) {
@@ -151,7 +116,7 @@ func preparedVolumes(t *testing.T, h *hookAgent) [][]*agentv1.Volume {
 // API caller's, is not the annotation's policy.
 func TestHookMountsAnnotationPolicy(t *testing.T) {
 	h, agentSocket := startHookAgent(t)
-	plugin := servePolicyPlugin(t)
+	plugin := policyPlugin(t)
 	c := dockerplugin.NewClient(plugin)
 	ctx := context.Background()
 	create := func(name string, opts map[string]string) {
@@ -286,7 +251,7 @@ func TestHookReferenceSecretPolicy(t *testing.T) {
 // stores the options; without them a definition allows neither, and
 // --share-engine-mounts alone is refused, naming the option it needs.
 func TestVolumeCreateAnnotationFlags(t *testing.T) {
-	plugin := servePolicyPlugin(t)
+	plugin := policyPlugin(t)
 	create := func(name string, flags ...string) (int, string) {
 		var errOut bytes.Buffer
 		e := &env{stdin: strings.NewReader(""), stdout: &bytes.Buffer{}, stderr: &errOut}
@@ -313,4 +278,11 @@ func TestVolumeCreateAnnotationFlags(t *testing.T) {
 	if code, stderr := create("bad", "--share-engine-mounts"); code == ExitOK || !strings.Contains(stderr, "option share_engine_mounts needs allow_annotations=true") {
 		t.Errorf("--share-engine-mounts alone: exit %d, %q", code, stderr)
 	}
+}
+
+// policyPlugin serves the real volume plugin endpoint with a backend whose
+// engine mounts succeed.
+func policyPlugin(t *testing.T) string {
+	sock, _ := servePlugin(t, &mountingBackend{containers: map[string]bool{}})
+	return sock
 }

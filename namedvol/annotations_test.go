@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/csiagent/csiagent/internal/atomicfile"
 )
 
 // allow_annotations and share_engine_mounts take true or false, nothing
@@ -70,17 +67,9 @@ func TestAnnotationOptions(t *testing.T) {
 // it reads as not allowed (fail closed); one stored with it reads back
 // allowed, under the JSON names of the options.
 func TestStoredDefinitionWithoutAllowAnnotations(t *testing.T) {
-	dir := t.TempDir()
-	commit, err := atomicfile.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenStore(commit, filepath.Join(dir, "named"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestStore(t)
 	// As an older agent stored it.
-	if _, err := commit.Put(filepath.Join(dir, "named", "old.json"), []byte(`{"name":"old","plugin":"p","volume_id":"v"}`+"\n"), 0o600); err != nil {
+	if _, err := s.commit.Put(s.path("old"), []byte(`{"name":"old","plugin":"p","volume_id":"v"}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.Get("old")
@@ -100,7 +89,7 @@ func TestStoredDefinitionWithoutAllowAnnotations(t *testing.T) {
 	if err := s.Create(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, "named", "new.json"))
+	raw, err := os.ReadFile(s.path("new"))
 	if err != nil {
 		t.Fatal(err)
 	}

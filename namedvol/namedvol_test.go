@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/csiagent/csiagent/internal/atomicfile"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -70,15 +69,7 @@ func TestDefinitionBecomesAVolume(t *testing.T) {
 
 func TestStoreCreateGetListRemove(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	commit, err := atomicfile.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenStore(commit, dir+"/named")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestStore(t)
 	d := &Definition{Name: "a", Plugin: "p", VolumeID: "1"}
 	if err := s.Create(ctx, d); err != nil {
 		t.Fatal(err)

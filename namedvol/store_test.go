@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,15 +15,7 @@ import (
 // larger one, naming the cap; nothing of it is stored.
 func TestStoreCapsDefinitionSize(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	commit, err := atomicfile.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenStore(commit, dir+"/named")
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestStore(t)
 	// Exactly MaxDefinition: 500-byte context values, then one to fill.
 	d := &Definition{Name: "full", Plugin: "p", VolumeID: "v", VolumeContext: map[string]string{}}
 	for i := 0; d.Size() <= MaxDefinition-1000; i++ {
@@ -38,11 +31,26 @@ func TestStoreCapsDefinitionSize(t *testing.T) {
 	}
 	d.Name = "over"
 	d.VolumeContext["z"] += "x"
-	err = s.Create(ctx, d)
+	err := s.Create(ctx, d)
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("is %d bytes as JSON options, more than the cap of 65536 bytes", MaxDefinition+1)) {
 		t.Errorf("a definition of MaxDefinition+1 bytes: %v, want ErrInvalid naming the 65536-byte cap", err)
 	}
 	if _, err := s.Get("over"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("the refused definition: %v, want ErrNotFound", err)
 	}
+}
+
+// newTestStore opens a Store in a new work dir of its own.
+func newTestStore(t *testing.T) *Store {
+	t.Helper()
+	dir := t.TempDir()
+	commit, err := atomicfile.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenStore(commit, filepath.Join(dir, "named"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -192,6 +192,10 @@ func skipQuoted(s string, i int) (int, error) {
 }
 
 // unescape decodes the C escapes strace prints (\xNN, \NNN, \n, ...).
+// cEscapes are the one-letter C escapes strace prints; any other escaped
+// byte stands for itself.
+var cEscapes = map[byte]byte{'n': '\n', 't': '\t', 'r': '\r', 'v': '\v', 'f': '\f', 'a': '\a', 'b': '\b'}
+
 func unescape(s string) ([]byte, error) {
 	out := make([]byte, 0, len(s)/4+1)
 	for i := 0; i < len(s); i++ {
@@ -226,21 +230,10 @@ func unescape(s string) ([]byte, error) {
 			}
 			out = append(out, byte(v))
 			i = j - 1
-		case 'n':
-			out = append(out, '\n')
-		case 't':
-			out = append(out, '\t')
-		case 'r':
-			out = append(out, '\r')
-		case 'v':
-			out = append(out, '\v')
-		case 'f':
-			out = append(out, '\f')
-		case 'a':
-			out = append(out, '\a')
-		case 'b':
-			out = append(out, '\b')
 		default:
+			if b, ok := cEscapes[e]; ok {
+				e = b
+			}
 			out = append(out, e)
 		}
 	}
