@@ -153,6 +153,9 @@ type Isolator struct {
 	recovered chan struct{}
 	// corrupt counts the record files found corrupt (moveAside).
 	corrupt atomic.Uint64
+	// rebuildLeft: a missing volume record could not be rebuilt yet
+	// (rebuildMissingVolumes).
+	rebuildLeft atomic.Bool
 }
 
 // New makes an Isolator; Run recovers its state and keeps it converged.

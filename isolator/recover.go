@@ -20,7 +20,9 @@ import (
 // repairUnmounted. Anything locked is being handled by a live operation
 // and is skipped.
 func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarget {
-	iso.rebuildMissingVolumes()
+	if recovery || iso.rebuildLeft.Load() {
+		iso.rebuildLeft.Store(!iso.rebuildMissingVolumes())
+	}
 	if recovery {
 		for _, id := range iso.containerIDs() {
 			iso.withContainerIfFree(id, iso.forgetOtherBootMountIDs)

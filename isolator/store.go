@@ -254,10 +254,11 @@ func (iso *Isolator) load() error {
 // container's record durable and its volume's lost, or every record
 // below a directory whose entry was lost): rebuilt as reconstruct does,
 // UNKNOWN until converged from the mount table. It runs at the start of
-// each resync pass, once the plugin configs are read (the volume's paths
-// depend on its plugin's): a volume of a plugin not configured yet is
-// rebuilt by the first pass after its config is back.
-func (iso *Isolator) rebuildMissingVolumes() {
+// the recovery pass, once the plugin configs are read (the volume's paths
+// depend on its plugin's), and of each later pass while one is left (a
+// volume of a plugin not configured yet is rebuilt by the first pass
+// after its config is back). It reports whether none is left.
+func (iso *Isolator) rebuildMissingVolumes() bool {
 	// Containers an operation holds are skipped: a Prepare writes its
 	// container record before its volumes' (the next pass sees them).
 	missing := map[volumeKey]string{} // a container naming it
@@ -274,9 +275,11 @@ func (iso *Isolator) rebuildMissingVolumes() {
 			}
 		})
 	}
+	left := false
 	for key, cid := range missing {
 		p, err := iso.cfg.Plugins.Lookup(key.plugin)
 		if err != nil {
+			left = true
 			iso.log.Error("volume record missing; it is rebuilt once its plugin is configured", "volume", key.String(), "container", cid, "error", err)
 			continue
 		}
@@ -300,9 +303,11 @@ func (iso *Isolator) rebuildMissingVolumes() {
 			return nil
 		})
 		if err != nil {
+			left = true
 			iso.log.Error("rebuilding a missing volume record; retrying next pass", "volume", key.String(), "error", err)
 		}
 	}
+	return !left
 }
 
 // checkpointFiles lists root/*/name for each root (a missing root holds

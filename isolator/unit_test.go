@@ -1088,6 +1088,39 @@ func TestUnitPluginNoLongerConfigured(t *testing.T) {
 	w.checkEmpty(iso)
 }
 
+// TestUnitLostVolumeRecordRebuiltOnceConfigured: a volume record lost with
+// a power cut is rebuilt from the container record that names it; when its
+// plugin is not configured at recovery (a config being rewritten), the
+// rebuild waits for a later pass with the config back, and the container
+// gets its mount. (Before, the rebuild ran once, while loading, before any
+// config was read, and was never retried: the volume stayed untracked.)
+func TestUnitLostVolumeRecordRebuiltOnceConfigured(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err := os.RemoveAll(filepath.Join(iso.cfg.WorkDir, "csi", "loop", "default", "volumes", "vol-1")); err != nil {
+		t.Fatal(err)
+	}
+	w.reboot()
+	loop := w.plugins.nodes["loop"]
+	delete(w.plugins.nodes, "loop")
+	iso = w.isolator(Config{})
+	ctx := context.Background()
+	iso.resync(ctx, true)
+	if v := volumeOf(iso, "loop", "vol-1"); v != nil {
+		t.Fatalf("vol-1 rebuilt with its plugin not configured: %v", v)
+	}
+	w.plugins.nodes["loop"] = loop
+	iso.resync(ctx, false)
+	if v := volumeOf(iso, "loop", "vol-1"); v == nil || !slices.Equal(v.Users, []string{"c1"}) {
+		t.Fatalf("vol-1 after a pass with its plugin configured again: %v; want it rebuilt, used by c1", v)
+	}
+	iso.resync(ctx, false) // converges the rebuilt volume
+	w.check(iso)
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
+
 // TestUnitContainerInItsOwnNamespace: a container with a pid gets its
 // mount in its own mount namespace (not the host's), resolved in its
 // rootfs; once its process has ended, the mount has gone with the
