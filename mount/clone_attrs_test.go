@@ -3,6 +3,7 @@ package mount_test
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -106,4 +107,54 @@ func TestCloneTreeNosuidNodev(t *testing.T) {
 		t.Errorf("writing to the bound device: %v", err)
 	}
 	f.Close()
+}
+
+// TestCloneTreePrivate: a container mount of a shared source (every mount
+// on a host whose / is shared) is private: it joins no peer group, and a
+// mount made beneath it (by a container with CAP_SYS_ADMIN) reaches neither
+// the source nor another container's copy, nor does one made beneath the
+// source reach the copies. Before, the copies were the source's peers.
+func TestCloneTreePrivate(t *testing.T) {
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
+	src, root := filepath.Join(base, "src"), filepath.Join(base, "rootfs")
+	mkdirs(t, src, root)
+	mountTmpfs(t, src)
+	t.Cleanup(func() { unmountAll(t, src) })
+	must(t, unix.Mount("", src, "", unix.MS_SHARED, ""))
+	mkdirs(t, filepath.Join(src, "sub"))
+
+	var copies []string
+	for _, name := range []string{"/a", "/b"} {
+		h, target := resolve(t, root, name, mount.Directory)
+		tree, err := mount.CloneTree(src, false)
+		must(t, err)
+		err = mount.MoveTree(tree, h)
+		tree.Close()
+		must(t, err)
+		t.Cleanup(func() { unmountAll(t, target) })
+		m, ok, err := mount.Lookup(target)
+		if err != nil || !ok {
+			t.Fatalf("%s: Lookup = %v, %v", target, ok, err)
+		}
+		if strings.Contains(m.Optional, "shared:") || strings.Contains(m.Optional, "master:") {
+			t.Errorf("container mount %s: propagation %q, want private", target, m.Optional)
+		}
+		copies = append(copies, target)
+	}
+	// A container mounts beneath its copy.
+	mountTmpfs(t, filepath.Join(copies[0], "sub"))
+	for _, p := range []string{filepath.Join(src, "sub"), filepath.Join(copies[1], "sub")} {
+		if ok, err := mount.IsMountPoint(p); err != nil || ok {
+			t.Errorf("a mount beneath one container's copy shows at %s (%v, %v)", p, ok, err)
+		}
+	}
+	unmountAll(t, filepath.Join(copies[0], "sub"))
+	// The host mounts beneath the source.
+	mountTmpfs(t, filepath.Join(src, "sub"))
+	for _, p := range copies {
+		if ok, err := mount.IsMountPoint(filepath.Join(p, "sub")); err != nil || ok {
+			t.Errorf("a mount beneath the source shows in the copy %s (%v, %v)", p, ok, err)
+		}
+	}
 }

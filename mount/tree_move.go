@@ -25,6 +25,13 @@ import (
 // bound as a file) is not nodev: that would make the device itself
 // unusable. Other flags (noexec, ...) stay as they are on source.
 //
+// The copy is private too (propagation MS_PRIVATE, recursively): a clone of
+// a shared mount (any mount on a host whose / is shared, as systemd makes
+// it) would otherwise join the source's peer group, and a mount a container
+// makes beneath its volume would appear in the host's publish target and in
+// every other container's copy of the volume; nor do the host's later
+// mounts beneath source reach it.
+//
 // The copy belongs to no mount namespace yet. Attach it with MoveTree, in
 // this mount namespace or, inside InNamespace, in another one (a
 // container's, which cannot see the host's mounts). Attach it once: the
@@ -50,9 +57,9 @@ func cloneTree(source string, readOnly bool) (*os.File, error) {
 	tree := os.NewFile(uintptr(fd), source)
 	attrs, err := cloneAttrs(fd, readOnly)
 	if err == nil {
-		attr := unix.MountAttr{Attr_set: attrs}
+		attr := unix.MountAttr{Attr_set: attrs, Propagation: unix.MS_PRIVATE}
 		if err = unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
-			err = fmt.Errorf("mount_setattr %s: %w", attrNames(attrs), err)
+			err = fmt.Errorf("mount_setattr %s,private: %w", attrNames(attrs), err)
 		}
 	}
 	if err != nil {
