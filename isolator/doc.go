@@ -4,7 +4,15 @@
 // the container path resolved inside its rootfs or sandbox, or, for a
 // container with a pid, a clone of the published mount moved into its
 // mount namespace), and Cleanup takes them away, the last user of a volume
-// unpublishing and unstaging it. Prepare is all or nothing.
+// unpublishing and unstaging it. Prepare is all or nothing. A volume
+// whose filesystem is still mounted elsewhere when its last user goes (in
+// another mount namespace than the agent's, a container's: a former
+// user's bind the agent did not make; see mount.ForeignMounts) is not torn
+// down: it stays published, without
+// users, with an error saying where, until a resync pass finds that mount
+// gone; meanwhile a single-writer Prepare of it is refused (a second
+// stage would make a second live instance of its filesystem), and users
+// with a multi-writer or read-only access mode share it.
 //
 // Every transition is checkpointed under the work directory before the
 // node call that may act, and a volume's users are persisted with it, so a

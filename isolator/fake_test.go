@@ -195,6 +195,32 @@ func (f *fakeMounter) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, erro
 	return out, nil
 }
 
+// ForeignMounts is the model's: the mounts, in the other namespaces, of
+// the filesystem the top mount at target shows, each named by the lowest
+// pid of its namespace.
+func (f *fakeMounter) ForeignMounts(target string, own []string) ([]string, error) {
+	f.t.mu.Lock()
+	defer f.t.mu.Unlock()
+	top := f.t.top(f.ns, filepath.Clean(target))
+	if top == nil {
+		return nil, nil
+	}
+	var out []string
+	for _, m := range f.t.mounts {
+		if m.ns == 0 || m.ns == f.ns || m.dev != top.dev {
+			continue
+		}
+		pid := 0
+		for p, ns := range f.t.procs {
+			if ns == m.ns && (pid == 0 || p < pid) {
+				pid = p
+			}
+		}
+		out = append(out, fmt.Sprintf("%s in the mount namespace of pid %d", m.path, pid))
+	}
+	return out, nil
+}
+
 func (f *fakeMounter) MountNamespace(pid int) (uint64, error) {
 	if pid == os.Getpid() {
 		return hostNS, nil

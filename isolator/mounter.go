@@ -30,6 +30,11 @@ type Mounter interface {
 	MoveTreeBeneath(tree, target *os.File) error
 	UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error)
 	RemoveEmptyTree(dir string) error
+	// ForeignMounts describes where the volume mounted at target is
+	// mounted in the other mount namespaces, besides copies of its own
+	// mounts at target and own (as mount.ForeignMounts); nothing mounted
+	// at target: nil.
+	ForeignMounts(target string, own []string) ([]string, error)
 }
 
 // kernelMounts is the Mounter of package mount: the calling thread's
@@ -42,6 +47,10 @@ func (kernelMounts) IsMountPoint(path string) (bool, error) { return mount.IsMou
 
 func (kernelMounts) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
 	return mount.List(filter)
+}
+
+func (kernelMounts) ForeignMounts(target string, own []string) ([]string, error) {
+	return mount.ForeignMounts(target, own)
 }
 
 func (kernelMounts) MountNamespace(pid int) (uint64, error) { return mount.MountNamespace(pid) }

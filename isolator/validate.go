@@ -219,6 +219,18 @@ func singleUser(c *csi.VolumeCapability) bool {
 	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 }
 
+// singleWriter reports whether a capability allows a single writer:
+// SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_WRITER, MULTI_NODE_SINGLE_WRITER.
+func singleWriter(c *csi.VolumeCapability) bool {
+	switch c.GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
+		return true
+	}
+	return false
+}
+
 // sameUse reports whether two requests for one volume are compatible:
 // the same capability and context (secrets may differ: a later user's are
 // not needed once the volume is published).

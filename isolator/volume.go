@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -73,6 +74,9 @@ func (iso *Isolator) volumeAt(key volumeKey) *volume {
 func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*statev1.VolumeCheckpoint, error) {
 	var out *statev1.VolumeCheckpoint
 	err := iso.withVolume(ctx, pm.key, func(v *volume) error {
+		// A volume kept with no users may be kept because it is still
+		// mounted elsewhere (see heldError).
+		idle := v != nil && len(v.cp.Users) == 0
 		if v == nil || v.cp.StaticProvisioning == nil {
 			p, err := iso.cfg.Plugins.Lookup(pm.key.plugin)
 			if err != nil {
@@ -90,6 +94,19 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 		}
 		if singleUser(pm.static.GetVolumeCapability()) && slices.ContainsFunc(v.cp.Users, func(u string) bool { return u != id }) {
 			return fmt.Errorf("%w: volume %s is in use by another container and its access mode %s allows one", ErrPrecondition, pm.key, pm.static.GetVolumeCapability().GetAccessMode().GetMode())
+		}
+		if idle && singleWriter(pm.static.GetVolumeCapability()) {
+			// Its filesystem, still mounted where a former user put it,
+			// may still be written to: a single writer cannot have it.
+			// Multi-writer and read-only users share that instance (the
+			// volume is still published: no second stage).
+			where, err := iso.foreignMounts(v)
+			if err != nil {
+				return err
+			}
+			if len(where) > 0 {
+				return fmt.Errorf("%w: volume %s is still mounted elsewhere (%s) after its last user's cleanup and its access mode %s allows a single writer; it is torn down, and can be given to a new user, once that mount is gone", ErrPrecondition, pm.key, strings.Join(where, ", "), pm.static.GetVolumeCapability().GetAccessMode().GetMode())
+			}
 		}
 		if !slices.Contains(v.cp.Users, id) {
 			// The new user is recorded with the first checkpoint the
@@ -127,7 +144,10 @@ func (iso *Isolator) writePending(v *volume) error {
 }
 
 // release removes container id from the volume's users; the last user
-// going tears the volume down (unpublish, unstage, forget).
+// going tears the volume down (unpublish, unstage, forget), unless its
+// filesystem is still mounted elsewhere (heldError): then the volume is
+// kept as it is, without users, with that error, and the release
+// succeeds.
 func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) error {
 	cancelled, done := iso.releaseLast(key, id)
 	defer done()
@@ -155,7 +175,14 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 		v.pending = append(v.pending, drop)
 		defer func() { v.pending = nil }()
 		if err := iso.converge(ctx, v, stCreated); err != nil {
-			return err
+			var held *heldError
+			if !errors.As(err, &held) {
+				return err
+			}
+			// The container is gone from the volume all the same: the
+			// volume is kept, published, for the resync to tear down
+			// once the mount elsewhere is.
+			iso.log.Warn("keeping a volume without users: it is still mounted elsewhere", "volume", key.String(), "container", id, "error", err)
 		}
 		return iso.writePending(v)
 	})
@@ -245,6 +272,19 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	case want == stCreated && (v.cp.State == stCreated || v.cp.State == stNodeReady):
 		return v.cp.State, iso.teardownDirs(v)
 	}
+	if want == stCreated {
+		// Torn down while a former user still has its filesystem
+		// mounted, a volume would be staged again for its next user
+		// while that instance lives on: two instances of one
+		// filesystem.
+		where, err := iso.foreignMounts(v)
+		if err != nil {
+			return v.cp.State, err
+		}
+		if len(where) > 0 {
+			return v.cp.State, &heldError{key: v.key, where: where}
+		}
+	}
 	// The wait for a plugin that is not ready is one step, with the
 	// step's deadline.
 	nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
@@ -308,6 +348,49 @@ func (iso *Isolator) anyMounted(v *volume) bool {
 		}
 	}
 	return false
+}
+
+// foreignMounts describes where the volume's filesystem is mounted besides
+// its own paths (see Mounter.ForeignMounts): the filesystem at its target
+// path or, when nothing is mounted there, at its staging path; none when
+// neither is mounted.
+func (iso *Isolator) foreignMounts(v *volume) ([]string, error) {
+	own := []string{v.cp.StagingPath, v.cp.TargetPath}
+	if v.cp.RoTargetPath != "" {
+		own = append(own, v.cp.RoTargetPath)
+	}
+	for _, p := range []string{v.cp.TargetPath, v.cp.StagingPath} {
+		if p == "" {
+			continue
+		}
+		mounted, err := iso.mounts.IsMountPoint(p)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", v.key, err)
+		}
+		if !mounted {
+			continue
+		}
+		where, err := iso.mounts.ForeignMounts(p, own)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: looking for its mounts elsewhere: %w", v.key, err)
+		}
+		return where, nil
+	}
+	return nil, nil
+}
+
+// heldError: a volume with no users is not torn down because its
+// filesystem is still mounted elsewhere (a former user's mount the agent
+// did not make). It stays as it is (published), with this error, and the
+// resync passes retry the teardown, which goes ahead once those mounts are
+// gone; meanwhile it is refused to single-writer users.
+type heldError struct {
+	key   volumeKey
+	where []string
+}
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("volume %s is still mounted elsewhere (%s): kept, not torn down, until that mount is gone", e.key, strings.Join(e.where, ", "))
 }
 
 // readState finds out a reconstructed volume's state from the mount table.

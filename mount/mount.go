@@ -1,9 +1,11 @@
 package mount
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -215,6 +217,16 @@ func List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
 }
 
 func readMountTable(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
+	raw, err := readThreadTable()
+	if err != nil {
+		return nil, err
+	}
+	return mountinfo.GetMountsFromReader(bytes.NewReader(raw), filter)
+}
+
+// readThreadTable reads the calling thread's mountinfo, unparsed, as List
+// does.
+func readThreadTable() ([]byte, error) {
 	proc, err := procfs.OpenProcRoot()
 	if err != nil {
 		return nil, err
@@ -233,7 +245,7 @@ func readMountTable(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return mountinfo.GetMountsFromReader(f, filter)
+	return io.ReadAll(f)
 }
 
 // Canonical returns path the way the mount table spells it: absolute, clean,

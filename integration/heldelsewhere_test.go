@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+)
+
+// hostModeBundle makes an OCI bundle whose container runs script, with
+// CAP_SYS_ADMIN, on rootfs (a host-mode container's, its volumes bound in
+// by the agent before the container starts): no hooks.
+func (h *harness) hostModeBundle(busybox, name, rootfs, script string) string {
+	h.t.Helper()
+	dir := h.dir("bundle-" + name)
+	bin := filepath.Join(rootfs, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	b, err := os.ReadFile(busybox)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "busybox"), b, 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Symlink("busybox", filepath.Join(bin, "sh")); err != nil {
+		h.t.Fatal(err)
+	}
+	caps := []string{"CAP_SYS_ADMIN"}
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"terminal": false, "user": map[string]int{"uid": 0, "gid": 0},
+			"args": []string{"sh", "-c", script}, "env": []string{"PATH=/bin"}, "cwd": "/",
+			"capabilities": map[string]any{"bounding": caps, "effective": caps, "permitted": caps},
+		},
+		"root":     map[string]any{"path": rootfs},
+		"hostname": "csiagent-test",
+		"mounts": []any{
+			map[string]any{"destination": "/proc", "type": "proc", "source": "proc"},
+			map[string]any{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		"linux": map[string]any{
+			"namespaces": []any{map[string]string{"type": "pid"}, map[string]string{"type": "ipc"}, map[string]string{"type": "uts"}, map[string]string{"type": "mount"}},
+		},
+	}
+	out, _ := json.MarshalIndent(spec, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), out, 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	return dir
+}
+
+// TestHeldElsewhereNotGivenToSingleWriter: a host-mode container (root in
+// its rootfs, CAP_SYS_ADMIN) binds its single-writer loop volume
+// elsewhere in its own mount namespace and keeps running after its
+// cleanup. The volume is not torn down (its loop device would detach
+// lazily, the filesystem living on through the container's bind) and is
+// not given to the next single-writer container: before, it was
+// unpublished, unstaged and staged again for it, two live instances of
+// one ext4 filesystem. Once the container is gone, a resync pass tears
+// the volume down and the next Prepare gets it.
+func TestHeldElsewhereNotGivenToSingleWriter(t *testing.T) {
+	runc, busybox := needRunc(t)
+	h := newHarness(t)
+	sweepOnExit(t, h)
+	pool := h.loopPlugin("loop")
+	createVolume(t, pool, "v")
+	cfg := fastConfig(h)
+	cfg.ResyncInterval = 100 * time.Millisecond
+	h.start(cfg)
+	h.waitPlugin("loop", "ready", ready)
+	vol := volumeSpec{plugin: "loop", id: "v", path: "/data", access: csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER}
+
+	rootfs := h.dir("rootfs-holder")
+	h.mustPrepare("holder", "", rootfs, vol)
+	b := h.hostModeBundle(busybox, "holder", rootfs,
+		"busybox mkdir -p /elsewhere && busybox mount --bind /data /elsewhere && echo kept > /elsewhere/file && busybox sleep 600")
+	logPath := filepath.Join(h.extra, "holder.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(runc, "run", "--detach", "--bundle", b, "holder")
+	cmd.Stdout, cmd.Stderr = log, log
+	err = cmd.Run()
+	log.Close()
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		t.Fatalf("runc run: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", "holder").Run() })
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		if b, err := os.ReadFile(filepath.Join(rootfs, "data", "file")); err == nil && string(b) == "kept\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(logPath)
+			t.Fatalf("the container did not bind its volume elsewhere\n%s", out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	h.mustCleanup("holder")
+	if ms := mountsUnder(t, rootfs); len(ms) > 0 {
+		t.Fatalf("left mounted in the rootfs after the cleanup: %v", ms)
+	}
+	vs := h.volumes()
+	if len(vs) != 1 || len(vs[0].GetContainers()) > 0 || !strings.Contains(vs[0].GetLastError(), "/elsewhere in the mount namespace of pid") {
+		t.Errorf("volumes after the cleanup: %v; want v kept, no users, its error naming the mount elsewhere", vs)
+	}
+
+	next := h.dir("rootfs-next")
+	_, err = h.prepare("next", "", next, vol)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "/elsewhere in the mount namespace of pid") {
+		t.Fatalf("single-writer Prepare of the volume still mounted elsewhere: %v; want FailedPrecondition naming the mount", err)
+	}
+	// (That resync passes keep it while the mount lives is
+	// TestUnitHeldElsewhereNotTornDown's, pass by pass.)
+
+	if err := exec.Command(runc, "delete", "--force", "holder").Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(waitTimeout)
+	for len(h.volumes()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the volume was not torn down once the container was gone: %v", h.volumes())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if devs := loopDevicesFor(t, pool); len(devs) > 0 {
+		t.Errorf("loop devices left after the teardown: %v", devs)
+	}
+
+	h.mustPrepare("next", "", next, vol)
+	if b, err := os.ReadFile(filepath.Join(next, "data", "file")); err != nil || string(b) != "kept\n" {
+		t.Errorf("the next container reads %q, %v; want what the first wrote", b, err)
+	}
+	if vs := h.volumes(); len(vs) != 1 || vs[0].GetState() != agentv1.VolumeStatus_PUBLISHED || vs[0].GetLastError() != "" {
+		t.Errorf("volumes: %v; want v published for the next container", vs)
+	}
+	h.mustCleanup("next")
+	h.assertClean(pool)
+}

@@ -1,0 +1,392 @@
+package mount
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// ForeignMounts lists where the volume mounted at target (the top mount
+// there, in the calling thread's mount namespace: the agent's) is also
+// mounted in the host's other mount namespaces, where containers live: the
+// mounts of the same device (major:minor) whose root is the target
+// mount's root or, for a directory, beneath it (a whole filesystem when
+// the target mount's root is its root; a plugin that publishes a directory
+// of a larger filesystem, a host path, shares the device with every mount
+// of that filesystem, and those are not the volume's), except
+//
+//   - the copies of the mounts at target and at the paths own (the
+//     volume's own staging and target paths) that propagation ties to
+//     them (a peer of, or a slave to, the peer group of the agent's
+//     mount at that path): the unmount of the agent's mount removes them
+//     too. Such copies are what a namespace made as a slave of the
+//     host's (a systemd service's, say) holds;
+//   - in a namespace whose processes have the agent's root directory (not
+//     a container's: a host process that made itself a mount namespace,
+//     with unshare(1) say, while the volume was mounted), the private
+//     copies at those same paths: on a host whose / is private, every
+//     namespace made then holds one, whoever made it, and nobody uses
+//     them (they are in the agent's work directory). A container's
+//     namespace never has the host's root: every mount of the volume a
+//     container holds counts, wherever it is.
+//
+// The agent's own namespace is not looked at: its mounts are the agent's
+// or root's (a bind root makes there is root's business), and its table,
+// thousands of lines on a busy host, would cost milliseconds a call. The
+// agent's own mounts are looked up one at a time with statmount(2)
+// (Linux 6.8; before it, the agent's table is read once per scan).
+//
+// Each is described as "<mount point> in the mount namespace of pid <pid>"
+// (the mount point as that process sees it, from its root; one pid per
+// namespace). Nothing mounted at target: nil.
+//
+// The namespaces are found in one pass over /proc/[0-9]*/ns/mnt, each
+// read once whatever the number of its processes (a process that exits
+// meanwhile is skipped), and only the lines of the volume's device are
+// parsed. Concurrent calls share scans: a call waits for the next scan to
+// start (one begun before the call would miss the caller's latest
+// unmounts) and that one scan answers every call waiting for it.
+func ForeignMounts(target string, own []string) ([]string, error) {
+	q, err := newForeignQuery(target, own)
+	if err != nil {
+		return nil, fmt.Errorf("mounts elsewhere of %s: %w", target, err)
+	}
+	foreign.ask(q)
+	if q.err != nil {
+		return nil, fmt.Errorf("mounts elsewhere of %s: %w", q.target, q.err)
+	}
+	return q.out, nil
+}
+
+// foreignQuery is one ForeignMounts call: its paths, then, once its scan
+// is done, its answer.
+type foreignQuery struct {
+	target string   // canonical
+	owned  []string // canonical, target included
+	// Set by the scan.
+	top    *mountinfo.Info // nil: nothing mounted at target
+	dev    string          // top's "major:minor"
+	dir    bool            // target is a directory
+	groups map[string][]string
+	out    []string
+	err    error
+}
+
+func newForeignQuery(target string, own []string) (*foreignQuery, error) {
+	target, err := Canonical(target)
+	if err != nil {
+		return nil, err
+	}
+	q := &foreignQuery{target: target, owned: []string{target}, groups: map[string][]string{}}
+	for _, p := range own {
+		if c, err := Canonical(p); err == nil {
+			q.owned = append(q.owned, c)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+// same reports whether m mounts the query's volume: the same device and a
+// root that is the volume's own directory or one beneath it (not the
+// filesystem around it: a plugin may publish a directory of the host's
+// root filesystem).
+func (q *foreignQuery) same(m *mountinfo.Info) bool {
+	top := q.top
+	return m.Major == top.Major && m.Minor == top.Minor &&
+		(m.Root == top.Root || q.dir && (top.Root == "/" || strings.HasPrefix(m.Root, top.Root+"/")))
+}
+
+// scanner batches ForeignMounts calls into scans (see ForeignMounts).
+type scanner struct {
+	mu      sync.Mutex
+	next    *scanBatch // the calls waiting for the next scan
+	running bool
+}
+
+type scanBatch struct {
+	queries []*foreignQuery
+	done    chan struct{}
+}
+
+// foreign is the process's scanner: a scan covers the whole host.
+var foreign scanner
+
+// ask adds q to the next scan and waits until it is done.
+func (s *scanner) ask(q *foreignQuery) {
+	s.mu.Lock()
+	if s.next == nil {
+		s.next = &scanBatch{done: make(chan struct{})}
+	}
+	b := s.next
+	b.queries = append(b.queries, q)
+	if !s.running {
+		s.running = true
+		go s.run()
+	}
+	s.mu.Unlock()
+	<-b.done
+}
+
+// run scans for the waiting batches, one after the other, until none is
+// left.
+func (s *scanner) run() {
+	for {
+		s.mu.Lock()
+		b := s.next
+		s.next = nil
+		if b == nil {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if err := scan(b.queries); err != nil {
+			for _, q := range b.queries {
+				if q.err == nil {
+					q.err = err
+				}
+			}
+		}
+		close(b.done)
+	}
+}
+
+// scan answers queries: the facts of each query's own mounts (statmount,
+// or one read of the agent's table where the kernel has no statmount; a
+// query whose target cannot be looked up gets its own error), then one
+// read of every other mount namespace's table, of which only the lines of
+// the queries' devices are parsed.
+func scan(queries []*foreignQuery) error {
+	selfNS, err := os.Readlink("/proc/thread-self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	own := ownMounts{}
+	byDev := map[string][]*foreignQuery{}
+	for _, q := range queries {
+		if q.err = q.lookOwn(&own); q.err == nil && q.top != nil {
+			byDev[q.dev] = append(byDev[q.dev], q)
+		}
+	}
+	if len(byDev) == 0 {
+		return nil
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	var rootSt unix.Stat_t
+	if err := unix.Stat("/", &rootSt); err != nil {
+		return err
+	}
+	seen := map[string]bool{selfNS: true}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		ns, err := os.Readlink("/proc/" + p.Name() + "/ns/mnt")
+		if err != nil || seen[ns] {
+			continue // gone, a zombie, or a namespace read already
+		}
+		ms, err := processMounts(pid, byDev)
+		if err != nil {
+			if gone(err) {
+				continue // another process may show the namespace
+			}
+			return err
+		}
+		seen[ns] = true
+		hostRoot := sync.OnceValue(func() bool { return sameRoot(pid, rootSt) })
+		for _, m := range ms {
+			for _, q := range byDev[devOf(m)] {
+				if !q.same(m) || propagated(m, q.groups) {
+					continue
+				}
+				if slices.Contains(q.owned, m.Mountpoint) && hostRoot() {
+					continue
+				}
+				q.out = append(q.out, fmt.Sprintf("%s in the mount namespace of pid %d", m.Mountpoint, pid))
+			}
+		}
+	}
+	return nil
+}
+
+// lookOwn sets the query's facts from the agent's namespace: the top
+// mount at its target (none: nothing to look for), and the peer groups
+// of the top mounts at its own paths.
+func (q *foreignQuery) lookOwn(own *ownMounts) error {
+	top, err := own.top(q.target)
+	if err != nil || top == nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(q.target, &st); err != nil {
+		return err
+	}
+	q.top, q.dir, q.dev = top, st.Mode&unix.S_IFMT == unix.S_IFDIR, devOf(top)
+	for _, p := range q.owned {
+		m, err := own.top(p)
+		if err != nil {
+			return err
+		}
+		if m != nil && q.same(m) {
+			if g := peerGroup(m.Optional, "shared:"); g != "" {
+				q.groups[p] = append(q.groups[p], g)
+			}
+		}
+	}
+	return nil
+}
+
+// ownMounts looks up mounts in the agent's namespace, for one scan: with
+// statmount (Linux 6.8) one mount at a time, else from the agent's mount
+// table, read once.
+type ownMounts struct {
+	noStatmount bool
+	raw         []byte
+}
+
+// top is the top mount at path (canonical), nil if none.
+func (o *ownMounts) top(path string) (*mountinfo.Info, error) {
+	if mounted, err := IsMountPoint(path); err != nil || !mounted {
+		return nil, err
+	}
+	if !o.noStatmount {
+		m, err := statmount(path)
+		if !errors.Is(err, errNoStatmount) {
+			return m, err
+		}
+		o.noStatmount = true
+	}
+	if o.raw == nil {
+		raw, err := readThreadTable()
+		if err != nil {
+			return nil, err
+		}
+		o.raw = raw
+	}
+	return mountOf(o.raw, path)
+}
+
+// devOf is m's device, "major:minor".
+func devOf(m *mountinfo.Info) string { return fmt.Sprintf("%d:%d", m.Major, m.Minor) }
+
+// processMounts reads the mounts of pid's mount table whose device is one
+// of devs'.
+func processMounts(pid int, devs map[string][]*foreignQuery) ([]*mountinfo.Info, error) {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "mountinfo"))
+	if err != nil {
+		return nil, err
+	}
+	return deviceMounts(raw, devs)
+}
+
+// deviceMounts parses the lines of the mount table raw whose device
+// (field 3, "major:minor") is one of devs'; other lines are skipped
+// unparsed.
+func deviceMounts(raw []byte, devs map[string][]*foreignQuery) ([]*mountinfo.Info, error) {
+	var lines []byte
+	for line := range bytes.Lines(raw) {
+		if _, ok := devs[string(field(line, 2))]; ok {
+			lines = append(lines, line...)
+		}
+	}
+	if len(lines) == 0 {
+		return nil, nil
+	}
+	return mountinfo.GetMountsFromReader(bytes.NewReader(lines), nil)
+}
+
+// mountOf parses the entry of the top mount at path (canonical, a mount
+// point) from the mount table raw: the mount whose id statx gives for
+// path.
+func mountOf(raw []byte, path string) (*mountinfo.Info, error) {
+	id, err := mountIDAt(unix.AT_FDCWD, path)
+	if errors.Is(err, errNoMountID) {
+		// Before Linux 5.8: the last entry at path is on top.
+		ms, err := mountinfo.GetMountsFromReader(bytes.NewReader(raw), mountinfo.SingleEntryFilter(path))
+		if err != nil || len(ms) == 0 {
+			return nil, err
+		}
+		return ms[len(ms)-1], nil
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "statx", Path: path, Err: err}
+	}
+	want := strconv.AppendUint(nil, id, 10)
+	for line := range bytes.Lines(raw) {
+		if bytes.Equal(field(line, 0), want) {
+			ms, err := mountinfo.GetMountsFromReader(bytes.NewReader(line), nil)
+			if err != nil || len(ms) == 0 {
+				return nil, err
+			}
+			return ms[0], nil
+		}
+	}
+	return nil, fmt.Errorf("mount %d at %s is not in the mount table", id, path)
+}
+
+// field is the n-th space-separated field of a mount table line (0-based),
+// or nil.
+func field(line []byte, n int) []byte {
+	for range n {
+		i := bytes.IndexByte(line, ' ')
+		if i < 0 {
+			return nil
+		}
+		line = line[i+1:]
+	}
+	if i := bytes.IndexByte(line, ' '); i >= 0 {
+		return line[:i]
+	}
+	return nil
+}
+
+// sameRoot reports whether pid's root directory is root (the caller's);
+// a process gone meanwhile has not.
+func sameRoot(pid int, root unix.Stat_t) bool {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/root", &st)
+	return err == nil && st.Dev == root.Dev && st.Ino == root.Ino
+}
+
+// gone reports whether err means the process exited.
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EINVAL)
+}
+
+// propagated reports whether m, in another namespace, is a copy of one of
+// the caller's own mounts at the same path that propagation ties to it.
+func propagated(m *mountinfo.Info, groups map[string][]string) bool {
+	for _, tag := range []string{"shared:", "master:"} {
+		if g := peerGroup(m.Optional, tag); g != "" && slices.Contains(groups[m.Mountpoint], g) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerGroup is the peer group the optional fields give with tag ("shared:"
+// or "master:"), or "".
+func peerGroup(optional, tag string) string {
+	for _, f := range strings.Fields(optional) {
+		if g, ok := strings.CutPrefix(f, tag); ok {
+			return g
+		}
+	}
+	return ""
+}

@@ -1,0 +1,199 @@
+package mount_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
+	"github.com/csiagent/csiagent/mount"
+)
+
+// TestForeignMounts: the mounts of a volume's filesystem elsewhere are
+// found in any mount namespace: a bind another namespace made (a
+// container's), and a bind on the host at a path not its own; its own
+// paths are not, nor their copies a namespace made as the host's slave
+// holds (propagation removes them with the host's).
+func TestForeignMounts(t *testing.T) {
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
+	top, croot := filepath.Join(base, "top"), filepath.Join(base, "croot")
+	vol, staging, other := filepath.Join(top, "vol"), filepath.Join(top, "staging"), filepath.Join(top, "other")
+	mkdirs(t, top, croot)
+	mountTmpfs(t, top)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
+	must(t, unix.Mount("", top, "", unix.MS_SHARED, ""))
+
+	// A namespace made as the host's slave, as systemd's services' are.
+	cmd := exec.Command("unshare", "-m", "--propagation", "slave", "/bin/sh", "-c", "echo ready && read x")
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	pid := cmd.Process.Pid
+	ino, err := mount.MountNamespace(pid)
+	must(t, err)
+	c := nsChild{pid: pid, ino: ino, rootfs: croot}
+	inChild := " in the mount namespace of pid " + strconv.Itoa(pid)
+
+	// The volume: published at vol, staged at staging, both propagated to
+	// the child.
+	mkdirs(t, vol, staging, other)
+	mountTmpfs(t, vol)
+	must(t, mount.Bind(vol, staging, false))
+	if ms := c.mountsUnder(t, top); !slices.Contains(ms, vol) || !slices.Contains(ms, staging) {
+		t.Fatalf("the child did not receive the volume's mounts: %v", ms)
+	}
+	found := func(want ...string) {
+		t.Helper()
+		got, err := mount.ForeignMounts(vol, []string{staging, filepath.Join(top, "missing")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("ForeignMounts = %q, want %q", got, want)
+		}
+	}
+	found()
+
+	// A host process that made itself a namespace (unshare(1)) while the
+	// volume was mounted: private copies at the volume's own paths, the
+	// host's root: not counted.
+	hc := startNSChild(t, filepath.Join(base, "hroot"), false)
+	if ms := hc.mountsUnder(t, top); !slices.Contains(ms, vol) || !slices.Contains(ms, staging) {
+		t.Fatalf("the host child has no copies of the volume's mounts: %v", ms)
+	}
+	found()
+	// A container made meanwhile (pivoted into its own root): its copies
+	// count, even one it puts at the path of the volume's own.
+	pc := startNSChild(t, filepath.Join(base, "proot"), true)
+	pc.in(t, func() error {
+		if err := os.MkdirAll(vol, 0o755); err != nil {
+			return err
+		}
+		return unix.Mount("/.old"+vol, vol, "", unix.MS_BIND, "")
+	})
+	inPC := " in the mount namespace of pid " + strconv.Itoa(pc.pid)
+	found("/.old"+vol+inPC, "/.old"+staging+inPC, vol+inPC)
+	must(t, unix.Kill(pc.pid, unix.SIGKILL))
+	waitGone(t, pc.pid)
+	found()
+
+	// The child binds the volume elsewhere, in its namespace only.
+	elsewhere := c.moveInto(t, vol, "/elsewhere", false)
+	if ms := hostMountsUnder(t, croot); len(ms) != 0 {
+		t.Fatalf("the child's bind shows on the host: %v", ms)
+	}
+	found(elsewhere + inChild)
+
+	// A bind root makes on the host, not at the volume's own paths: the
+	// agent's namespace is not looked at (its mounts are root's or the
+	// agent's), but its copy in the child's is a mount elsewhere.
+	must(t, mount.Bind(vol, other, false))
+	found(elsewhere+inChild, other+inChild)
+	must(t, mount.Unmount(context.Background(), other))
+	found(elsewhere + inChild)
+
+	// A volume that is a directory of a larger filesystem (a host path's):
+	// the filesystem's other mounts are not the volume's, a bind of a
+	// directory beneath it is.
+	store, hp := filepath.Join(top, "store", "v1"), filepath.Join(top, "hp")
+	mkdirs(t, filepath.Join(store, "d"), hp)
+	must(t, mount.Bind(store, hp, false))
+	if got, err := mount.ForeignMounts(hp, nil); err != nil || len(got) != 0 {
+		t.Errorf("ForeignMounts(%s), a directory of %s = %q, %v; want none", hp, top, got, err)
+	}
+	sub := c.moveInto(t, filepath.Join(store, "d"), "/sub", false)
+	if got, err := mount.ForeignMounts(hp, nil); err != nil || !slices.Equal(got, []string{sub + inChild}) {
+		t.Errorf("ForeignMounts(%s) = %q, %v; want %s", hp, got, err, sub+inChild)
+	}
+	c.unmountAll(t, sub)
+	must(t, mount.Unmount(context.Background(), hp))
+
+	// Another filesystem is not the volume's.
+	if got, err := mount.ForeignMounts(top, nil); err != nil || len(got) != 0 {
+		t.Errorf("ForeignMounts(%s) = %q, %v; want none", top, got, err)
+	}
+	// Nothing mounted at the target: none.
+	if got, err := mount.ForeignMounts(other, nil); err != nil || len(got) != 0 {
+		t.Errorf("ForeignMounts(%s), not a mount point = %q, %v; want none", other, got, err)
+	}
+
+	c.unmountAll(t, filepath.Join(croot, "elsewhere"))
+	found()
+	if !strings.HasPrefix(elsewhere, croot) {
+		t.Errorf("the child's bind is at %s, not under %s", elsewhere, croot)
+	}
+}
+
+// waitGone waits until pid has exited (its /proc entry reaped or a zombie
+// without a mount namespace).
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt"); err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d did not exit", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestForeignMountsConcurrent: calls made at once share scans and each
+// gets its own answer: the volumes a container bound elsewhere name it,
+// the others none.
+func TestForeignMountsConcurrent(t *testing.T) {
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
+	mountTmpfs(t, base)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), base)) })
+	c := startNSChild(t, filepath.Join(base, "croot"), true)
+	const n = 24
+	vols := make([]string, n)
+	want := make([][]string, n)
+	for i := range n {
+		vols[i] = filepath.Join(base, strconv.Itoa(i))
+		mkdirs(t, vols[i])
+		mountTmpfs(t, vols[i])
+		if i%3 == 0 {
+			at := c.moveInto(t, vols[i], "/e"+strconv.Itoa(i), false)
+			want[i] = []string{at + " in the mount namespace of pid " + strconv.Itoa(c.pid)}
+		}
+	}
+	var wg sync.WaitGroup
+	for round := range 3 {
+		for i, v := range vols {
+			wg.Go(func() {
+				got, err := mount.ForeignMounts(v, nil)
+				if err != nil || !slices.Equal(got, want[i]) {
+					t.Errorf("round %d: ForeignMounts(%s) = %q, %v; want %q", round, v, got, err, want[i])
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
