@@ -35,7 +35,7 @@ PREFIX       ?= /usr/local
 DESTDIR      ?=
 UNITDIR      ?= /etc/systemd/system
 
-.PHONY: help build install test bench fuzz soak powercut lint proto check-proto demo deps clean
+.PHONY: help build install test bench fuzz soak powercut lint proto check-proto demo deps hostpathplugin clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -55,8 +55,12 @@ install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(U
 	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec
 	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
-deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd, docker.io, podman)
+deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd, docker.io, podman) and build bin/hostpathplugin
 	bash hack/install-deps.sh
+	bash hack/build-hostpath.sh
+
+hostpathplugin: ## build bin/hostpathplugin, csi-driver-host-path from third_party/ (a third-party plugin the tests run)
+	bash hack/build-hostpath.sh
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
 	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \

@@ -163,13 +163,21 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket str
 		}
 		vols = append(vols, named...)
 	}
-	rootfs, user, err := readBundle(st.Bundle)
+	b, err := readBundle(st.Bundle)
 	if err != nil {
 		return fail(err)
 	}
-	_, err = client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: rootfs, Pid: int32(st.Pid), User: user}, wait)
+	resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: b.rootfs, Pid: int32(st.Pid), User: b.user}, wait)
 	if err != nil {
 		return fail(hookError(socket, err))
+	}
+	if err := checkDevices(resp.GetMounts(), b.devices); err != nil {
+		// The container could not open its block volume: undone, and
+		// the container is not created.
+		if _, cerr := client.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: st.ID}, wait); cerr != nil {
+			err = fmt.Errorf("%w; undoing the prepare: %s", err, hookError(socket, cerr))
+		}
+		return fail(err)
 	}
 	return ExitOK
 }
@@ -193,16 +201,23 @@ func hookError(socket string, err error) error {
 	return errors.New(apiError(socket, err))
 }
 
-// readBundle reads root.path (a relative path is relative to the bundle)
-// and process.user from the bundle's config.json. user is "UID:GID" for a
-// container that runs as another user than root, else "".
-func readBundle(bundle string) (rootfs, user string, _ error) {
-	if !filepath.IsAbs(bundle) {
-		return "", "", fmt.Errorf("bundle %q is not an absolute path", bundle)
+// bundle is what the hook reads of a bundle's config.json.
+type bundle struct {
+	rootfs string // root.path, absolute
+	user   string // "UID:GID" for a container that runs as another user than root, else ""
+	// linux.resources.devices: the container's device cgroup rules.
+	devices []deviceRule
+}
+
+// readBundle reads root.path (a relative path is relative to the bundle),
+// process.user and linux.resources.devices from the bundle's config.json.
+func readBundle(dir string) (bundle, error) {
+	if !filepath.IsAbs(dir) {
+		return bundle{}, fmt.Errorf("bundle %q is not an absolute path", dir)
 	}
-	b, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
-		return "", "", fmt.Errorf("reading the bundle's config.json: %w", err)
+		return bundle{}, fmt.Errorf("reading the bundle's config.json: %w", err)
 	}
 	var cfg struct {
 		Root struct {
@@ -214,20 +229,28 @@ func readBundle(bundle string) (rootfs, user string, _ error) {
 				GID uint32 `json:"gid"`
 			} `json:"user"`
 		} `json:"process"`
+		Linux struct {
+			Resources struct {
+				Devices []deviceRule `json:"devices"`
+			} `json:"resources"`
+		} `json:"linux"`
 	}
 	if err := json.Unmarshal(b, &cfg); err != nil {
-		return "", "", fmt.Errorf("parsing %s: %w", filepath.Join(bundle, "config.json"), err)
+		return bundle{}, fmt.Errorf("parsing %s: %w", filepath.Join(dir, "config.json"), err)
 	}
 	if cfg.Root.Path == "" {
-		return "", "", errors.New("the bundle's config.json has no root.path")
+		return bundle{}, errors.New("the bundle's config.json has no root.path")
 	}
+	out := bundle{rootfs: cfg.Root.Path, devices: cfg.Linux.Resources.Devices}
 	if u := cfg.Process.User; u.UID != 0 || u.GID != 0 {
-		user = fmt.Sprintf("%d:%d", u.UID, u.GID)
+		out.user = fmt.Sprintf("%d:%d", u.UID, u.GID)
 	}
-	if filepath.IsAbs(cfg.Root.Path) {
-		return filepath.Clean(cfg.Root.Path), user, nil
+	if filepath.IsAbs(out.rootfs) {
+		out.rootfs = filepath.Clean(out.rootfs)
+	} else {
+		out.rootfs = filepath.Join(dir, out.rootfs)
 	}
-	return filepath.Join(bundle, cfg.Root.Path), user, nil
+	return out, nil
 }
 
 // refuseReferenceSecrets fails on the first REFERENCE secret anywhere in

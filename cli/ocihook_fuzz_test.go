@@ -52,15 +52,15 @@ func FuzzOCIHookInput(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(bundle, "config.json"), config, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		rootfs, user, err := readBundle(bundle)
-		if err == nil && (!filepath.IsAbs(rootfs) || filepath.Clean(rootfs) != rootfs) {
-			t.Fatalf("rootfs %q is not an absolute clean path", rootfs)
+		b, err := readBundle(bundle)
+		if err == nil && (!filepath.IsAbs(b.rootfs) || filepath.Clean(b.rootfs) != b.rootfs) {
+			t.Fatalf("rootfs %q is not an absolute clean path", b.rootfs)
 		}
-		if u, g, ok := strings.Cut(user, ":"); user != "" && (!ok || u == "" || g == "") {
-			t.Fatalf("user %q is not UID:GID", user)
+		if u, g, ok := strings.Cut(b.user, ":"); b.user != "" && (!ok || u == "" || g == "") {
+			t.Fatalf("user %q is not UID:GID", b.user)
 		}
 		if !filepath.IsAbs(st.Bundle) {
-			if _, _, err := readBundle(st.Bundle); err == nil {
+			if _, err := readBundle(st.Bundle); err == nil {
 				t.Fatalf("relative bundle %q accepted", st.Bundle)
 			}
 		}

@@ -18,9 +18,9 @@ func TestReadBundleUser(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(config), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		rootfs, user, err := readBundle(bundle)
-		if err != nil || user != want || rootfs != filepath.Join(bundle, "rootfs") {
-			t.Errorf("%s: rootfs %q user %q, %v; want user %q", config, rootfs, user, err, want)
+		b, err := readBundle(bundle)
+		if err != nil || b.user != want || b.rootfs != filepath.Join(bundle, "rootfs") {
+			t.Errorf("%s: rootfs %q user %q, %v; want user %q", config, b.rootfs, b.user, err, want)
 		}
 	}
 }

@@ -228,9 +228,19 @@ func TestBlockReadOnly(t *testing.T) {
 	pool := h.loopPlugin("loop")
 	createVolume(t, pool, "blk")
 	h.start(fastConfig(h))
+	h.blockReadOnly("loop", "blk")
+	h.assertClean(pool)
+}
+
+// blockReadOnly prepares one RW and one RO user of a block volume
+// (sandboxes), checks the RW user writes its device, the RO user cannot
+// and reads what the RW user wrote, and cleans both up.
+func (h *harness) blockReadOnly(plugin, id string) {
+	t := h.t
+	t.Helper()
 	rw, ro := h.dir("sb-rw"), h.dir("sb-ro")
-	h.mustPrepare("writer", rw, "", volumeSpec{plugin: "loop", id: "blk", path: "disk", block: true})
-	h.mustPrepare("reader", ro, "", volumeSpec{plugin: "loop", id: "blk", path: "disk", block: true, ro: true})
+	h.mustPrepare("writer", rw, "", volumeSpec{plugin: plugin, id: id, path: "disk", block: true})
+	h.mustPrepare("reader", ro, "", volumeSpec{plugin: plugin, id: id, path: "disk", block: true, ro: true})
 	payload := bytes.Repeat([]byte("csiagent"), 512)
 	for name, sb := range map[string]string{"the RW user": rw, "the RO user": ro} {
 		dev, err := os.OpenFile(filepath.Join(sb, "disk"), os.O_RDWR, 0)
@@ -261,7 +271,6 @@ func TestBlockReadOnly(t *testing.T) {
 	}
 	h.mustCleanup("reader")
 	h.mustCleanup("writer")
-	h.assertClean(pool)
 }
 
 // TestNestedContainerPathsRunc (finding 3, OCI hook path): the same

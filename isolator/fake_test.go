@@ -221,6 +221,13 @@ func (f *fakeMounter) ForeignMounts(target string, own []string) ([]string, erro
 	return out, nil
 }
 
+// ReadOnlyBlock: the model's plugins honour readonly.
+func (f *fakeMounter) ReadOnlyBlock(_ context.Context, target, _ string) (string, error) {
+	return target, nil
+}
+
+func (f *fakeMounter) DropReadOnlyBlock(context.Context, string, string) error { return nil }
+
 func (f *fakeMounter) MountNamespace(pid int) (uint64, error) {
 	if pid == os.Getpid() {
 		return hostNS, nil

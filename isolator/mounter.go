@@ -35,6 +35,11 @@ type Mounter interface {
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
 	// at target: nil.
 	ForeignMounts(target string, own []string) ([]string, error)
+	// ReadOnlyBlock returns the device node a block volume's read-only
+	// users get, target or a read-only device made at own (as
+	// mount.ReadOnlyBlock); DropReadOnlyBlock undoes it.
+	ReadOnlyBlock(ctx context.Context, target, own string) (string, error)
+	DropReadOnlyBlock(ctx context.Context, target, own string) error
 }
 
 // kernelMounts is the Mounter of package mount: the calling thread's
@@ -51,6 +56,14 @@ func (kernelMounts) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error)
 
 func (kernelMounts) ForeignMounts(target string, own []string) ([]string, error) {
 	return mount.ForeignMounts(target, own)
+}
+
+func (kernelMounts) ReadOnlyBlock(ctx context.Context, target, own string) (string, error) {
+	return mount.ReadOnlyBlock(ctx, target, own)
+}
+
+func (kernelMounts) DropReadOnlyBlock(ctx context.Context, target, own string) error {
+	return mount.DropReadOnlyBlock(ctx, target, own)
 }
 
 func (kernelMounts) MountNamespace(pid int) (uint64, error) { return mount.MountNamespace(pid) }

@@ -259,7 +259,13 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	req := c.cp.GetRequest()
 	hostPath := vcp.GetTargetPath()
 	if pm.readonly && pm.block {
-		hostPath = vcp.GetRoTargetPath() // a device its users cannot write
+		// A device its users cannot write, made by acquire's
+		// publishReadOnly: found, not made, here.
+		src, err := iso.readOnlySource(context.Background(), pm.key, vcp)
+		if err != nil {
+			return nil, err
+		}
+		hostPath = src
 	}
 	if err := iso.checkMounted(pm.key, hostPath); err != nil {
 		return nil, err

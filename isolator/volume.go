@@ -450,12 +450,15 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 // own, published with CSI readonly=true: a read-only bind of a writable
 // device node would not stop writes. The target is recorded before the
 // call, for the volume's unpublish to undo it whatever happens; a target
-// already mounted is left as it is.
+// already mounted is left as it is. A plugin that left the device there
+// writable (it ignored readonly) gets a read-only loop device of the
+// agent's over it (readOnlySource).
 func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 	ro := filepath.Join(filepath.Dir(v.cp.TargetPath), "target-ro")
 	if v.cp.RoTargetPath == ro {
 		if ok, err := iso.mounts.IsMountPoint(ro); err == nil && ok {
-			return nil
+			_, err := iso.readOnlySource(ctx, v.key, v.cp)
+			return err
 		}
 	} else if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.RoTargetPath = ro }); err != nil {
 		return err
@@ -464,7 +467,30 @@ func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	return iso.publishAt(ctx, node, v, ro, true)
+	if err := iso.publishAt(ctx, node, v, ro, true); err != nil {
+		return err
+	}
+	_, err = iso.readOnlySource(ctx, v.key, v.cp)
+	return err
+}
+
+// readOnlySource is the device node a block volume's read-only users are
+// given (Mounter.ReadOnlyBlock): its read-only target when the plugin
+// made that device read-only, else the agent's own read-only loop device
+// over it, bound at target-ro-device beside it (made by the first call,
+// found by the next; dropped by unpublish).
+func (iso *Isolator) readOnlySource(ctx context.Context, key volumeKey, cp *statev1.VolumeCheckpoint) (string, error) {
+	src, err := iso.mounts.ReadOnlyBlock(ctx, cp.GetRoTargetPath(), roDevicePath(cp))
+	if err != nil {
+		return "", fmt.Errorf("volume %s: plugin %s published it read-only (CSI readonly=true) at %s with a writable device, and no read-only device could be made over it: %w", key, key.plugin, cp.GetRoTargetPath(), err)
+	}
+	return src, nil
+}
+
+// roDevicePath is where the agent binds its read-only device of a block
+// volume (readOnlySource).
+func roDevicePath(cp *statev1.VolumeCheckpoint) string {
+	return filepath.Join(filepath.Dir(cp.GetTargetPath()), "target-ro-device")
 }
 
 // publishAt publishes the volume at target.
@@ -525,6 +551,10 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 // A block volume's read-only target goes first, then is forgotten.
 func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error {
 	if ro := v.cp.RoTargetPath; ro != "" {
+		// The agent's read-only device holds the target busy.
+		if err := iso.mounts.DropReadOnlyBlock(ctx, ro, roDevicePath(v.cp)); err != nil {
+			return fmt.Errorf("volume %s: %w", v.key, err)
+		}
 		if err := iso.unpublishAt(ctx, node, v, ro); err != nil {
 			return err
 		}
