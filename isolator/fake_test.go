@@ -198,7 +198,7 @@ func (f *fakeMounter) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, erro
 // ForeignMounts is the model's: the mounts, in the other namespaces, of
 // the filesystem the top mount at target shows, each named by the lowest
 // pid of its namespace.
-func (f *fakeMounter) ForeignMounts(target string, own []string) ([]string, error) {
+func (f *fakeMounter) ForeignMounts(_ context.Context, target string, _ []string) ([]string, error) {
 	f.t.mu.Lock()
 	defer f.t.mu.Unlock()
 	top := f.t.top(f.ns, filepath.Clean(target))

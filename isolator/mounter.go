@@ -34,7 +34,7 @@ type Mounter interface {
 	// mounted in the other mount namespaces, besides copies of its own
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
 	// at target: nil.
-	ForeignMounts(target string, own []string) ([]string, error)
+	ForeignMounts(ctx context.Context, target string, own []string) ([]string, error)
 	// ReadOnlyBlock returns the device node a block volume's read-only
 	// users get, target or a read-only device made at own (as
 	// mount.ReadOnlyBlock); DropReadOnlyBlock undoes it.
@@ -54,8 +54,8 @@ func (kernelMounts) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error)
 	return mount.List(filter)
 }
 
-func (kernelMounts) ForeignMounts(target string, own []string) ([]string, error) {
-	return mount.ForeignMounts(target, own)
+func (kernelMounts) ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
+	return mount.ForeignMounts(ctx, target, own)
 }
 
 func (kernelMounts) ReadOnlyBlock(ctx context.Context, target, own string) (string, error) {

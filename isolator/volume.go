@@ -100,7 +100,7 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			// may still be written to: a single writer cannot have it.
 			// Multi-writer and read-only users share that instance (the
 			// volume is still published: no second stage).
-			where, err := iso.foreignMounts(v)
+			where, err := iso.foreignMounts(ctx, v)
 			if err != nil {
 				return err
 			}
@@ -277,7 +277,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		// mounted, a volume would be staged again for its next user
 		// while that instance lives on: two instances of one
 		// filesystem.
-		where, err := iso.foreignMounts(v)
+		where, err := iso.foreignMounts(ctx, v)
 		if err != nil {
 			return v.cp.State, err
 		}
@@ -353,8 +353,10 @@ func (iso *Isolator) anyMounted(v *volume) bool {
 // foreignMounts describes where the volume's filesystem is mounted besides
 // its own paths (see Mounter.ForeignMounts): the filesystem at its target
 // path or, when nothing is mounted there, at its staging path; none when
-// neither is mounted.
-func (iso *Isolator) foreignMounts(v *volume) ([]string, error) {
+// neither is mounted. The scan has the RPC timeout.
+func (iso *Isolator) foreignMounts(ctx context.Context, v *volume) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+	defer cancel()
 	own := []string{v.cp.StagingPath, v.cp.TargetPath}
 	if v.cp.RoTargetPath != "" {
 		own = append(own, v.cp.RoTargetPath)
@@ -370,7 +372,7 @@ func (iso *Isolator) foreignMounts(v *volume) ([]string, error) {
 		if !mounted {
 			continue
 		}
-		where, err := iso.mounts.ForeignMounts(p, own)
+		where, err := iso.mounts.ForeignMounts(ctx, p, own)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: looking for its mounts elsewhere: %w", v.key, err)
 		}
@@ -482,7 +484,7 @@ func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 func (iso *Isolator) readOnlySource(ctx context.Context, key volumeKey, cp *statev1.VolumeCheckpoint) (string, error) {
 	src, err := iso.mounts.ReadOnlyBlock(ctx, cp.GetRoTargetPath(), roDevicePath(cp))
 	if err != nil {
-		return "", fmt.Errorf("volume %s: plugin %s published it read-only (CSI readonly=true) at %s with a writable device, and no read-only device could be made over it: %w", key, key.plugin, cp.GetRoTargetPath(), err)
+		return "", fmt.Errorf("volume %s: the device for its read-only users (plugin %s's read-only publish at %s): %w", key, key.plugin, cp.GetRoTargetPath(), err)
 	}
 	return src, nil
 }

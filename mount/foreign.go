@@ -2,6 +2,7 @@ package mount
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -56,12 +57,14 @@ import (
 // parsed. Concurrent calls share scans: a call waits for the next scan to
 // start (one begun before the call would miss the caller's latest
 // unmounts) and that one scan answers every call waiting for it.
-func ForeignMounts(target string, own []string) ([]string, error) {
+func ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
 	q, err := newForeignQuery(target, own)
 	if err != nil {
 		return nil, fmt.Errorf("mounts elsewhere of %s: %w", target, err)
 	}
-	foreign.ask(q)
+	if err := foreign.ask(ctx, q); err != nil {
+		return nil, fmt.Errorf("mounts elsewhere of %s: %w", target, err)
+	}
 	if q.err != nil {
 		return nil, fmt.Errorf("mounts elsewhere of %s: %w", q.target, q.err)
 	}
@@ -123,8 +126,9 @@ type scanBatch struct {
 // foreign is the process's scanner: a scan covers the whole host.
 var foreign scanner
 
-// ask adds q to the next scan and waits until it is done.
-func (s *scanner) ask(q *foreignQuery) {
+// ask adds q to the next scan and waits until it is done or ctx ends (the
+// scan then goes on for the others; q is not read again).
+func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
 	s.mu.Lock()
 	if s.next == nil {
 		s.next = &scanBatch{done: make(chan struct{})}
@@ -136,7 +140,12 @@ func (s *scanner) ask(q *foreignQuery) {
 		go s.run()
 	}
 	s.mu.Unlock()
-	<-b.done
+	select {
+	case <-b.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // run scans for the waiting batches, one after the other, until none is

@@ -65,7 +65,7 @@ func TestForeignMounts(t *testing.T) {
 	}
 	found := func(want ...string) {
 		t.Helper()
-		got, err := mount.ForeignMounts(vol, []string{staging, filepath.Join(top, "missing")})
+		got, err := mount.ForeignMounts(context.Background(), vol, []string{staging, filepath.Join(top, "missing")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,22 +121,22 @@ func TestForeignMounts(t *testing.T) {
 	store, hp := filepath.Join(top, "store", "v1"), filepath.Join(top, "hp")
 	mkdirs(t, filepath.Join(store, "d"), hp)
 	must(t, mount.Bind(store, hp, false))
-	if got, err := mount.ForeignMounts(hp, nil); err != nil || len(got) != 0 {
+	if got, err := mount.ForeignMounts(context.Background(), hp, nil); err != nil || len(got) != 0 {
 		t.Errorf("ForeignMounts(%s), a directory of %s = %q, %v; want none", hp, top, got, err)
 	}
 	sub := c.moveInto(t, filepath.Join(store, "d"), "/sub", false)
-	if got, err := mount.ForeignMounts(hp, nil); err != nil || !slices.Equal(got, []string{sub + inChild}) {
+	if got, err := mount.ForeignMounts(context.Background(), hp, nil); err != nil || !slices.Equal(got, []string{sub + inChild}) {
 		t.Errorf("ForeignMounts(%s) = %q, %v; want %s", hp, got, err, sub+inChild)
 	}
 	c.unmountAll(t, sub)
 	must(t, mount.Unmount(context.Background(), hp))
 
 	// Another filesystem is not the volume's.
-	if got, err := mount.ForeignMounts(top, nil); err != nil || len(got) != 0 {
+	if got, err := mount.ForeignMounts(context.Background(), top, nil); err != nil || len(got) != 0 {
 		t.Errorf("ForeignMounts(%s) = %q, %v; want none", top, got, err)
 	}
 	// Nothing mounted at the target: none.
-	if got, err := mount.ForeignMounts(other, nil); err != nil || len(got) != 0 {
+	if got, err := mount.ForeignMounts(context.Background(), other, nil); err != nil || len(got) != 0 {
 		t.Errorf("ForeignMounts(%s), not a mount point = %q, %v; want none", other, got, err)
 	}
 
@@ -188,7 +188,7 @@ func TestForeignMountsConcurrent(t *testing.T) {
 	for round := range 3 {
 		for i, v := range vols {
 			wg.Go(func() {
-				got, err := mount.ForeignMounts(v, nil)
+				got, err := mount.ForeignMounts(context.Background(), v, nil)
 				if err != nil || !slices.Equal(got, want[i]) {
 					t.Errorf("round %d: ForeignMounts(%s) = %q, %v; want %q", round, v, got, err, want[i])
 				}
