@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -48,20 +47,18 @@ func allowed(rules []deviceRule, major, minor int64, access string) bool {
 }
 
 // checkDevices fails, naming the rule to add, for each block volume of
-// mounts whose device the container's device cgroup (rules) does not let
-// it open as it was given (read-only: r; else rw). Without the rule, the
-// device node is there but every open fails with EPERM.
+// mounts (the agent says which: block_device) whose device the container's
+// device cgroup (rules) does not let it open as it was given (read-only:
+// r; else rw). Without the rule, the device node is there but every open
+// fails with EPERM.
 func checkDevices(mounts []*agentv1.ContainerMount, rules []deviceRule) error {
 	var errs []error
 	for _, m := range mounts {
-		var st unix.Stat_t
-		if err := unix.Stat(m.GetHostPath(), &st); err != nil {
-			return fmt.Errorf("volume %s: %w", m.GetVolumeId(), &os.PathError{Op: "stat", Path: m.GetHostPath(), Err: err})
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		rdev := m.GetBlockDevice()
+		if rdev == 0 {
 			continue
 		}
-		major, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		major, minor := int64(unix.Major(rdev)), int64(unix.Minor(rdev))
 		access := "rw"
 		if m.GetReadonly() {
 			access = "r"

@@ -322,11 +322,15 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 // cloneID is what identifies a container mount the agent made: the
 // clone's mount id and its root's device and inode, read from the clone
 // itself when it is made (see mount.Identity).
-type cloneID struct{ mount, rootDev, rootIno uint64 }
+type cloneID struct {
+	mount uint64
+	root  mount.Root
+}
 
-// setOn records the clone's identity in a container's mount record.
+// setOn records the clone's identity in a container's mount record, and
+// the device it gives (a block volume's).
 func (id cloneID) setOn(m *statev1.ContainerMount) {
-	m.MountId, m.RootDev, m.RootIno = id.mount, id.rootDev, id.rootIno
+	m.MountId, m.RootDev, m.RootIno, m.BlockDevice = id.mount, id.root.Dev, id.root.Ino, id.root.BlockDevice
 }
 
 // clone makes the detached mount tree of source for a container mount
@@ -338,7 +342,7 @@ func (iso *Isolator) clone(source string, readOnly bool) (*os.File, cloneID, err
 	}
 	var id cloneID
 	if id.mount, err = iso.mounts.ID(tree); err == nil {
-		id.rootDev, id.rootIno, err = mount.RootOf(tree)
+		id.root, err = mount.RootOf(tree)
 	}
 	if err != nil {
 		tree.Close()

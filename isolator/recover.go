@@ -242,9 +242,9 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 	}
 	err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
 		for _, m := range cp.Mounts {
-			// The roots too: the volumes are staged anew, on other
-			// devices.
-			m.MountId, m.ParentMountId, m.RootDev, m.RootIno = 0, 0, 0, 0
+			// The roots and devices too: the volumes are staged
+			// anew, on other devices.
+			m.MountId, m.ParentMountId, m.RootDev, m.RootIno, m.BlockDevice = 0, 0, 0, 0, 0
 		}
 		cp.BootId = iso.bootID
 	})

@@ -58,14 +58,25 @@ type Identity struct {
 // either.
 var ErrUnverified = errors.New("has the recorded mount id but its root cannot be verified")
 
-// RootOf reads the device and inode of the root of the mount tree f (a
-// CloneTree descriptor), for Identity.
-func RootOf(f *os.File) (dev, ino uint64, err error) {
+// Root is what RootOf reads of a mount tree's root.
+type Root struct {
+	Dev, Ino uint64 // for Identity
+	// BlockDevice is the device number (st_rdev) of a root that is a
+	// block device node (a block volume's), else 0.
+	BlockDevice uint64
+}
+
+// RootOf reads the root of the mount tree f (a CloneTree descriptor).
+func RootOf(f *os.File) (Root, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return 0, 0, fmt.Errorf("root of mount tree %s: %w", f.Name(), err)
+		return Root{}, fmt.Errorf("root of mount tree %s: %w", f.Name(), err)
 	}
-	return st.Dev, st.Ino, nil
+	r := Root{Dev: st.Dev, Ino: st.Ino}
+	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+		r.BlockDevice = st.Rdev
+	}
+	return r, nil
 }
 
 // root is the inode a mount of id must have at its root, and whether it

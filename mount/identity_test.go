@@ -416,9 +416,11 @@ func TestUnmountOwnInNamespace(t *testing.T) {
 	})
 	// The clone's root, recorded as the isolator does: src is a host
 	// path, not to be looked up in the container's namespace.
-	if id.RootDev, id.RootIno, err = mount.RootOf(tree); err != nil {
+	root, err := mount.RootOf(tree)
+	if err != nil {
 		t.Fatal(err)
 	}
+	id.RootDev, id.RootIno = root.Dev, root.Ino
 	tree.Close()
 	c.in(t, func() error {
 		if err := os.Rename("/x", "/y"); err != nil {

@@ -803,8 +803,13 @@ type ContainerMount struct {
 	// The device and inode of the mount's root, read from the mount when it
 	// was made: a mount with mount_id is the agent's only with this root
 	// (mount ids are reused). 0: not recorded (an earlier release's).
-	RootDev       uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
-	RootIno       uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	RootDev uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
+	RootIno uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	// For a block volume, the device number (st_rdev, as in stat(2): major
+	// and minor as unix.Major and unix.Minor decode them) of the device node
+	// the container was given; 0 otherwise. The OCI hook checks the
+	// container's device cgroup allows it.
+	BlockDevice   uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -912,6 +917,13 @@ func (x *ContainerMount) GetRootDev() uint64 {
 func (x *ContainerMount) GetRootIno() uint64 {
 	if x != nil {
 		return x.RootIno
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetBlockDevice() uint64 {
+	if x != nil {
+		return x.BlockDevice
 	}
 	return 0
 }
@@ -2892,7 +2904,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
-	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xf1\x02\n" +
+	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\x94\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2907,7 +2919,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\x12\x19\n" +
 	"\broot_dev\x18\n" +
 	" \x01(\x04R\arootDev\x12\x19\n" +
-	"\broot_ino\x18\v \x01(\x04R\arootIno\"I\n" +
+	"\broot_ino\x18\v \x01(\x04R\arootIno\x12!\n" +
+	"\fblock_device\x18\f \x01(\x04R\vblockDevice\"I\n" +
 	"\x0eCleanupRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +

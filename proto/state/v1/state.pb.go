@@ -971,8 +971,11 @@ type ContainerMount struct {
 	// only with this root, whatever the path host_path resolves to later in
 	// a namespace the container controls. 0: not recorded (records of
 	// earlier releases).
-	RootDev       uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
-	RootIno       uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	RootDev uint64 `protobuf:"varint,10,opt,name=root_dev,json=rootDev,proto3" json:"root_dev,omitempty"`
+	RootIno uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
+	// For a block volume, the device number (st_rdev) of the device node
+	// the container was given, read from the clone; 0 otherwise.
+	BlockDevice   uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1080,6 +1083,13 @@ func (x *ContainerMount) GetRootDev() uint64 {
 func (x *ContainerMount) GetRootIno() uint64 {
 	if x != nil {
 		return x.RootIno
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetBlockDevice() uint64 {
+	if x != nil {
+		return x.BlockDevice
 	}
 	return 0
 }
@@ -1445,7 +1455,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\xf1\x02\n" +
+	"\x05VALUE\x10\x02\"\x94\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -1460,7 +1470,8 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x0fmount_namespace\x18\t \x01(\x04R\x0emountNamespace\x12\x19\n" +
 	"\broot_dev\x18\n" +
 	" \x01(\x04R\arootDev\x12\x19\n" +
-	"\broot_ino\x18\v \x01(\x04R\arootIno\"\x8b\x02\n" +
+	"\broot_ino\x18\v \x01(\x04R\arootIno\x12!\n" +
+	"\fblock_device\x18\f \x01(\x04R\vblockDevice\"\x8b\x02\n" +
 	"\rReclaimResult\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
