@@ -424,6 +424,12 @@ func (f *fakeMounter) RemoveEmptyTree(dir string) error {
 type fakeNode struct {
 	t            *fakeTable
 	stageUnstage bool
+	// targetExists: the plugin expects the target to exist (Mesos's
+	// target_path_exists); else it makes its target, as CSI says.
+	targetExists bool
+	// targets are the targets of its NodePublishVolume calls that
+	// existed when it was called.
+	existed []string
 
 	mu         sync.Mutex
 	calls      []string
@@ -506,6 +512,16 @@ func (n *fakeNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolum
 	}
 	if n.stageUnstage != (in.GetStagingTargetPath() != "") {
 		return nil, n.violation("NodePublishVolume of %s: staging_target_path %q with STAGE_UNSTAGE %v", in.GetVolumeId(), in.GetStagingTargetPath(), n.stageUnstage)
+	}
+	target := in.GetTargetPath()
+	if _, err := os.Lstat(target); err == nil {
+		n.mu.Lock()
+		n.existed = append(n.existed, target)
+		n.mu.Unlock()
+	} else if n.targetExists {
+		return nil, status.Errorf(codes.Internal, "target %s: %v", target, err)
+	} else if err := os.Mkdir(target, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "target %s: %v", target, err)
 	}
 	if err := n.mountAt(in.GetVolumeId(), in.GetTargetPath(), in.GetStagingTargetPath(), in.GetReadonly()); err != nil {
 		return nil, err
@@ -590,7 +606,7 @@ func (p *nodePlugins) Lookup(typ string) (Plugin, error) {
 	if p.nodes[typ] == nil {
 		return Plugin{}, fmt.Errorf("plugin %q: %w", typ, ErrUnknownPlugin)
 	}
-	return Plugin{Type: typ, Name: "default"}, nil
+	return Plugin{Type: typ, Name: "default", TargetPathExists: p.nodes[typ].targetExists}, nil
 }
 
 func (p *nodePlugins) Node(ctx context.Context, typ string) (Node, error) {

@@ -59,7 +59,10 @@ type Plugin struct {
 	// name. Together they name its directory under the work dir.
 	Type, Name string
 	// TargetPathRoot, when set, holds staging and target paths.
-	TargetPathRoot   string
+	TargetPathRoot string
+	// TargetPathExists (Mesos's meaning): the plugin expects the target
+	// to exist, so the agent makes it before NodePublishVolume; false
+	// (CSI): the agent makes only its parent.
 	TargetPathExists bool
 }
 

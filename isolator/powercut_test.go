@@ -58,6 +58,10 @@ func (tmpfsNode) NodeUnstageVolume(_ context.Context, in *csi.NodeUnstageVolumeR
 
 func (tmpfsNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
 	if !mountedAt(in.TargetPath) {
+		// The target is the plugin's to make (CSI).
+		if err := os.Mkdir(in.TargetPath, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
 		if err := unix.Mount(in.StagingTargetPath, in.TargetPath, "", unix.MS_BIND, ""); err != nil {
 			return nil, err
 		}

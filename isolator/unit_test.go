@@ -1434,3 +1434,27 @@ func TestUnitRepairWaitsForRecovery(t *testing.T) {
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }
+
+// TestUnitTargetPathExists: target_path_exists as Mesos defines it. Set,
+// the plugin expects its target to exist and the agent makes it before
+// NodePublishVolume; unset (CSI), the agent makes only its parent and the
+// plugin the target. Before, the meaning was the other way round: a
+// plugin that expects the target got none and failed.
+func TestUnitTargetPathExists(t *testing.T) {
+	for _, exists := range []bool{false, true} {
+		t.Run(fmt.Sprint("target_path_exists=", exists), func(t *testing.T) {
+			w := newWorld(t)
+			w.node("loop").targetExists = exists
+			iso := w.isolator(Config{})
+			w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+			target := volumeOf(iso, "loop", "vol-1").TargetPath
+			existed := slices.Contains(w.node("loop").existed, target)
+			if existed != exists {
+				t.Errorf("the target existed at NodePublishVolume: %v; want %v", existed, exists)
+			}
+			w.check(iso)
+			w.cleanup(iso, "c1")
+			w.checkEmpty(iso)
+		})
+	}
+}

@@ -505,9 +505,11 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
 		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
 	}
-	if !p.TargetPathExists {
-		// The CO creates the target (CSI): a directory, or a file for a
-		// block volume's device node.
+	if p.TargetPathExists {
+		// Mesos's target_path_exists: a plugin that expects the target
+		// to exist (not CSI v1 compliant) gets it made: a directory, or
+		// a file for a block volume's device node. Otherwise (CSI) the
+		// CO makes only the parent, the plugin the target.
 		if static.GetVolumeCapability().GetBlock() != nil {
 			f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
 			if err != nil {

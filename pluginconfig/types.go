@@ -30,7 +30,10 @@ type PluginInfo struct {
 	// TargetPathRoot, when set, is where staging and target paths live
 	// (plugins that may only mount below a fixed directory need it).
 	TargetPathRoot string `json:"target_path_root,omitempty"`
-	// TargetPathExists says the plugin creates target paths itself.
+	// TargetPathExists, as Mesos defines it: the plugin expects the target
+	// path to exist when NodePublishVolume is called (not CSI v1
+	// compliant), so csiagent creates it; false: csiagent creates only
+	// its parent and the plugin the target, as CSI says.
 	TargetPathExists bool `json:"target_path_exists,omitempty"`
 	// Settings are csiagent's own per-plugin settings.
 	Settings *Settings `json:"csiagent,omitempty"`
