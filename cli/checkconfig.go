@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/pluginconfig"
 )
 
@@ -33,7 +34,8 @@ type checkFileErr struct {
 	Error string `json:"error"`
 }
 
-// checkConfigCmd is csi-agent check-config DIR.
+// checkConfigCmd is csi-agent check-config [DIR]: by default the
+// directory serve watches by default.
 func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 	output := outputFlag(fs)
 	return func(ctx context.Context, name string, args []string) int {
@@ -41,7 +43,11 @@ func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
 			return ExitUsage
 		}
-		return e.checkConfig(ctx, name, args[0], *output)
+		dir := agent.DefaultConfigDir
+		if len(args) == 1 {
+			dir = args[0]
+		}
+		return e.checkConfig(ctx, name, dir, *output)
 	}
 }
 

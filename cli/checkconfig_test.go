@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/agent"
 )
 
 // checkHangBound is how long check-config may take here before it counts
@@ -78,5 +80,14 @@ func TestCheckConfigInterrupted(t *testing.T) {
 	code, out, errOut := runBounded(t, ctx, "check-config", dir)
 	if code != ExitProblem || !strings.Contains(errOut, "interrupted: context canceled") || out != "" {
 		t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and interrupted", code, out, errOut, ExitProblem)
+	}
+}
+
+// TestCheckConfigDefaultDir: with no argument, check-config checks the
+// directory serve watches by default (before: a usage error).
+func TestCheckConfigDefaultDir(t *testing.T) {
+	code, out, errOut := runBounded(t, context.Background(), "check-config", "--output", "json")
+	if code == ExitUsage || !strings.Contains(out+errOut, agent.DefaultConfigDir) {
+		t.Errorf("check-config with no directory: exit %d\nstdout: %s\nstderr: %s\nwant %s checked", code, out, errOut, agent.DefaultConfigDir)
 	}
 }

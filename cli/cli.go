@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/internal/version"
 )
 
@@ -84,7 +85,7 @@ func (e *env) newRoot() *cobra.Command {
 	root := e.group("csi-agent", "csi-agent: per-host CSI volume agent",
 		"csi-agent runs CSI plugins on a host and gives containers their volumes.\nRun 'csi-agent COMMAND --help' for a command's flags.")
 	root.AddCommand(
-		command("check-config [flags] DIR", "validate a plugin config directory and list its plugins", cobra.ExactArgs(1), e.checkConfigCmd),
+		command("check-config [flags] [DIR]", "validate a plugin config directory (default: serve's, "+agent.DefaultConfigDir+") and list its plugins", cobra.MaximumNArgs(1), e.checkConfigCmd),
 		command("plugins [flags] [TYPE]", "list the agent's plugins, or show one", cobra.MaximumNArgs(1), e.pluginsCmd),
 		command("prepare [flags]", "give a container its CSI volumes", noArgs, e.prepareCmd),
 		command("cleanup [flags] [ID]", "take a container's CSI volumes away", cobra.ArbitraryArgs, e.cleanupCmd),

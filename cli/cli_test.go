@@ -76,7 +76,6 @@ func TestCheckConfig(t *testing.T) {
 	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
-			{"check-config"},
 			{"check-config", "a", "b"},
 			{"check-config", "--output", "yaml", "dir"},
 			{"check-config", "--bogus", "dir"},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // hostpathBuild builds bin/hostpathplugin (csi-driver-host-path, from its
@@ -27,19 +29,31 @@ var hostpathBuild = sync.OnceValues(func() (string, error) {
 	return filepath.Abs("../bin/hostpathplugin")
 })
 
+// hostpathBin is bin/hostpathplugin, built if needed; failing names the
+// build.
+func hostpathBin(t *testing.T) string {
+	t.Helper()
+	bin, err := hostpathBuild()
+	if err != nil {
+		t.Fatalf("building csi-driver-host-path (hack/build-hostpath.sh, needs the Go module proxy): %v", err)
+	}
+	return bin
+}
+
+// hostpathArgs are csi-driver-host-path's flags but its endpoint.
+func hostpathArgs(stateDir string) []string {
+	return []string{"--nodeid", "node-1", "--drivername", "hostpath.csi.k8s.io", "--statedir", stateDir}
+}
+
 // startHostpath runs csi-driver-host-path, a third-party plugin, as an
 // unmanaged plugin of type typ on a socket of its own, and returns a client
 // of its controller.
 func (h *harness) startHostpath(typ string) csi.ControllerClient {
 	t := h.t
 	t.Helper()
-	bin, err := hostpathBuild()
-	if err != nil {
-		t.Fatalf("building csi-driver-host-path (hack/build-hostpath.sh, needs the Go module proxy): %v", err)
-	}
 	dir := h.dir("hostpath-" + typ)
 	sock := filepath.Join(dir, "csi.sock")
-	cmd := exec.Command(bin, "--endpoint", "unix://"+sock, "--nodeid", "node-1", "--drivername", "hostpath.csi.k8s.io", "--statedir", filepath.Join(dir, "state"))
+	cmd := exec.Command(hostpathBin(t), append([]string{"--endpoint", "unix://" + sock}, hostpathArgs(filepath.Join(dir, "state"))...)...)
 	cmd.Stderr = testWriter{t}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -59,7 +73,22 @@ func (h *harness) startHostpath(typ string) csi.ControllerClient {
 		time.Sleep(10 * time.Millisecond)
 	}
 	h.writeConfig(typ+".json", `{"type":"`+typ+`","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"unix://`+sock+`"},{"csi_service":"CONTROLLER_SERVICE","endpoint":"unix://`+sock+`"}]}`)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return controllerAt(t, "unix://"+sock)
+}
+
+// managedHostpath configures csi-driver-host-path as a managed plugin of
+// type typ (csiagent runs it, on the socket it names in CSI_ENDPOINT);
+// call controllerOf once the agent runs it.
+func (h *harness) managedHostpath(typ string) {
+	h.t.Helper()
+	args := append([]string{hostpathBin(h.t), "--endpoint=$CSI_ENDPOINT"}, hostpathArgs(filepath.Join(h.dir("hostpath-"+typ), "state"))...)
+	h.writeConfig(typ+".json", managedConfig(typ, true, strings.Join(args, " ")))
+}
+
+// controllerAt is a controller client of the CSI endpoint.
+func controllerAt(t *testing.T, endpoint string) csi.ControllerClient {
+	t.Helper()
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,5 +133,83 @@ func TestBlockReadOnlyThirdPartyPlugin(t *testing.T) {
 	out, _ := exec.Command("losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE").CombinedOutput()
 	if strings.Contains(string(out), h.work) || strings.Contains(string(out), id) {
 		t.Errorf("loop devices left:\n%s", out)
+	}
+}
+
+// TestThirdPartyPluginFlow (issue 25): csi-driver-host-path, built on CSI
+// 1.12, unmanaged and managed, with its default target_path_exists (it
+// makes its targets): a mount volume is prepared into a sandbox, written,
+// its health read the CSI 1.12 way (VOLUME_CONDITION in
+// NodeGetVolumeStats) and shown, abnormal once its backing directory is
+// removed, and cleaned up. Before, the capability showed as "4" and the
+// health as unknown.
+func TestThirdPartyPluginFlow(t *testing.T) {
+	testhelp.NeedRoot(t)
+	for _, managed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unmanaged", true: "managed"}[managed], func(t *testing.T) {
+			h := newHarness(t)
+			var ctrl csi.ControllerClient
+			if managed {
+				h.managedHostpath("hostpath")
+			} else {
+				ctrl = h.startHostpath("hostpath")
+			}
+			h.start(fastConfig(h))
+			p := h.waitPlugin("hostpath", "ready", ready)
+			inst := p.GetInstances()[0]
+			if !slices.Contains(inst.GetNodeCapabilities(), "VOLUME_CONDITION") {
+				t.Errorf("node capabilities %v: want VOLUME_CONDITION named", inst.GetNodeCapabilities())
+			}
+			if managed {
+				ctrl = controllerAt(t, inst.GetEndpoint())
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+			defer cancel()
+			vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
+				Name: "data",
+				VolumeCapabilities: []*csi.VolumeCapability{{
+					AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+					AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
+				}},
+			})
+			if err != nil {
+				t.Fatalf("CreateVolume: %v", err)
+			}
+			id := vol.GetVolume().GetVolumeId()
+			sb := h.dir("sandbox")
+			h.mustPrepare("c1", sb, "", volumeSpec{plugin: "hostpath", id: id, path: "data"})
+			if err := os.WriteFile(filepath.Join(sb, "data", "file"), []byte("hello"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			health := func() *agentv1.VolumeStats {
+				t.Helper()
+				list, err := h.api().ListVolumes(ctx, &agentv1.ListVolumesRequest{RefreshStats: true})
+				if err != nil || len(list.GetVolumes()) != 1 {
+					t.Fatalf("ListVolumes: %v, %v", list, err)
+				}
+				return list.GetVolumes()[0].GetStats()
+			}
+			// Its node-side check is kubelet's: it looks for the volume's
+			// mounts under /var/lib/kubelet/pods, so outside Kubernetes it
+			// calls every volume "not mounted". Shown as it says it.
+			if s := health(); !s.GetHealthKnown() || !s.GetBytesKnown() || s.GetAbnormal() != (s.GetCondition() != "") {
+				t.Errorf("stats of the volume: %v; want health and bytes known, the plugin's condition", s)
+			}
+			// Its backing directory goes (the bind keeps the files).
+			state := filepath.Join(h.extra, "hostpath-hostpath", "state", id)
+			if err := os.RemoveAll(state); err != nil {
+				t.Fatal(err)
+			}
+			if s := health(); !s.GetHealthKnown() || !s.GetAbnormal() || s.GetCondition() == "" {
+				t.Errorf("stats once the backing directory is gone: %v; want abnormal with the plugin's message", s)
+			}
+			h.mustCleanup("c1")
+			if ms := mountsUnder(t, h.work, sb); len(ms) > 0 {
+				t.Errorf("leaked mounts: %v", ms)
+			}
+			if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				t.Errorf("DeleteVolume: %v", err)
+			}
+		})
 	}
 }

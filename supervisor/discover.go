@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/csicompat"
 	"github.com/csiagent/csiagent/pluginconfig"
 	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/fence"
@@ -208,7 +209,7 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		if err := call(func(ctx context.Context) error {
 			r, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
 			for _, c := range r.GetCapabilities() {
-				d.nodeCaps = append(d.nodeCaps, c.GetRpc().GetType().String())
+				d.nodeCaps = append(d.nodeCaps, csicompat.NodeCapabilityName(c.GetRpc().GetType()))
 			}
 			return err
 		}); err != nil {

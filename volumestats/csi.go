@@ -7,11 +7,16 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/csiagent/csiagent/internal/csicompat"
 )
 
 // PollNode calls NodeGetVolumeStats and NodeGetVolumeHealth on a CSI node
 // service, as its capabilities (caps: the node capability names) offer
-// them: the calls a Source's Poll makes for a CSI plugin.
+// them: the calls a Source's Poll makes for a CSI plugin. The health of a
+// plugin built on CSI 1.12 or earlier (VOLUME_CONDITION) comes with its
+// stats (csicompat); NodeGetVolumeHealth, when offered too, has the last
+// word.
 func PollNode(ctx context.Context, node csi.NodeClient, caps []string, v Volume) Stats {
 	var st Stats
 	if slices.Contains(caps, "GET_VOLUME_STATS") {
@@ -19,6 +24,17 @@ func PollNode(ctx context.Context, node csi.NodeClient, caps []string, v Volume)
 		if err != nil {
 			st.Err = fmt.Errorf("NodeGetVolumeStats: %w", err)
 			return st
+		}
+		if slices.Contains(caps, csicompat.VolumeCondition) {
+			c, ok, err := csicompat.StatsCondition(resp)
+			if err != nil {
+				st.Err = fmt.Errorf("NodeGetVolumeStats: %w", err)
+				return st
+			}
+			st.HealthKnown, st.Abnormal, st.Condition = ok, ok && c.Abnormal, ""
+			if st.Abnormal {
+				st.Condition = strings.TrimSpace("abnormal: " + c.Message)
+			}
 		}
 		for _, u := range resp.GetUsage() {
 			x := Usage{Known: true, Total: u.GetTotal(), Used: u.GetUsed(), Available: u.GetAvailable()}
