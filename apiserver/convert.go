@@ -51,6 +51,7 @@ func staticProvisioning(s *agentv1.StaticProvisioning) *statev1.StaticProvisioni
 	}
 	out := &statev1.StaticProvisioning{
 		VolumeId: s.GetVolumeId(), NodeStageSecrets: secrets(s.GetNodeStageSecrets()), NodePublishSecrets: secrets(s.GetNodePublishSecrets()),
+		Readonly: s.GetReadonly(),
 	}
 	if c := s.GetVolumeCapability(); c != nil {
 		out.VolumeCapability = proto.Clone(c).(*csi.VolumeCapability)

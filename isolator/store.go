@@ -416,7 +416,7 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 		}
 		if cp.StaticProvisioning == nil {
 			cp.StaticProvisioning = csiVol.GetStaticProvisioning()
-			cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability())
+			cp.Readonly = readOnlyAccess(cp.StaticProvisioning.GetVolumeCapability()) || cp.StaticProvisioning.GetReadonly()
 		}
 		cp.Users = append(cp.Users, c.id)
 	}

@@ -1458,3 +1458,40 @@ func TestUnitTargetPathExists(t *testing.T) {
 		})
 	}
 }
+
+// TestUnitStaticReadonly: Mesos's static_provisioning.readonly. With mode
+// RO the volume is published read-only (NodePublishVolume readonly=true);
+// with mode RW it is refused naming the field; a user asking for the
+// volume with another readonly is refused while it is published.
+func TestUnitStaticReadonly(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	withReadonly := func(req *statev1.PrepareRequest) *statev1.PrepareRequest {
+		for _, v := range req.GetVolumes() {
+			v.GetSource().GetCsiVolume().GetStaticProvisioning().Readonly = true
+		}
+		return req
+	}
+	_, err := iso.Prepare(context.Background(), withReadonly(w.request("rw", vol{"loop", "vol-1", "/data", false})))
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "static_provisioning.readonly is true") || !strings.Contains(err.Error(), "mode is RW") {
+		t.Fatalf("readonly with mode RW: %v; want ErrInvalid naming the field", err)
+	}
+	w.prepare(iso, withReadonly(w.request("ro", vol{"loop", "vol-1", "/data", true})))
+	v := volumeOf(iso, "loop", "vol-1")
+	if v == nil || !v.Readonly {
+		t.Fatalf("volume %+v: want it published read-only", v)
+	}
+	w.table.mu.Lock()
+	top := w.table.top(hostNS, v.TargetPath)
+	w.table.mu.Unlock()
+	if top == nil || !top.readonly {
+		t.Errorf("the plugin published the target %+v, want read-only", top)
+	}
+	_, err = iso.Prepare(context.Background(), w.request("ro2", vol{"loop", "vol-1", "/data", true}))
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "readonly") {
+		t.Errorf("a user without readonly: %v; want ErrPrecondition", err)
+	}
+	w.check(iso)
+	w.cleanup(iso, "ro")
+	w.checkEmpty(iso)
+}

@@ -176,6 +176,9 @@ func (iso *Isolator) plan(req *statev1.PrepareRequest) ([]plannedMount, error) {
 		if readOnlyAccess(capability) && !readonly {
 			return nil, fmt.Errorf("%w: Cannot use the read-only volume '%s' in read-write mode", ErrInvalid, id)
 		}
+		if static.GetReadonly() && !readonly {
+			return nil, field("static_provisioning.readonly is true (the volume is published read-only) but mode is RW: use mode RO, or drop readonly")
+		}
 		key := volumeKey{plugin, id}
 		if seen[key] {
 			return nil, fmt.Errorf("%w: Found duplicate CSI volume with plugin '%s' and volume ID '%s'", ErrInvalid, plugin, id)
@@ -235,6 +238,6 @@ func singleWriter(c *csi.VolumeCapability) bool {
 // the same capability and context (secrets may differ: a later user's are
 // not needed once the volume is published).
 func sameUse(a, b *statev1.StaticProvisioning) bool {
-	return proto.Equal(a.GetVolumeCapability(), b.GetVolumeCapability()) &&
+	return proto.Equal(a.GetVolumeCapability(), b.GetVolumeCapability()) && a.GetReadonly() == b.GetReadonly() &&
 		proto.Equal(&statev1.StaticProvisioning{VolumeContext: a.GetVolumeContext()}, &statev1.StaticProvisioning{VolumeContext: b.GetVolumeContext()})
 }

@@ -82,7 +82,7 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			if err != nil {
 				return err
 			}
-			nv := iso.newVolume(pm.key, p, pm.static, readOnlyAccess(pm.static.GetVolumeCapability()))
+			nv := iso.newVolume(pm.key, p, pm.static, readOnlyAccess(pm.static.GetVolumeCapability()) || pm.static.GetReadonly())
 			if v != nil { // reconstructed: keep what is known
 				nv.dir = v.dir
 				nv.cp.State, nv.cp.Users, nv.cp.StagingPath, nv.cp.TargetPath, nv.cp.RoTargetPath = v.cp.State, v.cp.Users, v.cp.StagingPath, v.cp.TargetPath, v.cp.RoTargetPath
@@ -90,7 +90,7 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 			v = nv
 		} else if !sameUse(v.cp.StaticProvisioning, pm.static) {
 			// Other containers are not named to this one's caller.
-			return fmt.Errorf("%w: volume %s is in use by another container with a different volume_capability or volume_context", ErrPrecondition, pm.key)
+			return fmt.Errorf("%w: volume %s is in use by another container with a different volume_capability, readonly or volume_context", ErrPrecondition, pm.key)
 		}
 		if singleUser(pm.static.GetVolumeCapability()) && slices.ContainsFunc(v.cp.Users, func(u string) bool { return u != id }) {
 			return fmt.Errorf("%w: volume %s is in use by another container and its access mode %s allows one", ErrPrecondition, pm.key, pm.static.GetVolumeCapability().GetAccessMode().GetMode())

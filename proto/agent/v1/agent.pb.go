@@ -509,8 +509,13 @@ type StaticProvisioning struct {
 	NodeStageSecrets   map[string]*Secret     `protobuf:"bytes,3,rep,name=node_stage_secrets,json=nodeStageSecrets,proto3" json:"node_stage_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	NodePublishSecrets map[string]*Secret     `protobuf:"bytes,4,rep,name=node_publish_secrets,json=nodePublishSecrets,proto3" json:"node_publish_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	VolumeContext      map[string]string      `protobuf:"bytes,5,rep,name=volume_context,json=volumeContext,proto3" json:"volume_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Mesos's static_provisioning.readonly: the volume is published
+	// read-only (NodePublishVolume readonly=true) for every container. It
+	// needs mode RO; mode RO alone makes only this container's mount
+	// read-only.
+	Readonly      bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StaticProvisioning) Reset() {
@@ -576,6 +581,13 @@ func (x *StaticProvisioning) GetVolumeContext() map[string]string {
 		return x.VolumeContext
 	}
 	return nil
+}
+
+func (x *StaticProvisioning) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
 }
 
 // Secret is Mesos's Secret: a value, or a reference resolved from the
@@ -2867,13 +2879,14 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\tCSIVolume\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12V\n" +
-	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.agent.v1.StaticProvisioningR\x12staticProvisioning\"\xc3\x05\n" +
+	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.agent.v1.StaticProvisioningR\x12staticProvisioning\"\xdf\x05\n" +
 	"\x12StaticProvisioning\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12E\n" +
 	"\x11volume_capability\x18\x02 \x01(\v2\x18.csi.v1.VolumeCapabilityR\x10volumeCapability\x12n\n" +
 	"\x12node_stage_secrets\x18\x03 \x03(\v2;.csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntryB\x03\x98B\x01R\x10nodeStageSecrets\x12t\n" +
 	"\x14node_publish_secrets\x18\x04 \x03(\v2=.csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntryB\x03\x98B\x01R\x12nodePublishSecrets\x12_\n" +
-	"\x0evolume_context\x18\x05 \x03(\v28.csiagent.agent.v1.StaticProvisioning.VolumeContextEntryR\rvolumeContext\x1a^\n" +
+	"\x0evolume_context\x18\x05 \x03(\v28.csiagent.agent.v1.StaticProvisioning.VolumeContextEntryR\rvolumeContext\x12\x1a\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x1a^\n" +
 	"\x15NodeStageSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\x1a`\n" +
