@@ -591,7 +591,8 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 		}
 		iso.cfg.CrashPoint("unbind")
 	}
-	if len(errs) == 0 {
+	unmounted := len(errs) == 0
+	if unmounted {
 		// Every volume the request named: a prepare interrupted after
 		// acquiring a volume but before recording its mount still holds
 		// it.
@@ -629,7 +630,14 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 	if err := errors.Join(errs...); err != nil {
 		// The status says what was found where, too.
 		lastErr := strings.Join(append([]string{err.Error()}, notes...), "; ")
-		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.LastError = lastErr }); serr != nil {
+		if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) {
+			cp.LastError = lastErr
+			if unmounted {
+				// Gone: the next attempt does not look for them
+				// (and would call them unmounted by someone else).
+				cp.Mounts = nil
+			}
+		}); serr != nil {
 			iso.log.Error("checkpointing cleanup error", "container", c.id, "error", serr)
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)

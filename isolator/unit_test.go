@@ -1495,3 +1495,27 @@ func TestUnitStaticReadonly(t *testing.T) {
 	w.cleanup(iso, "ro")
 	w.checkEmpty(iso)
 }
+
+// TestUnitCleanupWithPluginConfigGone: the cleanup of a container whose
+// volume's plugin is no longer configured fails with ErrPrecondition (not
+// "not found": the container is there) naming the plugin and both ways
+// out; with the config back, it succeeds.
+func TestUnitCleanupWithPluginConfigGone(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	loop := w.plugins.nodes["loop"]
+	delete(w.plugins.nodes, "loop")
+	err := iso.Cleanup(context.Background(), "c1", false)
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "loop") || !strings.Contains(err.Error(), "restore the plugin's config") || !strings.Contains(err.Error(), "cleanup --force") {
+		t.Fatalf("cleanup with the plugin's config gone: %v; want ErrPrecondition naming the plugin and the ways out", err)
+	}
+	// The mounts the failed cleanup removed are not looked for again
+	// (they would be "unmounted by someone else").
+	if c := containerOf(iso, "c1"); c == nil || len(c.Mounts) > 0 {
+		t.Errorf("container after the failed cleanup: %+v; want it without the mounts the cleanup removed", c)
+	}
+	w.plugins.nodes["loop"] = loop
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}

@@ -175,6 +175,11 @@ func (iso *Isolator) release(ctx context.Context, key volumeKey, id string) erro
 		v.pending = append(v.pending, drop)
 		defer func() { v.pending = nil }()
 		if err := iso.converge(ctx, v, stCreated); err != nil {
+			if errors.Is(err, ErrUnknownPlugin) {
+				// Not the caller's mistake: the agent cannot reach
+				// the plugin to tear the volume down.
+				return fmt.Errorf("%w: %w; restore the plugin's config (the volume is then torn down), or forget the container with cleanup --force (the volume stays published until its plugin is back)", ErrPrecondition, err)
+			}
 			var held *heldError
 			if !errors.As(err, &held) {
 				return err

@@ -105,8 +105,8 @@ func (s *Set) Apply(ctx context.Context, u pluginconfig.Update) (changed []strin
 				p.Stop(true)
 			}
 		case pluginconfig.Invalid:
-			// The watcher keeps the last good config; nothing changes.
-			s.log.Warn("invalid plugin config; nothing running changes", "file", ev.File, "plugin", ev.Type, "error", ev.Err)
+			// The watcher keeps the last good config, and has logged
+			// the error (once per edit): nothing changes here.
 		}
 		if ev.Kind == pluginconfig.Added || ev.Kind == pluginconfig.Changed {
 			changed = append(changed, ev.Type)

@@ -1,9 +1,12 @@
 package supervisor
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,5 +149,17 @@ func TestManagedLifecycle(t *testing.T) {
 	}
 	if !strings.HasSuffix(p.LogDir(), filepath.Join("t.example", plugin.Info.Name, "logs")) {
 		t.Errorf("LogDir = %s", p.LogDir())
+	}
+}
+
+// TestApplyInvalidLogsNothing: an invalid config is logged once, by the
+// watcher that found it; applying its event logs nothing more (before,
+// every invalid edit was logged twice).
+func TestApplyInvalidLogsNothing(t *testing.T) {
+	var buf bytes.Buffer
+	s := NewSet(Config{Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	s.Apply(context.Background(), pluginconfig.Update{Events: []pluginconfig.Event{{Kind: pluginconfig.Invalid, File: "/etc/csi-agent/plugins.d/x.json", Err: errors.New("bad")}}})
+	if buf.Len() > 0 {
+		t.Errorf("Apply logged: %s", buf.String())
 	}
 }
