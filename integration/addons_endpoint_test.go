@@ -6,13 +6,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
@@ -178,4 +183,68 @@ func TestManagedAddonsEndpoint(t *testing.T) {
 	}
 	h.mustCleanup("c1")
 	h.assertClean(pool)
+}
+
+// countingAddons serves csi-addons NodeReclaimSpace and EncryptionKeyRotate
+// and counts their calls: discovery must make none (both may act).
+type countingAddons struct {
+	reclaimspace.UnimplementedReclaimSpaceNodeServer
+	ekr.UnimplementedEncryptionKeyRotationControllerServer
+	calls *atomic.Int64
+}
+
+func (c countingAddons) NodeReclaimSpace(context.Context, *reclaimspace.NodeReclaimSpaceRequest) (*reclaimspace.NodeReclaimSpaceResponse, error) {
+	c.calls.Add(1)
+	return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+}
+
+func (c countingAddons) EncryptionKeyRotate(context.Context, *ekr.EncryptionKeyRotateRequest) (*ekr.EncryptionKeyRotateResponse, error) {
+	c.calls.Add(1)
+	return nil, status.Error(codes.InvalidArgument, "volume_id is required")
+}
+
+// TestAddonsDiscoveryNeverActs (issue 25): on a csi-addons endpoint
+// without the csi-addons identity, services whose calls may act
+// (NodeReclaimSpace, EncryptionKeyRotate) are found by gRPC server
+// reflection, or declared in csiagent.csi_addons_services, and are never
+// called to find out: an endpoint that offers neither gets them not
+// discovered. Before, each was called with an empty request.
+func TestAddonsDiscoveryNeverActs(t *testing.T) {
+	h := newHarness(t)
+	var calls atomic.Int64
+	csiSock := filepath.Join(h.run, "csi.sock")
+	serveOn(t, csiSock, func(srv *grpc.Server) {
+		csi.RegisterIdentityServer(srv, fakeIdentity{})
+		csi.RegisterNodeServer(srv, fakeNode{})
+	})
+	for _, name := range []string{"reflected", "silent", "declared"} {
+		sock := filepath.Join(h.run, name+".sock")
+		serveOn(t, sock, func(srv *grpc.Server) {
+			a := countingAddons{calls: &calls}
+			reclaimspace.RegisterReclaimSpaceNodeServer(srv, a)
+			ekr.RegisterEncryptionKeyRotationControllerServer(srv, a)
+			if name == "reflected" {
+				reflection.Register(srv)
+			}
+		})
+		settings := `"csi_addons_endpoint":"unix://` + sock + `"`
+		if name == "declared" {
+			settings += `,"csi_addons_services":["reclaimspace.ReclaimSpaceNode"]`
+		}
+		h.writeConfig(name+".json", `{"type":"`+name+`","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"unix://`+csiSock+`"}],"csiagent":{`+settings+`}}`)
+	}
+	h.start(fastConfig(h))
+	for name, want := range map[string][]string{
+		"reflected": {"encryptionkeyrotation.EncryptionKeyRotationController", "reclaimspace.ReclaimSpaceNode"},
+		"silent":    nil,
+		"declared":  {"reclaimspace.ReclaimSpaceNode"},
+	} {
+		got := slices.Sorted(slices.Values(h.waitPlugin(name, "ready", ready).GetInstances()[0].GetAddonsServices()))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: csi-addons services %v, want %v", name, got, want)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("discovery called NodeReclaimSpace or EncryptionKeyRotate %d times", n)
+	}
 }

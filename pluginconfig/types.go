@@ -172,6 +172,20 @@ type Settings struct {
 	// empty: on its CSI endpoints. Managed plugins are told theirs in
 	// $CSIADDONS_ENDPOINT instead.
 	CSIAddonsEndpoint string `json:"csi_addons_endpoint,omitempty"`
+	// CSIAddonsServices declares the optional services the plugin serves
+	// (AddonServices' names), for a plugin that answers neither the
+	// csi-addons identity service nor gRPC server reflection: the agent
+	// never calls a service whose calls may act to find out whether it is
+	// there.
+	CSIAddonsServices []string `json:"csi_addons_services,omitempty"`
+}
+
+// AddonServices are the optional services csiagent uses, by gRPC full
+// name: csi-addons' and CSI's GroupController.
+var AddonServices = []string{
+	"reclaimspace.ReclaimSpaceNode", "reclaimspace.ReclaimSpaceController",
+	"encryptionkeyrotation.EncryptionKeyRotationController", "volumegroup.Controller",
+	"replication.Controller", "fence.FenceController", "csi.v1.GroupController",
 }
 
 // ReclaimPolicy overrides the agent-wide defaults of a per-volume schedule

@@ -3,6 +3,7 @@ package pluginconfig
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -92,6 +93,15 @@ func normalize(p *PluginInfo) error {
 		}
 		if err := p.Settings.KeyRotation.validate(SettingsKey+".key_rotation", "key rotation"); err != nil {
 			return err
+		}
+		for i, name := range p.Settings.CSIAddonsServices {
+			path := fmt.Sprintf("%s.csi_addons_services[%d]", SettingsKey, i)
+			if !slices.Contains(AddonServices, name) {
+				return fieldErr(path, "%q is not a service csiagent uses (one of %s)", name, strings.Join(AddonServices, ", "))
+			}
+			if slices.Contains(p.Settings.CSIAddonsServices[:i], name) {
+				return fieldErr(path, "%q is listed twice", name)
+			}
 		}
 	}
 	return nil

@@ -15,14 +15,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/csicompat"
 	"github.com/csiagent/csiagent/pluginconfig"
-	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/fence"
 	"github.com/csiagent/csiagent/proto/identity"
-	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
 	"github.com/csiagent/csiagent/proto/volumegroup"
 )
@@ -144,7 +144,7 @@ func probeUntilReady(ctx context.Context, conn *grpc.ClientConn, abort <-chan st
 // conn: the endpoint's identity.Identity/GetCapabilities says, or, when it
 // does not serve identity, each service is called (Unimplemented =
 // absent). CSI's GroupController is always on conn.
-func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []pluginconfig.Service) (*discovery, error) {
+func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []pluginconfig.Service, declared []string) (*discovery, error) {
 	call := func(f func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 		defer cancel()
@@ -203,7 +203,6 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 			}
 		}
 	}
-	var probes []addonProbe
 	if serves(pluginconfig.NodeService) {
 		node := csi.NewNodeClient(conn)
 		if err := call(func(ctx context.Context) error {
@@ -222,35 +221,154 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}); err != nil {
 			return nil, fmt.Errorf("NodeGetInfo: %w", err)
 		}
-		probes = append(probes,
-			probeOf("reclaimspace.ReclaimSpaceNode", reclaimspace.NewReclaimSpaceNodeClient(addonsConn).NodeReclaimSpace),
-			probeOf("encryptionkeyrotation.EncryptionKeyRotationController", ekr.NewEncryptionKeyRotationControllerClient(addonsConn).EncryptionKeyRotate),
-		)
-	}
-	if serves(pluginconfig.ControllerService) {
-		probes = append(probes,
-			probeOf("reclaimspace.ReclaimSpaceController", reclaimspace.NewReclaimSpaceControllerClient(addonsConn).ControllerReclaimSpace),
-			probeOf("volumegroup.Controller", volumegroup.NewControllerClient(addonsConn).ControllerGetVolumeGroup),
-			probeOf("replication.Controller", replication.NewControllerClient(addonsConn).GetVolumeReplicationInfo),
-			probeOf("fence.FenceController", fence.NewFenceControllerClient(addonsConn).ListClusterFence),
-			probeOf("csi.v1.GroupController", csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities),
-		)
 	}
 	if known {
 		return d, nil // the csi-addons identity said
 	}
-	for _, p := range probes {
-		// Requests are empty, so a plugin that has the service answers
-		// InvalidArgument (or similar); one without it, Unimplemented.
-		ok, err := answered(call(p.call))
-		if err != nil {
-			return nil, fmt.Errorf("discovering %s: %w", p.name, err)
+	// Without the csi-addons identity: gRPC server reflection, else the
+	// config's list, else a read-only call to each service whose calls
+	// only read. A service whose every call may act (reclaims, key
+	// rotation) is never called to find out.
+	reflections := map[*grpc.ClientConn]reflected{}
+	for _, a := range addonServices {
+		if !serves(a.role) {
+			continue
+		}
+		c := addonsConn
+		if a.csi {
+			c = conn
+		}
+		r, seen := reflections[c]
+		if !seen {
+			var err error
+			if r, err = reflectServices(ctx, c); err != nil {
+				return nil, fmt.Errorf("discovering %s: %w", a.name, err)
+			}
+			reflections[c] = r
+		}
+		var ok bool
+		switch {
+		case r.ok:
+			ok = r.services[a.name]
+		case len(declared) > 0:
+			ok = slices.Contains(declared, a.name)
+		case a.probe != nil:
+			var err error
+			if ok, err = answered(call(a.probe(c))); err != nil {
+				return nil, fmt.Errorf("discovering %s: %w", a.name, err)
+			}
 		}
 		if ok {
-			d.addons = append(d.addons, p.name)
+			d.addons = append(d.addons, a.name)
 		}
 	}
 	return d, nil
+}
+
+// reflected is what gRPC server reflection lists of an endpoint; ok is
+// false when the endpoint does not serve reflection.
+type reflected struct {
+	ok       bool
+	services map[string]bool
+}
+
+// reflectServices lists an endpoint's services by gRPC server reflection
+// (grpc.reflection.v1, else v1alpha): read-only, and the one general way
+// a gRPC server says what it serves.
+func reflectServices(ctx context.Context, conn *grpc.ClientConn) (reflected, error) {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	list := func(send func(*reflectionpb.ServerReflectionRequest) error, recv func() (*reflectionpb.ServerReflectionResponse, error)) (reflected, error) {
+		if err := send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"}}); err != nil {
+			return reflected{}, err
+		}
+		resp, err := recv()
+		if err != nil {
+			return reflected{}, err
+		}
+		r := reflected{ok: true, services: map[string]bool{}}
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			r.services[s.GetName()] = true
+		}
+		return r, nil
+	}
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err == nil {
+		r, err := list(stream.Send, stream.Recv)
+		_ = stream.CloseSend()
+		if status.Code(err) != codes.Unimplemented {
+			return r, notAnswered(err)
+		}
+	}
+	old, err := reflectionv1alpha.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		return reflected{}, notAnswered(err)
+	}
+	defer old.CloseSend()
+	r, err := list(func(req *reflectionpb.ServerReflectionRequest) error {
+		return old.Send(&reflectionv1alpha.ServerReflectionRequest{MessageRequest: &reflectionv1alpha.ServerReflectionRequest_ListServices{ListServices: req.GetListServices()}})
+	}, func() (*reflectionpb.ServerReflectionResponse, error) {
+		resp, err := old.Recv()
+		if err != nil {
+			return nil, err
+		}
+		out := &reflectionpb.ServerReflectionResponse{MessageResponse: &reflectionpb.ServerReflectionResponse_ListServicesResponse{ListServicesResponse: &reflectionpb.ListServiceResponse{}}}
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			out.GetListServicesResponse().Service = append(out.GetListServicesResponse().Service, &reflectionpb.ServiceResponse{Name: s.GetName()})
+		}
+		return out, nil
+	})
+	if status.Code(err) == codes.Unimplemented {
+		return reflected{}, nil
+	}
+	return r, notAnswered(err)
+}
+
+// notAnswered keeps the errors that mean the endpoint did not answer (as
+// answered does); any other answer is none.
+func notAnswered(err error) error {
+	_, err = answered(err)
+	return err
+}
+
+// addonService is an optional service the agent uses: the role that
+// serves it, on which endpoint (csi: the CSI one, else the csi-addons
+// one), and, for a service whose calls only read, a call with an empty
+// request that tells whether it is there (nil: its calls may act, so it is
+// never called to find out).
+type addonService struct {
+	name  string
+	role  pluginconfig.Service
+	csi   bool
+	probe func(*grpc.ClientConn) func(context.Context) error
+}
+
+// addonServices are the optional services, by gRPC full name
+// (pluginconfig.AddonServices).
+var addonServices = []addonService{
+	{name: "reclaimspace.ReclaimSpaceNode", role: pluginconfig.NodeService},
+	{name: "encryptionkeyrotation.EncryptionKeyRotationController", role: pluginconfig.NodeService},
+	{name: "reclaimspace.ReclaimSpaceController", role: pluginconfig.ControllerService},
+	{name: "volumegroup.Controller", role: pluginconfig.ControllerService, probe: func(c *grpc.ClientConn) func(context.Context) error {
+		return emptyCall(volumegroup.NewControllerClient(c).ControllerGetVolumeGroup)
+	}},
+	{name: "replication.Controller", role: pluginconfig.ControllerService, probe: func(c *grpc.ClientConn) func(context.Context) error {
+		return emptyCall(replication.NewControllerClient(c).GetVolumeReplicationInfo)
+	}},
+	{name: "fence.FenceController", role: pluginconfig.ControllerService, probe: func(c *grpc.ClientConn) func(context.Context) error {
+		return emptyCall(fence.NewFenceControllerClient(c).ListClusterFence)
+	}},
+	{name: "csi.v1.GroupController", role: pluginconfig.ControllerService, csi: true, probe: func(c *grpc.ClientConn) func(context.Context) error {
+		return emptyCall(csi.NewGroupControllerClient(c).GroupControllerGetCapabilities)
+	}},
+}
+
+// emptyCall calls method with an empty request.
+func emptyCall[Req, Resp any](method func(context.Context, *Req, ...grpc.CallOption) (Resp, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := method(ctx, new(Req))
+		return err
+	}
 }
 
 // answered reads a discovery call's error: Unimplemented means the service
@@ -304,18 +422,3 @@ func addonsCapabilities(ctx context.Context, conn *grpc.ClientConn, serves func(
 	return true, nil
 }
 
-// addonProbe is one optional service and a harmless call that tells
-// whether the plugin implements it.
-type addonProbe struct {
-	name string
-	call func(ctx context.Context) error
-}
-
-// probeOf is the probe of the service name that calls method with an empty
-// request.
-func probeOf[Req, Resp any](name string, method func(context.Context, *Req, ...grpc.CallOption) (Resp, error)) addonProbe {
-	return addonProbe{name, func(ctx context.Context) error {
-		_, err := method(ctx, new(Req))
-		return err
-	}}
-}

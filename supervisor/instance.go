@@ -28,6 +28,8 @@ type instance struct {
 	typ      string
 	pluginID string // <type>:<name>
 	services []pluginconfig.Service
+	// declaredAddons: the config's csi_addons_services.
+	declaredAddons []string
 	socket   string
 	// addonsSocket is where csi-addons is served apart from CSI: the
 	// configured csi_addons_endpoint (unmanaged; required), or the
@@ -243,7 +245,7 @@ func (in *instance) becomeReady(ctx context.Context, exited <-chan struct{}) (co
 			}
 		}
 	}
-	disc, err := discover(ctx, conn, addons, in.services)
+	disc, err := discover(ctx, conn, addons, in.services, in.declaredAddons)
 	if err != nil {
 		return fail(err)
 	}

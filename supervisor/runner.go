@@ -142,6 +142,12 @@ func (r *Plugin) newInstance(services []pluginconfig.Service, socket string, i i
 		pluginID: r.plugin.Info.Type + ":" + r.plugin.Info.Name,
 		services: append([]pluginconfig.Service(nil), services...),
 		socket:   socket,
+		declaredAddons: func() []string {
+			if st := r.plugin.Info.Settings; st != nil {
+				return st.CSIAddonsServices
+			}
+			return nil
+		}(),
 		status: &agentv1.PluginInstance{
 			Services:   names,
 			Endpoint:   "unix://" + socket,
