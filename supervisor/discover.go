@@ -421,4 +421,3 @@ func addonsCapabilities(ctx context.Context, conn *grpc.ClientConn, serves func(
 	}
 	return true, nil
 }
-

@@ -30,7 +30,7 @@ type instance struct {
 	services []pluginconfig.Service
 	// declaredAddons: the config's csi_addons_services.
 	declaredAddons []string
-	socket   string
+	socket         string
 	// addonsSocket is where csi-addons is served apart from CSI: the
 	// configured csi_addons_endpoint (unmanaged; required), or the
 	// $CSIADDONS_ENDPOINT offered to a managed command (used if created).
