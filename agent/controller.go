@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"slices"
 
 	"google.golang.org/grpc"
 
@@ -40,10 +41,20 @@ func (p controllerPlugins) NodeConn(ctx context.Context, plugin, service string)
 func (p controllerPlugins) Published(plugin, volumeID string) (controllerops.PublishedVolume, bool) {
 	for _, v := range p.a.iso.ListVolumes() {
 		if v.Plugin == plugin && v.ID == volumeID && v.State == statev1.VolumeCheckpoint_PUBLISHED {
-			return controllerops.PublishedVolume{TargetPath: v.TargetPath, StagingPath: v.StagingPath, Block: v.Block}, true
+			return controllerops.PublishedVolume{TargetPath: v.TargetPath, StagingPath: v.StagingPath, Block: v.Block, Capability: v.Capability}, true
 		}
 	}
 	return controllerops.PublishedVolume{}, false
+}
+
+func (p controllerPlugins) Publishing(volumeID string) []string {
+	var out []string
+	for _, v := range p.a.iso.ListVolumes() {
+		if v.ID == volumeID && v.State == statev1.VolumeCheckpoint_PUBLISHED && !slices.Contains(out, v.Plugin) {
+			out = append(out, v.Plugin)
+		}
+	}
+	return out
 }
 
 func (p controllerPlugins) NodeCapabilities(plugin string) []string {

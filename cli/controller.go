@@ -37,8 +37,11 @@ const ctrlGrace = 30 * time.Second
 // ctrlFlags are the flags every controller command has.
 type ctrlFlags struct {
 	socket, output, plugin, secretsFile *string
-	maxAttempts                         *uint
-	backoff, maxBackoff, timeout        *time.Duration
+	// pluginOptional: the agent finds the plugin (expand: the one that
+	// publishes the volume here).
+	pluginOptional               bool
+	maxAttempts                  *uint
+	backoff, maxBackoff, timeout *time.Duration
 }
 
 func addCtrlFlags(fs *pflag.FlagSet) *ctrlFlags {
@@ -67,8 +70,11 @@ type ctrlCall struct {
 // withController declares the flags every controller command has and
 // returns its body: it checks them, reads the secrets, connects to the
 // agent and runs call.
-func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) runFunc {
+func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error, opts ...func(*ctrlFlags)) runFunc {
 	f := addCtrlFlags(fs)
+	for _, o := range opts {
+		o(f)
+	}
 	return func(ctx context.Context, name string, _ []string) int {
 		return e.controller(ctx, name, f, call)
 	}
@@ -76,15 +82,19 @@ func (e *env) withController(fs *pflag.FlagSet, call func(ctx context.Context, c
 
 // withVolume is withController for a command on one volume published on
 // this host: it also declares --volume and requires it.
-func (e *env) withVolume(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error) runFunc {
+func (e *env) withVolume(fs *pflag.FlagSet, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error, opts ...func(*ctrlFlags)) runFunc {
 	volume := fs.String("volume", "", "the volume id (published on this host)")
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
 		if *volume == "" {
 			return usageError("--volume is required")
 		}
 		return call(ctx, client, c, *volume)
-	})
+	}, opts...)
 }
+
+// pluginOptional is the option of a command whose plugin the agent can
+// find itself.
+func pluginOptional(f *ctrlFlags) { f.pluginOptional = true }
 
 // controller runs a controller command's call with the flags f.
 func (e *env) controller(ctx context.Context, name string, f *ctrlFlags, call func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error) int {
@@ -95,7 +105,7 @@ func (e *env) controller(ctx context.Context, name string, f *ctrlFlags, call fu
 	if err := checkOutput(*f.output); err != nil {
 		return fail(ExitUsage, err)
 	}
-	if *f.plugin == "" {
+	if *f.plugin == "" && !f.pluginOptional {
 		return fail(ExitUsage, errors.New("--plugin is required: the plugin's type, as 'csi-agent plugins' lists it"))
 	}
 	switch {

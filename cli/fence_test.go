@@ -2,6 +2,7 @@ package cli
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -78,5 +79,15 @@ func TestExpandCLI(t *testing.T) {
 	}
 	if code, _, errOut := run(t, "expand", "--api-socket", socket, "--plugin", "loop", "--volume", "v1", "--size", "lots"); code != ExitUsage || errOut == "" {
 		t.Errorf("expand --size lots: exit %d %q", code, errOut)
+	}
+	// The agent finds the plugin publishing the volume (before: --plugin
+	// was required).
+	code, _, errOut = run(t, "expand", "--api-socket", socket, "--volume", "v1", "--size", "2GiB")
+	if _, req = f.last(); code != ExitOK || req.(*agentv1.ExpandVolumeRequest).GetPluginName() != "" {
+		t.Errorf("expand without --plugin: exit %d %q %v", code, errOut, req)
+	}
+	// The other controller commands still need it.
+	if code, _, errOut := run(t, "keyrotate", "--api-socket", socket, "--volume", "v1"); code != ExitUsage || !strings.Contains(errOut, "--plugin is required") {
+		t.Errorf("keyrotate without --plugin: exit %d %q", code, errOut)
 	}
 }

@@ -58,6 +58,12 @@ func (p fakePlugins) Published(plugin, id string) (PublishedVolume, bool) {
 	return PublishedVolume{TargetPath: "/var/lib/target/" + id}, plugin == "p" && id == "v1"
 }
 func (p fakePlugins) NodeCapabilities(string) []string { return []string{"EXPAND_VOLUME"} }
+func (p fakePlugins) Publishing(id string) []string {
+	if id == "v1" {
+		return []string{"p"}
+	}
+	return nil
+}
 
 func serveUnix(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
 	t.Helper()

@@ -2,6 +2,7 @@ package controllerops
 
 import (
 	"context"
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"log/slog"
 
 	"google.golang.org/grpc"
@@ -20,6 +21,8 @@ const (
 	VolumeGroupService     = "volumegroup.Controller"
 	ReplicationService     = "replication.Controller"
 	GroupControllerService = "csi.v1.GroupController"
+	// ControllerService is CSI's Controller, on the CSI endpoint.
+	ControllerService = "csi.v1.Controller"
 )
 
 // Plugins is what the operations need of the daemon's plugin set.
@@ -38,6 +41,9 @@ type Plugins interface {
 	// Published is where a volume published on this host is; false when
 	// it is not published here.
 	Published(plugin, volumeID string) (PublishedVolume, bool)
+	// Publishing are the plugins that publish a volume of that id on
+	// this host.
+	Publishing(volumeID string) []string
 	// NodeCapabilities are the node capabilities discovery found, e.g.
 	// EXPAND_VOLUME.
 	NodeCapabilities(plugin string) []string
@@ -47,6 +53,8 @@ type Plugins interface {
 type PublishedVolume struct {
 	TargetPath, StagingPath string
 	Block                   bool
+	// Capability is the one the volume was staged and published with.
+	Capability *csi.VolumeCapability
 }
 
 // Server is the Controller API service.

@@ -13,10 +13,14 @@ import (
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// TestExpandE2E: an xfs volume in use by a container is grown on the
-// backend (its image), then csi-agent's ExpandVolume grows it on the node;
-// the container's mount sees the new size without a restart, its data
-// intact.
+// TestExpandE2E (issue 25): an xfs volume in use by a container is grown
+// by one ExpandVolume that names neither the plugin (the one publishing
+// the volume here) nor anything but the new size: the loop plugin's
+// controller grows its image (ControllerExpandVolume), then its node the
+// device and the filesystem (NodeExpandVolume, with the capability the
+// volume was staged with, xfs included). The container's mount sees the
+// new size without a restart, its data intact. Before, the backend had to
+// be grown by hand and the plugin named.
 func TestExpandE2E(t *testing.T) {
 	testhelp.NeedRoot(t)
 	const small, big = 320 << 20, 640 << 20 // xfs wants 300 MiB at least
@@ -39,13 +43,13 @@ func TestExpandE2E(t *testing.T) {
 		return int64(st.Blocks) * st.Bsize
 	}
 	before := size()
-	if err := os.Truncate(filepath.Join(pool, "grow.img"), big); err != nil { // the backend grows it
-		t.Fatal(err)
-	}
 	conn := apiConn(t, h.cfg.APISocket)
-	_, res, err := collect(agentv1.NewControllerClient(conn).ExpandVolume(opCtx(t), &agentv1.ExpandVolumeRequest{PluginName: "loop", VolumeId: "grow", Retry: fast()}))
+	_, res, err := collect(agentv1.NewControllerClient(conn).ExpandVolume(opCtx(t), &agentv1.ExpandVolumeRequest{VolumeId: "grow", RequiredBytes: big, Retry: fast()}))
 	if err != nil || !res.GetDone() || res.GetCapacityBytes() != big {
 		t.Fatalf("ExpandVolume: %v, %v", res, err)
+	}
+	if st, err := os.Stat(filepath.Join(pool, "grow.img")); err != nil || st.Size() != big {
+		t.Errorf("the image after the expansion: %v, %v; want %d bytes", st, err, big)
 	}
 	if after := size(); after < before+(big-small)*9/10 {
 		t.Errorf("the container sees %d bytes before, %d after growing from %d to %d", before, after, small, big)
@@ -53,8 +57,12 @@ func TestExpandE2E(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(inContainer, "kept")); err != nil || string(b) != "kept" {
 		t.Errorf("data after growing: %q, %v", b, err)
 	}
-	_, _, err = collect(agentv1.NewControllerClient(conn).ExpandVolume(context.Background(), &agentv1.ExpandVolumeRequest{PluginName: "loop", VolumeId: "nope", Retry: fast()}))
-	wantStatus(t, err, codes.FailedPrecondition, "not published on this host")
+	// Without a size, the backend cannot be grown.
+	_, _, err = collect(agentv1.NewControllerClient(conn).ExpandVolume(context.Background(), &agentv1.ExpandVolumeRequest{VolumeId: "grow", Retry: fast()}))
+	wantStatus(t, err, codes.InvalidArgument, "required_bytes is required")
+	// A volume not published here: its plugin cannot be told.
+	_, _, err = collect(agentv1.NewControllerClient(conn).ExpandVolume(context.Background(), &agentv1.ExpandVolumeRequest{VolumeId: "nope", RequiredBytes: big, Retry: fast()}))
+	wantStatus(t, err, codes.InvalidArgument, "not published on this host")
 	h.mustCleanup("c1")
 	h.assertClean(pool)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -697,6 +698,14 @@ func (iso *Isolator) containerIDs() []string {
 	return ids
 }
 
+// cloneCapability is a copy of c (nil: nil).
+func cloneCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
+	if c == nil {
+		return nil
+	}
+	return proto.Clone(c).(*csi.VolumeCapability)
+}
+
 // ListVolumes reports every tracked volume, sorted by plugin and id.
 func (iso *Isolator) ListVolumes() []VolumeInfo {
 	iso.mu.Lock()
@@ -708,6 +717,7 @@ func (iso *Isolator) ListVolumes() []VolumeInfo {
 			Plugin: v.key.plugin, ID: v.key.id, State: cp.GetState(), StateSince: optionalTime(cp.GetStateSince()),
 			Users: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
+			Capability:  cloneCapability(cp.GetStaticProvisioning().GetVolumeCapability()),
 			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
 			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
 		})

@@ -1,6 +1,7 @@
 package isolator
 
 import (
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,7 +18,10 @@ type VolumeInfo struct {
 	Users                   []string
 	StagingPath, TargetPath string
 	Block, Readonly         bool
-	LastError               string
+	// Capability is the one the volume is staged and published with (nil
+	// for a volume rebuilt without its request).
+	Capability *csi.VolumeCapability
+	LastError  string
 	// NextReclaim and NextKeyRotation are the persisted next runs (zero:
 	// none persisted yet); LastReclaim the last reclaim's result (nil:
 	// none); Reclaiming a reclaim call runs now.
