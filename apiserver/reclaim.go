@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
@@ -20,6 +21,9 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 	ctx := stream.Context()
 	if err := s.recovered(ctx); err != nil {
 		return err
+	}
+	if !req.GetOffline() && (len(req.GetSecrets()) > 0 || len(req.GetParameters()) > 0 || req.GetRetry() != nil) {
+		return status.Error(codes.InvalidArgument, "secrets, parameters and retry are for an offline reclaim (ControllerReclaimSpace); NodeReclaimSpace takes none")
 	}
 	if req.GetOffline() {
 		return s.reclaimOffline(ctx, req, stream)
@@ -106,11 +110,17 @@ func (s *Server) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRe
 	if !s.cfg.Offers(ref.GetPluginName(), reclaim.ControllerService) {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), reclaim.ControllerService)
 	}
+	policy, err := retrypolicy.Parse(req.GetRetry())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, policy.Timeout)
+	defer cancel()
 	conn, err := s.cfg.ControllerConn(ctx, ref.GetPluginName(), reclaim.ControllerService)
 	if err != nil {
 		return err
 	}
-	res, err := s.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), nil)
+	res, err := s.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), req.GetSecrets(), req.GetParameters(), policy)
 	if res == nil {
 		return Status(err)
 	}

@@ -216,8 +216,17 @@ func (e *env) reclaimCmd(fs *pflag.FlagSet) runFunc {
 	containerID := fs.String("container", "", "reclaim every volume of this container")
 	all := fs.Bool("all", false, "reclaim every published volume")
 	offline := fs.Bool("offline", false, "call ControllerReclaimSpace for --plugin/--volume, a volume not published on this host")
+	secretsFile := fs.String("secrets-file", "", "with --offline: JSON file with an object of strings passed as the request's secrets (never logged)")
+	params := paramFlag(fs, "with --offline: a parameter of the request")
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
-		req := &agentv1.ReclaimSpaceRequest{Offline: *offline}
+		req := &agentv1.ReclaimSpaceRequest{Offline: *offline, Parameters: params.params()}
+		if *secretsFile != "" {
+			secrets, err := readSecrets(*secretsFile)
+			if err != nil {
+				return usageError(err.Error())
+			}
+			req.Secrets = secrets
+		}
 		n := 0
 		if *volume != "" {
 			n++
@@ -236,6 +245,8 @@ func (e *env) reclaimCmd(fs *pflag.FlagSet) runFunc {
 			return usageError("name exactly one of --volume, --container or --all")
 		case *offline && (*volume == "" || *plugin == ""):
 			return usageError("--offline needs --plugin and --volume")
+		case !*offline && (req.Secrets != nil || req.Parameters != nil):
+			return usageError("--secrets-file and --param are for --offline (ControllerReclaimSpace)")
 		}
 		stream, err := client.ReclaimSpace(ctx, req)
 		if err != nil {

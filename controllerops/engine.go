@@ -87,65 +87,11 @@ func generalRecovery(code codes.Code) recovery {
 	return recovery{false, "see the plugin's message and logs"}
 }
 
-// retryPolicy is a validated agentv1.RetryPolicy.
-type retryPolicy struct {
-	attempts              int
-	initial, max, timeout time.Duration
-}
-
-func parseRetryPolicy(p *agentv1.RetryPolicy) (retryPolicy, error) {
-	rp := retryPolicy{attempts: retrypolicy.DefaultAttempts, initial: retrypolicy.DefaultBackoff, max: retrypolicy.DefaultMaxBackoff, timeout: retrypolicy.DefaultTimeout}
-	if p == nil {
-		return rp, nil
-	}
-	if n := p.GetMaxAttempts(); n > 0 {
-		if n > retrypolicy.MaxAttempts {
-			return rp, fmt.Errorf("retry.max_attempts %d: at most %d", n, retrypolicy.MaxAttempts)
-		}
-		rp.attempts = int(n)
-	}
-	dur := func(name string, d *durationpb.Duration, lo, hi time.Duration, into *time.Duration) error {
-		if d == nil {
-			return nil
-		}
-		if err := d.CheckValid(); err != nil {
-			return fmt.Errorf("retry.%s: %w", name, err)
-		}
-		v := d.AsDuration()
-		if v == 0 {
-			return nil
-		}
-		if v < lo || v > hi {
-			return fmt.Errorf("retry.%s %v: must be between %v and %v", name, v, lo, hi)
-		}
-		*into = v
-		return nil
-	}
-	if err := dur("initial_backoff", p.GetInitialBackoff(), retrypolicy.MinBackoff, retrypolicy.MaxTimeout, &rp.initial); err != nil {
-		return rp, err
-	}
-	if err := dur("max_backoff", p.GetMaxBackoff(), retrypolicy.MinBackoff, retrypolicy.MaxTimeout, &rp.max); err != nil {
-		return rp, err
-	}
-	if err := dur("timeout", p.GetTimeout(), time.Millisecond, retrypolicy.MaxTimeout, &rp.timeout); err != nil {
-		return rp, err
-	}
-	rp.max = max(rp.max, rp.initial)
-	return rp, nil
-}
-
-// backoff is the wait after the n-th failed call (from 1): initial
-// doubling up to max, with up to 10% jitter so that agents retrying the
-// same plugin spread out.
-func (p retryPolicy) backoff(n int) time.Duration {
-	return retrypolicy.Backoff(p.initial, p.max, n-1, 10)
-}
-
 // op is one operation on one plugin: its policy and progress sink.
 type op struct {
 	s        *Server
 	plugin   string
-	policy   retryPolicy
+	policy   retrypolicy.Policy
 	progress func(*agentv1.Progress) error
 }
 
@@ -222,15 +168,15 @@ func (o *op) invoke(ctx context.Context, spec rpcSpec, req proto.Message, f func
 		if !rec.retry {
 			return o.failed(spec, st, rec, fmt.Sprintf("%s, not retried", calls(attempt)))
 		}
-		if attempt >= o.policy.attempts {
+		if attempt >= o.policy.Attempts {
 			return o.failed(spec, st, rec, fmt.Sprintf("gave up after %s", calls(attempt)))
 		}
-		wait := o.policy.backoff(attempt)
+		wait := o.policy.Backoff(attempt)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			return o.failed(spec, st, rec, fmt.Sprintf("gave up after %s: the operation's timeout ends before the next retry", calls(attempt)))
 		}
 		if err := o.progress(&agentv1.Progress{
-			Kind: agentv1.Progress_RETRY, Rpc: spec.name(), Attempt: uint32(attempt), MaxAttempts: uint32(o.policy.attempts),
+			Kind: agentv1.Progress_RETRY, Rpc: spec.name(), Attempt: uint32(attempt), MaxAttempts: uint32(o.policy.Attempts),
 			Code: st.Code().String(), Message: st.Message(), Hint: o.hint(spec, st.Code(), rec), RetryIn: durationpb.New(wait),
 		}); err != nil {
 			return err
@@ -290,7 +236,7 @@ func (o *op) gaveUp(ctx context.Context, spec rpcSpec, attempt int, last *status
 		return status.Errorf(codes.Canceled, "plugin %s: %s: cancelled after %s", o.plugin, spec.name(), calls(attempt))
 	}
 	return status.Errorf(codes.DeadlineExceeded, "plugin %s: %s: the operation's timeout (%v) ran out after %s; last error: %s: %s",
-		o.plugin, spec.name(), o.policy.timeout, calls(attempt), last.Code(), last.Message())
+		o.plugin, spec.name(), o.policy.Timeout, calls(attempt), last.Code(), last.Message())
 }
 
 func capitalize(s string) string {
@@ -309,10 +255,10 @@ func (o *op) untilReady(ctx context.Context, spec rpcSpec, noWait bool, what str
 		if err != nil || ready || noWait {
 			return ready, err
 		}
-		wait := o.policy.backoff(n)
+		wait := o.policy.Backoff(n)
 		notReady := func() error {
 			return status.Errorf(codes.DeadlineExceeded, "plugin %s: %s: %s not ready after %s within the operation's timeout (%v); the plugin goes on: run the command again to check",
-				o.plugin, spec.name(), what, calls(n), o.policy.timeout)
+				o.plugin, spec.name(), what, calls(n), o.policy.Timeout)
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			return false, notReady()

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 )
@@ -41,7 +42,7 @@ func (s *Server) RotateKey(req *agentv1.RotateKeyRequest, stream grpc.ServerStre
 // the plugin's status error, or FailedPrecondition when the volume is not
 // published here.
 func (s *Server) RotateKeyOnce(ctx context.Context, plugin, id string) error {
-	o := &op{s: s, plugin: plugin, policy: retryPolicy{attempts: 1}, progress: func(*agentv1.Progress) error { return nil }}
+	o := &op{s: s, plugin: plugin, policy: retrypolicy.Policy{Attempts: 1}, progress: func(*agentv1.Progress) error { return nil }}
 	return asStatus(s.rotateKey(ctx, o, id, nil, nil))
 }
 

@@ -2,9 +2,9 @@ package controllerops
 
 import (
 	"context"
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"log/slog"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/keyedlock"
 	"github.com/csiagent/csiagent/internal/redact"
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -90,13 +91,13 @@ func serve[Reply any](s *Server, method string, req request, stream grpc.ServerS
 	if plugin == "" {
 		return status.Error(codes.InvalidArgument, "plugin_name is required: the plugin's type, as 'csi-agent plugins' lists it")
 	}
-	rp, err := parseRetryPolicy(req.GetRetry())
+	rp, err := retrypolicy.Parse(req.GetRetry())
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	log := s.log.With("method", method, "plugin", plugin)
 	log.Info("controller operation", "request", redact.Value(req))
-	ctx, cancel := context.WithTimeout(stream.Context(), rp.timeout)
+	ctx, cancel := context.WithTimeout(stream.Context(), rp.Timeout)
 	defer cancel()
 	o := &op{s: s, plugin: plugin, policy: rp, progress: func(p *agentv1.Progress) error { return stream.Send(wrap(p)) }}
 	err = body(ctx, o)

@@ -133,7 +133,11 @@ func TestAddonsEndpoint(t *testing.T) {
 	if _, res, err := collect(ctrl.CreateGroupSnapshot(opCtx(t), &agentv1.CreateGroupSnapshotRequest{PluginName: "ceph", Name: "s", SourceVolumeIds: []string{"v1"}, Retry: fast()})); err != nil || res.GetGroupSnapshot() == nil {
 		t.Errorf("CreateGroupSnapshot on the CSI endpoint: %v %v", res, err)
 	}
-	stream, err := api.ReclaimSpace(opCtx(t), &agentv1.ReclaimSpaceRequest{Target: &agentv1.ReclaimSpaceRequest_Volume{Volume: &agentv1.VolumeRef{PluginName: "ceph", VolumeId: "v9"}}, Offline: true})
+	// Offline, with the request's secrets and parameters; Aborted (an
+	// operation pending) is retried, as csi-addons' table says.
+	f.script("ControllerReclaimSpace", fakeStep{code: codes.Aborted})
+	stream, err := api.ReclaimSpace(opCtx(t), &agentv1.ReclaimSpaceRequest{Target: &agentv1.ReclaimSpaceRequest_Volume{Volume: &agentv1.VolumeRef{PluginName: "ceph", VolumeId: "v9"}}, Offline: true,
+		Secrets: map[string]string{"userKey": "s3cr3t"}, Parameters: map[string]string{"clusterID": "c1"}, Retry: fast()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +145,13 @@ func TestAddonsEndpoint(t *testing.T) {
 	if err != nil || first.GetResult().GetBytesReclaimed() != 200 {
 		t.Errorf("offline reclaim through the csi-addons endpoint: %v %v", first, err)
 	}
+	if r := f.request("ControllerReclaimSpace", 1).(*reclaimspace.ControllerReclaimSpaceRequest); r.GetSecrets()["userKey"] != "s3cr3t" || r.GetParameters()["clusterID"] != "c1" {
+		t.Errorf("ControllerReclaimSpace request %v: want the secrets and parameters", r)
+	}
 	if _, _, err := collect(ctrl.CreateVolumeGroup(opCtx(t), &agentv1.CreateVolumeGroupRequest{PluginName: "bare", Name: "g2", Retry: fast()})); err != nil {
 		t.Errorf("CreateVolumeGroup through the bare csi-addons endpoint: %v", err)
 	}
-	for method, want := range map[string]int{"CreateVolumeGroup": 2, "EnableVolumeReplication": 1, "CreateVolumeGroupSnapshot": 1, "ControllerReclaimSpace": 1} {
+	for method, want := range map[string]int{"CreateVolumeGroup": 2, "EnableVolumeReplication": 1, "CreateVolumeGroupSnapshot": 1, "ControllerReclaimSpace": 2} {
 		if n := f.count(method); n != want {
 			t.Errorf("%s: %d calls, want %d", method, n, want)
 		}

@@ -16,10 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
-
-	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 // The attack table through the daemon (host mode, a rootfs): what a

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -145,25 +146,51 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 }
 
 // ReclaimOffline calls ControllerReclaimSpace for a volume that is not
-// published on this host.
-func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimController, plugin, id string, secrets map[string]string) (*statev1.ReclaimResult, error) {
+// published on this host, with the request's secrets and parameters, and
+// retries as csi-addons' error table says (policy: attempts and
+// backoff): Aborted (another operation on the volume is pending) and
+// NotFound (the volume may not be visible yet) with exponential backoff,
+// and Unavailable and DeadlineExceeded (the plugin's transport); any
+// other code ends it. The volume stays locked meanwhile: it cannot be
+// published while its space is reclaimed offline.
+func (iso *Isolator) ReclaimOffline(ctx context.Context, client ReclaimController, plugin, id string, secrets, params map[string]string, policy retrypolicy.Policy) (*statev1.ReclaimResult, error) {
 	var res *statev1.ReclaimResult
 	var callErr error
 	err := iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
 		if v != nil {
 			return fmt.Errorf("%w: volume %s/%s is in use on this host (%s): reclaim it online", ErrPrecondition, plugin, id, v.cp.GetState())
 		}
-		start := time.Now()
-		resp, err := client.ControllerReclaimSpace(ctx, &reclaimspace.ControllerReclaimSpaceRequest{VolumeId: id, Secrets: secrets})
-		res = reclaimResult(start, resp.GetPreUsage().GetUsageBytes(), resp.GetPostUsage().GetUsageBytes(),
-			resp.GetPreUsage() != nil, resp.GetPostUsage() != nil, err)
-		callErr = err
-		return nil
+		req := &reclaimspace.ControllerReclaimSpaceRequest{VolumeId: id, Secrets: secrets, Parameters: params}
+		for attempt := 1; ; attempt++ {
+			start := time.Now()
+			resp, err := client.ControllerReclaimSpace(ctx, req)
+			res = reclaimResult(start, resp.GetPreUsage().GetUsageBytes(), resp.GetPostUsage().GetUsageBytes(),
+				resp.GetPreUsage() != nil, resp.GetPostUsage() != nil, err)
+			callErr = err
+			if err == nil || !offlineRetried[status.Code(err)] || attempt >= policy.Attempts {
+				return nil
+			}
+			wait := policy.Backoff(attempt)
+			iso.log.Info("retrying ControllerReclaimSpace", "volume", plugin+"/"+id, "attempt", attempt, "code", status.Code(err).String(), "wait", wait)
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil // the last answer stands
+			case <-t.C:
+			}
+		}
 	})
 	if err != nil {
 		return nil, err
 	}
 	return res, callErr
+}
+
+// offlineRetried are the ControllerReclaimSpace codes retried with
+// backoff (csi-addons' error table; the transport's).
+var offlineRetried = map[codes.Code]bool{
+	codes.Aborted: true, codes.NotFound: true, codes.Unavailable: true, codes.DeadlineExceeded: true,
 }
 
 func reclaimResult(start time.Time, pre, post int64, hasPre, hasPost bool, err error) *statev1.ReclaimResult {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,10 +16,13 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
+	"github.com/csiagent/csiagent/proto/reclaimspace"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -1518,4 +1522,57 @@ func TestUnitCleanupWithPluginConfigGone(t *testing.T) {
 	w.plugins.nodes["loop"] = loop
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
+}
+
+// scriptedReclaimer answers ControllerReclaimSpace with its script's codes,
+// then success, recording the requests.
+type scriptedReclaimer struct {
+	script []codes.Code
+	reqs   []*reclaimspace.ControllerReclaimSpaceRequest
+}
+
+func (s *scriptedReclaimer) ControllerReclaimSpace(_ context.Context, req *reclaimspace.ControllerReclaimSpaceRequest, _ ...grpc.CallOption) (*reclaimspace.ControllerReclaimSpaceResponse, error) {
+	s.reqs = append(s.reqs, req)
+	if len(s.script) > 0 {
+		c := s.script[0]
+		s.script = s.script[1:]
+		return nil, status.Error(c, "scripted")
+	}
+	return &reclaimspace.ControllerReclaimSpaceResponse{PreUsage: &reclaimspace.StorageConsumption{UsageBytes: 300}, PostUsage: &reclaimspace.StorageConsumption{UsageBytes: 100}}, nil
+}
+
+// TestUnitReclaimOfflineRetryTable: an offline reclaim sends the secrets
+// and parameters, retries Aborted and NotFound (csi-addons' error table)
+// and the transport's codes with backoff up to the policy's attempts, and
+// stops at once on the others. Before: one attempt, no secrets, no
+// parameters.
+func TestUnitReclaimOfflineRetryTable(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	policy := retrypolicy.Policy{Attempts: 4, Initial: time.Millisecond, Max: time.Millisecond}
+	secrets, params := map[string]string{"key": "s3cr3t"}, map[string]string{"pool": "a"}
+	for _, c := range []struct {
+		script []codes.Code
+		calls  int
+		want   codes.Code
+	}{
+		{[]codes.Code{codes.Aborted, codes.NotFound, codes.Unavailable}, 4, codes.OK},
+		{[]codes.Code{codes.Aborted, codes.Aborted, codes.Aborted, codes.Aborted, codes.Aborted}, 4, codes.Aborted},
+		{[]codes.Code{codes.InvalidArgument}, 1, codes.InvalidArgument},
+		{[]codes.Code{codes.Unauthenticated}, 1, codes.Unauthenticated},
+	} {
+		r := &scriptedReclaimer{script: c.script}
+		res, err := iso.ReclaimOffline(context.Background(), r, "loop", "vol-9", secrets, params, policy)
+		if status.Code(err) != c.want || len(r.reqs) != c.calls {
+			t.Errorf("script %v: %v after %d calls; want %v after %d", c.script, err, len(r.reqs), c.want, c.calls)
+		}
+		if c.want == codes.OK && res.GetBytesReclaimed() != 200 {
+			t.Errorf("script %v: result %v", c.script, res)
+		}
+		for _, req := range r.reqs {
+			if !maps.Equal(req.GetSecrets(), secrets) || !maps.Equal(req.GetParameters(), params) {
+				t.Errorf("request %v: want the secrets and parameters", req)
+			}
+		}
+	}
 }

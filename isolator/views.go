@@ -1,9 +1,9 @@
 package isolator
 
 import (
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"

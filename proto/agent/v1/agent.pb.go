@@ -1548,7 +1548,14 @@ type ReclaimSpaceRequest struct {
 	//	*ReclaimSpaceRequest_All
 	Target isReclaimSpaceRequest_Target `protobuf_oneof:"target"`
 	// Call ControllerReclaimSpace for volume (not published here).
-	Offline       bool `protobuf:"varint,4,opt,name=offline,proto3" json:"offline,omitempty"`
+	Offline bool `protobuf:"varint,4,opt,name=offline,proto3" json:"offline,omitempty"`
+	// Offline only: the ControllerReclaimSpace request's secrets (never
+	// logged) and parameters, and how the call is retried (Aborted,
+	// NotFound, Unavailable and DeadlineExceeded, as csi-addons' error table
+	// says; unset: the defaults).
+	Secrets       map[string]string `protobuf:"bytes,5,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Parameters    map[string]string `protobuf:"bytes,6,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1629,27 @@ func (x *ReclaimSpaceRequest) GetOffline() bool {
 		return x.Offline
 	}
 	return false
+}
+
+func (x *ReclaimSpaceRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *ReclaimSpaceRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
 }
 
 type isReclaimSpaceRequest_Target interface {
@@ -2854,7 +2882,7 @@ var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaf\x03\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.agent.v1.Volume.ModeR\x04mode\x128\n" +
@@ -3011,12 +3039,23 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"post_usage\x18\x05 \x01(\x03R\tpostUsage\x12'\n" +
 	"\x0fbytes_reclaimed\x18\x06 \x01(\x03R\x0ebytesReclaimed\x12\x12\n" +
-	"\x04code\x18\a \x01(\tR\x04code\"\xaa\x01\n" +
+	"\x04code\x18\a \x01(\tR\x04code\"\x87\x04\n" +
 	"\x13ReclaimSpaceRequest\x126\n" +
 	"\x06volume\x18\x01 \x01(\v2\x1c.csiagent.agent.v1.VolumeRefH\x00R\x06volume\x12#\n" +
 	"\fcontainer_id\x18\x02 \x01(\tH\x00R\vcontainerId\x12\x12\n" +
 	"\x03all\x18\x03 \x01(\bH\x00R\x03all\x12\x18\n" +
-	"\aoffline\x18\x04 \x01(\bR\aofflineB\b\n" +
+	"\aoffline\x18\x04 \x01(\bR\aoffline\x12R\n" +
+	"\asecrets\x18\x05 \x03(\v23.csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x12V\n" +
+	"\n" +
+	"parameters\x18\x06 \x03(\v26.csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntryR\n" +
+	"parameters\x124\n" +
+	"\x05retry\x18\a \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
 	"\x06target\"I\n" +
 	"\tVolumeRef\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
@@ -3141,7 +3180,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),               // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),               // 1: csiagent.agent.v1.Volume.Mode
@@ -3186,16 +3225,19 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	nil,                            // 40: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
 	(*Secret_Reference)(nil),       // 41: csiagent.agent.v1.Secret.Reference
 	(*Secret_Value)(nil),           // 42: csiagent.agent.v1.Secret.Value
-	nil,                            // 43: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	(*csi.VolumeCapability)(nil),   // 44: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),  // 45: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
+	nil,                            // 43: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                            // 44: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                            // 45: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	(*csi.VolumeCapability)(nil),   // 46: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 48: google.protobuf.Duration
+	(*RetryPolicy)(nil),            // 49: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
 	37, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	8,  // 2: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	44, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	46, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
 	38, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
 	39, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
 	40, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
@@ -3206,58 +3248,61 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	12, // 11: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	17, // 12: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 13: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	45, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	45, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	47, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	47, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
 	19, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
 	18, // 17: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	45, // 18: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	45, // 19: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	45, // 20: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	46, // 21: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	47, // 18: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	47, // 19: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	47, // 20: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	48, // 21: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
 	21, // 22: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	21, // 23: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	19, // 24: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	23, // 25: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	26, // 26: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 27: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	12, // 28: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	43, // 29: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	34, // 30: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	33, // 31: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	34, // 32: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 33: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	36, // 34: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	35, // 35: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	0,  // 36: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	45, // 37: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	45, // 38: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 39: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	7,  // 40: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	9,  // 41: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	9,  // 42: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	29, // 43: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	31, // 44: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	29, // 45: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	10, // 46: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	13, // 47: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	15, // 48: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	24, // 49: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	27, // 50: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	20, // 51: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	30, // 52: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	32, // 53: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	30, // 54: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // 55: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	14, // 56: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	16, // 57: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	25, // 58: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	28, // 59: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	22, // 60: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	52, // [52:61] is the sub-list for method output_type
-	43, // [43:52] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	43, // 23: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	44, // 24: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	49, // 25: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	21, // 26: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	19, // 27: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	23, // 28: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	26, // 29: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 30: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	12, // 31: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	45, // 32: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	34, // 33: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	33, // 34: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	34, // 35: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 36: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	36, // 37: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	35, // 38: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	0,  // 39: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	47, // 40: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	47, // 41: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 42: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	7,  // 43: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	9,  // 44: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	9,  // 45: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	29, // 46: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	31, // 47: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	29, // 48: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	10, // 49: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	13, // 50: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	15, // 51: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	24, // 52: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	27, // 53: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	20, // 54: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	30, // 55: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	32, // 56: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	30, // 57: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	11, // 58: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	14, // 59: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	16, // 60: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	25, // 61: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	28, // 62: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	22, // 63: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	55, // [55:64] is the sub-list for method output_type
+	46, // [46:55] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -3265,6 +3310,7 @@ func file_proto_agent_v1_agent_proto_init() {
 	if File_proto_agent_v1_agent_proto != nil {
 		return
 	}
+	file_proto_agent_v1_controller_proto_init()
 	file_proto_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*ReclaimSpaceRequest_Volume)(nil),
 		(*ReclaimSpaceRequest_ContainerId)(nil),
@@ -3276,7 +3322,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
