@@ -1,9 +1,11 @@
-// Package retrypolicy holds the defaults and limits of the controller
-// API's RetryPolicy (proto/agent/v1 controller.proto): the agent applies
-// them to the fields a request leaves unset, and the CLI shows them as its
-// flags' defaults. They are defined here only, so the two cannot drift.
+// Package retrypolicy holds the defaults and limits of the API's
+// RetryPolicy (proto/agent/v1 controller.proto): the agent applies them to
+// the fields a request leaves unset, and the CLI shows them as its flags'
+// defaults. They are defined here only, so the two cannot drift.
 //
-// Backoff is the one exponential backoff with a cap and jitter: the
-// controller operations' retries and the supervisor's plugin restarts
-// wait what it computes (each with its own base, cap and jitter).
+// Parse turns a request's RetryPolicy into a Policy (the Controller API's
+// operations and offline reclaims use it), naming the field out of its
+// limits. Backoff is the one exponential backoff with a cap and jitter:
+// the retries of both and the supervisor's plugin restarts wait what it
+// computes (each with its own base, cap and jitter).
 package retrypolicy
