@@ -1576,3 +1576,18 @@ func TestUnitReclaimOfflineRetryTable(t *testing.T) {
 		}
 	}
 }
+
+// TestUnitPluginErrorFirstLine: a plugin error that carries a tool's
+// whole output reaches the caller as its first line, with a note that the
+// rest is in the agent's log; a one-line message stays as it is.
+func TestUnitPluginErrorFirstLine(t *testing.T) {
+	usage := "mkfs.xfs: exit status 1: Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n/* blocksize */\t\t[-b size=num]\n"
+	err := &rpcError{plugin: "loop", rpc: "NodeStageVolume", volume: "v", err: status.Error(codes.Internal, usage)}
+	if got, want := err.Error(), "plugin loop: NodeStageVolume of volume v: mkfs.xfs: exit status 1: Filesystem must be larger than 300MB. (2 more lines in the agent's log)"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	one := &rpcError{plugin: "loop", rpc: "NodeStageVolume", volume: "v", err: status.Error(codes.Internal, "no space left")}
+	if got := one.Error(); got != "plugin loop: NodeStageVolume of volume v: no space left" {
+		t.Errorf("Error() = %q", got)
+	}
+}

@@ -614,6 +614,9 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 		retryable := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.ResourceExhausted || code == codes.Aborted
 		wrapped := &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
 		if !retryable || ctx.Err() != nil {
+			if msg := status.Convert(err).Message(); strings.Contains(strings.TrimSpace(msg), "\n") {
+				iso.log.Warn("node RPC failed", "rpc", rpc, "volume", v.key.String(), "code", code.String(), "message", msg)
+			}
 			return wrapped
 		}
 		d := pause + rand.N(pause/2+1)
@@ -658,8 +661,21 @@ type rpcError struct {
 	err                 error
 }
 
+// Error gives the plugin's message up to its first line break: a
+// plugin's error may carry a tool's whole output (mkfs.xfs's usage text);
+// the whole message is in the agent's log (call logs it).
 func (e *rpcError) Error() string {
-	return fmt.Sprintf("plugin %s: %s of volume %s: %s", e.plugin, e.rpc, e.volume, status.Convert(e.err).Message())
+	return fmt.Sprintf("plugin %s: %s of volume %s: %s", e.plugin, e.rpc, e.volume, firstLine(status.Convert(e.err).Message()))
+}
+
+// firstLine is msg's first line that is not blank, with a note of how
+// many lines follow, if any.
+func firstLine(msg string) string {
+	lines := strings.Split(strings.TrimSpace(msg), "\n")
+	if len(lines) <= 1 {
+		return strings.TrimSpace(msg)
+	}
+	return fmt.Sprintf("%s (%d more lines in the agent's log)", strings.TrimSpace(lines[0]), len(lines)-1)
 }
 
 func (e *rpcError) Unwrap() error { return e.err }
