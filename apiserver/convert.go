@@ -119,7 +119,7 @@ func VolumeStatus(v isolator.VolumeInfo) *agentv1.VolumeStatus {
 		PluginName: v.Plugin, VolumeId: v.ID, State: agentv1.VolumeStatus_State(v.State), StateSince: timestamp(v.StateSince),
 		Containers: v.Users, StagingPath: v.StagingPath, TargetPath: v.TargetPath, Block: v.Block, Readonly: v.Readonly,
 		LastError: v.LastError, NextReclaim: timestamp(v.NextReclaim), LastReclaim: ReclaimResult(v.LastReclaim),
-		Reclaiming: v.Reclaiming, NextKeyRotation: timestamp(v.NextKeyRotation), LastRepair: v.LastRepair,
+		Reclaiming: v.Reclaiming, NextKeyRotation: timestamp(v.NextKeyRotation), LastRepair: v.LastRepair, Pending: v.Pending,
 	}
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,9 +134,13 @@ func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 			tw := newTable(e.stdout, "PLUGIN\tVOLUME\tSTATE\tCONTAINERS\tUSE\tCONDITION\tLAST RECLAIM\tNEXT RECLAIM\tNEXT KEY ROTATION\tLAST REPAIR\tTARGET\tERROR")
 			for _, v := range resp.GetVolumes() {
 				use, cond := statsCells(v.GetStats())
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), v.GetState(),
+				state := v.GetState().String()
+				if v.GetPending() != "" {
+					state += " (pending)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.GetPluginName(), v.GetVolumeId(), state,
 					orDash(strings.Join(v.GetContainers(), ",")), use, cond, reclaimCell(v.GetLastReclaim()), timeCell(v.GetNextReclaim()),
-					timeCell(v.GetNextKeyRotation()), orDash(oneLine(v.GetLastRepair())), v.GetTargetPath(), orDash(oneLine(v.GetLastError())))
+					timeCell(v.GetNextKeyRotation()), orDash(oneLine(v.GetLastRepair())), v.GetTargetPath(), orDash(oneLine(cmp.Or(v.GetLastError(), v.GetPending()))))
 			}
 			return tw.Flush()
 		})

@@ -698,6 +698,15 @@ func (iso *Isolator) containerIDs() []string {
 	return ids
 }
 
+// pending says why a plugin's volumes wait: it has no config; "" when it
+// has one.
+func (iso *Isolator) pending(plugin string) string {
+	if _, err := iso.cfg.Plugins.Lookup(plugin); errors.Is(err, ErrUnknownPlugin) {
+		return "kept as it is until its plugin's config is back: " + err.Error()
+	}
+	return ""
+}
+
 // cloneCapability is a copy of c (nil: nil).
 func cloneCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
 	if c == nil {
@@ -719,7 +728,7 @@ func (iso *Isolator) ListVolumes() []VolumeInfo {
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
 			Capability:  cloneCapability(cp.GetStaticProvisioning().GetVolumeCapability()),
 			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
-			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
+			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(), Pending: iso.pending(v.key.plugin),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -1508,8 +1508,15 @@ func TestUnitCleanupWithPluginConfigGone(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if v := volumeOf(iso, "loop", "vol-1"); v.Pending != "" {
+		t.Errorf("volume of a configured plugin shown pending: %q", v.Pending)
+	}
 	loop := w.plugins.nodes["loop"]
 	delete(w.plugins.nodes, "loop")
+	// Shown pending while the config is gone.
+	if v := volumeOf(iso, "loop", "vol-1"); !strings.Contains(v.Pending, "until its plugin's config is back") {
+		t.Errorf("volume of a plugin without config: pending %q", v.Pending)
+	}
 	err := iso.Cleanup(context.Background(), "c1", false)
 	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "loop") || !strings.Contains(err.Error(), "restore the plugin's config") || !strings.Contains(err.Error(), "cleanup --force") {
 		t.Fatalf("cleanup with the plugin's config gone: %v; want ErrPrecondition naming the plugin and the ways out", err)

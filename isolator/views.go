@@ -30,6 +30,9 @@ type VolumeInfo struct {
 	Reclaiming                   bool
 	// LastRepair says what the last repair did ("": never repaired).
 	LastRepair string
+	// Pending says why nothing is done to the volume for now (its plugin
+	// has no config); "": nothing waits.
+	Pending string
 }
 
 // ContainerInfo is a container with volumes as ListContainers reports it.

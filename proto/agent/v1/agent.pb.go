@@ -1148,7 +1148,10 @@ type VolumeStatus struct {
 	NextKeyRotation *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=next_key_rotation,json=nextKeyRotation,proto3" json:"next_key_rotation,omitempty"`
 	// What the last repair did (its time, republished, the containers'
 	// mounts re-bound or left alone); empty: never repaired.
-	LastRepair    string `protobuf:"bytes,16,opt,name=last_repair,json=lastRepair,proto3" json:"last_repair,omitempty"`
+	LastRepair string `protobuf:"bytes,16,opt,name=last_repair,json=lastRepair,proto3" json:"last_repair,omitempty"`
+	// Why nothing is done to the volume for now (its plugin has no config:
+	// it is kept as it is until the config is back); empty: nothing waits.
+	Pending       string `protobuf:"bytes,17,opt,name=pending,proto3" json:"pending,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1291,6 +1294,13 @@ func (x *VolumeStatus) GetNextKeyRotation() *timestamppb.Timestamp {
 func (x *VolumeStatus) GetLastRepair() string {
 	if x != nil {
 		return x.LastRepair
+	}
+	return ""
+}
+
+func (x *VolumeStatus) GetPending() string {
+	if x != nil {
+		return x.Pending
 	}
 	return ""
 }
@@ -2969,7 +2979,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12ListVolumesRequest\x12#\n" +
 	"\rrefresh_stats\x18\x01 \x01(\bR\frefreshStats\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\x8a\a\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xa4\a\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -2996,7 +3006,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x05stats\x18\x0e \x01(\v2\x1e.csiagent.agent.v1.VolumeStatsR\x05stats\x12F\n" +
 	"\x11next_key_rotation\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextKeyRotation\x12\x1f\n" +
 	"\vlast_repair\x18\x10 \x01(\tR\n" +
-	"lastRepair\"\xc9\x01\n" +
+	"lastRepair\x12\x18\n" +
+	"\apending\x18\x11 \x01(\tR\apending\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
