@@ -74,7 +74,7 @@ func generalRecovery(code codes.Code) recovery {
 	case codes.InvalidArgument:
 		return recovery{false, "fix the request: a required field is missing or a value is invalid or unsupported"}
 	case codes.Unimplemented:
-		return recovery{false, "the plugin does not implement this call; retrying cannot help"}
+		return recovery{false, "the plugin does not offer this call (as configured: see its message); retrying cannot help"}
 	case codes.Unauthenticated:
 		return recovery{false, "fix the secrets (--secrets-file) so that the plugin accepts them, then run again"}
 	case codes.PermissionDenied:

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/loopdev"
 )
 
@@ -31,7 +32,8 @@ type Volume struct {
 	Size int64  // apparent size in bytes (the volume's capacity)
 }
 
-// OpenPool returns the pool in dir, which must be an existing directory.
+// OpenPool returns the pool in dir, made (0700, durably, parents
+// included) when it does not exist yet.
 func OpenPool(dir string) (*Pool, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("%w: pool directory is required", ErrInvalid)
@@ -41,6 +43,12 @@ func OpenPool(dir string) (*Pool, error) {
 		return nil, fmt.Errorf("pool %s: %w", dir, err)
 	}
 	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := atomicfile.MkdirAll(abs, 0o700); err != nil {
+			return nil, fmt.Errorf("pool %s: making it: %w", abs, err)
+		}
+		fi, err = os.Stat(abs)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}

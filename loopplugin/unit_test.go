@@ -301,6 +301,15 @@ func TestPool(t *testing.T) {
 	if _, err := OpenPool(filepath.Join(dir, "notes.txt")); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("OpenPool on a file: %v", err)
 	}
+	// A pool that does not exist yet is made (before: "no such file or
+	// directory", and the README's commands needed a mkdir -p first).
+	fresh := filepath.Join(dir, "new", "pool")
+	if p, err := OpenPool(fresh); err != nil || p.Dir() != fresh {
+		t.Fatalf("OpenPool(%s) = %v, %v", fresh, p, err)
+	}
+	if fi, err := os.Stat(fresh); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the new pool: %v, %v; want a 0700 directory", fi, err)
+	}
 }
 
 // mkfs on a plain file needs no root; detectFS must name what it made.
