@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -388,32 +387,10 @@ func TestContainerCannotHideItsMount(t *testing.T) {
 	h.waitPlugin("loop", "ready", ready)
 	target := filepath.Join(h.work, "csi", "loop", "default", "mounts", "v", "target")
 	b := h.bundle(busybox, "hider", "busybox mkdir -p "+target+" && busybox sleep 600", volumeSpec{plugin: "loop", id: "v", path: "/data"})
-	// The detached container keeps runc's stdio: a file, not a pipe
-	// nobody would close.
-	logPath := filepath.Join(h.extra, "hider.log")
-	log, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(runc, "run", "--detach", "--bundle", b, "hider")
-	cmd.Stdout, cmd.Stderr = log, log
-	err = cmd.Run()
-	log.Close()
-	if err != nil {
-		out, _ := os.ReadFile(logPath)
-		t.Fatalf("runc run: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", "hider").Run() })
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		if _, err := os.Stat(filepath.Join(b, "rootfs", target)); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the container did not make its directory")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	runDetached(t, runc, b, "hider", "its directory at the publish target's path", func() bool {
+		_, err := os.Stat(filepath.Join(b, "rootfs", target))
+		return err == nil
+	})
 	if vs := h.volumes(); len(vs) != 1 || vs[0].TargetPath != target {
 		t.Fatalf("volumes %v; want v published at %s", vs, target)
 	}

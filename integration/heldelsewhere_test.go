@@ -86,31 +86,10 @@ func TestHeldElsewhereNotGivenToSingleWriter(t *testing.T) {
 	h.mustPrepare("holder", "", rootfs, vol)
 	b := h.hostModeBundle(busybox, "holder", rootfs,
 		"busybox mkdir -p /elsewhere && busybox mount --bind /data /elsewhere && echo kept > /elsewhere/file && busybox sleep 600")
-	logPath := filepath.Join(h.extra, "holder.log")
-	log, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(runc, "run", "--detach", "--bundle", b, "holder")
-	cmd.Stdout, cmd.Stderr = log, log
-	err = cmd.Run()
-	log.Close()
-	if err != nil {
-		out, _ := os.ReadFile(logPath)
-		t.Fatalf("runc run: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", "holder").Run() })
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		if b, err := os.ReadFile(filepath.Join(rootfs, "data", "file")); err == nil && string(b) == "kept\n" {
-			break
-		}
-		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(logPath)
-			t.Fatalf("the container did not bind its volume elsewhere\n%s", out)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	runDetached(t, runc, b, "holder", "the bind of its volume elsewhere", func() bool {
+		b, err := os.ReadFile(filepath.Join(rootfs, "data", "file"))
+		return err == nil && string(b) == "kept\n"
+	})
 
 	h.mustCleanup("holder")
 	if ms := mountsUnder(t, rootfs); len(ms) > 0 {
@@ -122,7 +101,7 @@ func TestHeldElsewhereNotGivenToSingleWriter(t *testing.T) {
 	}
 
 	next := h.dir("rootfs-next")
-	_, err = h.prepare("next", "", next, vol)
+	_, err := h.prepare("next", "", next, vol)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "/elsewhere in the mount namespace of pid") {
 		t.Fatalf("single-writer Prepare of the volume still mounted elsewhere: %v; want FailedPrecondition naming the mount", err)
 	}
@@ -132,7 +111,7 @@ func TestHeldElsewhereNotGivenToSingleWriter(t *testing.T) {
 	if err := exec.Command(runc, "delete", "--force", "holder").Run(); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(waitTimeout)
 	for len(h.volumes()) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the volume was not torn down once the container was gone: %v", h.volumes())

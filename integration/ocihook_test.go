@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -101,6 +102,36 @@ func runContainer(t *testing.T, runc, bundle, id string) (stdout, stderr string,
 	err = cmd.Run()
 	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", id).Run() })
 	return out.String(), errb.String(), err
+}
+
+// runDetached starts a bundle's container with runc run --detach (its
+// stdio a log file, not a pipe nobody would close), deleted when the test
+// ends, and waits until ready says it is where the test wants it; the
+// log is shown if it never gets there.
+func runDetached(t *testing.T, runc, bundle, id, waitingFor string, ready func() bool) {
+	t.Helper()
+	logPath := filepath.Join(filepath.Dir(bundle), id+".log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(runc, "run", "--detach", "--bundle", bundle, id)
+	cmd.Stdout, cmd.Stderr = log, log
+	err = cmd.Run()
+	log.Close()
+	if err != nil {
+		out, _ := os.ReadFile(logPath)
+		t.Fatalf("runc run %s: %v\n%s", id, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command(runc, "delete", "--force", id).Run() })
+	deadline := time.Now().Add(waitTimeout)
+	for !ready() {
+		if time.Now().After(deadline) {
+			out, _ := os.ReadFile(logPath)
+			t.Fatalf("container %s: %s did not happen\n%s", id, waitingFor, out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestOCIHookWithRunc runs real containers whose CSI volume is prepared

@@ -119,8 +119,12 @@ func connect(t *testing.T, sock string) (csi.NodeClient, csi.IdentityClient) {
 
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	// A command that should end but serves instead is killed, not waited
+	// for until go test's deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(pluginBin, args...)
+	cmd := exec.CommandContext(ctx, pluginBin, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if stderr.Len() > 0 {
@@ -341,7 +345,8 @@ func readVolume(t *testing.T, target string, block bool, n int) []byte {
 
 // TestServeReplicaPool: with --replica-pool the served plugin advertises
 // the group controller and replicates a volume into the replica pool;
-// a replica pool that does not exist is refused at start.
+// a replica pool that is not a directory is refused at start (one that
+// does not exist yet is made).
 func TestServeReplicaPool(t *testing.T) {
 	dir := testhelp.LeakCheckedDir(t)
 	pool, replica, sock := filepath.Join(dir, "pool"), filepath.Join(dir, "replica"), filepath.Join(dir, "csi.sock")
@@ -350,8 +355,12 @@ func TestServeReplicaPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := runCLI(t, "--endpoint", sock, "--pool", pool, "--replica-pool", filepath.Join(dir, "missing")); err == nil {
-		t.Error("started with a missing replica pool")
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, "--endpoint", sock, "--pool", pool, "--replica-pool", notDir); err == nil {
+		t.Error("started with a replica pool that is a file")
 	}
 	if out, err := runCLI(t, "create-volume", "--pool", pool, "--name", "rv", "--size", "8MiB"); err != nil {
 		t.Fatalf("create-volume: %q, %v", out, err)
