@@ -135,11 +135,14 @@ func New(cfg Config) (*Plugin, error) {
 }
 
 // Register registers the plugin's services on s: CSI Identity, Controller,
-// GroupController and Node, and csi-addons ReclaimSpaceController,
-// ReclaimSpaceNode, VolumeGroup Controller and Replication Controller. Use
-// NewServer unless s already maps errors through the plugin's interceptor.
+// GroupController and Node, and csi-addons Identity (which says what the
+// plugin offers: a CO need not call a service to find out),
+// ReclaimSpaceController, ReclaimSpaceNode, VolumeGroup Controller and
+// Replication Controller. Use NewServer unless s already maps errors
+// through the plugin's interceptor.
 func (p *Plugin) Register(s grpc.ServiceRegistrar) {
 	csi.RegisterIdentityServer(s, &identityServer{p: p})
+	identity.RegisterIdentityServer(s, &addonsIdentityServer{p: p})
 	csi.RegisterControllerServer(s, &controllerServer{p: p})
 	csi.RegisterGroupControllerServer(s, &groupControllerServer{p: p})
 	csi.RegisterNodeServer(s, &nodeServer{p: p})

@@ -184,9 +184,14 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 	addonsConn, known := conn, false
 	if addons != nil {
 		addonsConn = addons
+	}
+	{
 		var err error
-		if known, err = addonsCapabilities(ctx, addons, serves, d); err != nil {
+		if known, err = addonsCapabilities(ctx, addonsConn, serves, d); err != nil {
 			return nil, err
+		}
+		if addons == nil {
+			d.addonsIdentity = "" // shown for an endpoint of its own only
 		}
 		if known {
 			// The GroupController is CSI's: asked on the CSI endpoint.

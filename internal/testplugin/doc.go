@@ -1,7 +1,8 @@
 // Command testplugin is a CSI plugin for the agent's tests: it serves the
 // CSI Identity and Node services (and on request Controller and csi-addons
 // ReclaimSpaceNode and EncryptionKeyRotationController) on $CSI_ENDPOINT,
-// and misbehaves on command so that tests can drive plugin supervision
+// with gRPC server reflection listing what it serves (no csi-addons
+// identity: the agent's discovery reads the reflection), and misbehaves on command so that tests can drive plugin supervision
 // (slow starts, crashes, crash loops, failing or hanging probes, hanging
 // readiness calls) and the volume lifecycle (secrets that must arrive,
 // node calls that fail on demand, a publish that lies) without a real

@@ -19,6 +19,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
 
 	ekr "github.com/csiagent/csiagent/proto/encryptionkeyrotation"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
@@ -204,6 +205,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	p := newPlugin(cfg, logger)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(p.logRPC), grpc.ForceServerCodecV2(p.codec))
 	csi.RegisterIdentityServer(srv, p)
+	// What it serves (the optional services vary with its flags) is
+	// listed by gRPC server reflection, as a CO's discovery reads it.
+	reflection.Register(srv)
 	csi.RegisterNodeServer(srv, p)
 	if cfg.controller {
 		csi.RegisterControllerServer(srv, p)
