@@ -139,11 +139,14 @@ func probeUntilReady(ctx context.Context, conn *grpc.ClientConn, abort <-chan st
 }
 
 // discover asks a ready plugin who it is and what it can do, and which
-// csi-addons services it answers. csi-addons is looked for on addons when
-// not nil (a separate csi-addons endpoint, as ceph-csi serves it), else on
-// conn: the endpoint's identity.Identity/GetCapabilities says, or, when it
-// does not serve identity, each service is called (Unimplemented =
-// absent). CSI's GroupController is always on conn.
+// optional services (csi-addons', CSI's GroupController) it answers.
+// csi-addons is looked for on addons when not nil (a separate csi-addons
+// endpoint, as ceph-csi serves it), else on conn. Which services are there
+// is read, in this order, from: the endpoint's csi-addons
+// identity.Identity/GetCapabilities; gRPC server reflection; declared (the
+// config's csi_addons_services); else only the services whose calls merely
+// read are called with an empty request (Unimplemented = absent). A service
+// whose calls may act is never called to find out.
 func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []pluginconfig.Service, declared []string) (*discovery, error) {
 	call := func(f func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -181,31 +184,27 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}
 		return false
 	}
-	addonsConn, known := conn, false
+	addonsConn := conn
 	if addons != nil {
 		addonsConn = addons
 	}
-	{
-		var err error
-		if known, err = addonsCapabilities(ctx, addonsConn, serves, d); err != nil {
-			return nil, err
-		}
-		if addons == nil {
-			d.addonsIdentity = "" // shown for an endpoint of its own only
-		}
-		if known {
-			// The GroupController is CSI's: asked on the CSI endpoint.
-			if serves(pluginconfig.ControllerService) {
-				err := call(func(ctx context.Context) error {
-					_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
-					return err
-				})
-				if ok, err := answered(err); err != nil {
-					return nil, fmt.Errorf("discovering csi.v1.GroupController: %w", err)
-				} else if ok {
-					d.addons = append(d.addons, "csi.v1.GroupController")
-				}
-			}
+	known, err := addonsCapabilities(ctx, addonsConn, serves, d)
+	if err != nil {
+		return nil, err
+	}
+	if addons == nil {
+		d.addonsIdentity = "" // shown for an endpoint of its own only
+	}
+	if known && serves(pluginconfig.ControllerService) {
+		// The GroupController is CSI's: asked on the CSI endpoint.
+		err := call(func(ctx context.Context) error {
+			_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
+			return err
+		})
+		if ok, err := answered(err); err != nil {
+			return nil, fmt.Errorf("discovering csi.v1.GroupController: %w", err)
+		} else if ok {
+			d.addons = append(d.addons, "csi.v1.GroupController")
 		}
 	}
 	if serves(pluginconfig.NodeService) {
