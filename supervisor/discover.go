@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
-	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/csicompat"
@@ -277,55 +276,32 @@ type reflected struct {
 }
 
 // reflectServices lists an endpoint's services by gRPC server reflection
-// (grpc.reflection.v1, else v1alpha): read-only, and the one general way
-// a gRPC server says what it serves.
+// (grpc.reflection.v1): read-only, and the one general way a gRPC server
+// says what it serves. Not served (Unimplemented): ok is false.
 func reflectServices(ctx context.Context, conn *grpc.ClientConn) (reflected, error) {
 	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
-	list := func(send func(*reflectionpb.ServerReflectionRequest) error, recv func() (*reflectionpb.ServerReflectionResponse, error)) (reflected, error) {
-		if err := send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"}}); err != nil {
-			return reflected{}, err
-		}
-		resp, err := recv()
-		if err != nil {
-			return reflected{}, err
-		}
-		r := reflected{ok: true, services: map[string]bool{}}
-		for _, s := range resp.GetListServicesResponse().GetService() {
-			r.services[s.GetName()] = true
-		}
-		return r, nil
-	}
 	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
-	if err == nil {
-		r, err := list(stream.Send, stream.Recv)
-		_ = stream.CloseSend()
-		if status.Code(err) != codes.Unimplemented {
-			return r, notAnswered(err)
-		}
-	}
-	old, err := reflectionv1alpha.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
 	if err != nil {
 		return reflected{}, notAnswered(err)
 	}
-	defer old.CloseSend()
-	r, err := list(func(req *reflectionpb.ServerReflectionRequest) error {
-		return old.Send(&reflectionv1alpha.ServerReflectionRequest{MessageRequest: &reflectionv1alpha.ServerReflectionRequest_ListServices{ListServices: req.GetListServices()}})
-	}, func() (*reflectionpb.ServerReflectionResponse, error) {
-		resp, err := old.Recv()
-		if err != nil {
-			return nil, err
-		}
-		out := &reflectionpb.ServerReflectionResponse{MessageResponse: &reflectionpb.ServerReflectionResponse_ListServicesResponse{ListServicesResponse: &reflectionpb.ListServiceResponse{}}}
-		for _, s := range resp.GetListServicesResponse().GetService() {
-			out.GetListServicesResponse().Service = append(out.GetListServicesResponse().Service, &reflectionpb.ServiceResponse{Name: s.GetName()})
-		}
-		return out, nil
-	})
+	defer stream.CloseSend()
+	err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"}})
+	var resp *reflectionpb.ServerReflectionResponse
+	if err == nil {
+		resp, err = stream.Recv()
+	}
 	if status.Code(err) == codes.Unimplemented {
 		return reflected{}, nil
 	}
-	return r, notAnswered(err)
+	if err != nil {
+		return reflected{}, notAnswered(err)
+	}
+	r := reflected{ok: true, services: map[string]bool{}}
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		r.services[s.GetName()] = true
+	}
+	return r, nil
 }
 
 // notAnswered keeps the errors that mean the endpoint did not answer (as
