@@ -15,9 +15,11 @@ import (
 // plugin is the one publishing the volume unless --plugin names it.
 func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
 	size := fs.String("size", "", "the size to reach, e.g. 2GiB (required when the plugin grows volumes on its backend; else default: what the backend holds)")
-	return e.withVolume(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error {
+	run := e.withVolume(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume string) error {
 		return e.expand(ctx, client, c, volume, *size)
 	}, pluginOptional)
+	fs.Lookup("plugin").Usage = "the plugin's type (default: the one publishing the volume on this host)"
+	return run
 }
 
 // expand asks the agent to grow volume to size ("": what the backend holds).
