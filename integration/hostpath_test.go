@@ -14,7 +14,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -209,6 +211,40 @@ func TestThirdPartyPluginFlow(t *testing.T) {
 			}
 			if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 				t.Errorf("DeleteVolume: %v", err)
+			}
+		})
+	}
+}
+
+// TestTargetPathExists (issue 25): target_path_exists as Mesos defines it,
+// against a plugin that expects its target to exist (the test plugin with
+// --target-must-exist). With the field set the agent makes the target and
+// the prepare works; without it (CSI: the plugin makes its target) that
+// plugin refuses, and the refusal reaches the caller. Before, the meaning
+// was the other way round.
+func TestTargetPathExists(t *testing.T) {
+	testhelp.NeedRoot(t)
+	for _, set := range []bool{true, false} {
+		t.Run(fmt.Sprint("target_path_exists=", set), func(t *testing.T) {
+			h := newHarness(t)
+			cfg := testPluginConfig("t", "--data-dir="+h.dir("data"), "--target-must-exist")
+			if set {
+				cfg = strings.Replace(cfg, "{", `{"target_path_exists":true,`, 1)
+			}
+			h.writeConfig("t.json", cfg)
+			h.start(fastConfig(h))
+			h.waitPlugin("t", "ready", ready)
+			sb := h.dir("sb")
+			_, err := h.prepare("c1", sb, "", volumeSpec{plugin: "t", id: "v", path: "d"})
+			if set {
+				if err != nil {
+					t.Fatalf("Prepare with target_path_exists: %v", err)
+				}
+				h.mustCleanup("c1")
+				return
+			}
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "expects the CO to make it") {
+				t.Fatalf("Prepare without target_path_exists against a plugin that needs it: %v; want its FailedPrecondition", err)
 			}
 		})
 	}

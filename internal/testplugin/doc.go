@@ -80,6 +80,9 @@
 //	--fail-publish-file F               the same for NodePublishVolume
 //	--lie-publish                       NodePublishVolume succeeds without mounting
 //	                                    or creating anything
+//	--target-must-exist                 NodePublishVolume fails with FailedPrecondition
+//	                                    when target_path does not exist (a plugin
+//	                                    configured with target_path_exists)
 //	--publish-misbehave-file F          while F exists, NodePublishVolume (after the
 //	                                    request, --fail-publish-file and secret
 //	                                    checks) misbehaves as F says: "hang" blocks

@@ -67,7 +67,11 @@ type config struct {
 	failStageFile         string
 	failPublishFile       string
 	liePublish            bool
-	publishMisbehaveFile  string
+	// targetMustExist: NodePublishVolume refuses a target that does not
+	// exist (a plugin that is not CSI v1 compliant: Mesos's
+	// target_path_exists).
+	targetMustExist      bool
+	publishMisbehaveFile string
 }
 
 // secretsFlag collects repeated KEY=VALUE arguments into m. A key given
@@ -127,6 +131,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.failStageFile, "fail-stage-file", "", "NodeStageVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
 	fs.StringVar(&c.failPublishFile, "fail-publish-file", "", "NodePublishVolume fails while `FILE` exists, with the gRPC code named in it (empty: Internal)")
 	fs.BoolVar(&c.liePublish, "lie-publish", false, "NodePublishVolume reports success without mounting anything")
+	fs.BoolVar(&c.targetMustExist, "target-must-exist", false, "NodePublishVolume fails with FailedPrecondition when target_path does not exist (the CO must make it)")
 	fs.StringVar(&c.publishMisbehaveFile, "publish-misbehave-file", "", "while `FILE` exists, NodePublishVolume misbehaves as it says: hang, die, oversized, malformed or lie")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: CSI_ENDPOINT=unix:///path testplugin [flags] [args...]\n\n"+

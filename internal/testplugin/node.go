@@ -294,6 +294,8 @@ func (p *plugin) prepareTarget(target string, block bool) (created bool, err err
 		return false, status.Errorf(codes.FailedPrecondition, "target_path %s is not %s (mode %v)", target, want, st.Mode().Type())
 	case !errors.Is(err, fs.ErrNotExist):
 		return false, status.Errorf(codes.Internal, "target_path: %v", err)
+	case p.cfg.targetMustExist:
+		return false, status.Errorf(codes.FailedPrecondition, "target_path %s does not exist: this plugin expects the CO to make it (--target-must-exist)", target)
 	}
 	// CSI: the CO makes sure the parent exists.
 	if st, err := os.Stat(filepath.Dir(target)); err != nil || !st.IsDir() {
