@@ -301,7 +301,14 @@ func mkPool(t *testing.T, dir string) string {
 // startLoopPlugin runs csi-loop-plugin as an unmanaged plugin on socket.
 func startLoopPlugin(t *testing.T, socket, pool string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(bins.loop, "--endpoint", "unix://"+socket, "--pool", pool, "--node-id", "node-1")
+	return startUnmanaged(t, bins.loop, "--endpoint", "unix://"+socket, "--pool", pool, "--node-id", "node-1")
+}
+
+// startUnmanaged runs a plugin process the agent does not manage (its
+// stderr in the test's log), killed when the test ends.
+func startUnmanaged(t *testing.T, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = testWriter{t}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // hostpathBuild builds bin/hostpathplugin (csi-driver-host-path, from its
@@ -55,24 +55,11 @@ func (h *harness) startHostpath(typ string) csi.ControllerClient {
 	t.Helper()
 	dir := h.dir("hostpath-" + typ)
 	sock := filepath.Join(dir, "csi.sock")
-	cmd := exec.Command(hostpathBin(t), append([]string{"--endpoint", "unix://" + sock}, hostpathArgs(filepath.Join(dir, "state"))...)...)
-	cmd.Stderr = testWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("csi-driver-host-path did not listen on %s", sock)
-		}
-		time.Sleep(10 * time.Millisecond)
+	startUnmanaged(t, hostpathBin(t), append([]string{"--endpoint", "unix://" + sock}, hostpathArgs(filepath.Join(dir, "state"))...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := supervisor.WaitForSocket(ctx, sock, nil); err != nil {
+		t.Fatalf("csi-driver-host-path did not listen on %s: %v", sock, err)
 	}
 	h.writeConfig(typ+".json", `{"type":"`+typ+`","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"unix://`+sock+`"},{"csi_service":"CONTROLLER_SERVICE","endpoint":"unix://`+sock+`"}]}`)
 	return controllerAt(t, "unix://"+sock)

@@ -29,15 +29,7 @@ func TestReplicationLoopPluginE2E(t *testing.T) {
 	createVolume(t, poolA, "v")
 	plugin := func(name, pool, replica string) string {
 		sock := filepath.Join(h.run, name+".sock")
-		cmd := exec.Command(bins.loop, "--endpoint", "unix://"+sock, "--pool", pool, "--replica-pool", replica, "--node-id", "node-1", "--name", name)
-		cmd.Stderr = testWriter{t}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
+		startUnmanaged(t, bins.loop, "--endpoint", "unix://"+sock, "--pool", pool, "--replica-pool", replica, "--node-id", "node-1", "--name", name)
 		h.writeConfig(name+".json", `{"type":"`+name+`","endpoints":[`+
 			`{"csi_service":"CONTROLLER_SERVICE","endpoint":"unix://`+sock+`"},`+
 			`{"csi_service":"NODE_SERVICE","endpoint":"unix://`+sock+`"}]}`)
