@@ -717,6 +717,21 @@ func cloneCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
 
 // ListVolumes reports every tracked volume, sorted by plugin and id.
 func (iso *Isolator) ListVolumes() []VolumeInfo {
+	out := iso.listVolumes()
+	// The plugins' configs are looked up outside the isolator's lock.
+	pending := map[string]string{}
+	for i, v := range out {
+		p, ok := pending[v.Plugin]
+		if !ok {
+			p = iso.pending(v.Plugin)
+			pending[v.Plugin] = p
+		}
+		out[i].Pending = p
+	}
+	return out
+}
+
+func (iso *Isolator) listVolumes() []VolumeInfo {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
 	out := make([]VolumeInfo, 0, len(iso.volumes))
@@ -728,7 +743,7 @@ func (iso *Isolator) ListVolumes() []VolumeInfo {
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
 			Capability:  cloneCapability(cp.GetStaticProvisioning().GetVolumeCapability()),
 			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
-			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(), Pending: iso.pending(v.key.plugin),
+			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
