@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -26,17 +27,20 @@ func (r deviceRule) matches(major, minor int64) bool {
 	return (r.Type == "" || r.Type == "a" || r.Type == "b") && is(r.Major, major) && is(r.Minor, minor)
 }
 
-// allowed reports whether rules let the container open block device
-// major:minor for each access in access ("r", "rw"), as the runtimes
-// apply them: in order, the last rule that matches the device and names
-// the access deciding it; none: denied (runc, Docker and Podman begin
-// with a rule denying every device).
+// allowed reports whether rules may let the container open block device
+// major:minor for each access in access ("r", "rw"): whether some rule
+// allows it. It errs on the side of allowed: the runtimes' emulation of
+// the device controller (runc's) does not let a later, narrower deny take
+// back a wildcard allow in a default-deny list, and a default-allow list
+// (a rule allowing everything first) is taken as allowing. What it refuses
+// is certain: no rule allows the device (runc, Docker and Podman begin
+// with a rule denying every device, and runc denies with no rules at all).
 func allowed(rules []deviceRule, major, minor int64, access string) bool {
 	for _, a := range access {
 		ok := false
 		for _, r := range rules {
-			if r.matches(major, minor) && (r.Access == "" || strings.ContainsRune(r.Access, a)) {
-				ok = r.Allow
+			if r.Allow && r.matches(major, minor) && (r.Access == "" || strings.ContainsRune(r.Access, a)) {
+				ok = true
 			}
 		}
 		if !ok {
@@ -52,6 +56,10 @@ func allowed(rules []deviceRule, major, minor int64, access string) bool {
 // r; else rw). Without the rule, the device node is there but every open
 // fails with EPERM.
 func checkDevices(mounts []*agentv1.ContainerMount, rules []deviceRule) error {
+	if os.Geteuid() != 0 {
+		// A rootless runtime applies no device rules.
+		return nil
+	}
 	var errs []error
 	for _, m := range mounts {
 		rdev := m.GetBlockDevice()

@@ -2,9 +2,9 @@ package cli
 
 import "testing"
 
-// TestDeviceRulesAllowed: the device cgroup rules as the runtimes apply
-// them (in order, the last matching rule naming the access decides; no
-// rule: denied, as runc does with none).
+// TestDeviceRulesAllowed: a device is refused only when no rule allows it
+// (no rule at all: refused, as runc does); a narrower deny after a
+// wildcard allow does not count (runc's emulation keeps the wildcard).
 func TestDeviceRulesAllowed(t *testing.T) {
 	n := func(v int64) *int64 { return &v }
 	denyAll := deviceRule{Allow: false, Access: "rwm"}
@@ -25,7 +25,7 @@ func TestDeviceRulesAllowed(t *testing.T) {
 		{"char rule", []deviceRule{denyAll, {Allow: true, Type: "c", Major: n(7), Minor: n(3), Access: "rw"}}, "r", false},
 		{"privileged (allow all)", []deviceRule{{Allow: true, Access: "rwm"}}, "rw", true},
 		{"allow all, empty access", []deviceRule{{Allow: true, Type: "a"}}, "rw", true},
-		{"later deny wins", []deviceRule{{Allow: true, Type: "b", Major: n(7), Access: "rw"}, {Allow: false, Type: "b", Major: n(7), Minor: n(3), Access: "w"}}, "rw", false},
+		{"a narrower deny after a wildcard allow", []deviceRule{denyAll, {Allow: true, Type: "b", Major: n(7), Access: "rw"}, {Allow: false, Type: "b", Major: n(7), Minor: n(3), Access: "w"}}, "rw", true},
 		{"later deny of w leaves r", []deviceRule{{Allow: true, Type: "b", Major: n(7), Access: "rw"}, {Allow: false, Type: "b", Major: n(7), Minor: n(3), Access: "w"}}, "r", true},
 	} {
 		if got := allowed(c.rules, 7, 3, c.access); got != c.want {

@@ -87,11 +87,11 @@ func controllerAt(t *testing.T, endpoint string) csi.ControllerClient {
 
 // TestBlockReadOnlyThirdPartyPlugin (issue 24, finding 5): csi-driver-host-path
 // ignores readonly for block volumes (its read-only publish binds the same
-// writable loop device). The agent finds the device writable (BLKROGET)
-// and gives the RO user a read-only loop device of its own over it: the
-// RO user's write fails while the RW user's succeeds, and the agent's
-// device goes with the volume (the plugin's unpublish and delete succeed).
-// Before, the RO user wrote the volume.
+// writable loop device). The agent finds the device writable (BLKROGET) and
+// refuses the read-only user, naming the plugin, while the read-write user
+// goes on writing; the teardown unpublishes both targets (the plugin's
+// unpublish and delete succeed, no loop device is left). Before, the
+// read-only user wrote the volume.
 func TestBlockReadOnlyThirdPartyPlugin(t *testing.T) {
 	testhelp.NeedRoot(t)
 	h := newHarness(t)
@@ -112,7 +112,26 @@ func TestBlockReadOnlyThirdPartyPlugin(t *testing.T) {
 	id := vol.GetVolume().GetVolumeId()
 	h.start(fastConfig(h))
 	h.waitPlugin("hostpath", "ready", ready)
-	h.blockReadOnly("hostpath", id)
+	rw, ro := h.dir("sb-rw"), h.dir("sb-ro")
+	h.mustPrepare("writer", rw, "", volumeSpec{plugin: "hostpath", id: id, path: "disk", block: true})
+	_, err = h.prepare("reader", ro, "", volumeSpec{plugin: "hostpath", id: id, path: "disk", block: true, ro: true})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "plugin hostpath") || !strings.Contains(err.Error(), "ignores readonly") {
+		t.Fatalf("read-only user of a block volume whose plugin ignores readonly: %v; want FailedPrecondition naming the plugin", err)
+	}
+	if _, err := os.Stat(filepath.Join(ro, "disk")); err == nil {
+		if ms := mountsUnder(t, ro); len(ms) > 0 {
+			t.Errorf("the refused reader got mounts: %v", ms)
+		}
+	}
+	dev, err := os.OpenFile(filepath.Join(rw, "disk"), os.O_WRONLY, 0)
+	if err == nil {
+		_, err = dev.WriteAt([]byte("csiagent"), 4096)
+		dev.Close()
+	}
+	if err != nil {
+		t.Errorf("the read-write user cannot write: %v", err)
+	}
+	h.mustCleanup("writer")
 	if ms := mountsUnder(t, h.work); len(ms) > 0 {
 		t.Errorf("leaked mounts: %v", ms)
 	}

@@ -221,12 +221,8 @@ func (f *fakeMounter) ForeignMounts(_ context.Context, target string, _ []string
 	return out, nil
 }
 
-// ReadOnlyBlock: the model's plugins honour readonly.
-func (f *fakeMounter) ReadOnlyBlock(_ context.Context, target, _ string) (string, error) {
-	return target, nil
-}
-
-func (f *fakeMounter) DropReadOnlyBlock(context.Context, string, string) error { return nil }
+// BlockReadOnly: the model's plugins honour readonly.
+func (f *fakeMounter) BlockReadOnly(string) (bool, error) { return true, nil }
 
 func (f *fakeMounter) MountNamespace(pid int) (uint64, error) {
 	if pid == os.Getpid() {

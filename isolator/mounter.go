@@ -35,11 +35,9 @@ type Mounter interface {
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
 	// at target: nil.
 	ForeignMounts(ctx context.Context, target string, own []string) ([]string, error)
-	// ReadOnlyBlock returns the device node a block volume's read-only
-	// users get, target or a read-only device made at own (as
-	// mount.ReadOnlyBlock); DropReadOnlyBlock undoes it.
-	ReadOnlyBlock(ctx context.Context, target, own string) (string, error)
-	DropReadOnlyBlock(ctx context.Context, target, own string) error
+	// BlockReadOnly reports whether the block device node at path refuses
+	// writes (as mount.BlockReadOnly).
+	BlockReadOnly(path string) (bool, error)
 }
 
 // kernelMounts is the Mounter of package mount: the calling thread's
@@ -58,13 +56,7 @@ func (kernelMounts) ForeignMounts(ctx context.Context, target string, own []stri
 	return mount.ForeignMounts(ctx, target, own)
 }
 
-func (kernelMounts) ReadOnlyBlock(ctx context.Context, target, own string) (string, error) {
-	return mount.ReadOnlyBlock(ctx, target, own)
-}
-
-func (kernelMounts) DropReadOnlyBlock(ctx context.Context, target, own string) error {
-	return mount.DropReadOnlyBlock(ctx, target, own)
-}
+func (kernelMounts) BlockReadOnly(path string) (bool, error) { return mount.BlockReadOnly(path) }
 
 func (kernelMounts) MountNamespace(pid int) (uint64, error) { return mount.MountNamespace(pid) }
 

@@ -149,7 +149,7 @@ func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []pla
 			return err
 		}
 	}
-	return iso.mountAll(ctx, c, plan, vcps, uid, gid)
+	return iso.mountAll(c, plan, vcps, uid, gid)
 }
 
 // maxParallelAcquire caps the volumes of one Prepare acquired at once.
@@ -184,7 +184,7 @@ func planSummary(plan []plannedMount) string {
 // namespace), then moved into place. A crash in between knows what to
 // unmount, and by which id. A mount that fails leaves the record with the
 // mounts made before it, for the rollback to undo.
-func (iso *Isolator) mountAll(ctx context.Context, c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
+func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
 	ns, err := iso.mountNamespace(c)
 	if err != nil {
 		return err
@@ -201,7 +201,7 @@ func (iso *Isolator) mountAll(ctx context.Context, c *container, plan []plannedM
 		}()
 		records := append([]*statev1.ContainerMount(nil), made...)
 		for _, i := range order[:n] {
-			p, err := iso.readyMount(ctx, c, plan[i], vcps[i], ns, uid, gid)
+			p, err := iso.readyMount(c, plan[i], vcps[i], ns, uid, gid)
 			if err != nil {
 				return err
 			}
@@ -256,17 +256,13 @@ func (p *pendingMount) close() {
 
 // readyMount resolves one mount point (creating what is missing) and
 // clones the volume, and returns the mount's record with its identity.
-func (iso *Isolator) readyMount(ctx context.Context, c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
+func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
 	req := c.cp.GetRequest()
 	hostPath := vcp.GetTargetPath()
 	if pm.readonly && pm.block {
-		// A device its users cannot write, made by acquire's
-		// publishReadOnly: found, not made, here.
-		src, err := iso.readOnlySource(ctx, pm.key, vcp)
-		if err != nil {
-			return nil, err
-		}
-		hostPath = src
+		// A device its users cannot write (acquire's publishReadOnly
+		// checked it).
+		hostPath = vcp.GetRoTargetPath()
 	}
 	if err := iso.checkMounted(pm.key, hostPath); err != nil {
 		return nil, err

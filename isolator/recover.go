@@ -329,9 +329,7 @@ func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *v
 		if err := iso.publishReadOnly(ctx, v); err != nil {
 			return err
 		}
-		if source, err = iso.readOnlySource(ctx, v.key, v.cp); err != nil {
-			return err
-		}
+		source = v.cp.GetRoTargetPath()
 	}
 	if err := iso.checkMounted(v.key, source); err != nil {
 		return err

@@ -457,15 +457,13 @@ func (iso *Isolator) publish(ctx context.Context, node Node, v *volume) error {
 // own, published with CSI readonly=true: a read-only bind of a writable
 // device node would not stop writes. The target is recorded before the
 // call, for the volume's unpublish to undo it whatever happens; a target
-// already mounted is left as it is. A plugin that left the device there
-// writable (it ignored readonly) gets a read-only loop device of the
-// agent's over it (readOnlySource).
+// already mounted is left as it is. Either way its device must refuse
+// writes (checkReadOnly).
 func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 	ro := filepath.Join(filepath.Dir(v.cp.TargetPath), "target-ro")
 	if v.cp.RoTargetPath == ro {
 		if ok, err := iso.mounts.IsMountPoint(ro); err == nil && ok {
-			_, err := iso.readOnlySource(ctx, v.key, v.cp)
-			return err
+			return iso.checkReadOnly(v.key, v.cp)
 		}
 	} else if err := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.RoTargetPath = ro }); err != nil {
 		return err
@@ -477,27 +475,24 @@ func (iso *Isolator) publishReadOnly(ctx context.Context, v *volume) error {
 	if err := iso.publishAt(ctx, node, v, ro, true); err != nil {
 		return err
 	}
-	_, err = iso.readOnlySource(ctx, v.key, v.cp)
-	return err
+	return iso.checkReadOnly(v.key, v.cp)
 }
 
-// readOnlySource is the device node a block volume's read-only users are
-// given (Mounter.ReadOnlyBlock): its read-only target when the plugin
-// made that device read-only, else the agent's own read-only loop device
-// over it, bound at target-ro-device beside it (made by the first call,
-// found by the next; dropped by unpublish).
-func (iso *Isolator) readOnlySource(ctx context.Context, key volumeKey, cp *statev1.VolumeCheckpoint) (string, error) {
-	src, err := iso.mounts.ReadOnlyBlock(ctx, cp.GetRoTargetPath(), roDevicePath(cp))
+// checkReadOnly refuses a block volume's read-only target whose device
+// takes writes (BLKROGET): a plugin that ignores CSI readonly for block
+// (csi-driver-host-path does) would have its read-only users write the
+// volume. The agent does not put a read-only loop device of its own in
+// between: a container can detach or re-back a loop device it can open
+// (mount.BlockReadOnly says why).
+func (iso *Isolator) checkReadOnly(key volumeKey, cp *statev1.VolumeCheckpoint) error {
+	ro, err := iso.mounts.BlockReadOnly(cp.GetRoTargetPath())
 	if err != nil {
-		return "", fmt.Errorf("volume %s: the device for its read-only users (plugin %s's read-only publish at %s): %w", key, key.plugin, cp.GetRoTargetPath(), err)
+		return fmt.Errorf("volume %s: checking its read-only publish at %s: %w", key, cp.GetRoTargetPath(), err)
 	}
-	return src, nil
-}
-
-// roDevicePath is where the agent binds its read-only device of a block
-// volume (readOnlySource).
-func roDevicePath(cp *statev1.VolumeCheckpoint) string {
-	return filepath.Join(filepath.Dir(cp.GetTargetPath()), "target-ro-device")
+	if !ro {
+		return fmt.Errorf("%w: volume %s: plugin %s published it read-only (CSI readonly=true) at %s with a device that takes writes (it ignores readonly for block volumes): refused to read-only users, who could write it; use the volume read-write, or a plugin that honours readonly", ErrPrecondition, key, key.plugin, cp.GetRoTargetPath())
+	}
+	return nil
 }
 
 // publishAt publishes the volume at target.
@@ -560,10 +555,6 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 // A block volume's read-only target goes first, then is forgotten.
 func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error {
 	if ro := v.cp.RoTargetPath; ro != "" {
-		// The agent's read-only device holds the target busy.
-		if err := iso.mounts.DropReadOnlyBlock(ctx, ro, roDevicePath(v.cp)); err != nil {
-			return fmt.Errorf("volume %s: %w", v.key, err)
-		}
 		if err := iso.unpublishAt(ctx, node, v, ro); err != nil {
 			return err
 		}

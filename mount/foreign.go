@@ -53,8 +53,9 @@ import (
 //
 // The namespaces are found in one pass over /proc/[0-9]*/ns/mnt, each
 // read once whatever the number of its processes (a process that exits
-// meanwhile is skipped), and only the lines of the volume's device are
-// parsed. Concurrent calls share scans: a call waits for the next scan to
+// meanwhile is skipped, and so is one whose namespace the caller may not
+// read: root has ptrace access to the processes of the containers it
+// runs), and only the lines of the volume's device are parsed. Concurrent calls share scans: a call waits for the next scan to
 // start (one begun before the call would miss the caller's latest
 // unmounts) and that one scan answers every call waiting for it.
 func ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
@@ -208,7 +209,12 @@ func scan(queries []*foreignQuery) error {
 		}
 		ns, err := os.Readlink("/proc/" + p.Name() + "/ns/mnt")
 		if err != nil || seen[ns] {
-			continue // gone, a zombie, or a namespace read already
+			// Gone, a zombie, a namespace read already, or one the
+			// agent may not look at (EACCES: a process it has no
+			// ptrace access to, such as a sandbox's own init):
+			// failing every teardown for it would keep every volume
+			// published.
+			continue
 		}
 		ms, err := processMounts(pid, byDev)
 		if err != nil {

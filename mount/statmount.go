@@ -61,7 +61,9 @@ func statmount(path string) (*mountinfo.Info, error) {
 		switch {
 		case errno == unix.EOVERFLOW && size < statmountMaxBuffer:
 			continue
-		case errno == unix.ENOSYS:
+		case errno == unix.ENOSYS || errno == unix.EPERM:
+			// No statmount, or a seccomp filter that refuses the
+			// syscalls it does not know (EPERM): read the table.
 			return nil, errNoStatmount
 		case errno != 0:
 			return nil, &os.PathError{Op: "statmount", Path: path, Err: errno}

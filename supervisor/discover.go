@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -288,7 +289,8 @@ func reflectServices(ctx context.Context, conn *grpc.ClientConn) (reflected, err
 	defer stream.CloseSend()
 	err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{ListServices: "*"}})
 	var resp *reflectionpb.ServerReflectionResponse
-	if err == nil {
+	if err == nil || errors.Is(err, io.EOF) {
+		// io.EOF: the server ended the stream; Recv has its status.
 		resp, err = stream.Recv()
 	}
 	if status.Code(err) == codes.Unimplemented {
