@@ -38,8 +38,9 @@ var (
 	dockerOnce, podmanOnce sync.Once
 	stopDockerd            = func() {}
 	// dockerHost is the test's own dockerd; dockerSkip says why there is
-	// none on this machine (not root, not installed, it does not start),
-	// dockerBroken why the tests' own set-up failed (they then fail).
+	// none on this machine (not root, it does not start), dockerBroken why
+	// the tests' own set-up failed or dockerd is not installed (make deps
+	// installs it): the tests then fail.
 	dockerHost, dockerSkip, dockerBroken string
 	// podmanRoot holds the podman storage with the test image imported;
 	// podmanSkip says why podman does not run here, podmanBroken why the
@@ -63,7 +64,7 @@ func startDockerd(dir string) (stop func()) {
 		return stop
 	}
 	if _, err := exec.LookPath("dockerd"); err != nil {
-		dockerSkip = "dockerd is not installed"
+		dockerBroken = "dockerd is not installed (make deps installs Debian's docker.io)"
 		return stop
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -612,7 +613,7 @@ func setUpPodman(dir string) {
 		podmanSkip = "needs root: runs podman containers"
 		return
 	case func() bool { _, err := exec.LookPath("podman"); return err != nil }():
-		podmanSkip = "podman is not installed"
+		podmanBroken = "podman is not installed (make deps installs Debian's podman)"
 		return
 	}
 	podmanRoot = dir
