@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,51 +14,6 @@ import (
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
-
-// hostModeBundle makes an OCI bundle whose container runs script, with
-// CAP_SYS_ADMIN, on rootfs (a host-mode container's, its volumes bound in
-// by the agent before the container starts): no hooks.
-func (h *harness) hostModeBundle(busybox, name, rootfs, script string) string {
-	h.t.Helper()
-	dir := h.dir("bundle-" + name)
-	bin := filepath.Join(rootfs, "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		h.t.Fatal(err)
-	}
-	b, err := os.ReadFile(busybox)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(bin, "busybox"), b, 0o755); err != nil {
-		h.t.Fatal(err)
-	}
-	if err := os.Symlink("busybox", filepath.Join(bin, "sh")); err != nil {
-		h.t.Fatal(err)
-	}
-	caps := []string{"CAP_SYS_ADMIN"}
-	spec := map[string]any{
-		"ociVersion": "1.0.2",
-		"process": map[string]any{
-			"terminal": false, "user": map[string]int{"uid": 0, "gid": 0},
-			"args": []string{"sh", "-c", script}, "env": []string{"PATH=/bin"}, "cwd": "/",
-			"capabilities": map[string]any{"bounding": caps, "effective": caps, "permitted": caps},
-		},
-		"root":     map[string]any{"path": rootfs},
-		"hostname": "csiagent-test",
-		"mounts": []any{
-			map[string]any{"destination": "/proc", "type": "proc", "source": "proc"},
-			map[string]any{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		},
-		"linux": map[string]any{
-			"namespaces": []any{map[string]string{"type": "pid"}, map[string]string{"type": "ipc"}, map[string]string{"type": "uts"}, map[string]string{"type": "mount"}},
-		},
-	}
-	out, _ := json.MarshalIndent(spec, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), out, 0o644); err != nil {
-		h.t.Fatal(err)
-	}
-	return dir
-}
 
 // TestHeldElsewhereNotGivenToSingleWriter: a host-mode container (root in
 // its rootfs, CAP_SYS_ADMIN) binds its single-writer loop volume
@@ -84,8 +38,14 @@ func TestHeldElsewhereNotGivenToSingleWriter(t *testing.T) {
 
 	rootfs := h.dir("rootfs-holder")
 	h.mustPrepare("holder", "", rootfs, vol)
-	b := h.hostModeBundle(busybox, "holder", rootfs,
-		"busybox mkdir -p /elsewhere && busybox mount --bind /data /elsewhere && echo kept > /elsewhere/file && busybox sleep 600")
+	// A host-mode container (its rootfs prepared by the agent, no hooks)
+	// with CAP_SYS_ADMIN.
+	b := h.busyboxBundle(busybox, "holder", rootfs,
+		"busybox mkdir -p /elsewhere && busybox mount --bind /data /elsewhere && echo kept > /elsewhere/file && busybox sleep 600",
+		func(spec map[string]any) {
+			caps := []string{"CAP_SYS_ADMIN"}
+			spec["process"].(map[string]any)["capabilities"] = map[string]any{"bounding": caps, "effective": caps, "permitted": caps}
+		})
 	runDetached(t, runc, b, "holder", "the bind of its volume elsewhere", func() bool {
 		b, err := os.ReadFile(filepath.Join(rootfs, "data", "file"))
 		return err == nil && string(b) == "kept\n"

@@ -74,6 +74,26 @@ func (h *harness) managedHostpath(typ string) {
 	h.writeConfig(typ+".json", managedConfig(typ, true, strings.Join(args, " ")))
 }
 
+// createHostpathVolume creates a SINGLE_NODE_MULTI_WRITER volume (block:
+// 16 MiB, which the plugin needs for a block volume; else a mount volume)
+// through csi-driver-host-path's controller and returns its id.
+func createHostpathVolume(ctx context.Context, t *testing.T, ctrl csi.ControllerClient, name string, block bool) string {
+	t.Helper()
+	req := &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
+	}}}
+	if block {
+		req.CapacityRange = &csi.CapacityRange{RequiredBytes: 16 << 20}
+		req.VolumeCapabilities[0].AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+	}
+	vol, err := ctrl.CreateVolume(ctx, req)
+	if err != nil {
+		t.Fatalf("CreateVolume %s: %v", name, err)
+	}
+	return vol.GetVolume().GetVolumeId()
+}
+
 // controllerAt is a controller client of the CSI endpoint.
 func controllerAt(t *testing.T, endpoint string) csi.ControllerClient {
 	t.Helper()
@@ -98,23 +118,12 @@ func TestBlockReadOnlyThirdPartyPlugin(t *testing.T) {
 	ctrl := h.startHostpath("hostpath")
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name:          "blk",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
-		}},
-	})
-	if err != nil {
-		t.Fatalf("CreateVolume: %v", err)
-	}
-	id := vol.GetVolume().GetVolumeId()
+	id := createHostpathVolume(ctx, t, ctrl, "blk", true)
 	h.start(fastConfig(h))
 	h.waitPlugin("hostpath", "ready", ready)
 	rw, ro := h.dir("sb-rw"), h.dir("sb-ro")
 	h.mustPrepare("writer", rw, "", volumeSpec{plugin: "hostpath", id: id, path: "disk", block: true})
-	_, err = h.prepare("reader", ro, "", volumeSpec{plugin: "hostpath", id: id, path: "disk", block: true, ro: true})
+	_, err := h.prepare("reader", ro, "", volumeSpec{plugin: "hostpath", id: id, path: "disk", block: true, ro: true})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "plugin hostpath") || !strings.Contains(err.Error(), "ignores readonly") {
 		t.Fatalf("read-only user of a block volume whose plugin ignores readonly: %v; want FailedPrecondition naming the plugin", err)
 	}
@@ -173,17 +182,7 @@ func TestThirdPartyPluginFlow(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 			defer cancel()
-			vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
-				Name: "data",
-				VolumeCapabilities: []*csi.VolumeCapability{{
-					AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-					AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
-				}},
-			})
-			if err != nil {
-				t.Fatalf("CreateVolume: %v", err)
-			}
-			id := vol.GetVolume().GetVolumeId()
+			id := createHostpathVolume(ctx, t, ctrl, "data", false)
 			sb := h.dir("sandbox")
 			h.mustPrepare("c1", sb, "", volumeSpec{plugin: "hostpath", id: id, path: "data"})
 			if err := os.WriteFile(filepath.Join(sb, "data", "file"), []byte("hello"), 0o644); err != nil {

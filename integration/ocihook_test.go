@@ -38,8 +38,38 @@ func needRunc(t *testing.T) (runc, busybox string) {
 // rootfs, with the csi-agent hooks and the volumes annotation.
 func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) string {
 	h.t.Helper()
+	var list []json.RawMessage
+	for _, v := range vols {
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(v.volume())
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		list = append(list, b)
+	}
+	annotation, _ := json.Marshal(list)
+	// As the README writes it: the stage, then the flags.
+	hook := func(stage string) map[string]any {
+		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.cfg.APISocket}, "timeout": 60}
+	}
+	return h.busyboxBundle(busybox, name, "", script, func(spec map[string]any) {
+		spec["annotations"] = map[string]string{"csi.csiagent.io/volumes": string(annotation)}
+		spec["hooks"] = map[string]any{"createRuntime": []any{hook("create-runtime")}, "poststop": []any{hook("poststop")}}
+	})
+}
+
+// busyboxBundle makes an OCI bundle whose container runs script as root
+// with busybox (and its sh, cat, ls, echo) in rootfs ("": the bundle's
+// own rootfs directory), a /proc and a tmpfs /dev, in its own pid, ipc,
+// uts and mount namespaces; edits change its config.json before it is
+// written.
+func (h *harness) busyboxBundle(busybox, name, rootfs, script string, edits ...func(spec map[string]any)) string {
+	h.t.Helper()
 	dir := h.dir("bundle-" + name)
-	bin := filepath.Join(dir, "rootfs", "bin")
+	root := rootfs
+	if rootfs == "" {
+		root, rootfs = "rootfs", filepath.Join(dir, "rootfs")
+	}
+	bin := filepath.Join(rootfs, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		h.t.Fatal(err)
 	}
@@ -55,29 +85,14 @@ func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) strin
 			h.t.Fatal(err)
 		}
 	}
-	var list []json.RawMessage
-	for _, v := range vols {
-		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(v.volume())
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		list = append(list, b)
-	}
-	annotation, _ := json.Marshal(list)
-	// As the README writes it: the stage, then the flags.
-	hook := func(stage string) map[string]any {
-		return map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook", stage, "--api-socket", h.cfg.APISocket}, "timeout": 60}
-	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
 			"terminal": false, "user": map[string]int{"uid": 0, "gid": 0},
 			"args": []string{"sh", "-c", script}, "env": []string{"PATH=/bin"}, "cwd": "/",
 		},
-		"root":        map[string]any{"path": "rootfs"},
-		"hostname":    "csiagent-test",
-		"annotations": map[string]string{"csi.csiagent.io/volumes": string(annotation)},
-		"hooks":       map[string]any{"createRuntime": []any{hook("create-runtime")}, "poststop": []any{hook("poststop")}},
+		"root":     map[string]any{"path": root},
+		"hostname": "csiagent-test",
 		"mounts": []any{
 			map[string]any{"destination": "/proc", "type": "proc", "source": "proc"},
 			map[string]any{"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
@@ -85,6 +100,9 @@ func (h *harness) bundle(busybox, name, script string, vols ...volumeSpec) strin
 		"linux": map[string]any{
 			"namespaces": []any{map[string]string{"type": "pid"}, map[string]string{"type": "ipc"}, map[string]string{"type": "uts"}, map[string]string{"type": "mount"}},
 		},
+	}
+	for _, edit := range edits {
+		edit(spec)
 	}
 	out, _ := json.MarshalIndent(spec, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), out, 0o644); err != nil {

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -703,14 +702,6 @@ func (iso *Isolator) pending(plugin string) string {
 	return ""
 }
 
-// cloneCapability is a copy of c (nil: nil).
-func cloneCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
-	if c == nil {
-		return nil
-	}
-	return proto.Clone(c).(*csi.VolumeCapability)
-}
-
 // ListVolumes reports every tracked volume, sorted by plugin and id.
 func (iso *Isolator) ListVolumes() []VolumeInfo {
 	out := iso.listVolumes()
@@ -737,7 +728,7 @@ func (iso *Isolator) listVolumes() []VolumeInfo {
 			Plugin: v.key.plugin, ID: v.key.id, State: cp.GetState(), StateSince: optionalTime(cp.GetStateSince()),
 			Users: append([]string(nil), cp.GetUsers()...), StagingPath: cp.GetStagingPath(), TargetPath: cp.GetTargetPath(),
 			Block: cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil, Readonly: cp.GetReadonly(), LastError: cp.GetLastError(),
-			Capability:  cloneCapability(cp.GetStaticProvisioning().GetVolumeCapability()),
+			Capability:  proto.CloneOf(cp.GetStaticProvisioning().GetVolumeCapability()),
 			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
 			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
 		})

@@ -179,8 +179,8 @@ func (s *scanner) run() {
 // read of every other mount namespace's table, of which only the lines of
 // the queries' devices are parsed.
 func scan(queries []*foreignQuery) error {
-	selfNS, err := os.Readlink("/proc/thread-self/ns/mnt")
-	if err != nil {
+	var self unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/mnt", &self); err != nil {
 		return err
 	}
 	own := ownMounts{}
@@ -201,13 +201,13 @@ func scan(queries []*foreignQuery) error {
 	if err := unix.Stat("/", &rootSt); err != nil {
 		return err
 	}
-	seen := map[string]bool{selfNS: true}
+	seen := map[uint64]bool{self.Ino: true}
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid <= 0 {
 			continue
 		}
-		ns, err := os.Readlink("/proc/" + p.Name() + "/ns/mnt")
+		ns, err := MountNamespace(pid)
 		if err != nil || seen[ns] {
 			// Gone, a zombie, a namespace read already, or one the
 			// agent may not look at (EACCES: a process it has no
@@ -218,7 +218,7 @@ func scan(queries []*foreignQuery) error {
 		}
 		ms, err := processMounts(pid, byDev)
 		if err != nil {
-			if gone(err) {
+			if processGone(err) {
 				continue // another process may show the namespace
 			}
 			return err
@@ -377,11 +377,6 @@ func sameRoot(pid int, root unix.Stat_t) bool {
 	var st unix.Stat_t
 	err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/root", &st)
 	return err == nil && st.Dev == root.Dev && st.Ino == root.Ino
-}
-
-// gone reports whether err means the process exited.
-func gone(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EINVAL)
 }
 
 // propagated reports whether m, in another namespace, is a copy of one of

@@ -3,6 +3,7 @@ package mount
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -193,10 +194,16 @@ func mntNSPath(pid int) (string, error) {
 	return "/proc/" + strconv.Itoa(pid) + "/ns/mnt", nil
 }
 
-// nsErr describes a failure to reach /proc/<pid>/ns/mnt; ENOENT and ESRCH
-// mean the process is gone (or a zombie).
+// processGone reports whether err, from reading a process's /proc
+// entries, means the process exited (or is a zombie).
+func processGone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EINVAL)
+}
+
+// nsErr describes a failure to reach /proc/<pid>/ns/mnt; processGone's
+// errors mean the process is gone (or a zombie).
 func nsErr(path, op string, err error) error {
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+	if processGone(err) {
 		return fmt.Errorf("%w (exited?): %s %s: %w", ErrNoProcess, op, path, err)
 	}
 	return &os.PathError{Op: op, Path: path, Err: err}
