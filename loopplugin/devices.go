@@ -3,7 +3,10 @@ package loopplugin
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"slices"
+	"sync"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -97,6 +100,25 @@ func (ds devices) mounts() (map[string][]string, error) {
 	return out, nil
 }
 
+// withFilesystem returns, by name, the devices whose filesystem is mounted
+// somewhere.
+func (ds devices) withFilesystem() (map[string]bool, error) {
+	ms, err := mount.List(func(m *mountinfo.Info) (skip, stop bool) {
+		_, ok := ds.withFS(m)
+		return !ok, false
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, m := range ms {
+		if d, ok := ds.withFS(m); ok {
+			out[d.Name] = true
+		}
+	}
+	return out, nil
+}
+
 // allMounts returns every mount point where one of the devices is visible,
 // sorted.
 func (ds devices) allMounts() ([]string, error) {
@@ -126,6 +148,15 @@ func deviceNodeAt(path string) (rdev uint64, ok bool, err error) {
 	return st.Rdev, st.Mode&unix.S_IFMT == unix.S_IFBLK, nil
 }
 
+// detachedNodeAt reports whether path is a loop device node whose device
+// backs no file any more: one of this plugin's, detached by someone it was
+// given to while no plugin held it. It names nothing, so whoever's target
+// it is may remove it.
+func detachedNodeAt(path string) bool {
+	rdev, ok, err := deviceNodeAt(path)
+	return err == nil && ok && loopdev.Unbound(rdev)
+}
+
 // boundDevice reports whether path is a bind mount of a block device node,
 // and which device.
 func boundDevice(path string) (rdev uint64, ok bool, err error) {
@@ -152,6 +183,56 @@ func others(paths []string, except ...string) []string {
 	return out
 }
 
+// held keeps an open descriptor of each loop device the plugin gave for
+// block access (a staged device, a read-only publish device), from its
+// attach to the plugin's own detach. A device node bound into a container
+// is not an opener; without a holder, the container could detach the device
+// (LOOP_CLR_FD needs only an open descriptor) and its number would go to the
+// next volume attached while the container's node still names it. With one,
+// its LOOP_CLR_FD only marks the device for clearing at the last close.
+// Serve re-holds what a previous run attached (holdAttached).
+type held struct {
+	mu    sync.Mutex
+	files map[string]*os.File // by device name
+}
+
+// keep holds f (an open descriptor of the device called name) until release.
+func (h *held) keep(name string, f *os.File) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old := h.files[name]; old != nil {
+		old.Close()
+	}
+	h.files[name] = f
+}
+
+// release closes the descriptor held for the device called name, if any.
+func (h *held) release(name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if f := h.files[name]; f != nil {
+		f.Close()
+		delete(h.files, name)
+	}
+}
+
+// sweep clears the autoclear mark an opener's LOOP_CLR_FD left on a held
+// device, so that the plugin's exit (a crash, an upgrade) does not detach
+// it. Serve runs it every holdSweep and on its way out.
+func (h *held) sweep(log *slog.Logger) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for name, f := range h.files {
+		cleared, err := loopdev.KeepAttached(f)
+		switch {
+		case err != nil:
+			log.Warn("cannot check a held block device", "device", name, "error", err)
+		case cleared:
+			log.Warn("an opener of a block device asked to detach it (LOOP_CLR_FD); refused", "device", name)
+		}
+	}
+}
+
 // detachIdle detaches the volume's loop devices that nothing is mounted
 // from: left over by an unstage, by the unpublish of a read-only block
 // target, or by a crash between attaching and mounting. Callers hold the
@@ -170,6 +251,7 @@ func (p *Plugin) detachIdle(vol Volume) error {
 		if len(byDev[d.Name]) > 0 {
 			continue
 		}
+		p.held.release(d.Name)
 		if err := loopdev.Detach(d, vol.Path); err != nil {
 			return fmt.Errorf("volume %s: %w", vol.ID, err)
 		}

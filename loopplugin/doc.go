@@ -46,14 +46,30 @@
 //
 // # State
 //
-// The plugin keeps no state in memory. Every call reads what it needs from
-// the kernel: the loop device backed by the image (matched by device and
+// The plugin keeps no state in memory but open descriptors. Every call
+// reads what it needs from the kernel: the loop device backed by the image (matched by device and
 // inode), the mount table at the staging and target paths. Groups,
 // snapshots, replication roles and restored volumes' content sources are
 // records in the pool under .csi-loop/, each written atomically (temporary
 // file, fsync, rename, fsync of the directory). A plugin killed at any point
 // and started again therefore answers every later call as if it had never
 // stopped, and an operator's losetup and findmnt show the whole truth.
+//
+// # Block devices given to containers
+//
+// A container given a block volume holds its loop device's node, and any
+// opener of a loop device, read-only and unprivileged, can ask to detach it
+// (LOOP_CLR_FD) or, if it is a LO_FLAGS_READ_ONLY device, re-back it with
+// another file (LOOP_CHANGE_FD). So the plugin holds every block-access
+// device open from its attach to its own detach (re-held at start), which
+// turns a LOOP_CLR_FD into a mark for detaching at the last close; it clears
+// such marks every second and on its way out, logging each. Read-only devices
+// are read-write loop devices made read-only with BLKROSET, which only
+// CAP_SYS_ADMIN can undo, so LOOP_CHANGE_FD does not apply. A device detached
+// anyway (marked, then the plugin killed within the second, with no other
+// opener) is not reused: attaches skip loop numbers whose node is still
+// bound somewhere, and unpublish and unstage remove a bound node whose device
+// backs nothing.
 //
 // # Concurrency and errors
 //

@@ -137,10 +137,15 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 			return nil, err
 		}
 		dev, ok := ds.at(m, target)
-		if !ok {
+		switch {
+		case ok:
+			block = !sameDev(m, dev)
+		case detachedNodeAt(target):
+			s.p.log.Warn("the published device was detached by someone else", "volume", id, "target", target)
+			block = true
+		default:
 			return nil, preconditionf("target path %s holds another mount (%s from %s), not volume %s", target, m.FSType, m.Source, id)
 		}
-		block = !sameDev(m, dev)
 		if err := mount.Unmount(ctx, target); err != nil {
 			return nil, fmt.Errorf("unpublish volume %s: %w", id, err)
 		}

@@ -468,3 +468,86 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 		t.Errorf("after the image was removed: %v", h)
 	}
 }
+
+// A container given a block volume's device node opens it and detaches it
+// (LOOP_CLR_FD needs no capability, only an open descriptor): the device must
+// stay this volume's while it is published, and after a plugin restart. If
+// it was detached while no plugin ran to hold it, its number is not handed
+// to another volume while its node is still bound, and unstage still
+// cleans up.
+func TestBlockDeviceDetachByContainer(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	id := e.createVolume(t, "victim", 16<<20)
+	img := filepath.Join(e.pool, id+".img")
+	staging := filepath.Join(e.dir, "staging")
+	rw, ro := filepath.Join(e.dir, "pods", "rw", "dev"), filepath.Join(e.dir, "pods", "ro", "dev")
+	c := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
+	e.stage(t, id, staging, c)
+	e.publish(t, id, staging, rw, c, false)
+	e.publish(t, id, staging, ro, c, true)
+	before, err := loopdev.FindAll(img)
+	if err != nil || len(before) != 2 {
+		t.Fatalf("devices = %+v, %v; want a read-write and a read-only one", before, err)
+	}
+	detach := func(target string) *os.File {
+		t.Helper()
+		f, err := os.Open(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil {
+			t.Fatalf("LOOP_CLR_FD through %s: %v", target, err)
+		}
+		return f
+	}
+	attached := func(when string) {
+		t.Helper()
+		if got, err := loopdev.FindAll(img); err != nil || len(got) != len(before) {
+			t.Fatalf("%s: devices = %+v, %v; want %+v", when, got, err, before)
+		}
+	}
+	detach(rw).Close()
+	detach(ro).Close()
+	attached("after a container's LOOP_CLR_FD")
+	// The sweep clears the marks, so the plugin's exit detaches nothing.
+	e.p.held.sweep(e.p.log)
+	e.p.held.release(before[0].Name)
+	e.p.held.release(before[1].Name)
+	attached("after the plugin's exit")
+	if err := e.p.holdAttached(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The plugin dies (its descriptors close) while a container holds the
+	// device marked for clearing; the next plugin holds it again.
+	held := detach(rw)
+	e.p.held.release(before[0].Name)
+	e.p.held.release(before[1].Name)
+	if err := e.p.holdAttached(); err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
+	attached("after a plugin restart")
+
+	// With no plugin holding it, the container can detach it: its number
+	// stays out of use while its node is bound, and unstage cleans up.
+	e.p.held.release(before[0].Name)
+	detach(rw).Close()
+	if got, err := loopdev.FindAll(img); err != nil || len(got) != 1 {
+		t.Fatalf("devices = %+v, %v; want the read-write one detached", got, err)
+	}
+	other := e.createVolume(t, "other", 16<<20)
+	otherStaging := filepath.Join(e.dir, "staging-other")
+	e.stage(t, other, otherStaging, c)
+	if got, err := loopdev.Find(filepath.Join(e.pool, other+".img")); err != nil || got.Name == before[0].Name {
+		t.Fatalf("the other volume got %+v, %v: the detached device, still bound at %s", got, err, rw)
+	}
+	e.unstage(t, other, otherStaging)
+	e.unpublish(t, id, rw)
+	e.unpublish(t, id, ro)
+	e.unstage(t, id, staging)
+	if got, err := loopdev.FindAll(img); err != nil || len(got) != 0 {
+		t.Fatalf("after unstage: devices = %+v, %v", got, err)
+	}
+}

@@ -38,6 +38,9 @@ const (
 	// gracefulStopTimeout is how long Serve lets in-flight calls finish
 	// after its context ends before cutting them off.
 	gracefulStopTimeout = 30 * time.Second
+	// holdSweep is how often the held block devices are checked for an
+	// autoclear mark a container left (see held.sweep).
+	holdSweep = time.Second
 	// staleSocketProbe bounds the dial that tells a stale socket from a
 	// live plugin.
 	staleSocketProbe = time.Second
@@ -69,13 +72,15 @@ type Config struct {
 // published is read from the kernel (loop devices' backing files and the
 // mount table) on every call, and groups, snapshots and replication state
 // are records in the pool, so a restarted plugin carries on where the
-// previous one stopped.
+// previous one stopped. The one thing it holds is an open descriptor of
+// each block-access device (see held), re-opened at start.
 type Plugin struct {
 	name, version, nodeID string
 	pool                  *Pool
 	replica               *Pool // nil without a replica pool
 	log                   *slog.Logger
 	locks                 *volumeLocks
+	held                  *held
 	tools                 tools
 	// replicationTick is how often the replication scheduler runs.
 	replicationTick time.Duration
@@ -129,6 +134,7 @@ func New(cfg Config) (*Plugin, error) {
 		replica:         replica,
 		log:             cfg.Logger,
 		locks:           newVolumeLocks(),
+		held:            &held{files: map[string]*os.File{}},
 		tools:           findTools(),
 		replicationTick: defaultReplicationTick,
 	}, nil
@@ -228,7 +234,9 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	if err != nil {
 		return err
 	}
-	p.logAttached()
+	if err := p.holdAttached(); err != nil {
+		p.log.Warn("cannot list loop devices", "error", err)
+	}
 	srv := p.NewServer()
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(lis) }()
@@ -251,7 +259,9 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	schedCtx, stopSched := context.WithCancel(ctx)
 	schedDone := make(chan struct{})
 	go func() { defer close(schedDone); p.runReplication(schedCtx) }()
-	defer func() { stopSched(); <-schedDone }()
+	sweepDone := make(chan struct{})
+	go func() { defer close(sweepDone); p.sweepHeld(schedCtx) }()
+	defer func() { stopSched(); <-schedDone; <-sweepDone; p.held.sweep(p.log) }()
 	replica := ""
 	if p.replica != nil {
 		replica = p.replica.Dir()
@@ -278,18 +288,51 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	return nil
 }
 
-// logAttached reports the volumes found attached at start: the state a
-// previous run left, which this one carries on from.
-func (p *Plugin) logAttached() {
+// sweepHeld runs held.sweep every holdSweep until ctx ends.
+func (p *Plugin) sweepHeld(ctx context.Context) {
+	t := time.NewTicker(holdSweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.held.sweep(p.log)
+		}
+	}
+}
+
+// holdAttached reports the volumes found attached at start (the state a
+// previous run left, which this one carries on from) and holds the devices
+// that no filesystem mount holds (block access; see held), clearing an
+// autoclear mark someone set meanwhile.
+func (p *Plugin) holdAttached() error {
 	attached, err := loopdev.List(p.pool.Dir())
 	if err != nil {
-		p.log.Warn("cannot list loop devices", "error", err)
-		return
+		return err
+	}
+	var ds devices
+	for _, a := range attached {
+		ds = append(ds, a.Device)
+	}
+	fs, err := ds.withFilesystem()
+	if err != nil {
+		return err
 	}
 	for _, a := range attached {
 		id := strings.TrimSuffix(filepath.Base(a.BackingFile), imageSuffix)
 		p.log.Info("found attached volume", "volume", id, "device", a.Path)
+		if fs[a.Name] {
+			continue
+		}
+		f, err := loopdev.Hold(a.Device, a.BackingFile)
+		if err != nil {
+			p.log.Warn("cannot hold a block device open: a container it is published to could detach it", "volume", id, "device", a.Path, "error", err)
+			continue
+		}
+		p.held.keep(a.Name, f)
 	}
+	return nil
 }
 
 // ParseEndpoint returns the socket path of a CSI endpoint: "unix:///abs/path",

@@ -103,14 +103,14 @@ func (p *Plugin) stageBlock(ctx context.Context, vol Volume, staging string, acc
 	if err := p.detachIdle(vol); err != nil {
 		return err
 	}
-	// No autoclear: nothing holds the device open while it is only
-	// bind-mounted. Unstage detaches it; after a crash before the bind,
+	// No autoclear: only the plugin's hold keeps the device open while it
+	// is bind-mounted. Unstage detaches it; after a crash before the bind,
 	// the next stage or unstage finds it idle and detaches it.
 	dev, f, err := loopdev.Attach(ctx, vol.Path, loopdev.Options{ReadOnly: readOnly})
 	if err != nil {
 		return fmt.Errorf("stage volume %s: %w", vol.ID, err)
 	}
-	f.Close()
+	p.held.keep(dev.Name, f)
 	if err := createFile(file); err != nil {
 		return errors.Join(err, p.detachIdle(vol))
 	}
@@ -173,7 +173,10 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 		return err
 	} else if bound {
 		if _, ok := ds.withRdev(rdev); !ok {
-			return preconditionf("%s exposes another device, not volume %s", file, vol.ID)
+			if !detachedNodeAt(file) {
+				return preconditionf("%s exposes another device, not volume %s", file, vol.ID)
+			}
+			p.log.Warn("the staged device was detached by someone else", "volume", vol.ID, "staging", file)
 		}
 		if err := mount.Unmount(ctx, file); err != nil {
 			return fmt.Errorf("unstage volume %s: %w", vol.ID, err)
@@ -289,6 +292,6 @@ func (p *Plugin) readOnlyDevice(ctx context.Context, vol Volume, ds devices) (lo
 	if err != nil {
 		return loopdev.Device{}, fmt.Errorf("publish volume %s read-only: %w", vol.ID, err)
 	}
-	f.Close()
+	p.held.keep(dev.Name, f)
 	return dev, nil
 }

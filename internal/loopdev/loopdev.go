@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,7 +47,11 @@ type Options struct {
 	// AutoClear makes the kernel detach the device when its last opener
 	// closes it (LO_FLAGS_AUTOCLEAR).
 	AutoClear bool
-	// ReadOnly attaches the file read-only.
+	// ReadOnly makes the device refuse writes (BLKROSET, which only
+	// CAP_SYS_ADMIN can undo). The backing file is still opened read-write
+	// and LO_FLAGS_READ_ONLY is not set: any opener of a device with that
+	// flag, read-only and unprivileged, can re-back it with LOOP_CHANGE_FD
+	// to a file of its choosing (a container feeding other readers).
 	ReadOnly bool
 }
 
@@ -55,12 +60,13 @@ type Options struct {
 // file; with AutoClear, that close detaches the device unless something else
 // (a mount) holds it. If a concurrent attacher takes the free device first,
 // Attach asks for another one, up to attachRetries times.
+//
+// A free device whose node is still bind-mounted somewhere in this mount
+// namespace is skipped: it was handed to someone (a container, through a
+// bind of the node) and detached under them, and whoever holds that node
+// must not reach the next file attached to it.
 func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File, error) {
-	flag := os.O_RDWR
-	if opts.ReadOnly {
-		flag = os.O_RDONLY
-	}
-	bf, err := os.OpenFile(backing, flag|unix.O_CLOEXEC, 0)
+	bf, err := os.OpenFile(backing, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
 	}
@@ -75,22 +81,24 @@ func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File
 	if opts.AutoClear {
 		cfg.Info.Flags |= unix.LO_FLAGS_AUTOCLEAR
 	}
-	if opts.ReadOnly {
-		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
-	}
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing)
 
+	handedOut, err := boundNodes()
+	if err != nil {
+		return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
+	}
 	var lastErr error
+	busy := -1 // the highest number found taken by a concurrent attacher
 	for range attachRetries {
 		if err := ctx.Err(); err != nil {
 			return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
 		}
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		n, err := freeDevice(ctl, handedOut, busy)
 		if err != nil {
-			return Device{}, nil, fmt.Errorf("attach %s: LOOP_CTL_GET_FREE: %w", backing, err)
+			return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
 		}
 		name := "loop" + strconv.Itoa(n)
-		df, err := os.OpenFile(filepath.Join(devDir, name), flag|unix.O_CLOEXEC, 0)
+		df, err := os.OpenFile(filepath.Join(devDir, name), os.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
 		}
@@ -99,20 +107,20 @@ func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File
 			// Another attacher got this device between GET_FREE and
 			// CONFIGURE: ask for the next free one.
 			df.Close()
-			lastErr = err
+			lastErr, busy = err, max(busy, n)
 			continue
 		}
 		if err != nil {
 			df.Close()
 			return Device{}, nil, fmt.Errorf("attach %s to %s: LOOP_CONFIGURE: %w", backing, name, err)
 		}
-		if !opts.ReadOnly {
-			// A read-only policy set on the device by an earlier user
-			// (BLKROSET, "blockdev --setro") outlives detaching; clear it.
-			if err := unix.IoctlSetPointerInt(int(df.Fd()), unix.BLKROSET, 0); err != nil {
-				df.Close()
-				return Device{}, nil, fmt.Errorf("attach %s to %s: BLKROSET: %w", backing, name, err)
-			}
+		// BLKROSET either way: a read-only policy set by an earlier
+		// user ("blockdev --setro") outlives detaching.
+		if err := unix.IoctlSetPointerInt(int(df.Fd()), unix.BLKROSET, boolInt(opts.ReadOnly)); err != nil {
+			err = fmt.Errorf("attach %s to %s: BLKROSET: %w", backing, name, err)
+			_ = unix.IoctlSetInt(int(df.Fd()), unix.LOOP_CLR_FD, 0)
+			df.Close()
+			return Device{}, nil, err
 		}
 		dev, err := deviceOf(name, df, opts.ReadOnly)
 		if err != nil {
@@ -122,6 +130,79 @@ func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File
 		return dev, df, nil
 	}
 	return Device{}, nil, fmt.Errorf("attach %s: every free loop device was taken by others (%d tries): %w", backing, attachRetries, lastErr)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// freeDevice returns the number of a free loop device that is neither among
+// handedOut (device numbers whose nodes are bind-mounted) nor at or below
+// busy: the kernel's first free device, or the next unbound one past it,
+// created with LOOP_CTL_ADD if needed.
+func freeDevice(ctl *os.File, handedOut map[uint64]bool, busy int) (int, error) {
+	first, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		return 0, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+	}
+	for n := max(first, busy+1); ; n++ {
+		if n != first {
+			err := unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_ADD, n)
+			if err != nil && !errors.Is(err, unix.EEXIST) {
+				return 0, fmt.Errorf("LOOP_CTL_ADD %d: %w", n, err)
+			}
+			if _, err := os.Stat(filepath.Join(sysBlock, "loop"+strconv.Itoa(n), "loop")); err == nil {
+				continue // bound
+			}
+		}
+		if len(handedOut) == 0 {
+			return n, nil
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(devDir, "loop"+strconv.Itoa(n)), &st); err != nil {
+			return 0, fmt.Errorf("stat loop%d: %w", n, err)
+		}
+		if !handedOut[st.Rdev] {
+			return n, nil
+		}
+	}
+}
+
+// boundNodes returns the device numbers of the loop device nodes that are
+// bind-mounted somewhere in this mount namespace (a mount whose root is
+// "/loopN" and whose mount point is a block device node).
+func boundNodes() (map[uint64]bool, error) {
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		_, err := strconv.Atoi(strings.TrimPrefix(m.Root, "/loop"))
+		return err != nil || !strings.HasPrefix(m.Root, "/loop"), false
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the mount table: %w", err)
+	}
+	out := map[uint64]bool{}
+	for _, m := range ms {
+		var st unix.Stat_t
+		if unix.Lstat(m.Mountpoint, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && unix.Major(st.Rdev) == loopMajor {
+			out[st.Rdev] = true
+		}
+	}
+	return out, nil
+}
+
+// loopMajor is the block major number of loop devices.
+const loopMajor = 7
+
+// Unbound reports whether rdev is a loop device that backs no file: one
+// detached while its node was still bound somewhere.
+func Unbound(rdev uint64) bool {
+	if unix.Major(rdev) != loopMajor {
+		return false
+	}
+	_, err := os.Stat(fmt.Sprintf("/sys/dev/block/%d:%d/loop", unix.Major(rdev), unix.Minor(rdev)))
+	return errors.Is(err, os.ErrNotExist)
 }
 
 func deviceOf(name string, f *os.File, ro bool) (Device, error) {
@@ -313,6 +394,54 @@ func Detach(dev Device, backing string) error {
 	f.Close() // the deferred Close is then a no-op
 	waitUnbound(dev)
 	return nil
+}
+
+// Hold opens dev to keep it attached, if it is still backed by the file at
+// backing (same device and inode), and clears LO_FLAGS_AUTOCLEAR if someone
+// set it (see KeepAttached). While a descriptor is open, LOOP_CLR_FD from
+// any other opener (which needs no capability) only marks the device for
+// clearing at its last close: whoever was given the device cannot detach it
+// from under the holder, and its number cannot go to another file.
+func Hold(dev Device, backing string) (*os.File, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(backing, &want); err != nil {
+		return nil, fmt.Errorf("hold %s: %w", dev.Path, err)
+	}
+	f, err := os.OpenFile(dev.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("hold %s: %w", dev.Path, err)
+	}
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err == nil && (info.Device != want.Dev || info.Inode != want.Ino) {
+		err = fmt.Errorf("backed by another file now: %w", ErrNotAttached)
+	}
+	if err == nil {
+		_, err = KeepAttached(f)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hold %s: %w", dev.Path, err)
+	}
+	return f, nil
+}
+
+// KeepAttached clears LO_FLAGS_AUTOCLEAR on the loop device open as f and
+// reports whether it was set. An opener's LOOP_CLR_FD sets it while others
+// hold the device; left set, the holder's close (its process dying) would
+// detach the device.
+func KeepAttached(f *os.File) (cleared bool, err error) {
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return false, fmt.Errorf("LOOP_GET_STATUS64: %w", err)
+	}
+	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 {
+		return false, nil
+	}
+	info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+	if err := unix.IoctlLoopSetStatus64(int(f.Fd()), info); err != nil {
+		return false, fmt.Errorf("LOOP_SET_STATUS64: %w", err)
+	}
+	return true, nil
 }
 
 // unbindWait bounds the wait for the kernel to release a loop device.

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
 )
@@ -148,5 +150,126 @@ func TestDetachLeavesReusedDeviceAlone(t *testing.T) {
 	}
 	if err := loopdev.Detach(dev, b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// loopChangeFD is LOOP_CHANGE_FD (linux/loop.h; x/sys/unix lacks it).
+const loopChangeFD = 0x4C06
+
+// A read-only device refuses writes and cannot be re-backed by an opener
+// without privileges: LOOP_CHANGE_FD works on LO_FLAGS_READ_ONLY devices for
+// anyone who can open them, read-only.
+func TestReadOnlyCannotBeRebacked(t *testing.T) {
+	testhelp.NeedRoot(t)
+	img, other := image(t, 8<<20), image(t, 8<<20)
+	dev, f, err := loopdev.Attach(context.Background(), img, loopdev.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { f.Close(); _ = loopdev.Detach(dev, img) }()
+	if got, err := loopdev.Find(img); err != nil || !got.ReadOnly {
+		t.Fatalf("Find = %+v, %v; want a read-only device", got, err)
+	}
+	opener, err := os.Open(dev.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opener.Close()
+	o, err := os.Open(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := unix.IoctlSetInt(int(opener.Fd()), loopChangeFD, int(o.Fd())); err == nil {
+		t.Fatal("LOOP_CHANGE_FD re-backed a read-only device")
+	}
+	if got, err := loopdev.Find(img); err != nil || got.Name != dev.Name {
+		t.Fatalf("after LOOP_CHANGE_FD: Find(img) = %+v, %v", got, err)
+	}
+	if w, err := os.OpenFile(dev.Path, os.O_WRONLY, 0); err == nil {
+		_, err = w.WriteAt(make([]byte, 4096), 0)
+		w.Close()
+		if err == nil {
+			t.Fatal("a write through a read-only device succeeded")
+		}
+	}
+}
+
+// While Hold's descriptor is open, an opener's LOOP_CLR_FD (no capability
+// needed) cannot detach the device; a later Hold clears the autoclear mark
+// it left.
+func TestHoldKeepsDeviceAttached(t *testing.T) {
+	testhelp.NeedRoot(t)
+	img := image(t, 8<<20)
+	dev, f, err := loopdev.Attach(context.Background(), img, loopdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	hold, err := loopdev.Hold(dev, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opener, err := os.Open(dev.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetInt(int(opener.Fd()), unix.LOOP_CLR_FD, 0); err != nil {
+		t.Fatal(err)
+	}
+	opener.Close()
+	if got, err := loopdev.Find(img); err != nil || got.Name != dev.Name {
+		t.Fatalf("an opener's LOOP_CLR_FD detached a held device: Find = %+v, %v", got, err)
+	}
+	again, err := loopdev.Hold(dev, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := unix.IoctlLoopGetStatus64(int(again.Fd())); err != nil || info.Flags&unix.LO_FLAGS_AUTOCLEAR != 0 {
+		t.Fatalf("Hold left flags %#x, %v; want autoclear cleared", info.Flags, err)
+	}
+	hold.Close()
+	again.Close()
+	if _, err := loopdev.Find(img); err != nil {
+		t.Fatalf("device detached at the holders' close: %v", err)
+	}
+	if err := loopdev.Detach(dev, img); err != nil {
+		t.Fatal(err)
+	}
+	// Holding a device that now backs nothing fails.
+	if f, err := loopdev.Hold(dev, img); err == nil {
+		f.Close()
+		t.Fatal("Hold of a detached device succeeded")
+	}
+}
+
+// A device detached while its node is still bound somewhere (given to a
+// container) is not handed to the next file.
+func TestAttachSkipsHandedOutDevice(t *testing.T) {
+	testhelp.NeedRoot(t)
+	a, b := image(t, 8<<20), image(t, 8<<20)
+	dev, f, err := loopdev.Attach(context.Background(), a, loopdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	node := filepath.Join(t.TempDir(), "node")
+	if err := os.WriteFile(node, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dev.Path, node, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(node, unix.MNT_DETACH)
+	if err := loopdev.Detach(dev, a); err != nil {
+		t.Fatal(err)
+	}
+	got, g, err := loopdev.Attach(context.Background(), b, loopdev.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { g.Close(); _ = loopdev.Detach(got, b) }()
+	if got.Name == dev.Name {
+		t.Fatalf("%s, whose node is still bound at %s, went to another file", dev.Name, node)
 	}
 }
