@@ -44,7 +44,7 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(UNITDIR), the Podman/CRI-O hook and the Docker plugin spec (DESTDIR honoured)
+install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(UNITDIR), the Podman/CRI-O hook, the Docker plugin spec and Podman's containers.conf.d drop-in (DESTDIR honoured)
 	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
 	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
 	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
@@ -53,6 +53,7 @@ install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(U
 	install -D -m 0644 deploy/oci-hooks.d/csi-agent.json $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
 	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec
+	install -D -m 0644 deploy/containers.conf.d/csi-agent.conf $(DESTDIR)/etc/containers/containers.conf.d/csi-agent.conf
 	@echo "installed; run: systemctl daemon-reload && systemctl enable --now csi-agent"
 
 deps: ## install the Debian packages the tests need (e2fsprogs, xfsprogs, util-linux, protoc, runc, busybox-static, systemd, docker.io, podman) and build bin/hostpathplugin
