@@ -20,6 +20,7 @@ import (
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
+	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/unixsock"
@@ -156,6 +157,9 @@ type Agent struct {
 	ctrlops *controllerops.Server
 	// stats polls published volumes' usage and health.
 	stats *volumestats.Poller
+	// named is the named volumes and the engines' mounts of them
+	// (startEngines).
+	named *dockerplugin.Server
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
 	// configured is closed once the config directory's first load is
@@ -317,7 +321,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
 		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
 		Offers: a.set.Offers, ControllerConn: a.controllerConn,
-		Members: apiserver.Members{Roots: a.cfg.APIGroupRoots},
+		Named: a.named, Members: apiserver.Members{Roots: a.cfg.APIGroupRoots},
 	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	serveErr := make(chan error, 1)

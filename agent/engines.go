@@ -68,11 +68,10 @@ func (b engineBackend) CheckPlugin(typ string) error {
 	return err
 }
 
-// startEngines serves the Docker volume plugin socket when configured.
+// startEngines loads the named volumes and the engines' mounts of them
+// (a.named, which the API serves too) and serves the Docker volume plugin
+// socket when configured.
 func (a *Agent) startEngines() (stop func(), err error) {
-	if a.cfg.DockerPluginSocket == "" {
-		return func() {}, nil
-	}
 	store, err := namedvol.OpenStore(a.commit, NamedVolumesDir(a.cfg.WorkDir))
 	if err != nil {
 		return nil, err
@@ -83,6 +82,10 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	a.named = srv
+	if a.cfg.DockerPluginSocket == "" {
+		return func() {}, nil
 	}
 	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket")
 	if err != nil {

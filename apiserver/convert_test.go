@@ -106,6 +106,8 @@ func sameJSON(t *testing.T, what string, a, b proto.Message) {
 func TestConvertCarriesEveryField(t *testing.T) {
 	req := &agentv1.PrepareRequest{}
 	populate(t, req.ProtoReflect(), 0)
+	// Named mounts are resolved into volumes before the conversion.
+	req.NamedMounts, req.NamedMountsFromAnnotation = nil, false
 	// The capability's other access type, and a reference secret.
 	block := proto.Clone(req).(*agentv1.PrepareRequest)
 	sp := block.Volumes[0].Source.CsiVolume.StaticProvisioning

@@ -203,4 +203,7 @@ func TestMemberHandlers(t *testing.T) {
 	if _, err := s.Reconcile(member, &agentv1.ReconcileRequest{}); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only root may call it") {
 		t.Errorf("member Reconcile: %v", err)
 	}
+	if _, err := s.ReconcileEngineMounts(member, &agentv1.ReconcileEngineMountsRequest{}); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only root may call it") {
+		t.Errorf("member ReconcileEngineMounts: %v", err)
+	}
 }

@@ -46,6 +46,8 @@ type Config struct {
 	// service and returns the connection serving it (status errors).
 	Offers         func(plugin, service string) bool
 	ControllerConn func(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	// Named is the named volumes (and the engines' mounts of them).
+	Named NamedVolumes
 	// Members is what callers other than root (members of --api-group)
 	// may do; root may do everything.
 	Members Members

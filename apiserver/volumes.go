@@ -2,17 +2,21 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/statuscode"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
@@ -32,6 +36,11 @@ func Status(err error) error {
 		statuscode.Class{Err: isolator.ErrPrecondition, Code: codes.FailedPrecondition},
 		statuscode.Class{Err: isolator.ErrUnknownPlugin, Code: codes.NotFound},
 		statuscode.Class{Err: isolator.ErrUnavailable, Code: codes.Unavailable},
+		statuscode.Class{Err: namedvol.ErrInvalid, Code: codes.InvalidArgument},
+		statuscode.Class{Err: namedvol.ErrNotFound, Code: codes.NotFound},
+		statuscode.Class{Err: namedvol.ErrExists, Code: codes.AlreadyExists},
+		statuscode.Class{Err: namedvol.ErrInUse, Code: codes.FailedPrecondition},
+		statuscode.Class{Err: namedvol.ErrAnnotationRefused, Code: codes.PermissionDenied},
 		// The work dir is full: a checkpoint could not be written.
 		statuscode.Class{Err: syscall.ENOSPC, Code: codes.ResourceExhausted},
 		statuscode.Class{Err: syscall.EDQUOT, Code: codes.ResourceExhausted},
@@ -84,6 +93,45 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
+	if len(req.GetNamedMounts()) == 0 {
+		return s.prepare(ctx, c, req)
+	}
+	var resp *agentv1.PrepareResponse
+	err = s.cfg.Named.Resolve(ctx, namedMounts(req), req.GetNamedMountsFromAnnotation(), func(vols []*agentv1.Volume) error {
+		full := proto.CloneOf(req)
+		full.Volumes = append(full.Volumes, vols...)
+		full.NamedMounts = nil
+		if c != nil {
+			// The named volumes' container paths, as any volume's.
+			if err := s.cfg.Members.CheckPrepare(c, full); err != nil {
+				return prepareFailed{err}
+			}
+		}
+		var perr error
+		resp, perr = s.prepare(ctx, c, full)
+		if perr != nil {
+			return prepareFailed{perr}
+		}
+		return nil
+	})
+	var failed prepareFailed
+	if errors.As(err, &failed) {
+		return nil, failed.err // a status already
+	}
+	if err != nil {
+		return nil, Status(err)
+	}
+	return resp, nil
+}
+
+// prepareFailed carries the status error of a prepare through Resolve.
+type prepareFailed struct{ err error }
+
+func (p prepareFailed) Error() string { return p.err.Error() }
+
+// prepare is Prepare of a checked request without named mounts, by root
+// (c nil) or a member.
+func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
 	mounts, err := s.iso.Prepare(ctx, PrepareRequest(req))
 	s.cfg.OnVolumesChanged()
 	if err != nil {

@@ -2,88 +2,58 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/csiagent/csiagent/agent"
-	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/namedvol"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
-
-// dockerPluginSocketName is the file in the runtime dir where csi-agent
-// serve speaks Docker's volume plugin protocol unless told otherwise.
-const dockerPluginSocketName = "docker-plugin.sock"
 
 // volumeCallTimeout bounds one call of the volume commands.
 const volumeCallTimeout = 30 * time.Second
 
-// dockerPluginSocketFlag registers --docker-plugin-socket of a client.
-func dockerPluginSocketFlag(fs *pflag.FlagSet, usage string) *string {
-	return fs.String("docker-plugin-socket", filepath.Join(agent.DefaultRuntimeDir, dockerPluginSocketName), usage)
-}
-
 // volumeCmd is csi-agent volume create|rm|inspect|ls|reconcile.
 func (e *env) volumeCmd() *cobra.Command {
 	return e.group("volume", "named CSI volumes for container engines: create, rm, inspect, ls, reconcile",
-		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent). The commands talk to the\nagent's --docker-plugin-socket.",
+		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent), the csi.csiagent.io/mounts\nannotation and prepare --mounts name them.",
 		command("create NAME [flags]", "define a named volume", cobra.ExactArgs(1), e.volumeCreateCmd),
-		command("rm NAME", "remove a named volume (refused while an engine or a container uses it)", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
-			return c.Remove(ctx, name)
+		command("rm NAME", "remove a named volume (refused while an engine or a container uses it)", cobra.ExactArgs(1), e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+			resp, err := c.RemoveNamedVolume(ctx, &agentv1.RemoveNamedVolumeRequest{Name: args[0]})
+			return printReply(e.stdout, output, resp, err, func() error { fmt.Fprintln(e.stdout, args[0]); return nil })
 		})),
-		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.volumeNameCmd(func(ctx context.Context, c *dockerplugin.Client, name string) error {
-			v, err := c.Get(ctx, name)
+		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, _ string, args []string) error {
+			v, err := c.GetNamedVolume(ctx, &agentv1.GetNamedVolumeRequest{Name: args[0]})
 			if err != nil {
 				return err
 			}
-			return e.printIndented(v)
+			return printJSON(e.stdout, v)
 		})),
-		command("ls [flags]", "list the named volumes", noArgs, e.volumeListCmd),
+		command("ls [flags]", "list the named volumes", noArgs, e.withVolumes(e.volumeList)),
 		command("reconcile [flags]", "release every engine mount whose mount id is not in --live-mount-ids", noArgs, e.volumeReconcileCmd),
 	)
 }
 
-// withVolumes declares --docker-plugin-socket and runs call with a client
-// of it, within volumeCallTimeout.
-func (e *env) withVolumes(fs *pflag.FlagSet, call func(ctx context.Context, c *dockerplugin.Client, args []string) error) runFunc {
-	socket := dockerPluginSocketFlag(fs, "the socket of the agent's serve --docker-plugin-socket")
-	return func(ctx context.Context, name string, args []string) int {
-		ctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
-		defer cancel()
-		if err := call(ctx, dockerplugin.NewClient(*socket), args); err != nil {
-			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
-			var usage usageError
-			if errors.As(err, &usage) {
-				return ExitUsage
-			}
-			return ExitProblem
-		}
-		return ExitOK
-	}
+// deprecatedPluginSocketFlag accepts --docker-plugin-socket, which the
+// clients no longer need (named volumes go through --api-socket), so that
+// hooks and scripts written for earlier releases keep working.
+func deprecatedPluginSocketFlag(fs *pflag.FlagSet) {
+	fs.String("docker-plugin-socket", "", "")
+	_ = fs.MarkDeprecated("docker-plugin-socket", "named volumes are looked up through --api-socket; drop it")
 }
 
-// volumeNameCmd is a command on one NAME with no flags of its own.
-func (e *env) volumeNameCmd(call func(ctx context.Context, c *dockerplugin.Client, name string) error) func(*pflag.FlagSet) runFunc {
+// withVolumes is withAgent with each call bounded by volumeCallTimeout.
+func (e *env) withVolumes(call func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error) func(*pflag.FlagSet) runFunc {
 	return func(fs *pflag.FlagSet) runFunc {
-		return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, args []string) error {
-			return call(ctx, c, args[0])
+		return e.withAgent(fs, func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+			ctx, cancel := context.WithTimeout(ctx, volumeCallTimeout)
+			defer cancel()
+			return call(ctx, c, output, args)
 		})
 	}
-}
-
-func (e *env) printIndented(v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(e.stdout, string(b))
-	return nil
 }
 
 func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
@@ -102,7 +72,7 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	shareEngineMounts := fs.Bool("share-engine-mounts", false, "with --allow-annotations: let annotation users have the volume while engine mounts (docker run -v) hold it (default: refused)")
 	flags := fs.StringArray("mount-flag", nil, "a mount flag (repeatable)")
 	contextKV := fs.StringArray("context", nil, "a volume_context entry KEY=VALUE (repeatable)")
-	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, args []string) error {
+	return e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
 		if *block {
 			opts[namedvol.KeyBlock] = "true"
 		}
@@ -122,32 +92,33 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 			}
 			opts[namedvol.ContextPrefix+k] = v
 		}
-		if err := c.Create(ctx, args[0], opts); err != nil {
-			return err
-		}
-		fmt.Fprintln(e.stdout, args[0])
-		return nil
-	})
+		resp, err := c.CreateNamedVolume(ctx, &agentv1.CreateNamedVolumeRequest{Name: args[0], Options: opts})
+		return printReply(e.stdout, output, resp, err, func() error { fmt.Fprintln(e.stdout, args[0]); return nil })
+	})(fs)
 }
 
-func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
-	output := outputFlag(fs)
-	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
-		if err := checkOutput(*output); err != nil {
-			return err
-		}
-		vols, err := c.List(ctx)
+// volumeList lists every named volume, a page at a time.
+func (e *env) volumeList(ctx context.Context, c agentv1.AgentClient, output string, _ []string) error {
+	all := &agentv1.ListNamedVolumesResponse{}
+	req := &agentv1.ListNamedVolumesRequest{}
+	for {
+		page, err := c.ListNamedVolumes(ctx, req)
 		if err != nil {
 			return err
 		}
-		if *output == "json" {
-			return e.printIndented(vols)
+		all.Volumes = append(all.Volumes, page.GetVolumes()...)
+		if page.GetNext() == "" {
+			break
 		}
+		if page.GetNext() <= req.StartingAfter {
+			return fmt.Errorf("listing named volumes: the page after %q ends at %q, not later", req.StartingAfter, page.GetNext())
+		}
+		req.StartingAfter = page.GetNext()
+	}
+	return printReply(e.stdout, output, all, nil, func() error {
 		tw := newTable(e.stdout, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
-		for _, v := range vols {
-			mounts, _ := v.Status["mounts"].([]any)
-			opts, _ := v.Status[dockerplugin.StatusOptions].(map[string]any)
-			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%d\n", v.Name, opts[namedvol.KeyPlugin], opts[namedvol.KeyVolumeID], v.Status["state"], len(mounts))
+		for _, v := range all.GetVolumes() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", v.GetName(), v.GetOptions()[namedvol.KeyPlugin], v.GetOptions()[namedvol.KeyVolumeID], v.GetState(), len(v.GetEngineMountIds()))
 		}
 		return tw.Flush()
 	})
@@ -155,25 +126,27 @@ func (e *env) volumeListCmd(fs *pflag.FlagSet) runFunc {
 
 func (e *env) volumeReconcileCmd(fs *pflag.FlagSet) runFunc {
 	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released (required; '' releases them all)")
-	return e.withVolumes(fs, func(ctx context.Context, c *dockerplugin.Client, _ []string) error {
+	return e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, _ []string) error {
 		// Without the list, every engine mount would be released from
 		// under its running containers.
 		if !fs.Changed("live-mount-ids") {
 			return usageError("--live-mount-ids is required: the mount ids the engines still use ('' releases every engine mount)")
 		}
-		resp, err := c.Reconcile(ctx, *live)
-		if err != nil {
+		resp, err := c.ReconcileEngineMounts(ctx, &agentv1.ReconcileEngineMountsRequest{LiveMountIds: *live})
+		if err := printReply(e.stdout, output, resp, err, func() error {
+			for _, r := range resp.GetReleased() {
+				fmt.Fprintln(e.stdout, "released", r)
+			}
+			for m, msg := range resp.GetFailed() {
+				fmt.Fprintf(e.stdout, "failed %s: %s\n", m, msg)
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
-		for _, r := range resp.Released {
-			fmt.Fprintln(e.stdout, "released", r)
-		}
-		for m, msg := range resp.Failed {
-			fmt.Fprintf(e.stdout, "failed %s: %s\n", m, msg)
-		}
-		if len(resp.Failed) > 0 {
-			return fmt.Errorf("%d engine mount(s) could not be released", len(resp.Failed))
+		if n := len(resp.GetFailed()); n > 0 {
+			return fmt.Errorf("%d engine mount(s) could not be released", n)
 		}
 		return nil
-	})
+	})(fs)
 }

@@ -6,14 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/namedvol"
@@ -32,9 +33,10 @@ func (noBackend) ListContainers() []*agentv1.ContainerStatus { return nil }
 func (noBackend) ListVolumes() []*agentv1.VolumeStatus       { return nil }
 func (noBackend) CheckPlugin(string) error                   { return nil }
 
-// servePlugin serves the real volume plugin endpoint, with backend, on a
-// socket of its own and returns the socket and the server's store.
-func servePlugin(t *testing.T, backend dockerplugin.Backend) (string, *namedvol.Store) {
+// serveNamed serves the agent API's named volume calls over a real
+// dockerplugin.Server with backend, on a socket of its own, and returns
+// the socket and the server's store.
+func serveNamed(t *testing.T, backend dockerplugin.Backend) (string, *namedvol.Store) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "csp") // short: a socket path has a limit
 	if err != nil {
@@ -50,25 +52,26 @@ func servePlugin(t *testing.T, backend dockerplugin.Backend) (string, *namedvol.
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := dockerplugin.New(dockerplugin.Config{Store: store, Backend: backend, Dir: filepath.Join(dir, "engine"), Commit: commit})
+	named, err := dockerplugin.New(dockerplugin.Config{Store: store, Backend: backend, Dir: filepath.Join(dir, "engine"), Commit: commit})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "p.sock")
+	sock := filepath.Join(dir, "a.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: srv.Handler(time.Minute)}
-	go hs.Serve(lis)
-	t.Cleanup(func() { hs.Close() })
+	srv := grpc.NewServer(grpc.Creds(apiserver.PeerCredentials{}))
+	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{Named: named, OnVolumesChanged: func() {}}))
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
 	return sock, store
 }
 
 // volume ls lists 10,000 named volumes (several MiB of answers).
 func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 	const n = 10000
-	sock, store := servePlugin(t, noBackend{})
+	sock, store := serveNamed(t, noBackend{})
 	names := make(chan string)
 	var wg sync.WaitGroup
 	for range 32 {
@@ -89,7 +92,7 @@ func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 	}
 	close(names)
 	wg.Wait()
-	code, out, errOut := run(t, "volume", "ls", "--docker-plugin-socket", sock)
+	code, out, errOut := run(t, "volume", "ls", "--api-socket", sock)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != ExitOK || len(lines) != n+1 {
 		t.Fatalf("volume ls: exit %d, %d lines, stderr %q; want %d volumes", code, len(lines), errOut, n)
@@ -97,9 +100,11 @@ func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 	if !strings.HasPrefix(lines[1], "vol-00000 ") || !strings.HasPrefix(lines[n], "vol-09999 ") || !strings.Contains(lines[n], "loop.csi.csiagent.io") {
 		t.Errorf("volume ls: first and last volumes:\n%s\n%s", lines[1], lines[n])
 	}
-	code, out, errOut = run(t, "volume", "ls", "--docker-plugin-socket", sock, "--output", "json")
-	var vols []struct{ Name string }
-	if err := json.Unmarshal([]byte(out), &vols); code != ExitOK || err != nil || len(vols) != n {
+	code, out, errOut = run(t, "volume", "ls", "--api-socket", sock, "--output", "json")
+	var list struct{ Volumes []struct{ Name string } }
+	err := json.Unmarshal([]byte(out), &list)
+	vols := list.Volumes
+	if code != ExitOK || err != nil || len(vols) != n {
 		t.Fatalf("volume ls --output json: exit %d, %d volumes, %v, stderr %q", code, len(vols), err, errOut)
 	}
 	for i, v := range vols {
@@ -111,8 +116,8 @@ func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 
 // volume create refuses a definition over the cap, naming it.
 func TestVolumeCreateRefusesDefinitionOverTheCap(t *testing.T) {
-	sock, _ := servePlugin(t, noBackend{})
-	args := []string{"volume", "create", "big", "--docker-plugin-socket", sock, "--plugin", "p", "--volume-id", "v"}
+	sock, _ := serveNamed(t, noBackend{})
+	args := []string{"volume", "create", "big", "--api-socket", sock, "--plugin", "p", "--volume-id", "v"}
 	for k := range 70 {
 		args = append(args, "--context", fmt.Sprintf("k%d=%s", k, strings.Repeat("x", 1000)))
 	}
@@ -120,7 +125,7 @@ func TestVolumeCreateRefusesDefinitionOverTheCap(t *testing.T) {
 	if code != ExitProblem || !strings.Contains(errOut, "more than the cap of 65536 bytes") {
 		t.Errorf("volume create of a 70 KB definition: exit %d, %q; want an error naming the 65536-byte cap", code, errOut)
 	}
-	if code, _, errOut := run(t, "volume", "inspect", "big", "--docker-plugin-socket", sock); code != ExitProblem || !strings.Contains(errOut, "no such named volume") {
+	if code, _, errOut := run(t, "volume", "inspect", "big", "--api-socket", sock); code != ExitProblem || !strings.Contains(errOut, "no such named volume") {
 		t.Errorf("volume inspect of the refused volume: exit %d, %q", code, errOut)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/docker/go-plugins-helpers/volume"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
@@ -22,7 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -34,12 +32,12 @@ const VolumesAnnotation = "csi.csiagent.io/volumes"
 // MountsAnnotation lists a container's named volumes as
 // NAME:/path[:ro][;NAME:/path[:ro]...]: no JSON, so that it survives
 // engines that parse annotation values as CSV (podman run --annotation).
-const MountsAnnotation = "csi.csiagent.io/mounts"
+const MountsAnnotation = namedvol.MountsAnnotation
 
 // ErrAnnotationRefused marks what the hook's annotation policy refuses:
 // annotations are set by whoever may create a container (with CRI-O, a
 // pod), so they reach only what the operator allowed.
-var ErrAnnotationRefused = errors.New("refused by the annotation policy")
+var ErrAnnotationRefused = namedvol.ErrAnnotationRefused
 
 // hookPolicy is what the operator lets annotations reach.
 type hookPolicy struct {
@@ -92,20 +90,20 @@ func (e *env) ociHookCmd() *cobra.Command {
 func (e *env) ociHookFlags(fs *pflag.FlagSet) runFunc {
 	socket := apiSocketFlag(fs)
 	timeout := fs.Duration("timeout", DefaultHookTimeout, "give up after this long (waiting for the agent included)")
-	pluginSocket := dockerPluginSocketFlag(fs, "the agent's --docker-plugin-socket, where the named volumes of "+MountsAnnotation+" are looked up")
+	deprecatedPluginSocketFlag(fs)
 	allowRefs := fs.Bool("allow-reference-secrets", false, "let "+VolumesAnnotation+" name REFERENCE secrets of the agent's --secrets-dir (default: refused; whoever may set the annotation could use any of them)")
 	return func(ctx context.Context, name string, args []string) int {
 		stage := ""
 		if len(args) == 1 {
 			stage = args[0]
 		}
-		return e.ociHook(ctx, name, stage, *socket, *pluginSocket, *timeout, hookPolicy{allowReferenceSecrets: *allowRefs})
+		return e.ociHook(ctx, name, stage, *socket, *timeout, hookPolicy{allowReferenceSecrets: *allowRefs})
 	}
 }
 
 // ociHook runs the hook's stage ("": the one the container's status
 // says).
-func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket string, timeout time.Duration, policy hookPolicy) int {
+func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout time.Duration, policy hookPolicy) int {
 	fail := func(err error) int {
 		fmt.Fprintf(e.stderr, "%s: %v\n", strings.TrimSpace(name+" "+stage), err)
 		return ExitProblem
@@ -156,18 +154,19 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket, pluginSocket str
 			}
 		}
 	}
+	var named []*agentv1.NamedMount
 	if hasMounts {
-		named, err := annotationVolumes(ctx, pluginSocket, mounts)
-		if err != nil {
+		if named, err = parseNamedMounts(mounts); err != nil {
 			return fail(fmt.Errorf("annotation %s: %w", MountsAnnotation, err))
 		}
-		vols = append(vols, named...)
 	}
 	b, err := readBundle(st.Bundle)
 	if err != nil {
 		return fail(err)
 	}
-	resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, Rootfs: b.rootfs, Pid: int32(st.Pid), User: b.user}, wait)
+	// The agent resolves the names and applies the annotation policy.
+	resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, NamedMounts: named, NamedMountsFromAnnotation: true,
+		Rootfs: b.rootfs, Pid: int32(st.Pid), User: b.user}, wait)
 	if err != nil {
 		return fail(hookError(socket, err))
 	}
@@ -307,96 +306,17 @@ func referenceSecrets(m protoreflect.Message, path string, refs *[]string) {
 	})
 }
 
-// namedVolumes reads named mounts NAME:PATH[:ro];... (prepare --mounts,
-// whose caller the agent's API trusts) and looks the names up in the
-// agent; the agent checks the paths as any container path.
-func namedVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
-	return lookUpNamed(ctx, socket, value, nil)
-}
-
-// annotationVolumes is namedVolumes for the mounts annotation, which
-// whoever may create a container can set: each volume's definition must
-// allow annotations, and one that engine mounts hold must allow sharing
-// with them.
-func annotationVolumes(ctx context.Context, socket, value string) ([]*agentv1.Volume, error) {
-	return lookUpNamed(ctx, socket, value, checkAnnotationUse)
-}
-
-// checkAnnotationUse is the annotation policy of one named volume, given
-// its definition and the engine mounts (ids) that hold it.
-func checkAnnotationUse(d *namedvol.Definition, engineMounts []string) error {
-	if !d.AllowAnnotations {
-		return fmt.Errorf("named volume %s may not be named in an annotation: %w: its definition lacks %s=true (definitions made before the option existed lack it too); "+
-			"if any container that may be created here may have it, remove it (csi-agent volume rm %s) and recreate it with csi-agent volume create %s ... --allow-annotations "+
-			"(docker volume create -d csi-agent --opt %s=true ...)", d.Name, ErrAnnotationRefused, namedvol.KeyAllowAnnotations, d.Name, d.Name, namedvol.KeyAllowAnnotations)
+// parseNamedMounts parses NAME:PATH[:ro][;...] (the mounts annotation,
+// prepare --mounts) into the API's named mounts; the agent looks the
+// names up.
+func parseNamedMounts(value string) ([]*agentv1.NamedMount, error) {
+	ms, err := namedvol.ParseMounts(value)
+	if err != nil {
+		return nil, err
 	}
-	if len(engineMounts) > 0 && !d.ShareEngineMounts {
-		return fmt.Errorf("named volume %s is held by %d engine mount(s) (docker run -v %s:...): %w: an annotation user may not share it unless its definition has %s=true "+
-			"(csi-agent volume create %s ... --allow-annotations --share-engine-mounts)", d.Name, len(engineMounts), d.Name, ErrAnnotationRefused, namedvol.KeyShareEngineMounts, d.Name)
-	}
-	return nil
-}
-
-// lookUpNamed reads named mounts NAME:PATH[:ro];... and looks the names
-// up in the agent; check (nil: none) vets each definition, given the
-// engine mounts holding its volume, before any volume is used.
-func lookUpNamed(ctx context.Context, socket, value string, check func(d *namedvol.Definition, engineMounts []string) error) ([]*agentv1.Volume, error) {
-	c := dockerplugin.NewClient(socket)
-	var out []*agentv1.Volume
-	for i, m := range strings.Split(value, ";") {
-		parts := strings.Split(m, ":")
-		ro := false
-		if len(parts) == 3 && parts[2] == "ro" {
-			ro, parts = true, parts[:2]
-		}
-		if len(parts) != 2 || parts[0] == "" || parts[1] == "" {
-			return nil, fmt.Errorf("mount %d %q: expected NAME:PATH or NAME:PATH:ro", i+1, namedvol.Clip(m))
-		}
-		v, err := c.Get(ctx, parts[0])
-		if err != nil {
-			return nil, fmt.Errorf("mount %d: %w", i+1, err)
-		}
-		d, engineMounts, err := definitionOf(parts[0], v)
-		if err != nil {
-			return nil, fmt.Errorf("mount %d: %w", i+1, err)
-		}
-		if check != nil {
-			if err := check(d, engineMounts); err != nil {
-				return nil, fmt.Errorf("mount %d: %w", i+1, err)
-			}
-		}
-		if d.Block {
-			return nil, fmt.Errorf("mount %d: volume %s is a block volume; name it in %s instead", i+1, d.Name, VolumesAnnotation)
-		}
-		out = append(out, d.Volume(parts[1], ro))
+	out := make([]*agentv1.NamedMount, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, &agentv1.NamedMount{Name: m.Name, ContainerPath: m.ContainerPath, Readonly: m.ReadOnly})
 	}
 	return out, nil
-}
-
-// definitionOf reads a named volume's definition and its engine mounts
-// from the plugin endpoint's Get answer (as dockerplugin.Client's
-// Definition does, which does not give the mounts).
-func definitionOf(name string, v *volume.Volume) (*namedvol.Definition, []string, error) {
-	if v == nil {
-		return nil, nil, fmt.Errorf("volume %s: the agent's answer has no volume", name)
-	}
-	raw, _ := v.Status[dockerplugin.StatusOptions].(map[string]any)
-	opts := make(map[string]string, len(raw))
-	for k, val := range raw {
-		s, ok := val.(string)
-		if !ok {
-			return nil, nil, fmt.Errorf("volume %s: option %s is %T, not a string", name, namedvol.Clip(k), val)
-		}
-		opts[k] = s
-	}
-	d, err := namedvol.ParseOptions(name, opts)
-	if err != nil {
-		return nil, nil, err
-	}
-	list, _ := v.Status["mounts"].([]any)
-	mounts := make([]string, 0, len(list))
-	for _, m := range list {
-		mounts = append(mounts, fmt.Sprint(m))
-	}
-	return d, mounts, nil
 }

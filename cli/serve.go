@@ -71,7 +71,7 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
 	switch cfg.DockerPluginSocket {
 	case "":
-		cfg.DockerPluginSocket = filepath.Join(cfg.RuntimeDir, dockerPluginSocketName)
+		cfg.DockerPluginSocket = filepath.Join(cfg.RuntimeDir, "docker-plugin.sock")
 	case "none":
 		cfg.DockerPluginSocket = ""
 	}

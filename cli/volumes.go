@@ -56,7 +56,7 @@ func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 	id := fs.String("container", "", "container id (required)")
 	file := fs.String("volumes", "", "JSON file: a list of Mesos Volume objects (- for stdin)")
 	mounts := fs.String("mounts", "", "named volumes, NAME:PATH[:ro][;NAME:PATH[:ro]...] (see csi-agent volume)")
-	pluginSocket := dockerPluginSocketFlag(fs, "the agent's --docker-plugin-socket, where the names of --mounts are looked up")
+	deprecatedPluginSocketFlag(fs)
 	rootfs := fs.String("rootfs", "", "the container's root filesystem on the host")
 	sandbox := fs.String("sandbox", "", "the container's sandbox on the host (relative container paths)")
 	user := fs.String("user", "", "user that created mount point directories are given to")
@@ -65,6 +65,7 @@ func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 			return usageError("--container, and --volumes or --mounts, are required")
 		}
 		var vols []*agentv1.Volume
+		var named []*agentv1.NamedMount
 		if *file != "" {
 			var data []byte
 			var err error
@@ -81,13 +82,12 @@ func (e *env) prepareCmd(fs *pflag.FlagSet) runFunc {
 			}
 		}
 		if *mounts != "" {
-			named, err := namedVolumes(ctx, *pluginSocket, *mounts)
-			if err != nil {
-				return fmt.Errorf("--mounts: %w", err)
+			var err error
+			if named, err = parseNamedMounts(*mounts); err != nil {
+				return usageError(fmt.Sprintf("--mounts: %v", err))
 			}
-			vols = append(vols, named...)
 		}
-		resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: *id, Volumes: vols, Rootfs: *rootfs, Sandbox: *sandbox, User: *user})
+		resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: *id, Volumes: vols, NamedMounts: named, Rootfs: *rootfs, Sandbox: *sandbox, User: *user})
 		return printReply(e.stdout, output, resp, err, func() error {
 			printMounts(e, resp.GetMounts())
 			return nil

@@ -13,22 +13,14 @@ import (
 	"syscall"
 
 	"github.com/docker/go-plugins-helpers/volume"
-
-	"github.com/csiagent/csiagent/namedvol"
 )
 
-// maxAnswer bounds an answer the client reads: a ListPage page
-// (listPageBytes, or one volume larger than that) or a Get of a volume,
-// whose definition namedvol.MaxDefinition bounds, with its engine mounts.
-// A larger answer is an error, never cut short.
+// maxAnswer bounds an answer the client reads. A larger answer is an
+// error, never cut short.
 const maxAnswer = 8 << 20
 
-// errNoSuchCall is a path the endpoint does not serve: an agent older
-// than the client.
-var errNoSuchCall = errors.New("the endpoint does not serve this call")
-
-// Client calls a volume plugin endpoint, as an engine does; the
-// csi-agent volume commands use it.
+// Client calls a volume plugin endpoint as an engine does (the tests
+// play Docker with it).
 type Client struct {
 	Socket string
 	hc     *http.Client
@@ -76,9 +68,6 @@ func (c *Client) call(ctx context.Context, path string, req, res any) error {
 		if json.Unmarshal(data, &e) == nil && e.Err != "" {
 			return errors.New(e.Err)
 		}
-		if resp.StatusCode == http.StatusNotFound {
-			return fmt.Errorf("%s: %w", path, errNoSuchCall)
-		}
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(data)))
 	}
 	if res == nil {
@@ -109,58 +98,11 @@ func (c *Client) Get(ctx context.Context, name string) (*volume.Volume, error) {
 	return res.Volume, nil
 }
 
-// List reports every named volume, sorted by name, a page (ListPage) at
-// a time; from an agent without pages, in Docker's one List answer.
+// List reports every named volume.
 func (c *Client) List(ctx context.Context) ([]*volume.Volume, error) {
-	out := []*volume.Volume{}
-	req := &ListPageRequest{}
-	for {
-		var res ListPageResponse
-		err := c.call(ctx, ListPagePath, req, &res)
-		if errors.Is(err, errNoSuchCall) && req.After == "" {
-			var all volume.ListResponse
-			if err := c.call(ctx, "/VolumeDriver.List", struct{}{}, &all); err != nil {
-				return nil, err
-			}
-			return all.Volumes, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res.Volumes...)
-		if res.Next == "" {
-			return out, nil
-		}
-		if res.Next <= req.After {
-			return nil, fmt.Errorf("listing named volumes: the page after %q ends at %q, not later", req.After, res.Next)
-		}
-		req.After = res.Next
-	}
-}
-
-// Definition reads a named volume's definition.
-func (c *Client) Definition(ctx context.Context, name string) (*namedvol.Definition, error) {
-	v, err := c.Get(ctx, name)
-	if err != nil {
+	var all volume.ListResponse
+	if err := c.call(ctx, "/VolumeDriver.List", struct{}{}, &all); err != nil {
 		return nil, err
 	}
-	raw, _ := v.Status[StatusOptions].(map[string]any)
-	opts := make(map[string]string, len(raw))
-	for k, val := range raw {
-		s, ok := val.(string)
-		if !ok {
-			return nil, fmt.Errorf("volume %s: option %s is %T, not a string", name, k, val)
-		}
-		opts[k] = s
-	}
-	return namedvol.ParseOptions(name, opts)
-}
-
-// Reconcile releases the engine mounts whose id is not in live.
-func (c *Client) Reconcile(ctx context.Context, live []string) (*ReconcileResponse, error) {
-	var res ReconcileResponse
-	if err := c.call(ctx, ReconcilePath, &ReconcileRequest{LiveMountIDs: live}, &res); err != nil {
-		return nil, err
-	}
-	return &res, nil
+	return all.Volumes, nil
 }

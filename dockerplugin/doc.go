@@ -17,8 +17,13 @@
 // engine gave up (a client timeout) is cancelled and rolled back.
 //
 // Limits bound the socket's connections (read, idle and write timeouts
-// that never cut a call short, and how many are served at once). Besides
-// Docker's List, which answers every volume at once as Docker expects,
-// ListPage answers them in pages of bounded size; the Client reads them
-// so, and fails on any answer over its limit rather than cutting it.
+// that never cut a call short, and how many are served at once).
+//
+// The Server is also where the agent API's named-volume calls land (in
+// core types, namedvol.Status): Define and Undefine, Status, Page (the
+// volumes in pages of bounded size), Reconcile (engine mounts a crashed
+// engine forgot) and Resolve, which turns named mounts into volumes under
+// the names' locks, applying the annotation policy, for a Prepare. The
+// Client speaks the protocol as an engine does (the tests play Docker with
+// it) and fails on any answer over its limit rather than cutting it.
 package dockerplugin

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,12 +31,6 @@ import (
 // mount; the agent API refuses such ids from its own callers.
 const ContainerIDPrefix = "engine+"
 
-// ReconcilePath is the endpoint of Reconcile (not a Docker call).
-const ReconcilePath = "/CSIAgent.ReconcileEngineMounts"
-
-// ListPagePath is the endpoint of ListPage (not a Docker call).
-const ListPagePath = "/CSIAgent.ListNamedVolumes"
-
 // StatusOptions is the key of a volume's Status that holds its definition
 // as options.
 const StatusOptions = "options"
@@ -46,9 +41,9 @@ const mountDir = "/data"
 // maxRequest bounds a request body.
 const maxRequest = 1 << 20
 
-// listPageBytes bounds the volumes of a ListPage answer, as JSON: a page
+// pageBytes bounds the definitions of a Page, as JSON options: a page
 // holds at least one volume, and more only while they fit.
-const listPageBytes = 1 << 20
+const pageBytes = 1 << 20
 
 // Backend is the agent's isolator, as the server uses it.
 type Backend interface {
@@ -222,19 +217,24 @@ func (s *Server) usersOf(name string) []*user {
 	return out
 }
 
-// Create defines a named volume from engine options.
+// Create is Docker's Create: Define.
 func (s *Server) Create(ctx context.Context, req *volume.CreateRequest) error {
-	if err := namedvol.ValidateName(req.Name); err != nil {
+	return s.Define(ctx, req.Name, req.Options)
+}
+
+// Define defines a named volume from engine options.
+func (s *Server) Define(ctx context.Context, name string, options map[string]string) error {
+	if err := namedvol.ValidateName(name); err != nil {
 		return err
 	}
-	d, err := namedvol.ParseOptions(req.Name, req.Options)
+	d, err := namedvol.ParseOptions(name, options)
 	if err != nil {
 		return err
 	}
 	if err := s.cfg.Backend.CheckPlugin(d.Plugin); err != nil {
 		return fmt.Errorf("option %s=%s: %w", namedvol.KeyPlugin, d.Plugin, err)
 	}
-	unlock, err := s.lock(ctx, req.Name)
+	unlock, err := s.lock(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -246,20 +246,26 @@ func (s *Server) Create(ctx context.Context, req *volume.CreateRequest) error {
 	return nil
 }
 
-// Remove deletes a named volume that no engine has mounted.
+// Remove is Docker's Remove: Undefine.
 func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
-	if err := namedvol.ValidateName(req.Name); err != nil {
+	return s.Undefine(ctx, req.Name)
+}
+
+// Undefine deletes a named volume that no engine mount and no container
+// uses (namedvol.ErrInUse).
+func (s *Server) Undefine(ctx context.Context, name string) error {
+	if err := namedvol.ValidateName(name); err != nil {
 		return err
 	}
-	unlock, err := s.lock(ctx, req.Name)
+	unlock, err := s.lock(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if us := s.usersOf(req.Name); len(us) > 0 {
-		return fmt.Errorf("volume %s is in use by %d mount(s); unmount it first", req.Name, len(us))
+	if us := s.usersOf(name); len(us) > 0 {
+		return fmt.Errorf("volume %s is in use by %d engine mount(s); unmount it first: %w", name, len(us), namedvol.ErrInUse)
 	}
-	d, err := s.cfg.Store.Get(req.Name)
+	d, err := s.cfg.Store.Get(name)
 	if err != nil {
 		return err
 	}
@@ -271,13 +277,13 @@ func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
 			if len(cs) > 3 {
 				shown += ", ..."
 			}
-			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first", req.Name, len(cs), shown)
+			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first: %w", name, len(cs), shown, namedvol.ErrInUse)
 		}
 	}
-	if err := s.cfg.Store.Remove(ctx, req.Name); err != nil {
+	if err := s.cfg.Store.Remove(ctx, name); err != nil {
 		return err
 	}
-	s.log.Info("named volume removed", "name", req.Name)
+	s.log.Info("named volume removed", "name", name)
 	return nil
 }
 
@@ -396,45 +402,33 @@ func (s *Server) releaseLocked(ctx context.Context, cid, name string) error {
 	return s.forget(cid)
 }
 
-// ReconcileRequest lists the mount ids an engine still uses; the
-// response names the engine mounts released because they were not among
-// them (as NAME/ID), and those whose release failed, with the error.
-type ReconcileRequest struct {
-	LiveMountIDs []string
-}
-
-// ReconcileResponse is the answer to a ReconcileRequest.
-type ReconcileResponse struct {
-	Released []string
-	Failed   map[string]string `json:",omitempty"`
-}
-
 // Reconcile releases, whatever their counts, the engine mounts whose id
 // is not live: what an engine forgot to unmount (it crashed, or lost its
-// state) would otherwise stay published.
-func (s *Server) Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileResponse, error) {
-	live := map[string]bool{}
-	for _, id := range req.LiveMountIDs {
-		live[id] = true
+// state) would otherwise stay published. It returns NAME/ID of each
+// released mount and the error of each that was not.
+func (s *Server) Reconcile(ctx context.Context, live []string) (released []string, failed map[string]string) {
+	isLive := map[string]bool{}
+	for _, id := range live {
+		isLive[id] = true
 	}
 	s.mu.Lock()
 	var gone []user
 	for _, u := range s.users {
-		if !live[u.ID] {
+		if !isLive[u.ID] {
 			gone = append(gone, *u)
 		}
 	}
 	s.mu.Unlock()
 	sort.Slice(gone, func(i, j int) bool { return gone[i].Name+gone[i].ID < gone[j].Name+gone[j].ID })
-	resp := &ReconcileResponse{Released: []string{}, Failed: map[string]string{}}
+	released, failed = []string{}, map[string]string{}
 	for _, u := range gone {
 		if err := s.release(ctx, u.Name, u.ID); err != nil {
-			resp.Failed[u.Name+"/"+u.ID] = err.Error()
+			failed[u.Name+"/"+u.ID] = err.Error()
 			continue
 		}
-		resp.Released = append(resp.Released, u.Name+"/"+u.ID)
+		released = append(released, u.Name+"/"+u.ID)
 	}
-	return resp, nil
+	return released, failed
 }
 
 // release drops every count of one engine mount.
@@ -477,11 +471,11 @@ func (s *Server) Path(req *volume.PathRequest) (*volume.PathResponse, error) {
 
 // Get reports one named volume.
 func (s *Server) Get(req *volume.GetRequest) (*volume.GetResponse, error) {
-	d, err := s.cfg.Store.Get(req.Name)
+	st, err := s.Status(req.Name)
 	if err != nil {
 		return nil, err
 	}
-	return &volume.GetResponse{Volume: s.describe(d, s.cfg.Backend.ListVolumes())}, nil
+	return &volume.GetResponse{Volume: dockerVolume(st)}, nil
 }
 
 // List reports every named volume.
@@ -496,39 +490,36 @@ func (s *Server) List() (*volume.ListResponse, error) {
 	vols := s.cfg.Backend.ListVolumes()
 	out := &volume.ListResponse{Volumes: []*volume.Volume{}}
 	for _, d := range defs {
-		out.Volumes = append(out.Volumes, s.describe(d, vols))
+		out.Volumes = append(out.Volumes, dockerVolume(s.status(d, vols)))
 	}
 	return out, nil
 }
 
-// ListPageRequest asks for the named volumes whose names sort after
-// After ("": from the first).
-type ListPageRequest struct {
-	After string
+// Status reports one named volume.
+func (s *Server) Status(name string) (namedvol.Status, error) {
+	d, err := s.cfg.Store.Get(name)
+	if err != nil {
+		return namedvol.Status{}, err
+	}
+	return s.status(d, s.cfg.Backend.ListVolumes()), nil
 }
 
-// ListPageResponse is a page of named volumes, sorted by name, as List
-// shows them; Next is the After of the next page, "" after the last.
-type ListPageResponse struct {
-	Volumes []*volume.Volume
-	Next    string `json:",omitempty"`
-}
-
-// ListPage reports the named volumes a page at a time, so that no answer
-// grows with their number: a page holds volumes while they fit in
-// listPageBytes of JSON, and always one. A definition that cannot be read
-// is logged and skipped, as List does.
-func (s *Server) ListPage(req *ListPageRequest) (*ListPageResponse, error) {
+// Page reports the named volumes whose names sort after after ("": from
+// the first), at most max of them (0: no bound) and while their
+// definitions fit in pageBytes (always one), and the after of the next
+// page ("" after the last). A definition that cannot be read is logged and
+// skipped, as List does.
+func (s *Server) Page(after string, max int) ([]namedvol.Status, string, error) {
 	names, err := s.cfg.Store.Names()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	names = names[sort.SearchStrings(names, req.After):]
-	if len(names) > 0 && names[0] == req.After {
+	names = names[sort.SearchStrings(names, after):]
+	if len(names) > 0 && names[0] == after {
 		names = names[1:]
 	}
 	vols := s.cfg.Backend.ListVolumes()
-	out := &ListPageResponse{Volumes: []*volume.Volume{}}
+	var out []namedvol.Status
 	size := 0
 	for _, name := range names {
 		d, err := s.cfg.Store.Get(name)
@@ -539,41 +530,83 @@ func (s *Server) ListPage(req *ListPageRequest) (*ListPageResponse, error) {
 			}
 			continue
 		}
-		v := s.describe(d, vols)
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("encoding volume %s: %w", name, err)
+		if len(out) > 0 && (size+d.Size() > pageBytes || (max > 0 && len(out) == max)) {
+			return out, out[len(out)-1].Name, nil
 		}
-		if len(out.Volumes) > 0 && size+len(b) > listPageBytes {
-			out.Next = out.Volumes[len(out.Volumes)-1].Name
-			break
-		}
-		size += len(b)
-		out.Volumes = append(out.Volumes, v)
+		size += d.Size()
+		out = append(out, s.status(d, vols))
 	}
-	return out, nil
+	return out, "", nil
 }
 
-// describe is a volume as Get and List show it: Status holds the
-// definition's options (secret references, never values; they parse back
-// with namedvol.ParseOptions), the volume's state in the agent and its
-// engine mounts.
-func (s *Server) describe(d *namedvol.Definition, vols []*agentv1.VolumeStatus) *volume.Volume {
-	status := map[string]any{StatusOptions: d.Options()}
-	state := "NOT_PUBLISHED"
+// status is a named volume's definition and use.
+func (s *Server) status(d *namedvol.Definition, vols []*agentv1.VolumeStatus) namedvol.Status {
+	st := namedvol.Status{Definition: d, State: namedvol.NotPublished, EngineMounts: []string{}, Mountpoint: s.mountpoint(d.Name)}
 	for _, v := range vols {
 		if v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID {
-			state = v.GetState().String()
-			status["containers"] = len(v.GetContainers())
+			st.State = v.GetState().String()
+			st.Containers = len(v.GetContainers())
 		}
 	}
-	status["state"] = state
-	mounts := []string{}
 	for _, u := range s.usersOf(d.Name) {
-		mounts = append(mounts, u.ID)
+		st.EngineMounts = append(st.EngineMounts, u.ID)
 	}
-	status["mounts"] = mounts
-	return &volume.Volume{Name: d.Name, Mountpoint: s.mountpoint(d.Name), Status: status}
+	return st
+}
+
+// dockerVolume is a named volume as Get and List show it to engines:
+// Status holds the definition's options (secret references, never values;
+// they parse back with namedvol.ParseOptions), the volume's state in the
+// agent and its engine mounts.
+func dockerVolume(st namedvol.Status) *volume.Volume {
+	status := map[string]any{StatusOptions: st.Options(), "state": st.State, "mounts": st.EngineMounts}
+	if st.State != namedvol.NotPublished {
+		status["containers"] = st.Containers
+	}
+	return &volume.Volume{Name: st.Name, Mountpoint: st.Mountpoint, Status: status}
+}
+
+// Resolve makes the volumes of named mounts, with the annotation policy
+// when they come from an annotation (Status.CheckAnnotationUse), and
+// calls use with them while it holds their names' locks: no engine mount
+// and no removal of those names comes between the check and use (a
+// prepare). Block volumes cannot be named.
+func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*agentv1.Volume) error) error {
+	var names []string
+	for i, m := range mounts {
+		if err := namedvol.ValidateName(m.Name); err != nil {
+			return fmt.Errorf("named mount %d: %w", i+1, err)
+		}
+		names = append(names, m.Name)
+	}
+	sort.Strings(names)
+	names = slices.Compact(names)
+	for _, name := range names {
+		unlock, err := s.lock(ctx, name)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	what := "named mount"
+	if annotation {
+		what = "annotation " + namedvol.MountsAnnotation + ": mount"
+	}
+	vols := make([]*agentv1.Volume, 0, len(mounts))
+	for i, m := range mounts {
+		st, err := s.Status(m.Name)
+		if err == nil && annotation {
+			err = st.CheckAnnotationUse()
+		}
+		if err == nil && st.Block {
+			err = fmt.Errorf("%w: volume %s is a block volume; give it as a volume, not by name", namedvol.ErrInvalid, st.Name)
+		}
+		if err != nil {
+			return fmt.Errorf("%s %d: %w", what, i+1, err)
+		}
+		vols = append(vols, st.Volume(m.ContainerPath, m.ReadOnly))
+	}
+	return use(vols)
 }
 
 // Handler serves the protocol. Each call is bounded by timeout.
@@ -627,9 +660,6 @@ func (s *Server) Handler(timeout time.Duration) http.Handler {
 	}))
 	handle("/VolumeDriver.Path", decoded(func(_ context.Context, req *volume.PathRequest) (any, error) { return s.Path(req) }))
 	handle("/VolumeDriver.Get", decoded(func(_ context.Context, req *volume.GetRequest) (any, error) { return s.Get(req) }))
-	// csiagent's own calls, outside the Docker protocol.
-	handle(ReconcilePath, decoded(s.Reconcile))
-	handle(ListPagePath, decoded(func(_ context.Context, req *ListPageRequest) (any, error) { return s.ListPage(req) }))
 	return mux
 }
 

@@ -2,7 +2,6 @@ package dockerplugin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/docker/go-plugins-helpers/volume"
 
@@ -158,9 +158,9 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := s.Reconcile(ctx, &ReconcileRequest{LiveMountIDs: []string{"live"}})
-	if err != nil || len(resp.Released) != 1 || resp.Released[0] != "data/gone" || len(resp.Failed) != 0 {
-		t.Fatalf("Reconcile = %+v, %v; want data/gone released", resp, err)
+	released, failed := s.Reconcile(ctx, []string{"live"})
+	if len(released) != 1 || released[0] != "data/gone" || len(failed) != 0 {
+		t.Fatalf("Reconcile = %v, %v; want data/gone released", released, failed)
 	}
 	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "live" || len(b.containers) != 1 {
 		t.Errorf("after Reconcile: users %v, %d containers; want the live mount only", us, len(b.containers))
@@ -268,8 +268,8 @@ func TestNameLocksAreDropped(t *testing.T) {
 	}
 }
 
-// ListPage answers pages of at most listPageBytes of JSON, which together
-// hold every volume once, sorted by name.
+// Page answers pages of at most pageBytes of definitions (or max
+// volumes), which together hold every volume once, sorted by name.
 func TestListPagesHoldEveryVolumeOnce(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
@@ -295,28 +295,31 @@ func TestListPagesHoldEveryVolumeOnce(t *testing.T) {
 		}
 	}
 	want = append([]string{"a", "a-b", "a.b", "a_b"}, want...)
-	var got []string
-	req := &ListPageRequest{}
-	pages := 0
-	for {
-		res, err := s.ListPage(req)
-		if err != nil {
-			t.Fatal(err)
+	for _, max := range []int{0, 7} {
+		var got []string
+		after, pages := "", 0
+		for {
+			sts, next, err := s.Page(after, max)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages++
+			size := 0
+			for _, st := range sts {
+				size += st.Size()
+				got = append(got, st.Name)
+			}
+			if size > pageBytes || (max > 0 && len(sts) > max) {
+				t.Errorf("max %d, page %d: %d volumes, %d bytes of definitions", max, pages, len(sts), size)
+			}
+			if next == "" {
+				break
+			}
+			after = next
 		}
-		pages++
-		if b, _ := json.Marshal(res.Volumes); len(b) > listPageBytes+len(res.Volumes)+2 {
-			t.Errorf("page %d: %d bytes of volumes, more than %d", pages, len(b), listPageBytes)
+		if pages < 3 || strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("max %d: %d pages of %d volumes; want 3 or more of %d, each volume once, sorted", max, pages, len(got), len(want))
 		}
-		for _, v := range res.Volumes {
-			got = append(got, v.Name)
-		}
-		if res.Next == "" {
-			break
-		}
-		req.After = res.Next
-	}
-	if pages < 3 || strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("%d pages of %d volumes; want 3 or more of %d, each volume once, sorted", pages, len(got), len(want))
 	}
 }
 
@@ -334,5 +337,95 @@ func TestCreateRefusesDefinitionOverTheCap(t *testing.T) {
 	}
 	if _, err := s.cfg.Store.Get("big"); !errors.Is(err, namedvol.ErrNotFound) {
 		t.Errorf("the refused definition was stored: %v", err)
+	}
+}
+
+// Resolve applies the annotation policy (a definition must allow
+// annotations, and sharing while an engine mount holds it), refuses block
+// volumes and unknown names, and holds the names' locks while use runs:
+// an engine Mount of a resolved name waits for it.
+func TestResolveAnnotationPolicy(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	create := func(name string, opts map[string]string) {
+		t.Helper()
+		all := map[string]string{namedvol.KeyPlugin: "loop", namedvol.KeyVolumeID: name}
+		for k, v := range opts {
+			all[k] = v
+		}
+		if err := s.Define(ctx, name, all); err != nil {
+			t.Fatalf("define %s: %v", name, err)
+		}
+	}
+	create("closed", nil)
+	create("explicit-false", map[string]string{namedvol.KeyAllowAnnotations: "false"})
+	create("open", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyStageSecret: "ops/token"})
+	create("held", map[string]string{namedvol.KeyAllowAnnotations: "true"})
+	create("shared", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyShareEngineMounts: "true"})
+	create("raw", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyBlock: "true"})
+	for _, name := range []string{"held", "shared"} {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: name, ID: "engine-" + name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resolve := func(annotation bool, mounts ...namedvol.Mount) ([]*agentv1.Volume, error) {
+		var got []*agentv1.Volume
+		err := s.Resolve(ctx, mounts, annotation, func(vols []*agentv1.Volume) error { got = vols; return nil })
+		return got, err
+	}
+	for _, tc := range []struct {
+		name string
+		want []string
+		is   error
+	}{
+		{"closed", []string{"mount 2", "named volume closed may not be named in an annotation", "allow_annotations=true", "csi-agent volume create closed ... --allow-annotations", "csi-agent volume rm closed"}, namedvol.ErrAnnotationRefused},
+		{"explicit-false", []string{"may not be named in an annotation"}, namedvol.ErrAnnotationRefused},
+		{"held", []string{"named volume held is held by 1 engine mount(s)", "--share-engine-mounts"}, namedvol.ErrAnnotationRefused},
+		{"raw", []string{"block volume"}, namedvol.ErrInvalid},
+		{"ghost", []string{"no such named volume"}, namedvol.ErrNotFound},
+		{"../x", []string{"name"}, namedvol.ErrInvalid},
+	} {
+		_, err := resolve(true, namedvol.Mount{Name: "open", ContainerPath: "/a"}, namedvol.Mount{Name: tc.name, ContainerPath: "/data"})
+		if !errors.Is(err, tc.is) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.is)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q lacks %q", tc.name, err, w)
+			}
+		}
+	}
+	got, err := resolve(true, namedvol.Mount{Name: "open", ContainerPath: "/data"}, namedvol.Mount{Name: "shared", ContainerPath: "/shared", ReadOnly: true})
+	if err != nil || len(got) != 2 || got[0].GetSource().GetCsiVolume().GetStaticProvisioning().GetVolumeId() != "open" ||
+		got[0].GetSource().GetCsiVolume().GetStaticProvisioning().GetNodeStageSecrets()["token"].GetReference().GetName() != "ops" ||
+		got[1].GetContainerPath() != "/shared" || got[1].GetMode() != agentv1.Volume_RO {
+		t.Errorf("allowed volumes: %v, %v", got, err)
+	}
+	// The policy is the annotation's: an API caller names any volume.
+	if got, err := resolve(false, namedvol.Mount{Name: "closed", ContainerPath: "/data"}, namedvol.Mount{Name: "held", ContainerPath: "/held"}); err != nil || len(got) != 2 {
+		t.Errorf("not from an annotation: %v, %v", got, err)
+	}
+
+	// While use runs, an engine Mount of the name waits.
+	inUse, release := make(chan struct{}), make(chan struct{})
+	resolved := make(chan error, 1)
+	go func() {
+		resolved <- s.Resolve(ctx, []namedvol.Mount{{Name: "open", ContainerPath: "/data"}}, true, func([]*agentv1.Volume) error {
+			close(inUse)
+			<-release
+			return nil
+		})
+	}()
+	<-inUse
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Mount(short, &volume.MountRequest{Name: "open", ID: "engine-open"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("an engine Mount during a resolved prepare: %v, want it to wait", err)
+	}
+	close(release)
+	if err := <-resolved; err != nil {
+		t.Fatal(err)
 	}
 }

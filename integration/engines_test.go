@@ -20,12 +20,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/docker/go-plugins-helpers/volume"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/testhelp"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // image is the test image: a busybox-static rootfs, imported.
@@ -362,19 +363,19 @@ func (e *env) signalAgent(sig syscall.Signal) {
 
 // cli runs csi-agent volume ... against this agent.
 func (e *env) cli(args ...string) (string, error) {
-	args = append(args, "--docker-plugin-socket", e.socket)
+	args = append(args, "--api-socket", filepath.Join(e.run, "agent.sock"))
 	out, err := exec.Command(bins.agent, append([]string{"volume"}, args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
 
-func (e *env) inspect(name string) *volume.Volume {
+func (e *env) inspect(name string) *agentv1.NamedVolume {
 	e.t.Helper()
 	out, err := e.cli("inspect", name)
 	if err != nil {
 		e.t.Fatalf("csi-agent volume inspect %s: %v\n%s", name, err, out)
 	}
-	v := &volume.Volume{}
-	if err := json.Unmarshal([]byte(out), v); err != nil {
+	v := &agentv1.NamedVolume{}
+	if err := protojson.Unmarshal([]byte(out), v); err != nil {
 		e.t.Fatalf("inspect output: %v\n%s", err, out)
 	}
 	return v
@@ -399,10 +400,7 @@ func (e *env) container(args ...string) string {
 }
 
 // mountsOf is the number of engine mounts inspect reports.
-func mountsOf(v *volume.Volume) int {
-	m, _ := v.Status["mounts"].([]any)
-	return len(m)
-}
+func mountsOf(v *agentv1.NamedVolume) int { return len(v.GetEngineMountIds()) }
 
 // publishedUnder lists the mounts of the agent's work dir (publish targets
 // and engine binds).
@@ -446,8 +444,8 @@ func TestDockerNamedVolume(t *testing.T) {
 		t.Errorf("writing through :ro: %s, want Read-only file system", out)
 	}
 	v := e.inspect("data")
-	if mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" || v.Status["containers"] != float64(2) {
-		t.Errorf("with two containers, inspect says %v, want 2 mounts of a PUBLISHED volume with 2 users", v.Status)
+	if mountsOf(v) != 2 || v.GetState() != "PUBLISHED" || v.GetContainers() != 2 {
+		t.Errorf("with two containers, inspect says %v, want 2 mounts of a PUBLISHED volume with 2 users", v)
 	}
 	if out := dockerFails(t, "volume", "rm", "data"); !strings.Contains(out, "in use") {
 		t.Errorf("docker volume rm of a volume in use: %s", out)
@@ -462,16 +460,16 @@ func TestDockerNamedVolume(t *testing.T) {
 	if out := docker(t, "exec", writer, "cat", "/data/f"); out != "hello" {
 		t.Errorf("after docker cp the writer reads %q", out)
 	}
-	if v := e.inspect("data"); mountsOf(v) != 2 || v.Status["state"] != "PUBLISHED" {
-		t.Errorf("after docker cp, inspect says %v, want the 2 containers' mounts", v.Status)
+	if v := e.inspect("data"); mountsOf(v) != 2 || v.GetState() != "PUBLISHED" {
+		t.Errorf("after docker cp, inspect says %v, want the 2 containers' mounts", v)
 	}
 	docker(t, "rm", "-f", writer)
 	if v := e.inspect("data"); mountsOf(v) != 1 {
-		t.Errorf("with one container left, inspect says %v", v.Status)
+		t.Errorf("with one container left, inspect says %v", v)
 	}
 	docker(t, "rm", "-f", reader)
-	if v := e.inspect("data"); mountsOf(v) != 0 || v.Status["state"] != "NOT_PUBLISHED" {
-		t.Errorf("after the last container, inspect says %v, want no mounts, NOT_PUBLISHED", v.Status)
+	if v := e.inspect("data"); mountsOf(v) != 0 || v.GetState() != "NOT_PUBLISHED" {
+		t.Errorf("after the last container, inspect says %v, want no mounts, NOT_PUBLISHED", v)
 	}
 	if ms := e.publishedUnder(); len(ms) != 0 {
 		t.Errorf("after the last container, still mounted: %s", ms[0].Mountpoint)
@@ -506,8 +504,8 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 	docker(t, "exec", c, "sh", "-c", "echo two >> /data/f")
 	e.startAgent()
 	v := e.inspect("data")
-	if mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
-		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v.Status)
+	if mountsOf(v) != 1 || v.GetState() != "PUBLISHED" {
+		t.Fatalf("the restarted agent reports %v, want the container's mount of a PUBLISHED volume", v)
 	}
 	// A reconcile that does not say which mounts are live is refused, and
 	// releases nothing.
@@ -515,10 +513,10 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 		t.Errorf("csi-agent volume reconcile without --live-mount-ids: %v %q, want it refused", err, out)
 	}
 	if v := e.inspect("data"); mountsOf(v) != 1 {
-		t.Fatalf("after a refused reconcile, inspect says %v", v.Status)
+		t.Fatalf("after a refused reconcile, inspect says %v", v)
 	}
 	// Reconciling with the engine's live mount ids keeps them.
-	if out, err := e.cli("reconcile", "--live-mount-ids", v.Status["mounts"].([]any)[0].(string)); err != nil || out != "" {
+	if out, err := e.cli("reconcile", "--live-mount-ids", v.GetEngineMountIds()[0]); err != nil || out != "" {
 		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
 	}
 	docker(t, "exec", c, "sh", "-c", "echo three >> /data/f")
@@ -527,7 +525,7 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 		t.Errorf("after docker stop, still mounted: %s", ms[0].Mountpoint)
 	}
 	if v := e.inspect("data"); mountsOf(v) != 0 {
-		t.Errorf("after docker stop, inspect says %v", v.Status)
+		t.Errorf("after docker stop, inspect says %v", v)
 	}
 	if got := debugfsCat(t, img, "/f"); got != "one\ntwo\nthree\n" {
 		t.Errorf("the loop image holds %q", got)
@@ -567,7 +565,7 @@ func TestDockerBadInput(t *testing.T) {
 	// Docker answers a create of a name it has from its own records: the
 	// definition stays (docs/engines.md says so).
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=other", "good")
-	if opts, _ := e.inspect("good").Status[dockerplugin.StatusOptions].(map[string]any); opts["volume_id"] != "vol1" {
+	if opts := e.inspect("good").GetOptions(); opts["volume_id"] != "vol1" {
 		t.Errorf("after a second docker volume create, the definition is %v, want volume_id vol1", opts)
 	}
 	// A volume id the plugin does not know: the Mount fails, and leaves
@@ -600,8 +598,8 @@ func TestDockerBadInput(t *testing.T) {
 	if out := docker(t, "exec", c, "sh", "-c", "echo ok > /data/f && cat /data/f"); out != "ok" {
 		t.Errorf("the mounted volume after the bad calls: %q", out)
 	}
-	if v := e.inspect("good"); mountsOf(v) != 1 || v.Status["state"] != "PUBLISHED" {
-		t.Errorf("after the bad calls and a reconcile, inspect says %v", v.Status)
+	if v := e.inspect("good"); mountsOf(v) != 1 || v.GetState() != "PUBLISHED" {
+		t.Errorf("after the bad calls and a reconcile, inspect says %v", v)
 	}
 }
 
@@ -683,7 +681,7 @@ func (e *env) podman(args ...string) (string, error) {
 			return "", err
 		}
 		hook["hook"] = map[string]any{"path": bins.agent, "args": []string{"csi-agent", "oci-hook",
-			"--api-socket", filepath.Join(e.run, "agent.sock"), "--docker-plugin-socket", e.socket}}
+			"--api-socket", filepath.Join(e.run, "agent.sock")}}
 		b, _ := json.Marshal(hook)
 		if err := os.MkdirAll(hooks, 0o755); err != nil {
 			return "", err
@@ -748,8 +746,8 @@ func TestPodmanNamedVolume(t *testing.T) {
 	if out, err := e.podman("exec", reader, "touch", "/data/g"); err == nil || !strings.Contains(out, "Read-only file system") {
 		t.Errorf("writing through :ro: %v %s, want Read-only file system", err, out)
 	}
-	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || mountsOf(v) != 1 {
-		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume (Podman mounts it once for both)", v.Status)
+	if v := e.inspect("data"); v.GetState() != "PUBLISHED" || mountsOf(v) != 1 {
+		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume (Podman mounts it once for both)", v)
 	}
 	// Podman counts the containers itself and mounts once for both.
 	if out := e.mustPodman("volume", "inspect", "--format", "{{.MountCount}}", "data"); out != "2" {
@@ -801,8 +799,8 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 	if out, err := e.podman("exec", c2, "touch", "/data/g"); err == nil || !strings.Contains(out, "Read-only file system") {
 		t.Errorf("writing through :ro: %v %s, want Read-only file system", err, out)
 	}
-	if v := e.inspect("data"); v.Status["state"] != "PUBLISHED" || v.Status["containers"] != float64(2) {
-		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume with 2 users", v.Status)
+	if v := e.inspect("data"); v.GetState() != "PUBLISHED" || v.GetContainers() != 2 {
+		t.Errorf("with two containers, inspect says %v, want a PUBLISHED volume with 2 users", v)
 	}
 	if out, err := e.cli("rm", "data"); err == nil || !strings.Contains(out, "in use by 2 container(s)") {
 		t.Errorf("csi-agent volume rm of a volume in use: %v %s", err, out)
@@ -833,7 +831,7 @@ func TestDockerRunOverhead(t *testing.T) {
 	e.loopVolume("vol1")
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
 	e.container("-v", "data:/data")
-	mp := e.inspect("data").Mountpoint
+	mp := e.inspect("data").GetMountpoint()
 	local := "local-" + e.driver
 	docker(t, "volume", "create", "--driver", "local", "--opt", "type=none", "--opt", "o=bind", "--opt", "device="+mp, local)
 	t.Cleanup(func() { dockerCmd("volume", "rm", "-f", local) })
@@ -871,8 +869,7 @@ func TestPrepareNamedVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	api := []string{"--api-socket", filepath.Join(e.run, "agent.sock")}
-	out, err := exec.Command(bins.agent, append([]string{"prepare", "--container", "c1", "--mounts", "data:data", "--sandbox", sandbox,
-		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	out, err := exec.Command(bins.agent, append([]string{"prepare", "--container", "c1", "--mounts", "data:data", "--sandbox", sandbox}, api...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("prepare --mounts: %v\n%s", err, out)
 	}
@@ -885,8 +882,7 @@ func TestPrepareNamedVolume(t *testing.T) {
 	if got := debugfsCat(t, img, "/f"); got != "named\n" {
 		t.Errorf("the loop image holds %q", got)
 	}
-	out, err = exec.Command(bins.agent, append([]string{"prepare", "--container", "c2", "--mounts", "nosuch:data", "--sandbox", sandbox,
-		"--docker-plugin-socket", e.socket}, api...)...).CombinedOutput()
+	out, err = exec.Command(bins.agent, append([]string{"prepare", "--container", "c2", "--mounts", "nosuch:data", "--sandbox", sandbox}, api...)...).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "no such named volume: nosuch") {
 		t.Errorf("prepare --mounts of an unknown name: %v\n%s", err, out)
 	}

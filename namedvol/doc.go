@@ -12,6 +12,11 @@
 // annotation. So a definition says itself whether annotations may name it
 // (allow_annotations, false unless set, also for definitions stored
 // before the option existed) and whether annotation users may have it
-// while engine mounts hold it (share_engine_mounts); the OCI hook
-// enforces both, engine mounts (docker run -v) are not affected.
+// while engine mounts hold it (share_engine_mounts); the agent enforces
+// both (Status.CheckAnnotationUse) for the mounts the OCI hook passes as
+// an annotation's, engine mounts (docker run -v) are not affected.
+//
+// Mount and ParseMounts are the NAME:PATH[:ro];... form of the
+// annotation and of prepare --mounts; Status is a definition with its use,
+// as the agent reports it.
 package namedvol

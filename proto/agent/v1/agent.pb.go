@@ -139,7 +139,7 @@ func (x Volume_Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Mode.Descriptor instead.
 func (Volume_Mode) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
 }
 
 // Mesos's source types; csiagent serves CSI_VOLUME only.
@@ -198,7 +198,7 @@ func (x Volume_Source_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Source_Type.Descriptor instead.
 func (Volume_Source_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0, 0}
 }
 
 type Secret_Type int32
@@ -247,7 +247,7 @@ func (x Secret_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Secret_Type.Descriptor instead.
 func (Secret_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
 }
 
 // Mesos's CSIVolumeState states: stable CREATED, NODE_READY, VOL_READY
@@ -324,7 +324,7 @@ func (x VolumeStatus_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VolumeStatus_State.Descriptor instead.
 func (VolumeStatus_State) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type ContainerStatus_Phase int32
@@ -378,7 +378,578 @@ func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerStatus_Phase.Descriptor instead.
 func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31, 0}
+}
+
+// NamedMount asks for a named volume at a container path.
+type NamedMount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ContainerPath string                 `protobuf:"bytes,2,opt,name=container_path,json=containerPath,proto3" json:"container_path,omitempty"`
+	Readonly      bool                   `protobuf:"varint,3,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamedMount) Reset() {
+	*x = NamedMount{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamedMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamedMount) ProtoMessage() {}
+
+func (x *NamedMount) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamedMount.ProtoReflect.Descriptor instead.
+func (*NamedMount) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *NamedMount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NamedMount) GetContainerPath() string {
+	if x != nil {
+		return x.ContainerPath
+	}
+	return ""
+}
+
+func (x *NamedMount) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
+}
+
+type CreateNamedVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Engine options, as docker volume create --opt gives them (plugin,
+	// volume_id, fs_type, access_mode, ...; secrets only as references).
+	Options       map[string]string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateNamedVolumeRequest) Reset() {
+	*x = CreateNamedVolumeRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateNamedVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateNamedVolumeRequest) ProtoMessage() {}
+
+func (x *CreateNamedVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateNamedVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateNamedVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CreateNamedVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateNamedVolumeRequest) GetOptions() map[string]string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+type CreateNamedVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateNamedVolumeResponse) Reset() {
+	*x = CreateNamedVolumeResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateNamedVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateNamedVolumeResponse) ProtoMessage() {}
+
+func (x *CreateNamedVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateNamedVolumeResponse.ProtoReflect.Descriptor instead.
+func (*CreateNamedVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+type RemoveNamedVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNamedVolumeRequest) Reset() {
+	*x = RemoveNamedVolumeRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNamedVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNamedVolumeRequest) ProtoMessage() {}
+
+func (x *RemoveNamedVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNamedVolumeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNamedVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RemoveNamedVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveNamedVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNamedVolumeResponse) Reset() {
+	*x = RemoveNamedVolumeResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNamedVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNamedVolumeResponse) ProtoMessage() {}
+
+func (x *RemoveNamedVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNamedVolumeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNamedVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+type GetNamedVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNamedVolumeRequest) Reset() {
+	*x = GetNamedVolumeRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNamedVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNamedVolumeRequest) ProtoMessage() {}
+
+func (x *GetNamedVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNamedVolumeRequest.ProtoReflect.Descriptor instead.
+func (*GetNamedVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetNamedVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// NamedVolume is a named volume: its definition and its use.
+type NamedVolume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The definition's options (secrets only as references).
+	Options map[string]string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The state of its CSI volume in the agent (PUBLISHED, ...), or
+	// NOT_PUBLISHED.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// How many containers use its CSI volume.
+	Containers int32 `protobuf:"varint,4,opt,name=containers,proto3" json:"containers,omitempty"`
+	// The engine mounts that hold it.
+	EngineMountIds []string `protobuf:"bytes,5,rep,name=engine_mount_ids,json=engineMountIds,proto3" json:"engine_mount_ids,omitempty"`
+	// Where it is mounted for the engines, or "".
+	Mountpoint    string `protobuf:"bytes,6,opt,name=mountpoint,proto3" json:"mountpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NamedVolume) Reset() {
+	*x = NamedVolume{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NamedVolume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NamedVolume) ProtoMessage() {}
+
+func (x *NamedVolume) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NamedVolume.ProtoReflect.Descriptor instead.
+func (*NamedVolume) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NamedVolume) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NamedVolume) GetOptions() map[string]string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+func (x *NamedVolume) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *NamedVolume) GetContainers() int32 {
+	if x != nil {
+		return x.Containers
+	}
+	return 0
+}
+
+func (x *NamedVolume) GetEngineMountIds() []string {
+	if x != nil {
+		return x.EngineMountIds
+	}
+	return nil
+}
+
+func (x *NamedVolume) GetMountpoint() string {
+	if x != nil {
+		return x.Mountpoint
+	}
+	return ""
+}
+
+type ListNamedVolumesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The page after this name ("": the first page).
+	StartingAfter string `protobuf:"bytes,1,opt,name=starting_after,json=startingAfter,proto3" json:"starting_after,omitempty"`
+	// At most this many (0: the agent's page size, 500).
+	MaxEntries    int32 `protobuf:"varint,2,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNamedVolumesRequest) Reset() {
+	*x = ListNamedVolumesRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNamedVolumesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNamedVolumesRequest) ProtoMessage() {}
+
+func (x *ListNamedVolumesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNamedVolumesRequest.ProtoReflect.Descriptor instead.
+func (*ListNamedVolumesRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListNamedVolumesRequest) GetStartingAfter() string {
+	if x != nil {
+		return x.StartingAfter
+	}
+	return ""
+}
+
+func (x *ListNamedVolumesRequest) GetMaxEntries() int32 {
+	if x != nil {
+		return x.MaxEntries
+	}
+	return 0
+}
+
+type ListNamedVolumesResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Volumes []*NamedVolume         `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// The starting_after of the next page; "" after the last.
+	Next          string `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNamedVolumesResponse) Reset() {
+	*x = ListNamedVolumesResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNamedVolumesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNamedVolumesResponse) ProtoMessage() {}
+
+func (x *ListNamedVolumesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNamedVolumesResponse.ProtoReflect.Descriptor instead.
+func (*ListNamedVolumesResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListNamedVolumesResponse) GetVolumes() []*NamedVolume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+func (x *ListNamedVolumesResponse) GetNext() string {
+	if x != nil {
+		return x.Next
+	}
+	return ""
+}
+
+type ReconcileEngineMountsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LiveMountIds  []string               `protobuf:"bytes,1,rep,name=live_mount_ids,json=liveMountIds,proto3" json:"live_mount_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileEngineMountsRequest) Reset() {
+	*x = ReconcileEngineMountsRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileEngineMountsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileEngineMountsRequest) ProtoMessage() {}
+
+func (x *ReconcileEngineMountsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileEngineMountsRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileEngineMountsRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReconcileEngineMountsRequest) GetLiveMountIds() []string {
+	if x != nil {
+		return x.LiveMountIds
+	}
+	return nil
+}
+
+type ReconcileEngineMountsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NAME/MOUNT_ID of each released engine mount.
+	Released []string `protobuf:"bytes,1,rep,name=released,proto3" json:"released,omitempty"`
+	// The error of each one that could not be released.
+	Failed        map[string]string `protobuf:"bytes,2,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileEngineMountsResponse) Reset() {
+	*x = ReconcileEngineMountsResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileEngineMountsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileEngineMountsResponse) ProtoMessage() {}
+
+func (x *ReconcileEngineMountsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileEngineMountsResponse.ProtoReflect.Descriptor instead.
+func (*ReconcileEngineMountsResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReconcileEngineMountsResponse) GetReleased() []string {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
+func (x *ReconcileEngineMountsResponse) GetFailed() map[string]string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
 }
 
 // Volume is Mesos's Volume (include/mesos/mesos.proto, Mesos 1.11), the
@@ -395,7 +966,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +978,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +991,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Volume) GetContainerPath() string {
@@ -456,7 +1027,7 @@ type CSIVolume struct {
 
 func (x *CSIVolume) Reset() {
 	*x = CSIVolume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +1039,7 @@ func (x *CSIVolume) String() string {
 func (*CSIVolume) ProtoMessage() {}
 
 func (x *CSIVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +1052,7 @@ func (x *CSIVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CSIVolume.ProtoReflect.Descriptor instead.
 func (*CSIVolume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CSIVolume) GetPluginName() string {
@@ -520,7 +1091,7 @@ type StaticProvisioning struct {
 
 func (x *StaticProvisioning) Reset() {
 	*x = StaticProvisioning{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +1103,7 @@ func (x *StaticProvisioning) String() string {
 func (*StaticProvisioning) ProtoMessage() {}
 
 func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +1116,7 @@ func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaticProvisioning.ProtoReflect.Descriptor instead.
 func (*StaticProvisioning) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StaticProvisioning) GetVolumeId() string {
@@ -603,7 +1174,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +1186,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +1199,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Secret) GetType() Secret_Type {
@@ -670,14 +1241,22 @@ type PrepareRequest struct {
 	// createRuntime hook's state.pid). When set, mounts are made inside that
 	// namespace, where the rootfs is still at its host path (before
 	// pivot_root); mounts made on the host would not reach the container.
-	Pid           int32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pid int32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Named volumes (see CreateNamedVolume), resolved by the agent. A block
+	// volume cannot be named here.
+	NamedMounts []*NamedMount `protobuf:"bytes,7,rep,name=named_mounts,json=namedMounts,proto3" json:"named_mounts,omitempty"`
+	// The names come from the csi.csiagent.io/mounts annotation, which
+	// whoever may create a container can set: each volume must allow it
+	// (allow_annotations) and, while an engine mount holds it, sharing it
+	// (share_engine_mounts); PermissionDenied otherwise.
+	NamedMountsFromAnnotation bool `protobuf:"varint,8,opt,name=named_mounts_from_annotation,json=namedMountsFromAnnotation,proto3" json:"named_mounts_from_annotation,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +1268,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +1281,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PrepareRequest) GetContainerId() string {
@@ -747,6 +1326,20 @@ func (x *PrepareRequest) GetPid() int32 {
 	return 0
 }
 
+func (x *PrepareRequest) GetNamedMounts() []*NamedMount {
+	if x != nil {
+		return x.NamedMounts
+	}
+	return nil
+}
+
+func (x *PrepareRequest) GetNamedMountsFromAnnotation() bool {
+	if x != nil {
+		return x.NamedMountsFromAnnotation
+	}
+	return false
+}
+
 type PrepareResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Mounts        []*ContainerMount      `protobuf:"bytes,1,rep,name=mounts,proto3" json:"mounts,omitempty"`
@@ -756,7 +1349,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +1361,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +1374,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PrepareResponse) GetMounts() []*ContainerMount {
@@ -828,7 +1421,7 @@ type ContainerMount struct {
 
 func (x *ContainerMount) Reset() {
 	*x = ContainerMount{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1433,7 @@ func (x *ContainerMount) String() string {
 func (*ContainerMount) ProtoMessage() {}
 
 func (x *ContainerMount) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1446,7 @@ func (x *ContainerMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
 func (*ContainerMount) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ContainerMount) GetPluginName() string {
@@ -955,7 +1548,7 @@ type CleanupRequest struct {
 
 func (x *CleanupRequest) Reset() {
 	*x = CleanupRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1560,7 @@ func (x *CleanupRequest) String() string {
 func (*CleanupRequest) ProtoMessage() {}
 
 func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1573,7 @@ func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupRequest.ProtoReflect.Descriptor instead.
 func (*CleanupRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CleanupRequest) GetContainerId() string {
@@ -1005,7 +1598,7 @@ type CleanupResponse struct {
 
 func (x *CleanupResponse) Reset() {
 	*x = CleanupResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1610,7 @@ func (x *CleanupResponse) String() string {
 func (*CleanupResponse) ProtoMessage() {}
 
 func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1623,7 @@ func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupResponse.ProtoReflect.Descriptor instead.
 func (*CleanupResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type ListVolumesRequest struct {
@@ -1043,7 +1636,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1648,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1661,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListVolumesRequest) GetRefreshStats() bool {
@@ -1087,7 +1680,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1099,7 +1692,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1112,7 +1705,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*VolumeStatus {
@@ -1158,7 +1751,7 @@ type VolumeStatus struct {
 
 func (x *VolumeStatus) Reset() {
 	*x = VolumeStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1763,7 @@ func (x *VolumeStatus) String() string {
 func (*VolumeStatus) ProtoMessage() {}
 
 func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1776,7 @@ func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
 func (*VolumeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *VolumeStatus) GetPluginName() string {
@@ -1332,7 +1925,7 @@ type VolumeStats struct {
 
 func (x *VolumeStats) Reset() {
 	*x = VolumeStats{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1937,7 @@ func (x *VolumeStats) String() string {
 func (*VolumeStats) ProtoMessage() {}
 
 func (x *VolumeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1950,7 @@ func (x *VolumeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStats.ProtoReflect.Descriptor instead.
 func (*VolumeStats) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *VolumeStats) GetTime() *timestamppb.Timestamp {
@@ -1472,7 +2065,7 @@ type ReclaimResult struct {
 
 func (x *ReclaimResult) Reset() {
 	*x = ReclaimResult{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +2077,7 @@ func (x *ReclaimResult) String() string {
 func (*ReclaimResult) ProtoMessage() {}
 
 func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +2090,7 @@ func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimResult.ProtoReflect.Descriptor instead.
 func (*ReclaimResult) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReclaimResult) GetStart() *timestamppb.Timestamp {
@@ -1572,7 +2165,7 @@ type ReclaimSpaceRequest struct {
 
 func (x *ReclaimSpaceRequest) Reset() {
 	*x = ReclaimSpaceRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +2177,7 @@ func (x *ReclaimSpaceRequest) String() string {
 func (*ReclaimSpaceRequest) ProtoMessage() {}
 
 func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +2190,7 @@ func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceRequest.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReclaimSpaceRequest) GetTarget() isReclaimSpaceRequest_Target {
@@ -1697,7 +2290,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +2302,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +2315,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *VolumeRef) GetPluginName() string {
@@ -1751,7 +2344,7 @@ type ReclaimSpaceProgress struct {
 
 func (x *ReclaimSpaceProgress) Reset() {
 	*x = ReclaimSpaceProgress{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +2356,7 @@ func (x *ReclaimSpaceProgress) String() string {
 func (*ReclaimSpaceProgress) ProtoMessage() {}
 
 func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +2369,7 @@ func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceProgress.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceProgress) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReclaimSpaceProgress) GetVolume() *VolumeRef {
@@ -1811,7 +2404,7 @@ type ReclaimSummary struct {
 
 func (x *ReclaimSummary) Reset() {
 	*x = ReclaimSummary{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +2416,7 @@ func (x *ReclaimSummary) String() string {
 func (*ReclaimSummary) ProtoMessage() {}
 
 func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +2429,7 @@ func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSummary.ProtoReflect.Descriptor instead.
 func (*ReclaimSummary) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReclaimSummary) GetVolumes() int32 {
@@ -1868,7 +2461,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2473,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2486,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type ListContainersResponse struct {
@@ -1905,7 +2498,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2510,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2523,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
@@ -1953,7 +2546,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2558,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2571,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContainerStatus) GetContainerId() string {
@@ -2025,7 +2618,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2630,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2643,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReconcileRequest) GetLiveContainerIds() []string {
@@ -2072,7 +2665,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2677,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2690,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReconcileResponse) GetCleanedUp() []string {
@@ -2122,7 +2715,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2727,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2740,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 type ListPluginsResponse struct {
@@ -2161,7 +2754,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2766,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2779,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -2213,7 +2806,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2818,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2831,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -2257,7 +2850,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2862,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2875,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -2302,7 +2895,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2907,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2920,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -2366,7 +2959,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2971,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2984,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Plugin) GetType() string {
@@ -2471,7 +3064,7 @@ type ReclaimTotals struct {
 
 func (x *ReclaimTotals) Reset() {
 	*x = ReclaimTotals{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +3076,7 @@ func (x *ReclaimTotals) String() string {
 func (*ReclaimTotals) ProtoMessage() {}
 
 func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +3089,7 @@ func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
 func (*ReclaimTotals) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReclaimTotals) GetScheduled() bool {
@@ -2593,7 +3186,7 @@ type PluginInstance struct {
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2605,7 +3198,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2618,7 +3211,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -2750,7 +3343,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2762,7 +3355,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2775,7 +3368,7 @@ func (x *Volume_Source) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume_Source.ProtoReflect.Descriptor instead.
 func (*Volume_Source) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
 }
 
 func (x *Volume_Source) GetType() Volume_Source_Type {
@@ -2802,7 +3395,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +3407,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +3420,7 @@ func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Reference.ProtoReflect.Descriptor instead.
 func (*Secret_Reference) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
 }
 
 func (x *Secret_Reference) GetName() string {
@@ -2853,7 +3446,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3458,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3471,7 @@ func (x *Secret_Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Value.ProtoReflect.Descriptor instead.
 func (*Secret_Value) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3, 1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 1}
 }
 
 func (x *Secret_Value) GetData() []byte {
@@ -2892,7 +3485,53 @@ var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"\xaf\x03\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"c\n" +
+	"\n" +
+	"NamedMount\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x0econtainer_path\x18\x02 \x01(\tR\rcontainerPath\x12\x1a\n" +
+	"\breadonly\x18\x03 \x01(\bR\breadonly\"\xbe\x01\n" +
+	"\x18CreateNamedVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12R\n" +
+	"\aoptions\x18\x02 \x03(\v28.csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntryR\aoptions\x1a:\n" +
+	"\fOptionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1b\n" +
+	"\x19CreateNamedVolumeResponse\".\n" +
+	"\x18RemoveNamedVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1b\n" +
+	"\x19RemoveNamedVolumeResponse\"+\n" +
+	"\x15GetNamedVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xa4\x02\n" +
+	"\vNamedVolume\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12E\n" +
+	"\aoptions\x18\x02 \x03(\v2+.csiagent.agent.v1.NamedVolume.OptionsEntryR\aoptions\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1e\n" +
+	"\n" +
+	"containers\x18\x04 \x01(\x05R\n" +
+	"containers\x12(\n" +
+	"\x10engine_mount_ids\x18\x05 \x03(\tR\x0eengineMountIds\x12\x1e\n" +
+	"\n" +
+	"mountpoint\x18\x06 \x01(\tR\n" +
+	"mountpoint\x1a:\n" +
+	"\fOptionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
+	"\x17ListNamedVolumesRequest\x12%\n" +
+	"\x0estarting_after\x18\x01 \x01(\tR\rstartingAfter\x12\x1f\n" +
+	"\vmax_entries\x18\x02 \x01(\x05R\n" +
+	"maxEntries\"h\n" +
+	"\x18ListNamedVolumesResponse\x128\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1e.csiagent.agent.v1.NamedVolumeR\avolumes\x12\x12\n" +
+	"\x04next\x18\x02 \x01(\tR\x04next\"D\n" +
+	"\x1cReconcileEngineMountsRequest\x12$\n" +
+	"\x0elive_mount_ids\x18\x01 \x03(\tR\fliveMountIds\"\xcc\x01\n" +
+	"\x1dReconcileEngineMountsResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x03(\tR\breleased\x12T\n" +
+	"\x06failed\x18\x02 \x03(\v2<.csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntryR\x06failed\x1a9\n" +
+	"\vFailedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.agent.v1.Volume.ModeR\x04mode\x128\n" +
@@ -2946,14 +3585,16 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\xc0\x01\n" +
+	"\x05VALUE\x10\x02\"\xc3\x02\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.agent.v1.VolumeR\avolumes\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x18\n" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
-	"\x03pid\x18\x06 \x01(\x05R\x03pid\"L\n" +
+	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12@\n" +
+	"\fnamed_mounts\x18\a \x03(\v2\x1d.csiagent.agent.v1.NamedMountR\vnamedMounts\x12?\n" +
+	"\x1cnamed_mounts_from_annotation\x18\b \x01(\bR\x19namedMountsFromAnnotation\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
 	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\x94\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
@@ -3166,7 +3807,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x12\x18\n" +
 	"\x14PLUGIN_STATE_BACKOFF\x10\x04\x12\x18\n" +
-	"\x14PLUGIN_STATE_STOPPED\x10\x052\xd4\x06\n" +
+	"\x14PLUGIN_STATE_STOPPED\x10\x052\x83\v\n" +
 	"\x05Agent\x12^\n" +
 	"\vListPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x00\x12X\n" +
 	"\tGetPlugin\x12#.csiagent.agent.v1.GetPluginRequest\x1a$.csiagent.agent.v1.GetPluginResponse\"\x00\x12a\n" +
@@ -3176,7 +3817,12 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\vListVolumes\x12%.csiagent.agent.v1.ListVolumesRequest\x1a&.csiagent.agent.v1.ListVolumesResponse\"\x00\x12g\n" +
 	"\x0eListContainers\x12(.csiagent.agent.v1.ListContainersRequest\x1a).csiagent.agent.v1.ListContainersResponse\"\x00\x12X\n" +
 	"\tReconcile\x12#.csiagent.agent.v1.ReconcileRequest\x1a$.csiagent.agent.v1.ReconcileResponse\"\x00\x12c\n" +
-	"\fReclaimSpace\x12&.csiagent.agent.v1.ReclaimSpaceRequest\x1a'.csiagent.agent.v1.ReclaimSpaceProgress\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\fReclaimSpace\x12&.csiagent.agent.v1.ReclaimSpaceRequest\x1a'.csiagent.agent.v1.ReclaimSpaceProgress\"\x000\x01\x12p\n" +
+	"\x11CreateNamedVolume\x12+.csiagent.agent.v1.CreateNamedVolumeRequest\x1a,.csiagent.agent.v1.CreateNamedVolumeResponse\"\x00\x12p\n" +
+	"\x11RemoveNamedVolume\x12+.csiagent.agent.v1.RemoveNamedVolumeRequest\x1a,.csiagent.agent.v1.RemoveNamedVolumeResponse\"\x00\x12\\\n" +
+	"\x0eGetNamedVolume\x12(.csiagent.agent.v1.GetNamedVolumeRequest\x1a\x1e.csiagent.agent.v1.NamedVolume\"\x00\x12m\n" +
+	"\x10ListNamedVolumes\x12*.csiagent.agent.v1.ListNamedVolumesRequest\x1a+.csiagent.agent.v1.ListNamedVolumesResponse\"\x00\x12|\n" +
+	"\x15ReconcileEngineMounts\x12/.csiagent.agent.v1.ReconcileEngineMountsRequest\x1a0.csiagent.agent.v1.ReconcileEngineMountsResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -3191,129 +3837,158 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
-	(PluginState)(0),               // 0: csiagent.agent.v1.PluginState
-	(Volume_Mode)(0),               // 1: csiagent.agent.v1.Volume.Mode
-	(Volume_Source_Type)(0),        // 2: csiagent.agent.v1.Volume.Source.Type
-	(Secret_Type)(0),               // 3: csiagent.agent.v1.Secret.Type
-	(VolumeStatus_State)(0),        // 4: csiagent.agent.v1.VolumeStatus.State
-	(ContainerStatus_Phase)(0),     // 5: csiagent.agent.v1.ContainerStatus.Phase
-	(*Volume)(nil),                 // 6: csiagent.agent.v1.Volume
-	(*CSIVolume)(nil),              // 7: csiagent.agent.v1.CSIVolume
-	(*StaticProvisioning)(nil),     // 8: csiagent.agent.v1.StaticProvisioning
-	(*Secret)(nil),                 // 9: csiagent.agent.v1.Secret
-	(*PrepareRequest)(nil),         // 10: csiagent.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),        // 11: csiagent.agent.v1.PrepareResponse
-	(*ContainerMount)(nil),         // 12: csiagent.agent.v1.ContainerMount
-	(*CleanupRequest)(nil),         // 13: csiagent.agent.v1.CleanupRequest
-	(*CleanupResponse)(nil),        // 14: csiagent.agent.v1.CleanupResponse
-	(*ListVolumesRequest)(nil),     // 15: csiagent.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 16: csiagent.agent.v1.ListVolumesResponse
-	(*VolumeStatus)(nil),           // 17: csiagent.agent.v1.VolumeStatus
-	(*VolumeStats)(nil),            // 18: csiagent.agent.v1.VolumeStats
-	(*ReclaimResult)(nil),          // 19: csiagent.agent.v1.ReclaimResult
-	(*ReclaimSpaceRequest)(nil),    // 20: csiagent.agent.v1.ReclaimSpaceRequest
-	(*VolumeRef)(nil),              // 21: csiagent.agent.v1.VolumeRef
-	(*ReclaimSpaceProgress)(nil),   // 22: csiagent.agent.v1.ReclaimSpaceProgress
-	(*ReclaimSummary)(nil),         // 23: csiagent.agent.v1.ReclaimSummary
-	(*ListContainersRequest)(nil),  // 24: csiagent.agent.v1.ListContainersRequest
-	(*ListContainersResponse)(nil), // 25: csiagent.agent.v1.ListContainersResponse
-	(*ContainerStatus)(nil),        // 26: csiagent.agent.v1.ContainerStatus
-	(*ReconcileRequest)(nil),       // 27: csiagent.agent.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),      // 28: csiagent.agent.v1.ReconcileResponse
-	(*ListPluginsRequest)(nil),     // 29: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),    // 30: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),       // 31: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),      // 32: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),            // 33: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                 // 34: csiagent.agent.v1.Plugin
-	(*ReclaimTotals)(nil),          // 35: csiagent.agent.v1.ReclaimTotals
-	(*PluginInstance)(nil),         // 36: csiagent.agent.v1.PluginInstance
-	(*Volume_Source)(nil),          // 37: csiagent.agent.v1.Volume.Source
-	nil,                            // 38: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                            // 39: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                            // 40: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),       // 41: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),           // 42: csiagent.agent.v1.Secret.Value
-	nil,                            // 43: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                            // 44: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                            // 45: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	(*csi.VolumeCapability)(nil),   // 46: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 48: google.protobuf.Duration
-	(*RetryPolicy)(nil),            // 49: csiagent.agent.v1.RetryPolicy
+	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
+	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
+	(Volume_Source_Type)(0),               // 2: csiagent.agent.v1.Volume.Source.Type
+	(Secret_Type)(0),                      // 3: csiagent.agent.v1.Secret.Type
+	(VolumeStatus_State)(0),               // 4: csiagent.agent.v1.VolumeStatus.State
+	(ContainerStatus_Phase)(0),            // 5: csiagent.agent.v1.ContainerStatus.Phase
+	(*NamedMount)(nil),                    // 6: csiagent.agent.v1.NamedMount
+	(*CreateNamedVolumeRequest)(nil),      // 7: csiagent.agent.v1.CreateNamedVolumeRequest
+	(*CreateNamedVolumeResponse)(nil),     // 8: csiagent.agent.v1.CreateNamedVolumeResponse
+	(*RemoveNamedVolumeRequest)(nil),      // 9: csiagent.agent.v1.RemoveNamedVolumeRequest
+	(*RemoveNamedVolumeResponse)(nil),     // 10: csiagent.agent.v1.RemoveNamedVolumeResponse
+	(*GetNamedVolumeRequest)(nil),         // 11: csiagent.agent.v1.GetNamedVolumeRequest
+	(*NamedVolume)(nil),                   // 12: csiagent.agent.v1.NamedVolume
+	(*ListNamedVolumesRequest)(nil),       // 13: csiagent.agent.v1.ListNamedVolumesRequest
+	(*ListNamedVolumesResponse)(nil),      // 14: csiagent.agent.v1.ListNamedVolumesResponse
+	(*ReconcileEngineMountsRequest)(nil),  // 15: csiagent.agent.v1.ReconcileEngineMountsRequest
+	(*ReconcileEngineMountsResponse)(nil), // 16: csiagent.agent.v1.ReconcileEngineMountsResponse
+	(*Volume)(nil),                        // 17: csiagent.agent.v1.Volume
+	(*CSIVolume)(nil),                     // 18: csiagent.agent.v1.CSIVolume
+	(*StaticProvisioning)(nil),            // 19: csiagent.agent.v1.StaticProvisioning
+	(*Secret)(nil),                        // 20: csiagent.agent.v1.Secret
+	(*PrepareRequest)(nil),                // 21: csiagent.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),               // 22: csiagent.agent.v1.PrepareResponse
+	(*ContainerMount)(nil),                // 23: csiagent.agent.v1.ContainerMount
+	(*CleanupRequest)(nil),                // 24: csiagent.agent.v1.CleanupRequest
+	(*CleanupResponse)(nil),               // 25: csiagent.agent.v1.CleanupResponse
+	(*ListVolumesRequest)(nil),            // 26: csiagent.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),           // 27: csiagent.agent.v1.ListVolumesResponse
+	(*VolumeStatus)(nil),                  // 28: csiagent.agent.v1.VolumeStatus
+	(*VolumeStats)(nil),                   // 29: csiagent.agent.v1.VolumeStats
+	(*ReclaimResult)(nil),                 // 30: csiagent.agent.v1.ReclaimResult
+	(*ReclaimSpaceRequest)(nil),           // 31: csiagent.agent.v1.ReclaimSpaceRequest
+	(*VolumeRef)(nil),                     // 32: csiagent.agent.v1.VolumeRef
+	(*ReclaimSpaceProgress)(nil),          // 33: csiagent.agent.v1.ReclaimSpaceProgress
+	(*ReclaimSummary)(nil),                // 34: csiagent.agent.v1.ReclaimSummary
+	(*ListContainersRequest)(nil),         // 35: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),        // 36: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),               // 37: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),              // 38: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),             // 39: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),            // 40: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),           // 41: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),              // 42: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),             // 43: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),                   // 44: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                        // 45: csiagent.agent.v1.Plugin
+	(*ReclaimTotals)(nil),                 // 46: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),                // 47: csiagent.agent.v1.PluginInstance
+	nil,                                   // 48: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	nil,                                   // 49: csiagent.agent.v1.NamedVolume.OptionsEntry
+	nil,                                   // 50: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	(*Volume_Source)(nil),                 // 51: csiagent.agent.v1.Volume.Source
+	nil,                                   // 52: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                                   // 53: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                                   // 54: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	(*Secret_Reference)(nil),              // 55: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 56: csiagent.agent.v1.Secret.Value
+	nil,                                   // 57: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 58: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 59: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	(*csi.VolumeCapability)(nil),          // 60: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),         // 61: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 62: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 63: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
-	1,  // 0: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	37, // 1: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
-	8,  // 2: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	46, // 3: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	38, // 4: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	39, // 5: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	40, // 6: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	3,  // 7: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	41, // 8: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	42, // 9: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
-	6,  // 10: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
-	12, // 11: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	17, // 12: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
-	4,  // 13: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	47, // 14: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	47, // 15: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	19, // 16: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	18, // 17: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	47, // 18: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	47, // 19: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	47, // 20: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	48, // 21: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	21, // 22: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	43, // 23: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	44, // 24: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	49, // 25: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	21, // 26: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	19, // 27: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	23, // 28: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	26, // 29: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 30: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	12, // 31: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	45, // 32: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	34, // 33: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	33, // 34: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	34, // 35: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 36: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	36, // 37: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	35, // 38: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	0,  // 39: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	47, // 40: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	47, // 41: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 42: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	7,  // 43: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	9,  // 44: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	9,  // 45: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	29, // 46: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	31, // 47: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	29, // 48: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	10, // 49: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	13, // 50: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	15, // 51: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	24, // 52: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	27, // 53: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	20, // 54: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	30, // 55: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	32, // 56: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	30, // 57: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	11, // 58: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	14, // 59: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	16, // 60: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	25, // 61: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	28, // 62: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	22, // 63: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	55, // [55:64] is the sub-list for method output_type
-	46, // [46:55] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	48, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	49, // 1: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
+	12, // 2: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
+	50, // 3: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
+	51, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
+	60, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	52, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	53, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	54, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	3,  // 11: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	55, // 12: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	56, // 13: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	17, // 14: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	6,  // 15: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
+	23, // 16: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	28, // 17: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 18: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	61, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	61, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	30, // 21: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	29, // 22: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	61, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	61, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	61, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	62, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	32, // 27: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	57, // 28: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	58, // 29: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	63, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	32, // 31: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	30, // 32: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	34, // 33: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	37, // 34: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 35: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	23, // 36: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	59, // 37: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	45, // 38: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	44, // 39: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	45, // 40: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 41: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	47, // 42: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	46, // 43: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	0,  // 44: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	61, // 45: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	61, // 46: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	2,  // 47: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 48: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 49: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 50: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 51: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 52: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 53: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 54: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 55: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 56: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 57: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 58: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 59: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 60: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 61: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 62: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 63: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 64: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 65: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 66: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 67: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 68: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 69: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 70: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 71: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 72: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 73: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 74: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 75: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 76: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 77: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 78: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	65, // [65:79] is the sub-list for method output_type
+	51, // [51:65] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -3322,7 +3997,7 @@ func file_proto_agent_v1_agent_proto_init() {
 		return
 	}
 	file_proto_agent_v1_controller_proto_init()
-	file_proto_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_proto_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
 		(*ReclaimSpaceRequest_Volume)(nil),
 		(*ReclaimSpaceRequest_ContainerId)(nil),
 		(*ReclaimSpaceRequest_All)(nil),
@@ -3333,7 +4008,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   40,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,15 +24,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_ListPlugins_FullMethodName    = "/csiagent.agent.v1.Agent/ListPlugins"
-	Agent_GetPlugin_FullMethodName      = "/csiagent.agent.v1.Agent/GetPlugin"
-	Agent_WatchPlugins_FullMethodName   = "/csiagent.agent.v1.Agent/WatchPlugins"
-	Agent_Prepare_FullMethodName        = "/csiagent.agent.v1.Agent/Prepare"
-	Agent_Cleanup_FullMethodName        = "/csiagent.agent.v1.Agent/Cleanup"
-	Agent_ListVolumes_FullMethodName    = "/csiagent.agent.v1.Agent/ListVolumes"
-	Agent_ListContainers_FullMethodName = "/csiagent.agent.v1.Agent/ListContainers"
-	Agent_Reconcile_FullMethodName      = "/csiagent.agent.v1.Agent/Reconcile"
-	Agent_ReclaimSpace_FullMethodName   = "/csiagent.agent.v1.Agent/ReclaimSpace"
+	Agent_ListPlugins_FullMethodName           = "/csiagent.agent.v1.Agent/ListPlugins"
+	Agent_GetPlugin_FullMethodName             = "/csiagent.agent.v1.Agent/GetPlugin"
+	Agent_WatchPlugins_FullMethodName          = "/csiagent.agent.v1.Agent/WatchPlugins"
+	Agent_Prepare_FullMethodName               = "/csiagent.agent.v1.Agent/Prepare"
+	Agent_Cleanup_FullMethodName               = "/csiagent.agent.v1.Agent/Cleanup"
+	Agent_ListVolumes_FullMethodName           = "/csiagent.agent.v1.Agent/ListVolumes"
+	Agent_ListContainers_FullMethodName        = "/csiagent.agent.v1.Agent/ListContainers"
+	Agent_Reconcile_FullMethodName             = "/csiagent.agent.v1.Agent/Reconcile"
+	Agent_ReclaimSpace_FullMethodName          = "/csiagent.agent.v1.Agent/ReclaimSpace"
+	Agent_CreateNamedVolume_FullMethodName     = "/csiagent.agent.v1.Agent/CreateNamedVolume"
+	Agent_RemoveNamedVolume_FullMethodName     = "/csiagent.agent.v1.Agent/RemoveNamedVolume"
+	Agent_GetNamedVolume_FullMethodName        = "/csiagent.agent.v1.Agent/GetNamedVolume"
+	Agent_ListNamedVolumes_FullMethodName      = "/csiagent.agent.v1.Agent/ListNamedVolumes"
+	Agent_ReconcileEngineMounts_FullMethodName = "/csiagent.agent.v1.Agent/ReconcileEngineMounts"
 )
 
 // AgentClient is the client API for Agent service.
@@ -75,6 +80,20 @@ type AgentClient interface {
 	// finishes. With offline, it calls ControllerReclaimSpace on the
 	// plugin's controller for a volume not published on this host.
 	ReclaimSpace(ctx context.Context, in *ReclaimSpaceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReclaimSpaceProgress], error)
+	// Named volumes: the names container engines mount (docker volume
+	// create -d csi-agent), the csi.csiagent.io/mounts annotation and
+	// PrepareRequest.named_mounts use. CreateNamedVolume defines one from
+	// engine options (idempotent for the same definition; AlreadyExists for
+	// another); RemoveNamedVolume removes one no engine mount and no
+	// container uses (FailedPrecondition naming them otherwise).
+	CreateNamedVolume(ctx context.Context, in *CreateNamedVolumeRequest, opts ...grpc.CallOption) (*CreateNamedVolumeResponse, error)
+	RemoveNamedVolume(ctx context.Context, in *RemoveNamedVolumeRequest, opts ...grpc.CallOption) (*RemoveNamedVolumeResponse, error)
+	GetNamedVolume(ctx context.Context, in *GetNamedVolumeRequest, opts ...grpc.CallOption) (*NamedVolume, error)
+	// ListNamedVolumes lists them by name, a page at a time.
+	ListNamedVolumes(ctx context.Context, in *ListNamedVolumesRequest, opts ...grpc.CallOption) (*ListNamedVolumesResponse, error)
+	// ReconcileEngineMounts releases every engine mount whose id is not in
+	// live_mount_ids: what a crashed engine forgot. Root only.
+	ReconcileEngineMounts(ctx context.Context, in *ReconcileEngineMountsRequest, opts ...grpc.CallOption) (*ReconcileEngineMountsResponse, error)
 }
 
 type agentClient struct {
@@ -193,6 +212,56 @@ func (c *agentClient) ReclaimSpace(ctx context.Context, in *ReclaimSpaceRequest,
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ReclaimSpaceClient = grpc.ServerStreamingClient[ReclaimSpaceProgress]
 
+func (c *agentClient) CreateNamedVolume(ctx context.Context, in *CreateNamedVolumeRequest, opts ...grpc.CallOption) (*CreateNamedVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateNamedVolumeResponse)
+	err := c.cc.Invoke(ctx, Agent_CreateNamedVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) RemoveNamedVolume(ctx context.Context, in *RemoveNamedVolumeRequest, opts ...grpc.CallOption) (*RemoveNamedVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveNamedVolumeResponse)
+	err := c.cc.Invoke(ctx, Agent_RemoveNamedVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) GetNamedVolume(ctx context.Context, in *GetNamedVolumeRequest, opts ...grpc.CallOption) (*NamedVolume, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NamedVolume)
+	err := c.cc.Invoke(ctx, Agent_GetNamedVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ListNamedVolumes(ctx context.Context, in *ListNamedVolumesRequest, opts ...grpc.CallOption) (*ListNamedVolumesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNamedVolumesResponse)
+	err := c.cc.Invoke(ctx, Agent_ListNamedVolumes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ReconcileEngineMounts(ctx context.Context, in *ReconcileEngineMountsRequest, opts ...grpc.CallOption) (*ReconcileEngineMountsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileEngineMountsResponse)
+	err := c.cc.Invoke(ctx, Agent_ReconcileEngineMounts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -233,6 +302,20 @@ type AgentServer interface {
 	// finishes. With offline, it calls ControllerReclaimSpace on the
 	// plugin's controller for a volume not published on this host.
 	ReclaimSpace(*ReclaimSpaceRequest, grpc.ServerStreamingServer[ReclaimSpaceProgress]) error
+	// Named volumes: the names container engines mount (docker volume
+	// create -d csi-agent), the csi.csiagent.io/mounts annotation and
+	// PrepareRequest.named_mounts use. CreateNamedVolume defines one from
+	// engine options (idempotent for the same definition; AlreadyExists for
+	// another); RemoveNamedVolume removes one no engine mount and no
+	// container uses (FailedPrecondition naming them otherwise).
+	CreateNamedVolume(context.Context, *CreateNamedVolumeRequest) (*CreateNamedVolumeResponse, error)
+	RemoveNamedVolume(context.Context, *RemoveNamedVolumeRequest) (*RemoveNamedVolumeResponse, error)
+	GetNamedVolume(context.Context, *GetNamedVolumeRequest) (*NamedVolume, error)
+	// ListNamedVolumes lists them by name, a page at a time.
+	ListNamedVolumes(context.Context, *ListNamedVolumesRequest) (*ListNamedVolumesResponse, error)
+	// ReconcileEngineMounts releases every engine mount whose id is not in
+	// live_mount_ids: what a crashed engine forgot. Root only.
+	ReconcileEngineMounts(context.Context, *ReconcileEngineMountsRequest) (*ReconcileEngineMountsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -269,6 +352,21 @@ func (UnimplementedAgentServer) Reconcile(context.Context, *ReconcileRequest) (*
 }
 func (UnimplementedAgentServer) ReclaimSpace(*ReclaimSpaceRequest, grpc.ServerStreamingServer[ReclaimSpaceProgress]) error {
 	return status.Error(codes.Unimplemented, "method ReclaimSpace not implemented")
+}
+func (UnimplementedAgentServer) CreateNamedVolume(context.Context, *CreateNamedVolumeRequest) (*CreateNamedVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateNamedVolume not implemented")
+}
+func (UnimplementedAgentServer) RemoveNamedVolume(context.Context, *RemoveNamedVolumeRequest) (*RemoveNamedVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveNamedVolume not implemented")
+}
+func (UnimplementedAgentServer) GetNamedVolume(context.Context, *GetNamedVolumeRequest) (*NamedVolume, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetNamedVolume not implemented")
+}
+func (UnimplementedAgentServer) ListNamedVolumes(context.Context, *ListNamedVolumesRequest) (*ListNamedVolumesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNamedVolumes not implemented")
+}
+func (UnimplementedAgentServer) ReconcileEngineMounts(context.Context, *ReconcileEngineMountsRequest) (*ReconcileEngineMountsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReconcileEngineMounts not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -439,6 +537,96 @@ func _Agent_ReclaimSpace_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_ReclaimSpaceServer = grpc.ServerStreamingServer[ReclaimSpaceProgress]
 
+func _Agent_CreateNamedVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateNamedVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).CreateNamedVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_CreateNamedVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).CreateNamedVolume(ctx, req.(*CreateNamedVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_RemoveNamedVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveNamedVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).RemoveNamedVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_RemoveNamedVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).RemoveNamedVolume(ctx, req.(*RemoveNamedVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_GetNamedVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetNamedVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).GetNamedVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_GetNamedVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).GetNamedVolume(ctx, req.(*GetNamedVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ListNamedVolumes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNamedVolumesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ListNamedVolumes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ListNamedVolumes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ListNamedVolumes(ctx, req.(*ListNamedVolumesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ReconcileEngineMounts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileEngineMountsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ReconcileEngineMounts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ReconcileEngineMounts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ReconcileEngineMounts(ctx, req.(*ReconcileEngineMountsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -473,6 +661,26 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reconcile",
 			Handler:    _Agent_Reconcile_Handler,
+		},
+		{
+			MethodName: "CreateNamedVolume",
+			Handler:    _Agent_CreateNamedVolume_Handler,
+		},
+		{
+			MethodName: "RemoveNamedVolume",
+			Handler:    _Agent_RemoveNamedVolume_Handler,
+		},
+		{
+			MethodName: "GetNamedVolume",
+			Handler:    _Agent_GetNamedVolume_Handler,
+		},
+		{
+			MethodName: "ListNamedVolumes",
+			Handler:    _Agent_ListNamedVolumes_Handler,
+		},
+		{
+			MethodName: "ReconcileEngineMounts",
+			Handler:    _Agent_ReconcileEngineMounts_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
