@@ -260,7 +260,7 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	schedDone := make(chan struct{})
 	go func() { defer close(schedDone); p.runReplication(schedCtx) }()
 	sweepDone := make(chan struct{})
-	go func() { defer close(sweepDone); p.sweepHeld(schedCtx) }()
+	go func() { defer close(sweepDone); every(schedCtx, holdSweep, func() { p.held.sweep(p.log) }) }()
 	defer func() { stopSched(); <-schedDone; <-sweepDone; p.held.sweep(p.log) }()
 	replica := ""
 	if p.replica != nil {
@@ -288,16 +288,16 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	return nil
 }
 
-// sweepHeld runs held.sweep every holdSweep until ctx ends.
-func (p *Plugin) sweepHeld(ctx context.Context) {
-	t := time.NewTicker(holdSweep)
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			p.held.sweep(p.log)
+			f()
 		}
 	}
 }

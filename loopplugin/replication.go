@@ -623,18 +623,11 @@ func (p *Plugin) runReplication(ctx context.Context) {
 	if p.replica == nil {
 		return
 	}
-	t := time.NewTicker(p.replicationTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, p.replicationTick, func() {
 		ids, err := p.pool.listRecords(metaReplication)
 		if err != nil {
 			p.log.Warn("replication scheduler", "error", err)
-			continue
+			return
 		}
 		for _, id := range ids {
 			if ctx.Err() != nil {
@@ -644,7 +637,7 @@ func (p *Plugin) runReplication(ctx context.Context) {
 				p.log.Warn("scheduled replication sync failed", "volume", id, "error", err)
 			}
 		}
-	}
+	})
 }
 
 func (p *Plugin) scheduledSync(ctx context.Context, id string) error {
