@@ -2,8 +2,12 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
@@ -94,9 +98,28 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	// Peer credentials are checked as on the API socket; the limits bound
 	// each connection's time and how many are served at once.
 	lim := dockerplugin.DefaultLimits
-	hs := lim.HTTPServer(a.access.HTTP(srv.Handler(lim.CallTimeout)))
+	hs := lim.HTTPServer(a.access.HTTP(engineTagged(srv.Handler(lim.CallTimeout))))
 	hs.ConnContext = apiserver.ConnContext
 	hs.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelError)
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
 	return a.serveHTTP(hs, lim.Listener(lis), "docker volume plugin"), nil
+}
+
+// engineTagged tells the handler which engine calls (dockerplugin.WithEngine),
+// from the executable of the socket's peer: dockerd is Docker's, podman
+// Podman's; anything else is no known engine.
+func engineTagged(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		engine := ""
+		if cred := apiserver.HTTPPeer(r); cred != nil {
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cred.Pid))
+			switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
+			case "dockerd":
+				engine = dockerplugin.EngineDocker
+			case "podman":
+				engine = dockerplugin.EnginePodman
+			}
+		}
+		h.ServeHTTP(w, r.WithContext(dockerplugin.WithEngine(r.Context(), engine)))
+	})
 }

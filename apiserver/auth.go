@@ -157,13 +157,19 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, peerCredKey{}, cred)
 }
 
+// HTTPPeer is the peer credentials of r's connection (ConnContext), nil
+// if unknown.
+func HTTPPeer(r *http.Request) *unix.Ucred {
+	cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
+	return cred
+}
+
 // HTTP serves h to Permitted peers (the server's ConnContext must be
 // ConnContext); others get 403 with a JSON error, in the form of Docker's
 // plugin protocol.
 func (a Access) HTTP(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		cred, _ := r.Context().Value(peerCredKey{}).(*unix.Ucred)
-		if cred == nil || !a.Permitted(cred) {
+		if cred := HTTPPeer(r); cred == nil || !a.Permitted(cred) {
 			http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
 			return
 		}

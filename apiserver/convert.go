@@ -24,6 +24,7 @@ func PrepareRequest(r *agentv1.PrepareRequest) *statev1.PrepareRequest {
 	}
 	out := &statev1.PrepareRequest{
 		ContainerId: r.GetContainerId(), Rootfs: r.GetRootfs(), Sandbox: r.GetSandbox(), User: r.GetUser(), Pid: r.GetPid(),
+		Manager: r.GetManager(),
 	}
 	for _, v := range r.GetVolumes() {
 		out.Volumes = append(out.Volumes, volume(v))
@@ -127,6 +128,7 @@ func VolumeStatus(v isolator.VolumeInfo) *agentv1.VolumeStatus {
 func ContainerStatus(c isolator.ContainerInfo) *agentv1.ContainerStatus {
 	return &agentv1.ContainerStatus{
 		ContainerId: c.ID, Phase: agentv1.ContainerStatus_Phase(c.Phase), Mounts: Mounts(c.Mounts), Rootfs: c.Rootfs, LastError: c.LastError,
+		Manager: c.Manager,
 	}
 }
 

@@ -3,6 +3,10 @@ package apiserver
 import (
 	"context"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -18,13 +22,18 @@ type NamedVolumes interface {
 	// Page lists the volumes after a name, at most max (0: no bound), and
 	// the after of the next page ("" after the last).
 	Page(after string, max int) ([]namedvol.Status, string, error)
-	// Reconcile releases the engine mounts whose id is not in live.
-	Reconcile(ctx context.Context, live []string) (released []string, failed map[string]string)
+	// Reconcile releases the engine's mounts whose id is not in live
+	// (engine "": those of no known engine).
+	Reconcile(ctx context.Context, engine string, live []string) (released []string, failed map[string]string)
 	// Resolve makes the volumes of named mounts (with the annotation
 	// policy when annotation) and calls use with them while no engine
 	// mount or removal of those names can come between.
 	Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*agentv1.Volume) error) error
 }
+
+// EngineOther names, in ReconcileEngineMountsRequest.engine, the engine
+// mounts of no known engine.
+const EngineOther = "other"
 
 // namedPageSize is ListNamedVolumes' page when the caller names none.
 const namedPageSize = 500
@@ -81,12 +90,29 @@ func (s *Server) ReconcileEngineMounts(ctx context.Context, req *agentv1.Reconci
 	if c != nil {
 		return nil, denied(c, "ReconcileEngineMounts releases every engine mount not in live_mount_ids, whoever's: only root may call it")
 	}
+	engine, err := engineOf(req.GetEngine())
+	if err != nil {
+		return nil, err
+	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
-	released, failed := s.cfg.Named.Reconcile(ctx, req.GetLiveMountIds())
+	released, failed := s.cfg.Named.Reconcile(ctx, engine, req.GetLiveMountIds())
 	s.cfg.OnVolumesChanged()
 	return &agentv1.ReconcileEngineMountsResponse{Released: released, Failed: failed}, nil
+}
+
+// engineOf is the dockerplugin engine a ReconcileEngineMountsRequest
+// names.
+func engineOf(name string) (string, error) {
+	switch name {
+	case dockerplugin.EngineDocker, dockerplugin.EnginePodman:
+		return name, nil
+	case EngineOther:
+		return "", nil
+	}
+	return "", status.Errorf(codes.InvalidArgument, "engine %q: %s, %s or %s (mounts by engines the agent did not recognise, or recorded before it told engines apart): "+
+		"each engine's mount ids are reconciled against its own mounts only", name, dockerplugin.EngineDocker, dockerplugin.EnginePodman, EngineOther)
 }
 
 // namedVolume is a named volume's status as the API shows it.

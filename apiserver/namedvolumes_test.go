@@ -22,7 +22,7 @@ func (f failingNamed) Page(after string, max int) ([]namedvol.Status, string, er
 	d := &namedvol.Definition{Name: "data", Plugin: "loop", VolumeID: "vol1", AllowAnnotations: true}
 	return []namedvol.Status{{Definition: d, State: "PUBLISHED", Containers: 2, EngineMounts: []string{"m1"}, Mountpoint: "/x"}}, fmt.Sprint(after, max), f.err
 }
-func (f failingNamed) Reconcile(context.Context, []string) ([]string, map[string]string) {
+func (f failingNamed) Reconcile(context.Context, string, []string) ([]string, map[string]string) {
 	return nil, nil
 }
 func (f failingNamed) Resolve(context.Context, []namedvol.Mount, bool, func([]*agentv1.Volume) error) error {
@@ -65,5 +65,24 @@ func TestNamedVolumeCodes(t *testing.T) {
 		v.GetOptions()[namedvol.KeyAllowAnnotations] != "true" || v.GetState() != "PUBLISHED" || v.GetContainers() != 2 ||
 		len(v.GetEngineMountIds()) != 1 || v.GetEngineMountIds()[0] != "m1" || v.GetMountpoint() != "/x" {
 		t.Errorf("ListNamedVolumes = %v, %v; want the volume with every field, and the default page of %d", resp, err, namedPageSize)
+	}
+}
+
+// ReconcileEngineMounts needs an engine, and "other" means the mounts of
+// no known engine.
+func TestReconcileEngineMountsNeedsAnEngine(t *testing.T) {
+	for name, want := range map[string]string{"docker": "docker", "podman": "podman", "other": ""} {
+		if got, err := engineOf(name); err != nil || got != want {
+			t.Errorf("engine %s: %q, %v; want %q", name, got, err, want)
+		}
+	}
+	s := New(Config{Named: failingNamed{}})
+	for _, engine := range []string{"", "containerd"} {
+		if _, err := s.ReconcileEngineMounts(context.Background(), &agentv1.ReconcileEngineMountsRequest{Engine: engine}); status.Code(err) != codes.InvalidArgument && status.Code(err) != codes.Unauthenticated {
+			t.Errorf("engine %q: %v", engine, err)
+		}
+		if _, err := engineOf(engine); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("engine %q: %v, want InvalidArgument", engine, err)
+		}
 	}
 }

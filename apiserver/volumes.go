@@ -76,9 +76,27 @@ func CheckNotEngineID(id string) error {
 	return nil
 }
 
+// checkManager checks a container manager's name (PrepareRequest.manager):
+// as a container id's characters, at most 64 bytes.
+func checkManager(m string) error {
+	if m == "" {
+		return nil
+	}
+	if len(m) > 64 {
+		return fmt.Errorf("%w: manager %.64q... is longer than 64 bytes", isolator.ErrInvalid, m)
+	}
+	if err := isolator.ValidateContainerID(m); err != nil {
+		return fmt.Errorf("%w: manager %q: letters, digits, '.', '_' and '-' only", isolator.ErrInvalid, m)
+	}
+	return nil
+}
+
 // Prepare makes the container's volumes available in it.
 func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
 	if err := CheckNotEngineID(req.GetContainerId()); err != nil {
+		return nil, Status(err)
+	}
+	if err := checkManager(req.GetManager()); err != nil {
 		return nil, Status(err)
 	}
 	c, err := member(ctx)
@@ -253,7 +271,7 @@ func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (
 			live = append(live, c.ID)
 		}
 	}
-	res := s.iso.Reconcile(ctx, live)
+	res := s.iso.Reconcile(ctx, live, req.GetManager())
 	s.cfg.OnVolumesChanged()
 	return &agentv1.ReconcileResponse{CleanedUp: res.CleanedUp, Failed: res.Failed}, nil
 }

@@ -125,14 +125,16 @@ func (e *env) volumeList(ctx context.Context, c agentv1.AgentClient, output stri
 }
 
 func (e *env) volumeReconcileCmd(fs *pflag.FlagSet) runFunc {
-	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engines still use (Docker: MountPoints[].ID of each container's config.v2.json); every other engine mount is released (required; '' releases them all)")
+	engine := fs.String("engine", "", "whose mounts: docker, podman, or other (engines the agent did not recognise, and mounts recorded before it told engines apart) (required)")
+	live := fs.StringSlice("live-mount-ids", nil, "mount ids the engine still uses (Docker: MountPoints[].ID of each container's config.v2.json); every other mount of --engine is released (required; '' releases them all)")
 	return e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, _ []string) error {
 		// Without the list, every engine mount would be released from
-		// under its running containers.
-		if !fs.Changed("live-mount-ids") {
-			return usageError("--live-mount-ids is required: the mount ids the engines still use ('' releases every engine mount)")
+		// under its running containers; without the engine, another
+		// engine's too.
+		if !fs.Changed("live-mount-ids") || *engine == "" {
+			return usageError("--engine and --live-mount-ids are required: the engine (docker, podman, other) and the mount ids it still uses ('' releases every mount of the engine)")
 		}
-		resp, err := c.ReconcileEngineMounts(ctx, &agentv1.ReconcileEngineMountsRequest{LiveMountIds: *live})
+		resp, err := c.ReconcileEngineMounts(ctx, &agentv1.ReconcileEngineMountsRequest{Engine: *engine, LiveMountIds: *live})
 		if err := printReply(e.stdout, output, resp, err, func() error {
 			for _, r := range resp.GetReleased() {
 				fmt.Fprintln(e.stdout, "released", r)

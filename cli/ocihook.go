@@ -34,6 +34,11 @@ const VolumesAnnotation = "csi.csiagent.io/volumes"
 // engines that parse annotation values as CSV (podman run --annotation).
 const MountsAnnotation = namedvol.MountsAnnotation
 
+// ManagerAnnotation names the container manager that created a container
+// (Podman: libpod; CRI-O: cri-o); the hook passes it with the prepare, so
+// that a reconcile with another manager's live list never touches it.
+const ManagerAnnotation = "io.container.manager"
+
 // ErrAnnotationRefused marks what the hook's annotation policy refuses:
 // annotations are set by whoever may create a container (with CRI-O, a
 // pod), so they reach only what the operator allowed.
@@ -166,7 +171,7 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout t
 	}
 	// The agent resolves the names and applies the annotation policy.
 	resp, err := client.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: st.ID, Volumes: vols, NamedMounts: named, NamedMountsFromAnnotation: true,
-		Rootfs: b.rootfs, Pid: int32(st.Pid), User: b.user}, wait)
+		Rootfs: b.rootfs, Pid: int32(st.Pid), User: b.user, Manager: st.Annotations[ManagerAnnotation]}, wait)
 	if err != nil {
 		return fail(hookError(socket, err))
 	}

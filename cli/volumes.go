@@ -3,10 +3,12 @@ package cli
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -313,15 +315,33 @@ func (e *env) containersCmd(fs *pflag.FlagSet) runFunc {
 
 // reconcileCmd is csi-agent reconcile.
 func (e *env) reconcileCmd(fs *pflag.FlagSet) runFunc {
-	live := fs.String("live", "", "comma-separated ids of the containers still running; every other container is cleaned up")
+	live := fs.String("live", "", "comma-separated ids of the containers still running; every other container of --manager is cleaned up (required unless --runtime; '' cleans them all up)")
+	manager := fs.String("manager", "", "the container manager whose containers these are (the io.container.manager annotation: libpod, cri-o); default: containers no manager named")
+	runtime := fs.String("runtime", "", "take the live containers from this runtime's state instead of --live: runc (its --root) or podman (manager libpod)")
+	root := fs.String("root", "/run/runc", "with --runtime runc: runc's --root")
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
-		var ids []string
-		for _, id := range strings.Split(*live, ",") {
-			if id = strings.TrimSpace(id); id != "" {
-				ids = append(ids, id)
+		req := &agentv1.ReconcileRequest{Manager: *manager}
+		switch {
+		case *runtime != "" && (fs.Changed("live") || fs.Changed("manager")):
+			return usageError("--runtime takes the live containers and their manager from the runtime: not with --live or --manager")
+		case *runtime != "":
+			ids, m, err := runtimeLive(ctx, *runtime, *root)
+			if err != nil {
+				return err
+			}
+			req.LiveContainerIds, req.Manager = ids, m
+		case !fs.Changed("live"):
+			// Without the list, every container would be cleaned up from
+			// under its runtime.
+			return usageError("--live (the ids of the containers still running; '' cleans up every container of --manager) or --runtime is required")
+		default:
+			for _, id := range strings.Split(*live, ",") {
+				if id = strings.TrimSpace(id); id != "" {
+					req.LiveContainerIds = append(req.LiveContainerIds, id)
+				}
 			}
 		}
-		resp, err := client.Reconcile(ctx, &agentv1.ReconcileRequest{LiveContainerIds: ids})
+		resp, err := client.Reconcile(ctx, req)
 		return printReply(e.stdout, output, resp, err, func() error {
 			for _, id := range resp.GetCleanedUp() {
 				fmt.Fprintln(e.stdout, "cleaned up", id)
@@ -335,4 +355,53 @@ func (e *env) reconcileCmd(fs *pflag.FlagSet) runFunc {
 			return nil
 		})
 	})
+}
+
+// runtimeListTimeout bounds asking a runtime for its containers.
+const runtimeListTimeout = 30 * time.Second
+
+// runtimeLive asks a runtime which of its containers are not stopped, and
+// says whose manager they are: runc's (runc list at root) are no
+// manager's, Podman's (podman ps) libpod's. A runtime that cannot answer
+// is an error: nothing is reconciled on a guess.
+func runtimeLive(ctx context.Context, runtime, root string) (ids []string, manager string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, runtimeListTimeout)
+	defer cancel()
+	var cmd *exec.Cmd
+	switch runtime {
+	case "runc":
+		cmd = exec.CommandContext(ctx, "runc", "--root", root, "list", "--format", "json")
+	case "podman":
+		cmd, manager = exec.CommandContext(ctx, "podman", "ps", "--all", "--no-trunc", "--format", "json"), "libpod"
+	default:
+		return nil, "", usageError(fmt.Sprintf("--runtime %q: runc or podman", runtime))
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = strings.TrimSpace(string(ee.Stderr))
+		}
+		return nil, "", fmt.Errorf("asking %s for its containers: %w %s", runtime, err, stderr)
+	}
+	// runc list: [{"id", "status"}] or null; podman ps: [{"Id", "State"}].
+	var cs []map[string]any
+	if err := json.Unmarshal(out, &cs); err != nil {
+		return nil, "", fmt.Errorf("reading %s's containers: %w", runtime, err)
+	}
+	idKey, stateKey := "id", "status"
+	if runtime == "podman" {
+		idKey, stateKey = "Id", "State"
+	}
+	for _, c := range cs {
+		id, _ := c[idKey].(string)
+		state, _ := c[stateKey].(string)
+		if id == "" || state == "" {
+			return nil, "", fmt.Errorf("reading %s's containers: an entry without %s or %s: %v", runtime, idKey, stateKey, c)
+		}
+		if state != "stopped" && state != "exited" {
+			ids = append(ids, id)
+		}
+	}
+	return ids, manager, nil
 }

@@ -87,6 +87,29 @@ type user struct {
 	ID string `json:"id"`
 	// Count is how many Mounts of the pair have not been unmounted.
 	Count int `json:"count"`
+	// Engine is the engine that mounted it (WithEngine: docker, podman),
+	// "" when unknown (records written before engines were told apart).
+	Engine string `json:"engine,omitempty"`
+}
+
+// Engines the agent tells apart by the peer of the volume plugin socket.
+const (
+	EngineDocker = "docker"
+	EnginePodman = "podman"
+)
+
+type engineKey struct{}
+
+// WithEngine says which engine (EngineDocker, EnginePodman, "" unknown)
+// makes the calls of ctx; Mount records it with the engine mount.
+func WithEngine(ctx context.Context, engine string) context.Context {
+	return context.WithValue(ctx, engineKey{}, engine)
+}
+
+// engineOf is the engine WithEngine put in ctx, "" if none.
+func engineOf(ctx context.Context) string {
+	e, _ := ctx.Value(engineKey{}).(string)
+	return e
 }
 
 // New loads the recorded engine mounts. Records whose container the
@@ -314,7 +337,7 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		// isolator's recovery) never answered the engine: not a user.
 		u = nil
 	}
-	next := &user{Name: req.Name, ID: req.ID, Count: 1}
+	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: engineOf(ctx)}
 	if u != nil {
 		next.Count = u.Count + 1
 	}
@@ -377,7 +400,7 @@ func (s *Server) Unmount(ctx context.Context, req *volume.UnmountRequest) error 
 		return nil
 	}
 	if u.Count > 1 {
-		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1}
+		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1, Engine: u.Engine}
 		if err := s.record(ctx, cid, next); err != nil {
 			return err
 		}
@@ -402,11 +425,12 @@ func (s *Server) releaseLocked(ctx context.Context, cid, name string) error {
 	return s.forget(cid)
 }
 
-// Reconcile releases, whatever their counts, the engine mounts whose id
+// Reconcile releases, whatever their counts, the engine's mounts whose id
 // is not live: what an engine forgot to unmount (it crashed, or lost its
-// state) would otherwise stay published. It returns NAME/ID of each
-// released mount and the error of each that was not.
-func (s *Server) Reconcile(ctx context.Context, live []string) (released []string, failed map[string]string) {
+// state) would otherwise stay published. Other engines' mounts are not
+// looked at ("": the mounts of no known engine). It returns NAME/ID of
+// each released mount and the error of each that was not.
+func (s *Server) Reconcile(ctx context.Context, engine string, live []string) (released []string, failed map[string]string) {
 	isLive := map[string]bool{}
 	for _, id := range live {
 		isLive[id] = true
@@ -414,7 +438,7 @@ func (s *Server) Reconcile(ctx context.Context, live []string) (released []strin
 	s.mu.Lock()
 	var gone []user
 	for _, u := range s.users {
-		if !isLive[u.ID] {
+		if u.Engine == engine && !isLive[u.ID] {
 			gone = append(gone, *u)
 		}
 	}

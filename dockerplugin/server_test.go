@@ -153,17 +153,37 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
+	docker := WithEngine(ctx, EngineDocker)
 	for _, id := range []string{"live", "gone", "gone"} {
-		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+		if _, err := s.Mount(docker, &volume.MountRequest{Name: "data", ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	released, failed := s.Reconcile(ctx, []string{"live"})
+	// Another engine's mount, and one of no known engine: Docker's live
+	// ids say nothing of them.
+	if _, err := s.Mount(WithEngine(ctx, EnginePodman), &volume.MountRequest{Name: "data", ID: "podman-mount"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "unknown-mount"}); err != nil {
+		t.Fatal(err)
+	}
+	released, failed := s.Reconcile(ctx, EngineDocker, []string{"live"})
 	if len(released) != 1 || released[0] != "data/gone" || len(failed) != 0 {
 		t.Fatalf("Reconcile = %v, %v; want data/gone released", released, failed)
 	}
-	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "live" || len(b.containers) != 1 {
-		t.Errorf("after Reconcile: users %v, %d containers; want the live mount only", us, len(b.containers))
+	if us := s.usersOf("data"); len(us) != 3 || len(b.containers) != 3 {
+		t.Errorf("after Reconcile: users %v, %d containers; want the live mount and the other engines'", us, len(b.containers))
+	}
+	// The engine survives a restart (it is in the record).
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: s.cfg.Dir, Commit: s.cfg.Commit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if released, _ := s.Reconcile(ctx, EnginePodman, nil); len(released) != 1 || released[0] != "data/podman-mount" {
+		t.Errorf("Podman's reconcile after a restart released %v; want its mount only", released)
+	}
+	if released, _ := s.Reconcile(ctx, "", nil); len(released) != 1 || released[0] != "data/unknown-mount" {
+		t.Errorf("the reconcile of no known engine released %v", released)
 	}
 }
 

@@ -509,14 +509,21 @@ func TestDockerAgentKilledWhileContainerHoldsVolume(t *testing.T) {
 	}
 	// A reconcile that does not say which mounts are live is refused, and
 	// releases nothing.
-	if out, err := e.cli("reconcile"); err == nil || !strings.Contains(out, "--live-mount-ids is required") {
-		t.Errorf("csi-agent volume reconcile without --live-mount-ids: %v %q, want it refused", err, out)
+	for _, args := range [][]string{{"reconcile", "--engine", "docker"}, {"reconcile", "--live-mount-ids", ""}} {
+		if out, err := e.cli(args...); err == nil || !strings.Contains(out, "--engine and --live-mount-ids are required") {
+			t.Errorf("csi-agent volume %q: %v %q, want it refused", args, err, out)
+		}
+	}
+	// Another engine's reconcile (Podman knows no mount of Docker's)
+	// releases nothing of Docker's: the mount was recorded as dockerd's.
+	if out, err := e.cli("reconcile", "--engine", "podman", "--live-mount-ids", ""); err != nil || out != "" {
+		t.Errorf("csi-agent volume reconcile --engine podman: %v %q, want nothing released", err, out)
 	}
 	if v := e.inspect("data"); mountsOf(v) != 1 {
-		t.Fatalf("after a refused reconcile, inspect says %v", v)
+		t.Fatalf("after the refused and the other engine's reconciles, inspect says %v", v)
 	}
 	// Reconciling with the engine's live mount ids keeps them.
-	if out, err := e.cli("reconcile", "--live-mount-ids", v.GetEngineMountIds()[0]); err != nil || out != "" {
+	if out, err := e.cli("reconcile", "--engine", "docker", "--live-mount-ids", v.GetEngineMountIds()[0]); err != nil || out != "" {
 		t.Errorf("csi-agent volume reconcile with the live mount: %v %q, want nothing released", err, out)
 	}
 	docker(t, "exec", c, "sh", "-c", "echo three >> /data/f")
@@ -815,6 +822,83 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 	out, err := e.podman(append(podmanRunArgs, "--rm", "--annotation", "csi.csiagent.io/mounts=nosuch:/data", image, "true")...)
 	if err == nil || !strings.Contains(out, "no such named volume: nosuch") {
 		t.Errorf("a container naming an unknown volume: %v %s", err, out)
+	}
+}
+
+// TestReconcileScopedToItsEngine: with Docker and Podman using one agent
+// at once, Docker's live mount ids reconcile Docker's mounts only (before,
+// they released a running Podman container's volume), and a reconcile of
+// the containers no manager named (runc's) never touches a Podman hook
+// container (before, it cleaned one up, which then wrote into its own
+// rootfs); the hook records Podman's containers as libpod's.
+func TestReconcileScopedToItsEngine(t *testing.T) {
+	e := newEnv(t)
+	podmanOnce.Do(func() { setUpPodman(filepath.Join(engineDir, "podman")) })
+	if podmanBroken != "" {
+		t.Fatal(podmanBroken)
+	}
+	if podmanSkip != "" {
+		t.Skip(podmanSkip)
+	}
+	for _, v := range []string{"vol1", "vol2", "vol3"} {
+		e.loopVolume(v)
+	}
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "fordocker")
+	c := e.container("-v", "fordocker:/data")
+	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol2", "forpodman")
+	p1 := e.mustPodman(append(podmanRunArgs, "-d", "-v", "forpodman:/data", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", p1) })
+	if out, err := e.cli("create", "hooked", "--plugin", "loop.test", "--volume-id", "vol3", "--fs-type", "ext4", "--allow-annotations"); err != nil {
+		t.Fatalf("csi-agent volume create: %v\n%s", err, out)
+	}
+	p2 := e.mustPodman(append(podmanRunArgs, "-d", "--annotation", "csi.csiagent.io/mounts=hooked:/v", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", p2) })
+
+	api := []string{"--api-socket", filepath.Join(e.run, "agent.sock")}
+	agent := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bins.agent, append(args, api...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("csi-agent %q: %v\n%s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	var list agentv1.ListContainersResponse
+	if err := protojson.Unmarshal([]byte(agent("containers", "--output", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	managers := map[string]string{}
+	for _, ct := range list.GetContainers() {
+		managers[ct.GetContainerId()] = ct.GetManager()
+	}
+	if managers[p2] != "libpod" {
+		t.Fatalf("the Podman hook container %s is recorded with manager %q, want libpod: %v", p2, managers[p2], managers)
+	}
+
+	dockerIDs := e.inspect("fordocker").GetEngineMountIds()
+	if out, err := e.cli("reconcile", "--engine", "docker", "--live-mount-ids", strings.Join(dockerIDs, ",")); err != nil || out != "" {
+		t.Errorf("Docker's reconcile: %v %q, want nothing released", err, out)
+	}
+	if out := agent("reconcile", "--live", ""); out != "" {
+		t.Errorf("a reconcile of the containers of no manager: %q, want nothing cleaned up", out)
+	}
+	// A live list that misses a running container (here: podman ps of the
+	// default storage, not the tests' own) does not take its volumes away:
+	// a process is still in its mount namespace.
+	out, err := exec.Command(bins.agent, append([]string{"reconcile", "--runtime", "podman"}, api...)...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "FAILED "+p2+": container "+p2+": not cleaned up: it still runs: pid") {
+		t.Errorf("a reconcile whose live list misses the running %s: %v %s; want it refused for it", p2, err, out)
+	}
+	for name, want := range map[string]int{"fordocker": 1, "forpodman": 1} {
+		if v := e.inspect(name); mountsOf(v) != want || v.GetState() != "PUBLISHED" {
+			t.Errorf("%s after the reconciles: %v", name, v)
+		}
+	}
+	docker(t, "exec", c, "sh", "-c", "echo d > /data/f")
+	e.mustPodman("exec", p1, "sh", "-c", "echo p > /data/f")
+	e.mustPodman("exec", p2, "sh", "-c", "echo h > /v/f")
+	if v := e.inspect("hooked"); v.GetState() != "PUBLISHED" || v.GetContainers() != 1 {
+		t.Errorf("the hook container's volume after the reconciles: %v", v)
 	}
 }
 

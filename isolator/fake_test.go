@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -97,6 +98,16 @@ func (t *fakeTable) startProcess(pid int, ns uint64) {
 	defer t.mu.Unlock()
 	t.procs[pid] = ns
 	t.mounts = append(t.mounts, t.newMount(ns, "/", 0, "/"))
+}
+
+// endAll ends every container process (see endProcess).
+func (t *fakeTable) endAll() {
+	t.mu.Lock()
+	pids := slices.Collect(maps.Keys(t.procs))
+	t.mu.Unlock()
+	for _, pid := range pids {
+		t.endProcess(pid)
+	}
 }
 
 // endProcess ends a container process: its namespace goes, and every
@@ -223,6 +234,18 @@ func (f *fakeMounter) ForeignMounts(_ context.Context, target string, _ []string
 
 // BlockReadOnly: the model's plugins honour readonly.
 func (f *fakeMounter) BlockReadOnly(string) (bool, error) { return true, nil }
+
+func (f *fakeMounter) NamespacesInUse() (map[uint64]int, error) {
+	f.t.mu.Lock()
+	defer f.t.mu.Unlock()
+	out := map[uint64]int{hostNS: os.Getpid()}
+	for pid, ns := range f.t.procs {
+		if low, ok := out[ns]; !ok || pid < low {
+			out[ns] = pid
+		}
+	}
+	return out, nil
+}
 
 func (f *fakeMounter) MountNamespace(pid int) (uint64, error) {
 	if pid == os.Getpid() {

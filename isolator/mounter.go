@@ -38,6 +38,9 @@ type Mounter interface {
 	// BlockReadOnly reports whether the block device node at path refuses
 	// writes (as mount.BlockReadOnly).
 	BlockReadOnly(path string) (bool, error)
+	// NamespacesInUse is the mount namespaces that have a process, each
+	// with its lowest pid (as mount.NamespacesInUse).
+	NamespacesInUse() (map[uint64]int, error)
 }
 
 // kernelMounts is the Mounter of package mount: the calling thread's
@@ -59,6 +62,8 @@ func (kernelMounts) ForeignMounts(ctx context.Context, target string, own []stri
 func (kernelMounts) BlockReadOnly(path string) (bool, error) { return mount.BlockReadOnly(path) }
 
 func (kernelMounts) MountNamespace(pid int) (uint64, error) { return mount.MountNamespace(pid) }
+
+func (kernelMounts) NamespacesInUse() (map[uint64]int, error) { return mount.NamespacesInUse() }
 
 // InNamespace gives f the kernel's mounts: on InNamespace's thread they are
 // the namespace's.

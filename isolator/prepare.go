@@ -648,26 +648,43 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 	return nil
 }
 
-// Reconcile cleans up every container not in live. A plugin found down
+// Reconcile cleans up every container of manager (PrepareRequest.Manager:
+// "" for containers no manager named) not in live; another manager's
+// containers are not looked at, whatever live says. A plugin found down
 // (its wait has the RPC deadline) is not waited for again: the other
 // containers using it are reported failed, not tried.
-func (iso *Isolator) Reconcile(ctx context.Context, live []string) ReconcileResult {
+func (iso *Isolator) Reconcile(ctx context.Context, live []string, manager string) ReconcileResult {
 	alive := map[string]bool{}
 	for _, id := range live {
 		alive[id] = true
 	}
 	resp := ReconcileResult{Failed: map[string]string{}}
 	down := downPlugins{}
-	for _, id := range iso.containerIDs() {
+	// Listed after the containers: a container listed has its namespace
+	// since before this, so one alive now is in it.
+	ids := iso.containerIDs()
+	inUse, nsErr := iso.mounts.NamespacesInUse()
+	for _, id := range ids {
 		if alive[id] {
 			continue
 		}
 		iso.mu.Lock()
 		var req *statev1.PrepareRequest
+		var ns uint64
 		if c := iso.containers[id]; c != nil {
-			req = c.cp.GetRequest()
+			req, ns = c.cp.GetRequest(), c.cp.GetMountNamespace()
 		}
 		iso.mu.Unlock()
+		if req.GetManager() != manager {
+			continue // another manager's: its live list is not this one
+		}
+		if why := stillRunning(ns, inUse, nsErr); why != "" {
+			// The caller's live list is wrong about it (another
+			// runtime's, or a runtime that answered for other state):
+			// its processes would lose their volumes.
+			resp.Failed[id] = fmt.Sprintf("container %s: not cleaned up: %s", id, why)
+			continue
+		}
 		if p, ok := down.of(req); ok {
 			resp.Failed[id] = fmt.Sprintf("container %s: not tried: plugin %s did not answer for another container", id, p)
 			continue
@@ -680,6 +697,23 @@ func (iso *Isolator) Reconcile(ctx context.Context, live []string) ReconcileResu
 		resp.CleanedUp = append(resp.CleanedUp, id)
 	}
 	return resp
+}
+
+// stillRunning says why a container prepared into the mount namespace ns
+// (0: prepared without a pid, on the host) may still run: a process is in
+// the namespace (inUse, from NamespacesInUse), or that could not be told
+// (nsErr). "" when it is gone.
+func stillRunning(ns uint64, inUse map[uint64]int, nsErr error) string {
+	switch {
+	case ns == 0:
+		return ""
+	case nsErr != nil:
+		return fmt.Sprintf("cannot tell whether its processes are gone: %v", nsErr)
+	}
+	if pid, ok := inUse[ns]; ok {
+		return fmt.Sprintf("it still runs: pid %d is in its mount namespace", pid)
+	}
+	return ""
 }
 
 func (iso *Isolator) containerIDs() []string {
@@ -749,7 +783,8 @@ func (iso *Isolator) ListContainers() []ContainerInfo {
 	out := make([]ContainerInfo, 0, len(iso.containers))
 	for id, c := range iso.containers {
 		out = append(out, ContainerInfo{
-			ID: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(), LastError: c.cp.GetLastError(),
+			ID: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(),
+			Manager: c.cp.GetRequest().GetManager(), LastError: c.cp.GetLastError(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })

@@ -19,6 +19,39 @@ import (
 // return the published volumes whose target path is not a mount, for
 // repairUnmounted. Anything locked is being handled by a live operation
 // and is skipped.
+// cleanUpGoneContainers cleans up, as their runtime's poststop would
+// have, the prepared containers that were given their volumes in a
+// process's mount namespace where no process is left: their runtime is done
+// with them, but its Cleanup never reached the agent (the agent was down
+// at poststop, or the runtime crashed). Their mounts went with the
+// namespace; what is left is their share of the volumes.
+func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins) {
+	// Listed after the containers (see Reconcile).
+	ids := iso.containerIDs()
+	inUse, err := iso.mounts.NamespacesInUse()
+	if err != nil {
+		iso.log.Warn("cannot tell which containers are gone", "error", err)
+		return
+	}
+	for _, id := range ids {
+		iso.withContainerIfFree(id, func(c *container) {
+			ns := c.cp.GetMountNamespace()
+			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || ns == 0 || stillRunning(ns, inUse, nil) != "" {
+				return
+			}
+			if p, ok := down.of(c.cp.GetRequest()); ok {
+				iso.log.Warn("leaving a gone container for a later pass: its plugin is down", "container", id, "plugin", p)
+				return
+			}
+			iso.log.Info("cleaning up a container whose processes are all gone: its runtime's cleanup never reached the agent", "container", id)
+			if err := iso.cleanupLocked(ctx, c, false); err != nil {
+				down.note(err)
+				iso.log.Warn("cleaning up a gone container", "container", id, "error", err)
+			}
+		})
+	}
+}
+
 func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarget {
 	if recovery || iso.rebuildLeft.Load() {
 		iso.rebuildLeft.Store(!iso.rebuildMissingVolumes())
@@ -48,6 +81,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarge
 			}
 		})
 	}
+	iso.cleanUpGoneContainers(ctx, down)
 	var unmounted []unmountedTarget
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated

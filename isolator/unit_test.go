@@ -630,7 +630,7 @@ func TestUnitRecoveryWithPluginDown(t *testing.T) {
 		t.Errorf("Pending() = %q; want the 2 containers and plugin loop", p)
 	}
 	w.plugins.setDown("loop", false)
-	resp := iso.Reconcile(ctx, nil)
+	resp := iso.Reconcile(ctx, nil, "")
 	if len(resp.Failed) > 0 || len(resp.CleanedUp) != 2 {
 		t.Errorf("Reconcile once the plugin is back: %v", resp)
 	}
@@ -801,8 +801,10 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 	}
 	iso = w.run(Config{})
 	for _, id := range []string{"c1", "c2", "c3", "c4"} {
-		c := containerOf(iso, id)
-		if prepared[id] != (c != nil) {
+		// A container prepared into a process's mount namespace is gone
+		// after a reboot (the namespace went): cleaned up at recovery.
+		want := prepared[id] && !(reboot && reqs[id].GetPid() != 0)
+		if c := containerOf(iso, id); want != (c != nil) {
 			t.Errorf("%s: prepared %v, after recovery %v", id, prepared[id], c)
 		}
 	}
@@ -817,7 +819,10 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 		}
 		w.check(iso)
 	}
-	if resp := iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+	// The containers end: a reconcile with none live cleans them up (one
+	// still running would be refused).
+	w.table.endAll()
+	if resp := iso.Reconcile(ctx, nil, ""); len(resp.Failed) > 0 {
 		t.Errorf("Reconcile after recovery: %v", resp.Failed)
 	}
 	w.checkEmpty(iso)
@@ -1392,7 +1397,7 @@ func TestUnitCleanupAfterRootfsRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	iso = w.run(Config{})
-	if resp := iso.Reconcile(ctx, nil); len(resp.Failed) > 0 {
+	if resp := iso.Reconcile(ctx, nil, ""); len(resp.Failed) > 0 {
 		t.Errorf("Reconcile of a container whose rootfs is gone: %v", resp.Failed)
 	}
 	w.checkEmpty(iso)
@@ -1597,4 +1602,70 @@ func TestUnitPluginErrorFirstLine(t *testing.T) {
 	if got := one.Error(); got != "plugin loop: NodeStageVolume of volume v: no space left" {
 		t.Errorf("Error() = %q", got)
 	}
+}
+
+// Reconcile with one manager's live list cleans up only that manager's
+// dead containers: a runc user's list never reaches a Podman container,
+// whose id it cannot contain (issue 26: a running Podman container's
+// volume was released), and the manager survives a restart in the record.
+func TestUnitReconcileScopedByManager(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	ctx := context.Background()
+	for _, c := range []struct{ id, manager string }{{"runc-live", ""}, {"runc-dead", ""}, {"podman-live", "libpod"}, {"crio-dead", "cri-o"}} {
+		req := w.request(c.id, vol{"loop", "vol-" + c.id, "/data", false})
+		req.Manager = c.manager
+		w.prepare(iso, req)
+	}
+	iso = w.run(Config{})
+	if got := containerOf(iso, "podman-live").Manager; got != "libpod" {
+		t.Fatalf("manager after a restart: %q", got)
+	}
+	resp := iso.Reconcile(ctx, []string{"runc-live"}, "")
+	if len(resp.Failed) > 0 || len(resp.CleanedUp) != 1 || resp.CleanedUp[0] != "runc-dead" {
+		t.Errorf("Reconcile of the unmanaged containers: %+v; want runc-dead only", resp)
+	}
+	resp = iso.Reconcile(ctx, nil, "cri-o")
+	if len(resp.Failed) > 0 || len(resp.CleanedUp) != 1 || resp.CleanedUp[0] != "crio-dead" {
+		t.Errorf("Reconcile of cri-o's containers: %+v; want crio-dead only", resp)
+	}
+	for _, id := range []string{"runc-live", "podman-live"} {
+		if c := containerOf(iso, id); c.Phase != statev1.ContainerCheckpoint_PREPARED {
+			t.Errorf("%s after the reconciles: %+v", id, c)
+		}
+	}
+}
+
+// TestUnitGoneContainerCleanedUp: a container prepared into a process's
+// mount namespace whose processes have all ended without a Cleanup (the
+// agent was down at poststop, the runtime crashed) is cleaned up by the
+// next resync pass, as poststop would have (before, it stayed PREPARED and
+// its volume published for good); while a process is in the namespace, a
+// Reconcile that leaves it out of its live list is refused for it (before,
+// it was cleaned up under its running processes).
+func TestUnitGoneContainerCleanedUp(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ctx := context.Background()
+	w.table.startProcess(crashPid, 77)
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	req.Pid = crashPid
+	w.prepare(iso, req)
+
+	resp := iso.Reconcile(ctx, nil, "")
+	if why := resp.Failed["c1"]; len(resp.CleanedUp) != 0 || !strings.Contains(why, fmt.Sprintf("it still runs: pid %d is in its mount namespace", crashPid)) {
+		t.Errorf("Reconcile without c1 while its process runs: %+v; want it refused, naming the pid", resp)
+	}
+	iso.resync(ctx, false)
+	if c := containerOf(iso, "c1"); c == nil || c.Phase != statev1.ContainerCheckpoint_PREPARED {
+		t.Fatalf("a resync while its process runs: %+v; want it kept", c)
+	}
+	w.check(iso)
+
+	w.table.endProcess(crashPid)
+	iso.resync(ctx, false)
+	if c := containerOf(iso, "c1"); c != nil {
+		t.Errorf("after its process ended, a resync left %+v", c)
+	}
+	w.checkEmpty(iso)
 }

@@ -40,8 +40,9 @@ type ContainerInfo struct {
 	ID     string
 	Phase  statev1.ContainerCheckpoint_Phase
 	Mounts []*statev1.ContainerMount
-	// Rootfs is the request's; LastError why its last operation failed.
-	Rootfs, LastError string
+	// Rootfs and Manager are the request's; LastError why its last
+	// operation failed.
+	Rootfs, Manager, LastError string
 }
 
 // ReconcileResult is what Reconcile cleaned up, and what it could not

@@ -208,3 +208,29 @@ func nsErr(path, op string, err error) error {
 	}
 	return &os.PathError{Op: op, Path: path, Err: err}
 }
+
+// NamespacesInUse returns the mount namespaces that have a process, each
+// with its lowest pid, from one pass over /proc. Processes whose namespace
+// cannot be read (gone meanwhile, or not the caller's to look at: EACCES)
+// are not counted.
+func NamespacesInUse() (map[uint64]int, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("listing processes: %w", err)
+	}
+	out := map[uint64]int{}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		ns, err := MountNamespace(pid)
+		if err != nil {
+			continue
+		}
+		if low, ok := out[ns]; !ok || pid < low {
+			out[ns] = pid
+		}
+	}
+	return out, nil
+}

@@ -855,8 +855,12 @@ func (x *ListNamedVolumesResponse) GetNext() string {
 }
 
 type ReconcileEngineMountsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LiveMountIds  []string               `protobuf:"bytes,1,rep,name=live_mount_ids,json=liveMountIds,proto3" json:"live_mount_ids,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	LiveMountIds []string               `protobuf:"bytes,1,rep,name=live_mount_ids,json=liveMountIds,proto3" json:"live_mount_ids,omitempty"`
+	// Whose mounts: docker, podman, or other (engines the agent did not
+	// recognise, and mounts recorded before it told engines apart).
+	// Required: one engine's mount ids say nothing of another's mounts.
+	Engine        string `protobuf:"bytes,2,opt,name=engine,proto3" json:"engine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -896,6 +900,13 @@ func (x *ReconcileEngineMountsRequest) GetLiveMountIds() []string {
 		return x.LiveMountIds
 	}
 	return nil
+}
+
+func (x *ReconcileEngineMountsRequest) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
 }
 
 type ReconcileEngineMountsResponse struct {
@@ -1250,8 +1261,13 @@ type PrepareRequest struct {
 	// (allow_annotations) and, while an engine mount holds it, sharing it
 	// (share_engine_mounts); PermissionDenied otherwise.
 	NamedMountsFromAnnotation bool `protobuf:"varint,8,opt,name=named_mounts_from_annotation,json=namedMountsFromAnnotation,proto3" json:"named_mounts_from_annotation,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// The container manager that created the container, as its OCI
+	// annotation io.container.manager says (libpod for Podman, cri-o); ""
+	// for any other caller. Reconcile considers only the containers of the
+	// manager it names.
+	Manager       string `protobuf:"bytes,9,opt,name=manager,proto3" json:"manager,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrepareRequest) Reset() {
@@ -1338,6 +1354,13 @@ func (x *PrepareRequest) GetNamedMountsFromAnnotation() bool {
 		return x.NamedMountsFromAnnotation
 	}
 	return false
+}
+
+func (x *PrepareRequest) GetManager() string {
+	if x != nil {
+		return x.Manager
+	}
+	return ""
 }
 
 type PrepareResponse struct {
@@ -2534,12 +2557,14 @@ func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
 }
 
 type ContainerStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
-	Phase         ContainerStatus_Phase  `protobuf:"varint,2,opt,name=phase,proto3,enum=csiagent.agent.v1.ContainerStatus_Phase" json:"phase,omitempty"`
-	Mounts        []*ContainerMount      `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	Rootfs        string                 `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
-	LastError     string                 `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Phase       ContainerStatus_Phase  `protobuf:"varint,2,opt,name=phase,proto3,enum=csiagent.agent.v1.ContainerStatus_Phase" json:"phase,omitempty"`
+	Mounts      []*ContainerMount      `protobuf:"bytes,3,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Rootfs      string                 `protobuf:"bytes,4,opt,name=rootfs,proto3" json:"rootfs,omitempty"`
+	LastError   string                 `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// PrepareRequest.manager.
+	Manager       string `protobuf:"bytes,6,opt,name=manager,proto3" json:"manager,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2609,11 +2634,22 @@ func (x *ContainerStatus) GetLastError() string {
 	return ""
 }
 
+func (x *ContainerStatus) GetManager() string {
+	if x != nil {
+		return x.Manager
+	}
+	return ""
+}
+
 type ReconcileRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	LiveContainerIds []string               `protobuf:"bytes,1,rep,name=live_container_ids,json=liveContainerIds,proto3" json:"live_container_ids,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Only containers of this manager (PrepareRequest.manager) are cleaned
+	// up: "" (the default) never touches a Podman or CRI-O container, nor
+	// any engine's named-volume mount (ReconcileEngineMounts is theirs).
+	Manager       string `protobuf:"bytes,2,opt,name=manager,proto3" json:"manager,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReconcileRequest) Reset() {
@@ -2651,6 +2687,13 @@ func (x *ReconcileRequest) GetLiveContainerIds() []string {
 		return x.LiveContainerIds
 	}
 	return nil
+}
+
+func (x *ReconcileRequest) GetManager() string {
+	if x != nil {
+		return x.Manager
+	}
+	return ""
 }
 
 type ReconcileResponse struct {
@@ -3523,9 +3566,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"maxEntries\"h\n" +
 	"\x18ListNamedVolumesResponse\x128\n" +
 	"\avolumes\x18\x01 \x03(\v2\x1e.csiagent.agent.v1.NamedVolumeR\avolumes\x12\x12\n" +
-	"\x04next\x18\x02 \x01(\tR\x04next\"D\n" +
+	"\x04next\x18\x02 \x01(\tR\x04next\"\\\n" +
 	"\x1cReconcileEngineMountsRequest\x12$\n" +
-	"\x0elive_mount_ids\x18\x01 \x03(\tR\fliveMountIds\"\xcc\x01\n" +
+	"\x0elive_mount_ids\x18\x01 \x03(\tR\fliveMountIds\x12\x16\n" +
+	"\x06engine\x18\x02 \x01(\tR\x06engine\"\xcc\x01\n" +
 	"\x1dReconcileEngineMountsResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x03(\tR\breleased\x12T\n" +
 	"\x06failed\x18\x02 \x03(\v2<.csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntryR\x06failed\x1a9\n" +
@@ -3585,7 +3629,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\xc3\x02\n" +
+	"\x05VALUE\x10\x02\"\xdd\x02\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.agent.v1.VolumeR\avolumes\x12\x16\n" +
@@ -3594,7 +3638,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12@\n" +
 	"\fnamed_mounts\x18\a \x03(\v2\x1d.csiagent.agent.v1.NamedMountR\vnamedMounts\x12?\n" +
-	"\x1cnamed_mounts_from_annotation\x18\b \x01(\bR\x19namedMountsFromAnnotation\"L\n" +
+	"\x1cnamed_mounts_from_annotation\x18\b \x01(\bR\x19namedMountsFromAnnotation\x12\x18\n" +
+	"\amanager\x18\t \x01(\tR\amanager\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
 	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\x94\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
@@ -3726,21 +3771,23 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x16ListContainersResponse\x12B\n" +
 	"\n" +
 	"containers\x18\x01 \x03(\v2\".csiagent.agent.v1.ContainerStatusR\n" +
-	"containers\"\xad\x02\n" +
+	"containers\"\xc7\x02\n" +
 	"\x0fContainerStatus\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12>\n" +
 	"\x05phase\x18\x02 \x01(\x0e2(.csiagent.agent.v1.ContainerStatus.PhaseR\x05phase\x129\n" +
 	"\x06mounts\x18\x03 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\x12\x16\n" +
 	"\x06rootfs\x18\x04 \x01(\tR\x06rootfs\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x05 \x01(\tR\tlastError\"E\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12\x18\n" +
+	"\amanager\x18\x06 \x01(\tR\amanager\"E\n" +
 	"\x05Phase\x12\x11\n" +
 	"\rPHASE_UNKNOWN\x10\x00\x12\r\n" +
 	"\tPREPARING\x10\x01\x12\f\n" +
 	"\bPREPARED\x10\x02\x12\f\n" +
-	"\bCLEANING\x10\x03\"@\n" +
+	"\bCLEANING\x10\x03\"Z\n" +
 	"\x10ReconcileRequest\x12,\n" +
-	"\x12live_container_ids\x18\x01 \x03(\tR\x10liveContainerIds\"\xb7\x01\n" +
+	"\x12live_container_ids\x18\x01 \x03(\tR\x10liveContainerIds\x12\x18\n" +
+	"\amanager\x18\x02 \x01(\tR\amanager\"\xb7\x01\n" +
 	"\x11ReconcileResponse\x12\x1d\n" +
 	"\n" +
 	"cleaned_up\x18\x01 \x03(\tR\tcleanedUp\x12H\n" +

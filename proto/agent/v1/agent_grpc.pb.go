@@ -91,8 +91,8 @@ type AgentClient interface {
 	GetNamedVolume(ctx context.Context, in *GetNamedVolumeRequest, opts ...grpc.CallOption) (*NamedVolume, error)
 	// ListNamedVolumes lists them by name, a page at a time.
 	ListNamedVolumes(ctx context.Context, in *ListNamedVolumesRequest, opts ...grpc.CallOption) (*ListNamedVolumesResponse, error)
-	// ReconcileEngineMounts releases every engine mount whose id is not in
-	// live_mount_ids: what a crashed engine forgot. Root only.
+	// ReconcileEngineMounts releases every mount of one engine whose id is
+	// not in live_mount_ids: what a crashed engine forgot. Root only.
 	ReconcileEngineMounts(ctx context.Context, in *ReconcileEngineMountsRequest, opts ...grpc.CallOption) (*ReconcileEngineMountsResponse, error)
 }
 
@@ -313,8 +313,8 @@ type AgentServer interface {
 	GetNamedVolume(context.Context, *GetNamedVolumeRequest) (*NamedVolume, error)
 	// ListNamedVolumes lists them by name, a page at a time.
 	ListNamedVolumes(context.Context, *ListNamedVolumesRequest) (*ListNamedVolumesResponse, error)
-	// ReconcileEngineMounts releases every engine mount whose id is not in
-	// live_mount_ids: what a crashed engine forgot. Root only.
+	// ReconcileEngineMounts releases every mount of one engine whose id is
+	// not in live_mount_ids: what a crashed engine forgot. Root only.
 	ReconcileEngineMounts(context.Context, *ReconcileEngineMountsRequest) (*ReconcileEngineMountsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }

@@ -615,7 +615,11 @@ type PrepareRequest struct {
 	User string `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
 	// The pid of a process in the container's mount namespace: mounts are
 	// made inside that namespace.
-	Pid           int32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid int32 `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
+	// The container manager that created the container (libpod, cri-o), ""
+	// for others: Reconcile is scoped by it. Records written before it
+	// existed have "".
+	Manager       string `protobuf:"bytes,9,opt,name=manager,proto3" json:"manager,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -690,6 +694,13 @@ func (x *PrepareRequest) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *PrepareRequest) GetManager() string {
+	if x != nil {
+		return x.Manager
+	}
+	return ""
 }
 
 // Volume is one volume a container asks for (Mesos's Volume, the CSI
@@ -1404,14 +1415,15 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\rPHASE_UNKNOWN\x10\x00\x12\r\n" +
 	"\tPREPARING\x10\x01\x12\f\n" +
 	"\bPREPARED\x10\x02\x12\f\n" +
-	"\bCLEANING\x10\x03\"\xc0\x01\n" +
+	"\bCLEANING\x10\x03\"\xda\x01\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.state.v1.VolumeR\avolumes\x12\x16\n" +
 	"\x06rootfs\x18\x03 \x01(\tR\x06rootfs\x12\x18\n" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
-	"\x03pid\x18\x06 \x01(\x05R\x03pid\"\xaf\x03\n" +
+	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12\x18\n" +
+	"\amanager\x18\t \x01(\tR\amanager\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.state.v1.Volume.ModeR\x04mode\x128\n" +
