@@ -300,13 +300,13 @@ func (e *env) containersCmd(fs *pflag.FlagSet) runFunc {
 	return e.withAgent(fs, func(ctx context.Context, client agentv1.AgentClient, output string, _ []string) error {
 		resp, err := client.ListContainers(ctx, &agentv1.ListContainersRequest{})
 		return printReply(e.stdout, output, resp, err, func() error {
-			tw := newTable(e.stdout, "CONTAINER\tPHASE\tVOLUMES\tERROR")
+			tw := newTable(e.stdout, "CONTAINER\tPHASE\tMANAGER\tVOLUMES\tERROR")
 			for _, c := range resp.GetContainers() {
 				var vols []string
 				for _, m := range c.GetMounts() {
 					vols = append(vols, m.GetVolumeId()+"→"+m.GetContainerPath())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.GetContainerId(), c.GetPhase(), orDash(strings.Join(vols, " ")), orDash(oneLine(c.GetLastError())))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", c.GetContainerId(), c.GetPhase(), orDash(c.GetManager()), orDash(strings.Join(vols, " ")), orDash(oneLine(c.GetLastError())))
 			}
 			return tw.Flush()
 		})

@@ -178,7 +178,7 @@ func TestAPIGroupLeastPrivilege(t *testing.T) {
 			`user "0:0" is uid 0`},
 		{"oci-hook with pid 1 (the host's namespace)", func() (string, error) { return hook("m-pid1", 1, rootfs("p1"), vol) },
 			"pid 1 is not the caller's process"},
-		{"reconcile", func() (string, error) { return run(member, nil, "reconcile", "--api-socket", socket) },
+		{"reconcile", func() (string, error) { return run(member, nil, "reconcile", "--live", "", "--api-socket", socket) },
 			"only root may call it"},
 		{"cleanup of root's container", func() (string, error) { return run(member, nil, "cleanup", "--api-socket", socket, "root-c") },
 			`its rootfs "` + rootDir + `" is not under any --api-group-roots prefix`},
