@@ -119,6 +119,12 @@ type Config struct {
 	// DockerPluginSocket, when set, is where Run serves Docker's volume
 	// plugin protocol for the named volumes (see package dockerplugin).
 	DockerPluginSocket string
+	// DockerHost, when set (unix:///path), is the Docker daemon whose
+	// containers the agent checks every ResyncInterval, releasing Docker's
+	// mounts of volumes no container of it holds any more (what dockerd
+	// forgets when it is killed). A daemon that does not answer is
+	// skipped: nothing is released on a guess.
+	DockerHost string
 
 	Logger *slog.Logger
 }

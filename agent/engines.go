@@ -1,16 +1,21 @@
 package agent
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
+	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
@@ -95,6 +100,13 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	stopChecking := func() {}
+	if a.cfg.DockerHost != "" {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); a.checkDocker(ctx) }()
+		stopChecking = func() { cancel(); <-done }
+	}
 	// Peer credentials are checked as on the API socket; the limits bound
 	// each connection's time and how many are served at once.
 	lim := dockerplugin.DefaultLimits
@@ -102,7 +114,54 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	hs.ConnContext = apiserver.ConnContext
 	hs.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelError)
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
-	return a.serveHTTP(hs, lim.Listener(lis), "docker volume plugin"), nil
+	stopServing := a.serveHTTP(hs, lim.Listener(lis), "docker volume plugin")
+	return func() { stopChecking(); stopServing() }, nil
+}
+
+// dockerCheckTimeout bounds one look at Docker's containers.
+const dockerCheckTimeout = 10 * time.Second
+
+// checkDocker releases, every resync interval until ctx ends, Docker's
+// mounts of volumes that no container of the Docker daemon at DockerHost
+// holds any more, last mounted more than two intervals ago. A daemon that
+// does not answer is logged when that changes, and nothing is released.
+func (a *Agent) checkDocker(ctx context.Context) {
+	interval := cmp.Or(a.cfg.ResyncInterval, isolator.DefaultResyncInterval)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	lastErr := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, dockerCheckTimeout)
+		known, inUse, err := dockerplugin.DockerVolumes(qctx, a.cfg.DockerHost)
+		cancel()
+		if err != nil {
+			if msg := err.Error(); msg != lastErr {
+				level := slog.LevelWarn
+				if errors.Is(err, syscall.ENOENT) {
+					level = slog.LevelDebug // no Docker on this host
+				}
+				a.log.Log(ctx, level, "cannot ask Docker which volumes its containers hold; its mounts are kept", "docker_host", a.cfg.DockerHost, "error", err)
+				lastErr = msg
+			}
+			continue
+		}
+		lastErr = ""
+		released, failed := a.named.ReleaseUnused(ctx, dockerplugin.EngineDocker, known, inUse, 2*interval)
+		for _, r := range released {
+			a.log.Info("released a Docker mount no container of it holds (dockerd forgot it)", "mount", r)
+		}
+		for m, why := range failed {
+			a.log.Warn("releasing a Docker mount no container of it holds", "mount", m, "error", why)
+		}
+		if len(released) > 0 {
+			a.pokeSchedules()
+		}
+	}
 }
 
 // engineTagged tells the handler which engine calls (dockerplugin.WithEngine),

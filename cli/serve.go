@@ -50,7 +50,8 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
-	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker, Podman and 'csi-agent volume' (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
+	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker and Podman (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
+	fs.StringVar(&cfg.DockerHost, "docker-host", defaultDockerHost, "the Docker daemon whose containers are checked every --resync-interval: its mounts of volumes none of them holds any more (dockerd was killed) are released (\"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
 		cfg.NoRepair = !*repair
 		roots, err := apiserver.ParseRoots(*apiGroupRoots)
@@ -67,8 +68,14 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	}
 }
 
+// defaultDockerHost is Docker's own default socket.
+const defaultDockerHost = "unix:///var/run/docker.sock"
+
 // serve runs the daemon until ctx ends.
 func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
+	if cfg.DockerHost == "none" {
+		cfg.DockerHost = ""
+	}
 	switch cfg.DockerPluginSocket {
 	case "":
 		cfg.DockerPluginSocket = filepath.Join(cfg.RuntimeDir, "docker-plugin.sock")

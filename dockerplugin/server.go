@@ -90,6 +90,9 @@ type user struct {
 	// Engine is the engine that mounted it (WithEngine: docker, podman),
 	// "" when unknown (records written before engines were told apart).
 	Engine string `json:"engine,omitempty"`
+	// MountedAt is the time of its last Mount (zero in records written
+	// before it was kept).
+	MountedAt time.Time `json:"mounted_at,omitzero"`
 }
 
 // Engines the agent tells apart by the peer of the volume plugin socket.
@@ -337,7 +340,7 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		// isolator's recovery) never answered the engine: not a user.
 		u = nil
 	}
-	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: engineOf(ctx)}
+	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: engineOf(ctx), MountedAt: time.Now()}
 	if u != nil {
 		next.Count = u.Count + 1
 	}
@@ -400,7 +403,7 @@ func (s *Server) Unmount(ctx context.Context, req *volume.UnmountRequest) error 
 		return nil
 	}
 	if u.Count > 1 {
-		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1, Engine: u.Engine}
+		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1, Engine: u.Engine, MountedAt: u.MountedAt}
 		if err := s.record(ctx, cid, next); err != nil {
 			return err
 		}
@@ -435,45 +438,67 @@ func (s *Server) Reconcile(ctx context.Context, engine string, live []string) (r
 	for _, id := range live {
 		isLive[id] = true
 	}
+	return s.releaseWhere(ctx, func(u *user) bool { return u.Engine == engine && !isLive[u.ID] })
+}
+
+// ReleaseUnused releases, whatever their counts, the engine's mounts of
+// volumes the engine knows (known, by name) but no container of it uses
+// (inUse), last mounted more than grace ago (a docker cp of a stopped
+// container mounts for the length of its copy): what the engine forgot
+// when it was killed with containers running. A volume the engine does not
+// know is another daemon's (a second dockerd): kept. Returns as Reconcile.
+func (s *Server) ReleaseUnused(ctx context.Context, engine string, known, inUse map[string]bool, grace time.Duration) (released []string, failed map[string]string) {
+	return s.releaseWhere(ctx, func(u *user) bool {
+		return u.Engine == engine && known[u.Name] && !inUse[u.Name] && time.Since(u.MountedAt) > grace
+	})
+}
+
+// releaseWhere releases the engine mounts gone says are gone, asking it
+// again under each name's lock.
+func (s *Server) releaseWhere(ctx context.Context, gone func(*user) bool) (released []string, failed map[string]string) {
 	s.mu.Lock()
-	var gone []user
+	var candidates []user
 	for _, u := range s.users {
-		if u.Engine == engine && !isLive[u.ID] {
-			gone = append(gone, *u)
+		if gone(u) {
+			candidates = append(candidates, *u)
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(gone, func(i, j int) bool { return gone[i].Name+gone[i].ID < gone[j].Name+gone[j].ID })
+	sort.Slice(candidates, func(i, j int) bool {
+		return candidates[i].Name+candidates[i].ID < candidates[j].Name+candidates[j].ID
+	})
 	released, failed = []string{}, map[string]string{}
-	for _, u := range gone {
-		if err := s.release(ctx, u.Name, u.ID); err != nil {
+	for _, u := range candidates {
+		ok, err := s.release(ctx, u.Name, u.ID, gone)
+		switch {
+		case err != nil:
 			failed[u.Name+"/"+u.ID] = err.Error()
-			continue
+		case ok:
+			released = append(released, u.Name+"/"+u.ID)
 		}
-		released = append(released, u.Name+"/"+u.ID)
 	}
 	return released, failed
 }
 
-// release drops every count of one engine mount.
-func (s *Server) release(ctx context.Context, name, id string) error {
+// release drops every count of one engine mount if gone still says so.
+func (s *Server) release(ctx context.Context, name, id string, gone func(*user) bool) (bool, error) {
 	unlock, err := s.lock(ctx, name)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	cid := containerID(name, id)
 	s.mu.Lock()
 	u := s.users[cid]
 	s.mu.Unlock()
-	if u == nil {
-		return nil
+	if u == nil || !gone(u) {
+		return false, nil
 	}
 	if err := s.releaseLocked(ctx, cid, name); err != nil {
-		return err
+		return false, err
 	}
-	s.log.Info("released an engine mount the engine no longer uses", "volume", name, "mount_id", id, "count", u.Count)
-	return nil
+	s.log.Info("released an engine mount the engine no longer uses", "volume", name, "mount_id", id, "engine", u.Engine, "count", u.Count)
+	return true, nil
 }
 
 // mountpoint is where a volume is mounted for the engine (its first

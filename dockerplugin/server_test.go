@@ -449,3 +449,39 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ReleaseUnused releases Docker's mounts of volumes Docker knows and no
+// container of it holds, once their last Mount is older than the grace;
+// not another engine's, not a volume Docker does not know (another
+// daemon's), not one a container holds.
+func TestReleaseUnused(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	for _, name := range []string{"held", "forgotten", "elsewhere"} {
+		if err := s.Define(ctx, name, map[string]string{"plugin": "p", "volume_id": name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	docker := WithEngine(ctx, EngineDocker)
+	for _, m := range []struct {
+		ctx      context.Context
+		name, id string
+	}{{docker, "held", "m1"}, {docker, "forgotten", "m2"}, {docker, "elsewhere", "m3"}, {WithEngine(ctx, EnginePodman), "forgotten", "m4"}} {
+		if _, err := s.Mount(m.ctx, &volume.MountRequest{Name: m.name, ID: m.id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	known := map[string]bool{"held": true, "forgotten": true, "data": true}
+	inUse := map[string]bool{"held": true}
+	if released, failed := s.ReleaseUnused(ctx, EngineDocker, known, inUse, time.Hour); len(released) != 0 || len(failed) != 0 {
+		t.Errorf("within the grace: released %v, failed %v", released, failed)
+	}
+	released, failed := s.ReleaseUnused(ctx, EngineDocker, known, inUse, 0)
+	if len(failed) != 0 || len(released) != 1 || released[0] != "forgotten/m2" {
+		t.Errorf("released %v, failed %v; want forgotten/m2 only", released, failed)
+	}
+	if len(b.containers) != 3 {
+		t.Errorf("%d engine mounts left, want 3 (held, elsewhere, Podman's)", len(b.containers))
+	}
+}

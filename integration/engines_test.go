@@ -240,6 +240,8 @@ type env struct {
 	agent                      *exec.Cmd
 	agentDone                  chan struct{}
 	logs                       *os.File
+	// serveArgs are more flags of csi-agent serve.
+	serveArgs []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -256,11 +258,11 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func newEnvFor(t *testing.T) *env {
+func newEnvFor(t *testing.T, serveArgs ...string) *env {
 	t.Helper()
 	dir := testhelp.LeakCheckedDir(t)
 	e := &env{t: t, dir: dir, pool: filepath.Join(dir, "pool"), conf: filepath.Join(dir, "conf"),
-		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run")}
+		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run"), serveArgs: serveArgs}
 	e.socket = filepath.Join(e.run, "docker-plugin.sock")
 	for _, d := range []string{e.pool, e.conf} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -313,7 +315,7 @@ func newEnvFor(t *testing.T) *env {
 // startAgent runs csi-agent serve and waits for its plugin socket.
 func (e *env) startAgent() {
 	e.t.Helper()
-	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", e.conf, "--work-dir", e.work, "--runtime-dir", e.run)
+	cmd := exec.Command(bins.agent, append([]string{"serve", "--csi-plugin-config-dir", e.conf, "--work-dir", e.work, "--runtime-dir", e.run}, e.serveArgs...)...)
 	cmd.Stdout, cmd.Stderr = e.logs, e.logs
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
