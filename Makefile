@@ -44,11 +44,12 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-install: build ## install the binaries to $(PREFIX)/bin, the systemd unit to $(UNITDIR), the Podman/CRI-O hook, the Docker plugin spec and Podman's containers.conf.d drop-in (DESTDIR honoured)
+install: build ## install the binaries to $(PREFIX)/bin, the systemd unit and its socket units to $(UNITDIR), the Podman/CRI-O hook, the Docker plugin spec and Podman's containers.conf.d drop-in (DESTDIR honoured)
 	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
 	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
 	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)$(UNITDIR)/csi-agent.service
+	install -m 0644 deploy/csi-agent-api.socket deploy/csi-agent-docker-plugin.socket $(DESTDIR)$(UNITDIR)/
 	install -d -m 0755 $(DESTDIR)/etc/csi-agent/plugins.d
 	install -D -m 0644 deploy/oci-hooks.d/csi-agent.json $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json

@@ -119,6 +119,13 @@ type Config struct {
 	// DockerPluginSocket, when set, is where Run serves Docker's volume
 	// plugin protocol for the named volumes (see package dockerplugin).
 	DockerPluginSocket string
+	// Activated are listening sockets the process was given (systemd
+	// socket activation), by their FileDescriptorName: ActivatedAPI is
+	// served as the API socket and ActivatedDockerPlugin as the Docker
+	// volume plugin socket, each of which must listen at APISocket and
+	// DockerPluginSocket. Their files stay when the agent stops: calls
+	// made while it restarts wait in their backlog instead of failing.
+	Activated map[string]*os.File
 	// DockerHost, when set (unix:///path), is the Docker daemon whose
 	// containers the agent checks every ResyncInterval, releasing Docker's
 	// mounts of volumes no container of it holds any more (what dockerd
@@ -306,7 +313,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		stopEngines()
 		return err
 	}
-	defer os.Remove(a.cfg.APISocket)
+	if _, activated := a.cfg.Activated[ActivatedAPI]; !activated {
+		defer os.Remove(a.cfg.APISocket)
+	}
+	for name, f := range a.cfg.Activated {
+		if name != ActivatedAPI && (name != ActivatedDockerPlugin || a.cfg.DockerPluginSocket == "") {
+			a.log.Warn("ignoring a socket systemd passed: its name is none of the agent's", "name", name, "want", ActivatedAPI+", "+ActivatedDockerPlugin)
+			f.Close()
+		}
+	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -442,13 +457,28 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 
 // listen creates the API socket: 0600 root (0660 root:APIGroup).
 func (a *Agent) listen() (net.Listener, error) {
-	return a.listenUnix(a.cfg.APISocket, "API socket")
+	return a.listenUnix(a.cfg.APISocket, "API socket", ActivatedAPI)
 }
 
-// listenUnix creates one of the agent's sockets: 0600 root (0660
-// root:APIGroup).
-func (a *Agent) listenUnix(path, what string) (net.Listener, error) {
-	lis, err := unixsock.Listen(path, unixsock.Owner{GID: a.cfg.APIGroup})
+// Names of the sockets in Config.Activated.
+const (
+	ActivatedAPI          = "api"
+	ActivatedDockerPlugin = "docker-plugin"
+)
+
+// listenUnix creates one of the agent's sockets, or takes the one
+// activated under name: 0600 root (0660 root:APIGroup).
+func (a *Agent) listenUnix(path, what, name string) (net.Listener, error) {
+	o := unixsock.Owner{GID: a.cfg.APIGroup}
+	var lis net.Listener
+	var err error
+	if f, ok := a.cfg.Activated[name]; ok {
+		if lis, err = unixsock.Inherit(f, path, o); err == nil {
+			a.log.Info("serving on a socket systemd passed", "socket", path, "name", name)
+		}
+	} else {
+		lis, err = unixsock.Listen(path, o)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

@@ -96,7 +96,7 @@ func (a *Agent) startEngines() (stop func(), err error) {
 	if a.cfg.DockerPluginSocket == "" {
 		return func() {}, nil
 	}
-	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket")
+	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket", ActivatedDockerPlugin)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/spf13/pflag"
 
 	"github.com/csiagent/csiagent/agent"
@@ -75,6 +76,15 @@ const defaultDockerHost = "unix:///var/run/docker.sock"
 func (e *env) serve(ctx context.Context, name string, cfg agent.Config, apiGroup, logFormat, logLevel string) int {
 	if cfg.DockerHost == "none" {
 		cfg.DockerHost = ""
+	}
+	// systemd socket activation (deploy/csi-agent-*.socket): the
+	// sockets, by FileDescriptorName.
+	cfg.Activated = map[string]*os.File{}
+	for name, files := range activation.FilesWithNames() {
+		cfg.Activated[name] = files[0]
+		for _, extra := range files[1:] {
+			extra.Close()
+		}
 	}
 	switch cfg.DockerPluginSocket {
 	case "":

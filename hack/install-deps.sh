@@ -21,6 +21,8 @@ declare -A want=(
 	# The container engine tests (package integration) run real engines.
 	[dockerd]=docker.io
 	[podman]=podman
+	# TestDockerCallsWaitForAgentRestart reads a socket's backlog.
+	[ss]=iproute2
 )
 missing=()
 for cmd in "${!want[@]}"; do

@@ -124,7 +124,7 @@ func (d *ownDockerd) docker(args ...string) string {
 // removed. Before, it stayed published for good ("unmount it first").
 func TestDockerdKilledReleasesVolume(t *testing.T) {
 	d := startOwnDockerd(t)
-	e := newEnvFor(t, "--docker-host", d.host, "--resync-interval", "200ms")
+	e := newEnvFor(t, func(e *env) { e.serveArgs = []string{"--docker-host", d.host, "--resync-interval", "200ms"} })
 	t.Cleanup(func() { exec.Command("docker", "-H", d.host, "rm", "-f", "-v", "holder").Run() })
 	e.loopVolume("vol1")
 	d.docker("volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")

@@ -10,10 +10,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -240,8 +242,10 @@ type env struct {
 	agent                      *exec.Cmd
 	agentDone                  chan struct{}
 	logs                       *os.File
-	// serveArgs are more flags of csi-agent serve.
+	// serveArgs are more flags of csi-agent serve; activated, listening
+	// sockets it is given as systemd would (LISTEN_FDS), by name.
 	serveArgs []string
+	activated map[string]*os.File
 }
 
 func newEnv(t *testing.T) *env {
@@ -258,12 +262,16 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func newEnvFor(t *testing.T, serveArgs ...string) *env {
+// newEnvFor makes an env whose agent is started once setups ran.
+func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 	t.Helper()
 	dir := testhelp.LeakCheckedDir(t)
 	e := &env{t: t, dir: dir, pool: filepath.Join(dir, "pool"), conf: filepath.Join(dir, "conf"),
-		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run"), serveArgs: serveArgs}
+		work: filepath.Join(dir, "work"), run: filepath.Join(dir, "run")}
 	e.socket = filepath.Join(e.run, "docker-plugin.sock")
+	for _, setup := range setups {
+		setup(e)
+	}
 	for _, d := range []string{e.pool, e.conf} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -316,6 +324,17 @@ func newEnvFor(t *testing.T, serveArgs ...string) *env {
 func (e *env) startAgent() {
 	e.t.Helper()
 	cmd := exec.Command(bins.agent, append([]string{"serve", "--csi-plugin-config-dir", e.conf, "--work-dir", e.work, "--runtime-dir", e.run}, e.serveArgs...)...)
+	if len(e.activated) > 0 {
+		// As systemd passes sockets: from fd 3, named, for this pid
+		// (the shell's, which execs the agent).
+		cmd = exec.Command("sh", append([]string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`}, cmd.Args...)...)
+		var names []string
+		for name, f := range e.activated {
+			names = append(names, name)
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		}
+		cmd.Env = append(os.Environ(), "LISTEN_FDS="+strconv.Itoa(len(names)), "LISTEN_FDNAMES="+strings.Join(names, ":"))
+	}
 	cmd.Stdout, cmd.Stderr = e.logs, e.logs
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -902,6 +921,76 @@ func TestReconcileScopedToItsEngine(t *testing.T) {
 	if v := e.inspect("hooked"); v.GetState() != "PUBLISHED" || v.GetContainers() != 1 {
 		t.Errorf("the hook container's volume after the reconciles: %v", v)
 	}
+}
+
+// TestDockerCallsWaitForAgentRestart: with the agent's sockets made by
+// systemd (socket activation), a docker run -v while the agent restarts
+// waits in the plugin socket's backlog and succeeds once the next agent
+// serves. Before, the agent deleted its socket on shutdown and Docker
+// stalled 15 s and failed.
+func TestDockerCallsWaitForAgentRestart(t *testing.T) {
+	needDocker(t)
+	e := newEnvFor(t, func(e *env) {
+		if err := os.MkdirAll(e.run, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e.activated = map[string]*os.File{}
+		for name, path := range map[string]string{"api": filepath.Join(e.run, "agent.sock"), "docker-plugin": e.socket} {
+			lis, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := lis.(*net.UnixListener).File()
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis.(*net.UnixListener).SetUnlinkOnClose(false)
+			lis.Close() // f keeps the socket listening, as systemd does
+			t.Cleanup(func() { f.Close(); os.Remove(path) })
+			e.activated[name] = f
+		}
+	})
+	t.Cleanup(func() {
+		if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
+			dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
+		}
+	})
+	e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	e.stopAgent()
+	if _, err := os.Stat(e.socket); err != nil {
+		t.Fatalf("the stopped agent removed the socket systemd made: %v", err)
+	}
+	run := exec.Command("docker", "-H", dockerHost, "run", "--rm", "--network", "none", "-v", "data:/data", image, "sh", "-c", "echo waited > /data/f && cat /data/f")
+	var out bytes.Buffer
+	run.Stdout, run.Stderr = &out, &out
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Docker's call to the plugin waits in the socket's backlog.
+	deadline := time.Now().Add(waitTimeout)
+	for !pendingConnection(t, e.socket) {
+		if time.Now().After(deadline) {
+			t.Fatalf("docker run made no call to the plugin socket while the agent was down: %s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.startAgent()
+	if err := run.Wait(); err != nil || strings.TrimSpace(out.String()) != "waited" {
+		t.Fatalf("docker run during the agent's restart: %v\n%s", err, out.String())
+	}
+}
+
+// pendingConnection reports whether the listening unix socket at path has
+// a connection waiting to be accepted (ss's Recv-Q of a listener).
+func pendingConnection(t *testing.T, path string) bool {
+	t.Helper()
+	out, err := exec.Command("ss", "-xlnH", "src", path).Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	f := strings.Fields(string(out))
+	return len(f) > 2 && f[2] != "0"
 }
 
 var enginePairs = flag.Int("engine-pairs", 2, "TestDockerRunOverhead: pairs of docker runs timed (make bench: 20)")

@@ -24,12 +24,29 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "csi-agent.service")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "csi-agent.service")
 	if err := os.WriteFile(path, bytes.ReplaceAll(unit, []byte("/usr/local/bin/csi-agent"), []byte(bins.agent)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Its sockets, which it names (Sockets=), verified with it.
+	paths := []string{path}
+	for _, name := range []string{"csi-agent-api.socket", "csi-agent-docker-plugin.socket"} {
+		b, err := os.ReadFile(filepath.Join("../deploy", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(unit, []byte(name)) || !bytes.Contains(b, []byte("SocketMode=0600")) {
+			t.Errorf("%s: not in the service's Sockets=, or not SocketMode=0600", name)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
 	var stderr bytes.Buffer
-	cmd := exec.Command(analyze, "verify", path)
+	cmd := exec.Command(analyze, append([]string{"verify"}, paths...)...)
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil || stderr.Len() > 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, stderr.String())

@@ -162,3 +162,27 @@ func kind(m fs.FileMode) string {
 		return "special file"
 	}
 }
+
+// Inherit makes a listener of f, a listening unix socket another process
+// made and passed down (systemd socket activation), which must be bound
+// at path; the socket file gets o's owner and mode. Closing the listener
+// leaves the file: it belongs to whoever made it (connections made while
+// no one accepts wait in its backlog).
+func Inherit(f *os.File, path string, o Owner) (net.Listener, error) {
+	defer f.Close() // the listener has a copy
+	lis, err := net.FileListener(f)
+	if err != nil {
+		return nil, fmt.Errorf("inherited socket %s: %w", f.Name(), err)
+	}
+	ul, ok := lis.(*net.UnixListener)
+	if !ok || ul.Addr().String() != path {
+		lis.Close()
+		return nil, fmt.Errorf("inherited socket %s listens on %s, not %s: make the socket unit's ListenStream and the agent's flag agree", f.Name(), lis.Addr(), path)
+	}
+	ul.SetUnlinkOnClose(false)
+	if err := setOwner(path, o); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return ul, nil
+}
