@@ -44,13 +44,16 @@ build: ## build bin/csi-agent and bin/csi-loop-plugin with the version injected
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINARIES))
 
-install: build ## install the binaries to $(PREFIX)/bin, the systemd unit and its socket units to $(UNITDIR), the Podman/CRI-O hook, the Docker plugin spec and Podman's containers.conf.d drop-in (DESTDIR honoured)
+install: build ## install the binaries to $(PREFIX)/bin, the systemd unit and its socket units to $(UNITDIR), the Podman/CRI-O hook, the Docker plugin spec, Podman's containers.conf.d drop-in and, unless there is one, the loop plugin's config (DESTDIR honoured)
 	install -D -m 0755 bin/csi-agent $(DESTDIR)$(PREFIX)/bin/csi-agent
 	install -D -m 0755 bin/csi-loop-plugin $(DESTDIR)$(PREFIX)/bin/csi-loop-plugin
 	install -D -m 0644 deploy/csi-agent.service $(DESTDIR)$(UNITDIR)/csi-agent.service
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)$(UNITDIR)/csi-agent.service
 	install -m 0644 deploy/csi-agent-api.socket deploy/csi-agent-docker-plugin.socket $(DESTDIR)$(UNITDIR)/
 	install -d -m 0755 $(DESTDIR)/etc/csi-agent/plugins.d
+	@# The bundled loop plugin, unless a loop.json is there already (an
+	@# edited one is kept); remove it if this host has no use for it.
+	[ -e $(DESTDIR)/etc/csi-agent/plugins.d/loop.json ] || sed 's|/usr/local/bin/|$(PREFIX)/bin/|' testdata/plugins/loop.json > $(DESTDIR)/etc/csi-agent/plugins.d/loop.json
 	install -D -m 0644 deploy/oci-hooks.d/csi-agent.json $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
 	sed -i 's|/usr/local/bin/csi-agent|$(PREFIX)/bin/csi-agent|' $(DESTDIR)/usr/share/containers/oci/hooks.d/csi-agent.json
 	install -D -m 0644 deploy/docker-plugins/csi-agent.spec $(DESTDIR)/etc/docker/plugins/csi-agent.spec

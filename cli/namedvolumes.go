@@ -67,6 +67,8 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	str(namedvol.KeyAccessMode, "CSI access mode (default SINGLE_NODE_WRITER; a READER_ONLY mode mounts read-only)")
 	str(namedvol.KeyStageSecret, "NodeStage secret reference NAME/KEY in the agent's --secrets-dir")
 	str(namedvol.KeyPublishSecret, "NodePublish secret reference NAME/KEY in the agent's --secrets-dir")
+	str(namedvol.KeyUID, "with --gid: the user engine containers run as (docker run -u UID:GID); a fresh volume's root is given to them")
+	str(namedvol.KeyGID, "with --uid: their group")
 	block := fs.Bool("block", false, "a raw block volume (engines refuse to mount these)")
 	allowAnnotations := fs.Bool("allow-annotations", false, "let containers name the volume in the "+MountsAnnotation+" annotation, which whoever may create a container (with CRI-O, a pod) can set (default: refused)")
 	shareEngineMounts := fs.Bool("share-engine-mounts", false, "with --allow-annotations: let annotation users have the volume while engine mounts (docker run -v) hold it (default: refused)")

@@ -355,7 +355,7 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 			return nil, fmt.Errorf("creating the mount directory: %w", err)
 		}
 		return s.cfg.Backend.Prepare(ctx, &agentv1.PrepareRequest{
-			ContainerId: cid, Rootfs: root, Volumes: []*agentv1.Volume{d.Volume(mountDir, false)},
+			ContainerId: cid, Rootfs: root, Volumes: []*agentv1.Volume{d.Volume(mountDir, false)}, User: d.EngineUser(),
 		})
 	}()
 	if err != nil {

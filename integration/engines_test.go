@@ -923,6 +923,27 @@ func TestReconcileScopedToItsEngine(t *testing.T) {
 	}
 }
 
+// TestDockerNonRootWritesFreshVolume: a container run as 1000:1000 can
+// write a fresh volume created with uid=1000 and gid=1000 (its root is
+// given to them at the engine mount); without them it cannot (the root of
+// a fresh filesystem is root's), as the README says.
+func TestDockerNonRootWritesFreshVolume(t *testing.T) {
+	e := newEnv(t)
+	img := e.loopVolume("vol1")
+	e.loopVolume("vol2")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "--opt", "uid=1000", "--opt", "gid=1000", "owned")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol2", "rootowned")
+	if out := docker(t, "run", "--rm", "--network", "none", "-u", "1000:1000", "-v", "owned:/data", image, "sh", "-c", "echo mine > /data/f && cat /data/f"); out != "mine" {
+		t.Errorf("the 1000:1000 container wrote %q", out)
+	}
+	if out := dockerFails(t, "run", "--rm", "--network", "none", "-u", "1000:1000", "-v", "rootowned:/data", image, "sh", "-c", "echo mine > /data/f"); !strings.Contains(out, "ermission denied") {
+		t.Errorf("writing a fresh root-owned volume as 1000:1000: %s", out)
+	}
+	if got := debugfsCat(t, img, "/f"); got != "mine\n" {
+		t.Errorf("the loop image holds %q", got)
+	}
+}
+
 // TestDockerCallsWaitForAgentRestart: with the agent's sockets made by
 // systemd (socket activation), a docker run -v while the agent restarts
 // waits in the plugin socket's backlog and succeeds once the next agent

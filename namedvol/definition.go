@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -46,11 +47,17 @@ const (
 	// KeyShareEngineMounts lets annotation users have the volume while
 	// engine mounts hold it (false when absent; needs allow_annotations).
 	KeyShareEngineMounts = "share_engine_mounts"
+	// KeyUID and KeyGID are the user engine containers run as (docker run
+	// -u UID:GID): a fresh volume's root is given to them at its engine
+	// mount, as the OCI hook does with the container's process.user. Both
+	// or neither.
+	KeyUID = "uid"
+	KeyGID = "gid"
 	// ContextPrefix starts the keys of volume_context entries.
 	ContextPrefix = "context."
 )
 
-var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, KeyAllowAnnotations, KeyShareEngineMounts, ContextPrefix + "KEY"}
+var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, KeyAllowAnnotations, KeyShareEngineMounts, KeyUID, KeyGID, ContextPrefix + "KEY"}
 
 // Definition is a named volume.
 type Definition struct {
@@ -79,6 +86,10 @@ type Definition struct {
 	// mounts (docker run -v NAME:...) hold it; without it the hook refuses
 	// a volume an engine has mounted.
 	ShareEngineMounts bool `json:"share_engine_mounts,omitempty"`
+	// UID and GID (decimal; both or neither) are who engine containers run
+	// as: a fresh volume's root is given to them (see KeyUID).
+	UID string `json:"uid,omitempty"`
+	GID string `json:"gid,omitempty"`
 }
 
 // ParseOptions makes a definition from engine options (docker volume
@@ -125,6 +136,10 @@ func ParseOptions(name string, opts map[string]string) (*Definition, error) {
 			if v != "" {
 				d.MountFlags = strings.Split(v, ",")
 			}
+		case k == KeyUID:
+			d.UID = v
+		case k == KeyGID:
+			d.GID = v
 		case k == KeyStageSecret:
 			d.StageSecret = v
 		case k == KeyPublishSecret:
@@ -178,6 +193,8 @@ func (d *Definition) Options() map[string]string {
 	set(KeyMountFlags, strings.Join(d.MountFlags, ","))
 	set(KeyStageSecret, d.StageSecret)
 	set(KeyPublishSecret, d.PublishSecret)
+	set(KeyUID, d.UID)
+	set(KeyGID, d.GID)
 	for k, v := range d.VolumeContext {
 		o[ContextPrefix+k] = v
 	}
@@ -251,6 +268,17 @@ func (d *Definition) Validate() error {
 			return fmt.Errorf("%w: option %s=%q is not a CSI access mode (SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY, MULTI_NODE_SINGLE_WRITER, MULTI_NODE_MULTI_WRITER, SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER)", ErrInvalid, KeyAccessMode, Clip(d.AccessMode))
 		}
 	}
+	if (d.UID == "") != (d.GID == "") {
+		return fmt.Errorf("%w: options %s and %s go together (the user and group engine containers run as)", ErrInvalid, KeyUID, KeyGID)
+	}
+	for key, v := range map[string]string{KeyUID: d.UID, KeyGID: d.GID} {
+		if n, err := strconv.ParseUint(v, 10, 31); v != "" && (err != nil || strconv.FormatUint(n, 10) != v) {
+			return fmt.Errorf("%w: option %s=%q: expected a decimal id below 2^31", ErrInvalid, key, Clip(v))
+		}
+	}
+	if d.UID != "" && (d.Block || d.ReadOnly()) {
+		return fmt.Errorf("%w: options %s and %s are for read-write filesystem volumes (a fresh root is given to that user)", ErrInvalid, KeyUID, KeyGID)
+	}
 	for key, ref := range map[string]string{KeyStageSecret: d.StageSecret, KeyPublishSecret: d.PublishSecret} {
 		if ref == "" {
 			continue
@@ -286,6 +314,15 @@ func (d *Definition) ReadOnly() bool {
 		return true
 	}
 	return false
+}
+
+// EngineUser is who engine containers of the volume run as, "UID:GID"
+// (the PrepareRequest's user), "" when the definition does not say.
+func (d *Definition) EngineUser() string {
+	if d.UID == "" {
+		return ""
+	}
+	return d.UID + ":" + d.GID
 }
 
 // Volume is the definition as a Mesos CSI volume at containerPath; a

@@ -30,6 +30,10 @@ func TestParseOptionsErrorsNameTheKey(t *testing.T) {
 		{"a/b", map[string]string{"plugin": "p", "volume_id": "a"}, `has the character '/'`},
 		{"..", map[string]string{"plugin": "p", "volume_id": "a"}, "must start with a letter"},
 		{long, map[string]string{"plugin": "p", "volume_id": "a"}, "is 10000 bytes, longer than 128"},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "uid": "1000"}, "options uid and gid go together"},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "uid": "-1", "gid": "0"}, `option uid="-1": expected a decimal id`},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "uid": "1000", "gid": "01"}, `option gid="01": expected a decimal id`},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "uid": "1", "gid": "1", "block": "true"}, "are for read-write filesystem volumes"},
 	} {
 		_, err := ParseOptions(tc.name, tc.opts)
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
@@ -95,5 +99,20 @@ func TestStoreCreateGetListRemove(t *testing.T) {
 	}
 	if err := s.Remove(ctx, "a"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Remove twice: %v", err)
+	}
+}
+
+// uid and gid round-trip and become the engine mount's user.
+func TestEngineUser(t *testing.T) {
+	d, err := ParseOptions("v", map[string]string{"plugin": "p", "volume_id": "a", "uid": "1000", "gid": "1001"})
+	if err != nil || d.EngineUser() != "1000:1001" {
+		t.Fatalf("ParseOptions = %+v, %v; want user 1000:1001", d, err)
+	}
+	again, err := ParseOptions("v", d.Options())
+	if err != nil || again.EngineUser() != "1000:1001" {
+		t.Fatalf("round trip: %+v, %v", again, err)
+	}
+	if d, _ := ParseOptions("v", map[string]string{"plugin": "p", "volume_id": "a"}); d.EngineUser() != "" {
+		t.Errorf("no uid: user %q", d.EngineUser())
 	}
 }
