@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,6 +133,13 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout t
 	if !hasVolumes && !hasMounts {
 		return ExitOK // no CSI volumes: nothing to do
 	}
+	if stage == "poststop" && !reachable(socket, min(poststopAgentWait, timeout)) {
+		// Its processes are gone: the agent, back, finds nothing left
+		// in its mount namespace and cleans it up itself. Holding the
+		// runtime's stop up for it would help nobody.
+		fmt.Fprintf(e.stderr, "%s poststop: the agent at %s does not answer; it cleans container %s up itself once it is back\n", name, socket, st.ID)
+		return ExitOK
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	client, closeConn, err := dialAgent(socket)
@@ -184,6 +192,29 @@ func (e *env) ociHook(ctx context.Context, name, stage, socket string, timeout t
 		return fail(err)
 	}
 	return ExitOK
+}
+
+// poststopAgentWait is how long poststop waits (at most its --timeout) for
+// an agent that does not accept connections (restarting without systemd's
+// socket) before leaving the cleanup to it.
+const poststopAgentWait = 5 * time.Second
+
+// reachable reports whether something accepts connections on the unix
+// socket at path within wait (systemd's socket accepts into its backlog
+// while the agent restarts: reachable).
+func reachable(path string, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		c, err := net.DialTimeout("unix", path, max(time.Until(deadline), 100*time.Millisecond))
+		if err == nil {
+			c.Close()
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // maxOCIState bounds the container state a hook reads from stdin.

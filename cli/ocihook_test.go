@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -52,12 +53,25 @@ func (h *hookAgent) take() []proto.Message {
 
 func startHookAgent(t *testing.T) (*hookAgent, string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "csh") // short: a socket path has a limit
+	socket := hookSocketPath(t)
+	return serveHookAgent(t, socket), socket
+}
+
+// hookSocketPath is a path for a hook agent's socket (short: a socket
+// path has a limit), nothing there yet.
+func hookSocketPath(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	socket := filepath.Join(dir, "agent.sock")
+	return filepath.Join(dir, "agent.sock")
+}
+
+// serveHookAgent serves a hookAgent on socket.
+func serveHookAgent(t *testing.T, socket string) *hookAgent {
+	t.Helper()
 	lis, err := net.Listen("unix", socket)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +88,7 @@ func startHookAgent(t *testing.T) (*hookAgent, string) {
 		srv.Stop()
 		<-done
 	})
-	return h, socket
+	return h
 }
 
 // TestOCIHookFlagsAnywhere: the hook runs as the README writes it
@@ -185,5 +199,64 @@ func TestMountsAnnotationErrorIsShort(t *testing.T) {
 	_, err := parseNamedMounts(strings.Repeat("x", 10000))
 	if err == nil || !strings.Contains(err.Error(), "expected NAME:PATH") || len(err.Error()) > 200 {
 		t.Fatalf("error %d bytes: %.120v; want a short error naming the expected form", len(fmt.Sprint(err)), err)
+	}
+}
+
+// runHookStage runs oci-hook STAGE for container c1 (pid 4242, a bundle
+// of its own) with annotations against socket.
+func runHookStage(t *testing.T, stage, socket string, annotations map[string]string, extra ...string) (int, string) {
+	t.Helper()
+	bundle := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"root":{"path":"rootfs"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state, err := json.Marshal(ociState{ID: "c1", Status: "creating", Pid: 4242, Bundle: bundle, Annotations: annotations})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	e := &env{stdin: bytes.NewReader(state), stdout: &bytes.Buffer{}, stderr: &errOut}
+	return e.run(context.Background(), append([]string{"oci-hook", stage, "--api-socket", socket}, extra...)), errOut.String()
+}
+
+// A create-runtime hook that runs while the agent (re)starts waits for it,
+// for the mounts annotation as for the volumes one (before, the mounts
+// annotation failed at once: its names were looked up on the plugin socket
+// first, without waiting).
+func TestHookWaitsForAgentStart(t *testing.T) {
+	socket := hookSocketPath(t)
+	done := make(chan struct{})
+	var code int
+	var stderr string
+	go func() {
+		defer close(done)
+		code, stderr = runHookStage(t, "create-runtime", socket, map[string]string{MountsAnnotation: "data:/data"}, "--timeout", "20s")
+	}()
+	// No agent yet: the hook must still be waiting a while later (before,
+	// it had failed at once).
+	select {
+	case <-done:
+		t.Fatalf("create-runtime with no agent returned at once: exit %d, %s", code, stderr)
+	case <-time.After(300 * time.Millisecond):
+	}
+	h := serveHookAgent(t, socket)
+	<-done
+	if reqs := h.take(); code != ExitOK || len(reqs) != 1 {
+		t.Fatalf("create-runtime while the agent started: exit %d (%s), the agent got %v", code, stderr, reqs)
+	}
+}
+
+// poststop with no agent answering does not hold the runtime up: the
+// agent cleans the container up itself once back (its processes are
+// gone); the hook says so and succeeds within its wait.
+func TestPoststopWithAgentDown(t *testing.T) {
+	socket := hookSocketPath(t)
+	start := time.Now()
+	code, stderr := runHookStage(t, "poststop", socket, map[string]string{MountsAnnotation: "data:/data"}, "--timeout", "1s")
+	if code != ExitOK || !strings.Contains(stderr, "does not answer; it cleans container c1 up itself once it is back") {
+		t.Errorf("poststop with the agent down: exit %d, %q", code, stderr)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("poststop with the agent down took %v", took)
 	}
 }

@@ -166,3 +166,36 @@ func TestDockerdKilledReleasesVolume(t *testing.T) {
 	d.docker("rm", "holder")
 	d.docker("volume", "rm", "data")
 }
+
+// TestDockerStopWhileAgentDown: the agent is down (killed, no systemd
+// socket) while docker stop stops a container holding a volume: Docker's
+// Unmount fails and Docker forgets the mount. The agent, back, releases it
+// by itself (Docker lists the container as exited), with no command.
+func TestDockerStopWhileAgentDown(t *testing.T) {
+	needDocker(t)
+	e := newEnvFor(t, func(e *env) { e.serveArgs = []string{"--docker-host", dockerHost, "--resync-interval", "200ms"} })
+	t.Cleanup(func() {
+		if out, err := dockerCmd("volume", "ls", "-q", "--filter", "driver="+e.driver); err == nil && out != "" {
+			dockerCmd(append([]string{"volume", "rm", "-f"}, strings.Fields(out)...)...)
+		}
+	})
+	e.loopVolume("vol1")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
+	c := e.container("-v", "data:/data")
+	e.killAgent()
+	if out, err := dockerCmd("stop", "-t", "1", c); err != nil {
+		t.Logf("docker stop with the agent down: %v %s", err, out)
+	}
+	e.startAgent()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		v := e.inspect("data")
+		if mountsOf(v) == 0 && len(e.publishedUnder()) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the mount Docker forgot while the agent was down was not released: %v", v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
