@@ -744,7 +744,14 @@ func (e *env) mustPodman(args ...string) string {
 // podmanRunArgs start a container as this host allows.
 var podmanRunArgs = []string{"run", "--network", "none", "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=1024:4096"}
 
-func newPodmanEnv(t *testing.T) *env {
+func newPodmanEnv(t *testing.T, setups ...func(*env)) *env {
+	t.Helper()
+	needPodman(t)
+	return newEnvFor(t, setups...)
+}
+
+// needPodman sets Podman up for the tests, or fails or skips the test.
+func needPodman(t *testing.T) {
 	t.Helper()
 	podmanOnce.Do(func() { setUpPodman(filepath.Join(engineDir, "podman")) })
 	if podmanBroken != "" {
@@ -753,7 +760,6 @@ func newPodmanEnv(t *testing.T) *env {
 	if podmanSkip != "" {
 		t.Skip(podmanSkip)
 	}
-	return newEnvFor(t)
 }
 
 func TestPodmanNamedVolume(t *testing.T) {
@@ -854,13 +860,7 @@ func TestPodmanHookMountsAnnotation(t *testing.T) {
 // rootfs); the hook records Podman's containers as libpod's.
 func TestReconcileScopedToItsEngine(t *testing.T) {
 	e := newEnv(t)
-	podmanOnce.Do(func() { setUpPodman(filepath.Join(engineDir, "podman")) })
-	if podmanBroken != "" {
-		t.Fatal(podmanBroken)
-	}
-	if podmanSkip != "" {
-		t.Skip(podmanSkip)
-	}
+	needPodman(t)
 	for _, v := range []string{"vol1", "vol2", "vol3"} {
 		e.loopVolume(v)
 	}
@@ -1012,6 +1012,40 @@ func pendingConnection(t *testing.T, path string) bool {
 	}
 	f := strings.Fields(string(out))
 	return len(f) > 2 && f[2] != "0"
+}
+
+// TestPodmanStopWhileAgentDown: a Podman container given its volume by
+// the hooks.d hook stops while the agent is down: poststop says the agent
+// will clean it up and does not hold podman stop up, and the agent, back,
+// cleans it up by itself (nothing is left in its mount namespace). Before,
+// podman stop took 31 s and the container stayed PREPARED with its volume.
+func TestPodmanStopWhileAgentDown(t *testing.T) {
+	e := newPodmanEnv(t, func(e *env) { e.serveArgs = []string{"--resync-interval", "200ms"} })
+	e.loopVolume("vol1")
+	if out, err := e.cli("create", "data", "--plugin", "loop.test", "--volume-id", "vol1", "--fs-type", "ext4", "--allow-annotations"); err != nil {
+		t.Fatalf("csi-agent volume create: %v\n%s", err, out)
+	}
+	c := e.mustPodman(append(podmanRunArgs, "-d", "--annotation", "csi.csiagent.io/mounts=data:/data", image, "sleep", "600")...)
+	t.Cleanup(func() { e.podman("rm", "-f", "-t", "0", c) })
+	e.mustPodman("exec", c, "sh", "-c", "echo hooked > /data/f")
+	e.killAgent()
+	start := time.Now()
+	e.mustPodman("stop", "-t", "0", c)
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("podman stop with the agent down took %v", took)
+	}
+	e.startAgent()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		v := e.inspect("data")
+		if v.GetState() == "NOT_PUBLISHED" && len(e.publishedUnder()) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped container's volume was not released: %v", v)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 var enginePairs = flag.Int("engine-pairs", 2, "TestDockerRunOverhead: pairs of docker runs timed (make bench: 20)")
