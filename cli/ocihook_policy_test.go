@@ -3,10 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,18 +14,7 @@ import (
 // against the fake agent; extra are more flags.
 func runHook(t *testing.T, agentSocket string, annotations map[string]string, extra ...string) (int, string) {
 	t.Helper()
-	bundle := t.TempDir()
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(`{"root":{"path":"rootfs"}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	state, err := json.Marshal(ociState{ID: "c1", Status: "creating", Pid: 4242, Bundle: bundle, Annotations: annotations})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	e := &env{stdin: bytes.NewReader(state), stdout: &bytes.Buffer{}, stderr: &errOut}
-	args := append([]string{"oci-hook", "create-runtime", "--api-socket", agentSocket, "--timeout", "20s"}, extra...)
-	return e.run(context.Background(), args), errOut.String()
+	return runHookStage(t, "create-runtime", agentSocket, annotations, append([]string{"--timeout", "20s"}, extra...)...)
 }
 
 // preparedVolumes is what the fake agent was asked to prepare: the

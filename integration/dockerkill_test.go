@@ -152,17 +152,7 @@ func TestDockerdKilledReleasesVolume(t *testing.T) {
 	// Reaped or not (a zombie's pid would look alive), it is gone.
 	os.Remove(pidfile)
 	d.start()
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		v := e.inspect("data")
-		if mountsOf(v) == 0 && len(e.publishedUnder()) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the mount of the container dockerd forgot was not released: %v, mounted %d", v, len(e.publishedUnder()))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitReleased("data", "the mount of the container dockerd forgot")
 	d.docker("rm", "holder")
 	d.docker("volume", "rm", "data")
 }
@@ -187,14 +177,22 @@ func TestDockerStopWhileAgentDown(t *testing.T) {
 		t.Logf("docker stop with the agent down: %v %s", err, out)
 	}
 	e.startAgent()
+	e.waitReleased("data", "the mount Docker forgot while the agent was down")
+}
+
+// waitReleased waits until the named volume has no engine mount and
+// nothing of the agent's is mounted (what: what should have been
+// released, for the failure).
+func (e *env) waitReleased(name, what string) {
+	e.t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	for {
-		v := e.inspect("data")
+		v := e.inspect(name)
 		if mountsOf(v) == 0 && len(e.publishedUnder()) == 0 {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the mount Docker forgot while the agent was down was not released: %v", v)
+			e.t.Fatalf("%s was not released: %v, %d mounts of the agent's", what, v, len(e.publishedUnder()))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

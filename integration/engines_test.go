@@ -1035,17 +1035,7 @@ func TestPodmanStopWhileAgentDown(t *testing.T) {
 		t.Errorf("podman stop with the agent down took %v", took)
 	}
 	e.startAgent()
-	deadline := time.Now().Add(waitTimeout)
-	for {
-		v := e.inspect("data")
-		if v.GetState() == "NOT_PUBLISHED" && len(e.publishedUnder()) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the stopped container's volume was not released: %v", v)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitReleased("data", "the volume of the container stopped while the agent was down")
 }
 
 var enginePairs = flag.Int("engine-pairs", 2, "TestDockerRunOverhead: pairs of docker runs timed (make bench: 20)")
