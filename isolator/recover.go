@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -37,6 +38,12 @@ func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins
 		iso.withContainerIfFree(id, func(c *container) {
 			ns := c.cp.GetMountNamespace()
 			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || ns == 0 || stillRunning(ns, inUse, nil) != "" {
+				return
+			}
+			// And its own process is gone (or in another namespace now):
+			// one the scan could not read (EACCES) is not taken for gone.
+			pid := int(c.cp.GetRequest().GetPid())
+			if got, err := iso.mounts.MountNamespace(pid); (err == nil && got == ns) || (err != nil && !errors.Is(err, mount.ErrNoProcess)) {
 				return
 			}
 			if p, ok := down.of(c.cp.GetRequest()); ok {
