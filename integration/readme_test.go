@@ -44,7 +44,7 @@ func TestReadmeWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := newWalkthroughNS(t)
+	ns := newWalkthroughNS(t, repo)
 	var agent *exec.Cmd
 	engines := map[string]string{} // engine -> why it cannot run here ("" it can)
 	for _, b := range blocks {
@@ -161,7 +161,7 @@ type walkthroughNS struct {
 // read through; csiagent's, Docker's and Podman's own state and config
 // removed or replaced by empty directories on the host's disk, since
 // container storage does not work on overlayfs), /usr/local/bin, /run and
-// /tmp are empty tmpfs.
+// /tmp are empty tmpfs (but for the checkout, $2, if it is below /tmp).
 const walkthroughSetUp = `set -eu
 dir=$1
 mkdir -p "$dir/scratch"
@@ -179,15 +179,23 @@ for d in csi-agent csi-loop docker containers; do
 	mount --bind "$dir/varlib/$d" "/var/lib/$d"
 done
 mount -t tmpfs -o mode=0755 tmpfs /run
+# A checkout under /tmp (CI's clone) stays where it is, through /run.
+repo=$2
+mkdir /run/.repo
+mount --bind "$repo" /run/.repo
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+mkdir -p "$repo"
+mount --bind /run/.repo "$repo"
+umount /run/.repo
+rmdir /run/.repo
 echo ready
 exec sleep infinity
 `
 
-func newWalkthroughNS(t *testing.T) *walkthroughNS {
+func newWalkthroughNS(t *testing.T, repo string) *walkthroughNS {
 	t.Helper()
 	ns := &walkthroughNS{dir: t.TempDir()}
-	holder := exec.Command("unshare", "--mount", "--propagation", "private", "bash", "-c", walkthroughSetUp, "setup", ns.dir)
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "bash", "-c", walkthroughSetUp, "setup", ns.dir, repo)
 	out, err := holder.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
