@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -660,58 +663,97 @@ func (iso *Isolator) Reconcile(ctx context.Context, live []string, manager strin
 	}
 	resp := ReconcileResult{Failed: map[string]string{}}
 	down := downPlugins{}
-	// Listed after the containers: a container listed has its namespace
-	// since before this, so one alive now is in it.
-	ids := iso.containerIDs()
+	// The records as listed, then the namespaces in use: a container
+	// listed has had its namespace since before the scan, so one alive
+	// now is in it. A record replaced since (the container cleaned up and
+	// prepared again, in a new namespace) is not this reconcile's.
+	listed := iso.containerRecords()
 	inUse, nsErr := iso.mounts.NamespacesInUse()
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(listed)) {
 		if alive[id] {
 			continue
 		}
-		iso.mu.Lock()
-		var req *statev1.PrepareRequest
-		var ns uint64
-		if c := iso.containers[id]; c != nil {
-			req, ns = c.cp.GetRequest(), c.cp.GetMountNamespace()
-		}
-		iso.mu.Unlock()
-		if req.GetManager() != manager {
-			continue // another manager's: its live list is not this one
-		}
-		if why := stillRunning(ns, inUse, nsErr); why != "" {
-			// The caller's live list is wrong about it (another
-			// runtime's, or a runtime that answered for other state):
-			// its processes would lose their volumes.
-			resp.Failed[id] = fmt.Sprintf("container %s: not cleaned up: %s", id, why)
-			continue
-		}
-		if p, ok := down.of(req); ok {
-			resp.Failed[id] = fmt.Sprintf("container %s: not tried: plugin %s did not answer for another container", id, p)
-			continue
-		}
-		if err := iso.Cleanup(ctx, id, false); err != nil {
-			down.note(err)
+		if err := iso.withListedContainer(ctx, id, listed[id], func(c *container) error {
+			req := c.cp.GetRequest()
+			if req.GetManager() != manager {
+				return nil // another manager's: its live list is not this one
+			}
+			if why := iso.running(c.cp, inUse, nsErr); why != "" {
+				// The caller's live list is wrong about it (another
+				// runtime's, or a runtime that answered for other
+				// state): its processes would lose their volumes.
+				resp.Failed[id] = fmt.Sprintf("container %s: not cleaned up: %s", id, why)
+				return nil
+			}
+			if p, ok := down.of(req); ok {
+				resp.Failed[id] = fmt.Sprintf("container %s: not tried: plugin %s did not answer for another container", id, p)
+				return nil
+			}
+			if err := iso.cleanupLocked(ctx, c, false); err != nil {
+				down.note(err)
+				return err
+			}
+			resp.CleanedUp = append(resp.CleanedUp, id)
+			return nil
+		}); err != nil {
 			resp.Failed[id] = err.Error()
-			continue
 		}
-		resp.CleanedUp = append(resp.CleanedUp, id)
 	}
 	return resp
 }
 
-// stillRunning says why a container prepared into the mount namespace ns
-// (0: prepared without a pid, on the host) may still run: a process is in
-// the namespace (inUse, from NamespacesInUse), or that could not be told
-// (nsErr). "" when it is gone.
-func stillRunning(ns uint64, inUse map[uint64]int, nsErr error) string {
+// containerRecords is the containers' records by id, as they are now.
+func (iso *Isolator) containerRecords() map[string]*container {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	return maps.Clone(iso.containers)
+}
+
+// withListedContainer runs f with container id locked, if its record is
+// still the one listed (a pointer from containerRecords).
+func (iso *Isolator) withListedContainer(ctx context.Context, id string, listed *container, f func(*container) error) error {
+	unlock, err := iso.containerLocks.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+	}
+	defer unlock()
+	iso.mu.Lock()
+	c := iso.containers[id]
+	iso.mu.Unlock()
+	if c == nil || c != listed {
+		return nil
+	}
+	return f(c)
+}
+
+// namespaceOfAnotherBoot is the mount namespace recorded for a container
+// prepared into a process's namespace before a reboot: gone (no nsfs inode
+// has this number).
+const namespaceOfAnotherBoot = math.MaxUint64
+
+// running says why a container may still run ("" when it is gone): a
+// process is in the mount namespace it was prepared into (inUse, from
+// NamespacesInUse; nsErr when that could not be told), or its own
+// recorded process is still there, or could not be looked at. A container
+// prepared without a pid (on the host) is not judged: "".
+func (iso *Isolator) running(cp *statev1.ContainerCheckpoint, inUse map[uint64]int, nsErr error) string {
+	ns := cp.GetMountNamespace()
 	switch {
-	case ns == 0:
+	case ns == 0, ns == namespaceOfAnotherBoot:
 		return ""
 	case nsErr != nil:
 		return fmt.Sprintf("cannot tell whether its processes are gone: %v", nsErr)
 	}
 	if pid, ok := inUse[ns]; ok {
 		return fmt.Sprintf("it still runs: pid %d is in its mount namespace", pid)
+	}
+	pid := int(cp.GetRequest().GetPid())
+	got, err := iso.mounts.MountNamespace(pid)
+	switch {
+	case err == nil && got == ns:
+		return fmt.Sprintf("it still runs: pid %d is in its mount namespace", pid)
+	case err != nil && !errors.Is(err, mount.ErrNoProcess):
+		return fmt.Sprintf("cannot tell whether its pid %d is gone: %v", pid, err)
 	}
 	return ""
 }

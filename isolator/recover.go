@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -27,7 +26,7 @@ import (
 // at poststop, or the runtime crashed). Their mounts went with the
 // namespace; what is left is their share of the volumes.
 func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins) {
-	// Listed after the containers (see Reconcile).
+	// Listed before the scan (see Reconcile).
 	ids := iso.containerIDs()
 	inUse, err := iso.mounts.NamespacesInUse()
 	if err != nil {
@@ -36,14 +35,7 @@ func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins
 	}
 	for _, id := range ids {
 		iso.withContainerIfFree(id, func(c *container) {
-			ns := c.cp.GetMountNamespace()
-			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || ns == 0 || stillRunning(ns, inUse, nil) != "" {
-				return
-			}
-			// And its own process is gone (or in another namespace now):
-			// one the scan could not read (EACCES) is not taken for gone.
-			pid := int(c.cp.GetRequest().GetPid())
-			if got, err := iso.mounts.MountNamespace(pid); (err == nil && got == ns) || (err != nil && !errors.Is(err, mount.ErrNoProcess)) {
+			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetMountNamespace() == 0 || iso.running(c.cp, inUse, nil) != "" {
 				return
 			}
 			if p, ok := down.of(c.cp.GetRequest()); ok {
@@ -286,6 +278,11 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 			// The roots and devices too: the volumes are staged
 			// anew, on other devices.
 			m.MountId, m.ParentMountId, m.RootDev, m.RootIno, m.BlockDevice = 0, 0, 0, 0, 0
+		}
+		if cp.MountNamespace != 0 {
+			// Its namespace went with the boot; its inode number
+			// may name a new one now.
+			cp.MountNamespace = namespaceOfAnotherBoot
 		}
 		cp.BootId = iso.bootID
 	})

@@ -1669,3 +1669,21 @@ func TestUnitGoneContainerCleanedUp(t *testing.T) {
 	}
 	w.checkEmpty(iso)
 }
+
+// After a reboot a container prepared into a process's namespace is gone,
+// even when a new namespace got the same inode number (the kernel reuses
+// them): recovery cleans it up rather than take it for running.
+func TestUnitGoneAfterRebootDespiteInodeReuse(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	w.table.startProcess(crashPid, 77)
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	req.Pid = crashPid
+	w.prepare(iso, req)
+	w.reboot()
+	w.table.startProcess(crashPid+1, 77) // another container, the same inode
+	iso = w.run(Config{})
+	if c := containerOf(iso, "c1"); c != nil {
+		t.Errorf("after a reboot, c1 (its namespace's inode taken by another) is %+v; want it cleaned up", c)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -210,26 +211,41 @@ func nsErr(path, op string, err error) error {
 }
 
 // NamespacesInUse returns the mount namespaces that have a process, each
-// with its lowest pid, from one pass over /proc. Processes whose namespace
-// cannot be read (gone meanwhile, or not the caller's to look at: EACCES)
-// are not counted.
+// with its lowest pid, from one pass over /proc. A process whose main
+// thread has exited while others run (its /proc/PID/ns/mnt is gone) counts
+// by its threads' namespaces. Processes whose namespace cannot be read
+// (gone meanwhile, or not the caller's to look at: EACCES) are not counted.
 func NamespacesInUse() (map[uint64]int, error) {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("listing processes: %w", err)
 	}
 	out := map[uint64]int{}
+	note := func(ns uint64, pid int) {
+		if low, ok := out[ns]; !ok || pid < low {
+			out[ns] = pid
+		}
+	}
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid <= 0 {
 			continue
 		}
 		ns, err := MountNamespace(pid)
-		if err != nil {
+		if err == nil {
+			note(ns, pid)
 			continue
 		}
-		if low, ok := out[ns]; !ok || pid < low {
-			out[ns] = pid
+		if !errors.Is(err, ErrNoProcess) {
+			continue
+		}
+		// A zombie main thread: its live threads say.
+		tasks, _ := os.ReadDir(filepath.Join("/proc", p.Name(), "task"))
+		for _, t := range tasks {
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join("/proc", p.Name(), "task", t.Name(), "ns", "mnt"), &st) == nil {
+				note(st.Ino, pid)
+			}
 		}
 	}
 	return out, nil
