@@ -137,7 +137,7 @@ func (a *Agent) checkDocker(ctx context.Context) {
 		case <-t.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, dockerCheckTimeout)
-		known, inUse, err := dockerplugin.DockerVolumes(qctx, a.cfg.DockerHost)
+		root, known, inUse, err := dockerplugin.DockerVolumes(qctx, a.cfg.DockerHost)
 		cancel()
 		if err != nil {
 			if msg := err.Error(); msg != lastErr {
@@ -151,7 +151,7 @@ func (a *Agent) checkDocker(ctx context.Context) {
 			continue
 		}
 		lastErr = ""
-		released, failed := a.named.ReleaseUnused(ctx, dockerplugin.EngineDocker, known, inUse, 2*interval)
+		released, failed := a.named.ReleaseUnused(ctx, dockerplugin.EngineDocker, root, known, inUse, 2*interval)
 		for _, r := range released {
 			a.log.Info("released a Docker mount no container of it holds (dockerd forgot it)", "mount", r)
 		}
@@ -164,21 +164,43 @@ func (a *Agent) checkDocker(ctx context.Context) {
 	}
 }
 
+// dockerDataRoot is the data root of the dockerd with this pid, from the
+// volume database it keeps open (<data-root>/volumes/metadata.db), "" if
+// none is found: it tells one daemon's mounts from another's.
+func dockerDataRoot(pid int32) string {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if root, ok := strings.CutSuffix(target, "/volumes/metadata.db"); err == nil && ok {
+			return root
+		}
+	}
+	return ""
+}
+
+// engineOfExe is the engine whose daemon (or CLI, for Podman) exe is.
+func engineOfExe(exe string) string {
+	switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
+	case "dockerd":
+		return dockerplugin.EngineDocker
+	case "podman":
+		return dockerplugin.EnginePodman
+	}
+	return ""
+}
+
 // engineTagged tells the handler which engine calls (dockerplugin.WithEngine),
-// from the executable of the socket's peer: dockerd is Docker's, podman
-// Podman's; anything else is no known engine.
+// from the executable of the socket's peer: dockerd is Docker's (the daemon
+// told by its data root), podman Podman's; anything else is no known engine.
 func engineTagged(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		engine := ""
+		engine, instance := "", ""
 		if cred := apiserver.HTTPPeer(r); cred != nil {
 			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cred.Pid))
-			switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
-			case "dockerd":
-				engine = dockerplugin.EngineDocker
-			case "podman":
-				engine = dockerplugin.EnginePodman
+			if engine = engineOfExe(exe); engine == dockerplugin.EngineDocker {
+				instance = dockerDataRoot(cred.Pid)
 			}
 		}
-		h.ServeHTTP(w, r.WithContext(dockerplugin.WithEngine(r.Context(), engine)))
+		h.ServeHTTP(w, r.WithContext(dockerplugin.WithEngine(r.Context(), engine, instance)))
 	})
 }

@@ -40,6 +40,9 @@ const namedPageSize = 500
 
 // CreateNamedVolume defines a named volume.
 func (s *Server) CreateNamedVolume(ctx context.Context, req *agentv1.CreateNamedVolumeRequest) (*agentv1.CreateNamedVolumeResponse, error) {
+	if err := rootOnly(ctx, "CreateNamedVolume defines what containers given the name get (its volume, secrets, annotation policy, owner)"); err != nil {
+		return nil, err
+	}
 	if err := s.cfg.Named.Define(ctx, req.GetName(), req.GetOptions()); err != nil {
 		return nil, Status(err)
 	}
@@ -48,6 +51,9 @@ func (s *Server) CreateNamedVolume(ctx context.Context, req *agentv1.CreateNamed
 
 // RemoveNamedVolume removes a named volume nothing uses.
 func (s *Server) RemoveNamedVolume(ctx context.Context, req *agentv1.RemoveNamedVolumeRequest) (*agentv1.RemoveNamedVolumeResponse, error) {
+	if err := rootOnly(ctx, "RemoveNamedVolume frees the name for another definition"); err != nil {
+		return nil, err
+	}
 	if err := s.cfg.Named.Undefine(ctx, req.GetName()); err != nil {
 		return nil, Status(err)
 	}
@@ -83,12 +89,8 @@ func (s *Server) ListNamedVolumes(_ context.Context, req *agentv1.ListNamedVolum
 // ReconcileEngineMounts releases the engine mounts a crashed engine
 // forgot: root only (it releases every mount not listed).
 func (s *Server) ReconcileEngineMounts(ctx context.Context, req *agentv1.ReconcileEngineMountsRequest) (*agentv1.ReconcileEngineMountsResponse, error) {
-	c, err := member(ctx)
-	if err != nil {
+	if err := rootOnly(ctx, "ReconcileEngineMounts releases every engine mount not in live_mount_ids, whoever's"); err != nil {
 		return nil, err
-	}
-	if c != nil {
-		return nil, denied(c, "ReconcileEngineMounts releases every engine mount not in live_mount_ids, whoever's: only root may call it")
 	}
 	engine, err := engineOf(req.GetEngine())
 	if err != nil {
@@ -100,6 +102,18 @@ func (s *Server) ReconcileEngineMounts(ctx context.Context, req *agentv1.Reconci
 	released, failed := s.cfg.Named.Reconcile(ctx, engine, req.GetLiveMountIds())
 	s.cfg.OnVolumesChanged()
 	return &agentv1.ReconcileEngineMountsResponse{Released: released, Failed: failed}, nil
+}
+
+// rootOnly refuses a member's call of what (why only root may).
+func rootOnly(ctx context.Context, what string) error {
+	c, err := member(ctx)
+	if err != nil {
+		return err
+	}
+	if c != nil {
+		return denied(c, "%s: only root may call it", what)
+	}
+	return nil
 }
 
 // engineOf is the dockerplugin engine a ReconcileEngineMountsRequest

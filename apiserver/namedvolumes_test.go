@@ -3,7 +3,11 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/peer"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,7 +36,7 @@ func (f failingNamed) Resolve(context.Context, []namedvol.Mount, bool, func([]*a
 // TestNamedVolumeCodes: the named volumes' errors reach API callers with
 // their codes, and a volume's status with every field.
 func TestNamedVolumeCodes(t *testing.T) {
-	ctx := context.Background()
+	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerInfo{cred: &unix.Ucred{}}}) // root
 	for _, tc := range []struct {
 		err  error
 		want codes.Code
@@ -84,5 +88,22 @@ func TestReconcileEngineMountsNeedsAnEngine(t *testing.T) {
 		if _, err := engineOf(engine); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("engine %q: %v, want InvalidArgument", engine, err)
 		}
+	}
+}
+
+// A member may not define or remove named volumes (it could point a name
+// others use at another volume, secrets or owner).
+func TestNamedVolumesRootOnly(t *testing.T) {
+	s := New(Config{Named: failingNamed{namedvol.ErrNotFound}})
+	member := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: peerInfo{cred: memberCred}})
+	_, err1 := s.CreateNamedVolume(member, &agentv1.CreateNamedVolumeRequest{Name: "data"})
+	_, err2 := s.RemoveNamedVolume(member, &agentv1.RemoveNamedVolumeRequest{Name: "data"})
+	for i, err := range []error{err1, err2} {
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only root may call it") {
+			t.Errorf("call %d by a member: %v", i+1, err)
+		}
+	}
+	if _, err := s.GetNamedVolume(member, &agentv1.GetNamedVolumeRequest{Name: "data"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a member's GetNamedVolume: %v; want it asked (NotFound here)", err)
 	}
 }

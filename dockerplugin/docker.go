@@ -14,33 +14,38 @@ import (
 // maxDockerAnswer bounds the container list read from the Docker daemon.
 const maxDockerAnswer = 256 << 20
 
-// DockerVolumes asks the Docker daemon at host (unix:///path) which named
-// volumes it knows, and which of them its containers may hold mounted:
+// DockerVolumes asks the Docker daemon at host (unix:///path) for its data
+// root (which tells it from another daemon), which named volumes it knows,
+// and which of them its containers may hold mounted:
 // those of every container but an exited or dead one (a container being
 // created or started holds its mounts already). Docker forgets to unmount
 // the volumes of containers that were running when it was killed; what it
 // lists as exited holds nothing. A volume it does not know is another
 // daemon's business.
-func DockerVolumes(ctx context.Context, host string) (known, inUse map[string]bool, err error) {
+func DockerVolumes(ctx context.Context, host string) (root string, known, inUse map[string]bool, err error) {
 	u, err := url.Parse(host)
 	if err != nil || u.Scheme != "unix" || u.Path == "" {
-		return nil, nil, fmt.Errorf("docker host %q: expected unix:///path", host)
+		return "", nil, nil, fmt.Errorf("docker host %q: expected unix:///path", host)
 	}
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", u.Path)
 	}}}
 	defer hc.CloseIdleConnections()
+	var info struct{ DockerRootDir string }
+	if err := dockerGet(ctx, hc, u.Path, "/info", &info); err != nil {
+		return "", nil, nil, err
+	}
 	var vols struct{ Volumes []struct{ Name string } }
 	if err := dockerGet(ctx, hc, u.Path, "/volumes", &vols); err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
 	}
 	var containers []struct {
 		State  string
 		Mounts []struct{ Type, Name string }
 	}
 	if err := dockerGet(ctx, hc, u.Path, "/containers/json?all=1", &containers); err != nil {
-		return nil, nil, err
+		return "", nil, nil, err
 	}
 	known, inUse = map[string]bool{}, map[string]bool{}
 	for _, v := range vols.Volumes {
@@ -56,7 +61,7 @@ func DockerVolumes(ctx context.Context, host string) (known, inUse map[string]bo
 			}
 		}
 	}
-	return known, inUse, nil
+	return info.DockerRootDir, known, inUse, nil
 }
 
 // dockerGet decodes the answer to GET path of the Docker API into out.

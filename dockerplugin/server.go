@@ -88,8 +88,10 @@ type user struct {
 	// Count is how many Mounts of the pair have not been unmounted.
 	Count int `json:"count"`
 	// Engine is the engine that mounted it (WithEngine: docker, podman),
-	// "" when unknown (records written before engines were told apart).
-	Engine string `json:"engine,omitempty"`
+	// "" when unknown (records written before engines were told apart);
+	// Instance which daemon of it (Docker: its data root), "" if unknown.
+	Engine   string `json:"engine,omitempty"`
+	Instance string `json:"instance,omitempty"`
 	// MountedAt is the time of its last Mount (zero in records written
 	// before it was kept).
 	MountedAt time.Time `json:"mounted_at,omitzero"`
@@ -103,15 +105,19 @@ const (
 
 type engineKey struct{}
 
+// engine is who makes the calls of a context (WithEngine).
+type engine struct{ name, instance string }
+
 // WithEngine says which engine (EngineDocker, EnginePodman, "" unknown)
-// makes the calls of ctx; Mount records it with the engine mount.
-func WithEngine(ctx context.Context, engine string) context.Context {
-	return context.WithValue(ctx, engineKey{}, engine)
+// makes the calls of ctx, and which daemon of it (instance: Docker's data
+// root; "" unknown); Mount records both with the engine mount.
+func WithEngine(ctx context.Context, name, instance string) context.Context {
+	return context.WithValue(ctx, engineKey{}, engine{name, instance})
 }
 
-// engineOf is the engine WithEngine put in ctx, "" if none.
-func engineOf(ctx context.Context) string {
-	e, _ := ctx.Value(engineKey{}).(string)
+// engineOf is the engine WithEngine put in ctx, zero if none.
+func engineOf(ctx context.Context) engine {
+	e, _ := ctx.Value(engineKey{}).(engine)
 	return e
 }
 
@@ -340,7 +346,8 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		// isolator's recovery) never answered the engine: not a user.
 		u = nil
 	}
-	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: engineOf(ctx), MountedAt: time.Now()}
+	eng := engineOf(ctx)
+	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: eng.name, Instance: eng.instance, MountedAt: time.Now()}
 	if u != nil {
 		next.Count = u.Count + 1
 	}
@@ -403,7 +410,7 @@ func (s *Server) Unmount(ctx context.Context, req *volume.UnmountRequest) error 
 		return nil
 	}
 	if u.Count > 1 {
-		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1, Engine: u.Engine, MountedAt: u.MountedAt}
+		next := &user{Name: u.Name, ID: u.ID, Count: u.Count - 1, Engine: u.Engine, Instance: u.Instance, MountedAt: u.MountedAt}
 		if err := s.record(ctx, cid, next); err != nil {
 			return err
 		}
@@ -441,15 +448,16 @@ func (s *Server) Reconcile(ctx context.Context, engine string, live []string) (r
 	return s.releaseWhere(ctx, func(u *user) bool { return u.Engine == engine && !isLive[u.ID] })
 }
 
-// ReleaseUnused releases, whatever their counts, the engine's mounts of
-// volumes the engine knows (known, by name) but no container of it uses
-// (inUse), last mounted more than grace ago (a docker cp of a stopped
-// container mounts for the length of its copy): what the engine forgot
-// when it was killed with containers running. A volume the engine does not
-// know is another daemon's (a second dockerd): kept. Returns as Reconcile.
-func (s *Server) ReleaseUnused(ctx context.Context, engine string, known, inUse map[string]bool, grace time.Duration) (released []string, failed map[string]string) {
+// ReleaseUnused releases, whatever their counts, the mounts made by one
+// daemon of the engine (instance: Docker's data root) of volumes it knows
+// (known, by name) but no container of it uses (inUse), last mounted more
+// than grace ago (a docker cp of a stopped container mounts for the length
+// of its copy): what the daemon forgot when it was killed with containers
+// running. Another daemon's mounts, and mounts whose daemon is unknown,
+// are kept. Returns as Reconcile.
+func (s *Server) ReleaseUnused(ctx context.Context, engine, instance string, known, inUse map[string]bool, grace time.Duration) (released []string, failed map[string]string) {
 	return s.releaseWhere(ctx, func(u *user) bool {
-		return u.Engine == engine && known[u.Name] && !inUse[u.Name] && time.Since(u.MountedAt) > grace
+		return u.Engine == engine && instance != "" && u.Instance == instance && known[u.Name] && !inUse[u.Name] && time.Since(u.MountedAt) > grace
 	})
 }
 

@@ -153,7 +153,7 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
-	docker := WithEngine(ctx, EngineDocker)
+	docker := WithEngine(ctx, EngineDocker, "/var/lib/docker")
 	for _, id := range []string{"live", "gone", "gone"} {
 		if _, err := s.Mount(docker, &volume.MountRequest{Name: "data", ID: id}); err != nil {
 			t.Fatal(err)
@@ -161,7 +161,7 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	}
 	// Another engine's mount, and one of no known engine: Docker's live
 	// ids say nothing of them.
-	if _, err := s.Mount(WithEngine(ctx, EnginePodman), &volume.MountRequest{Name: "data", ID: "podman-mount"}); err != nil {
+	if _, err := s.Mount(WithEngine(ctx, EnginePodman, ""), &volume.MountRequest{Name: "data", ID: "podman-mount"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "unknown-mount"}); err != nil {
@@ -450,38 +450,46 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 	}
 }
 
-// ReleaseUnused releases Docker's mounts of volumes Docker knows and no
-// container of it holds, once their last Mount is older than the grace;
-// not another engine's, not a volume Docker does not know (another
-// daemon's), not one a container holds.
+// ReleaseUnused releases one Docker daemon's mounts of volumes it knows
+// and no container of it holds, once their last Mount is older than the
+// grace; not another engine's, not another daemon's (another data root, or
+// none known), not one a container holds.
 func TestReleaseUnused(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
-	for _, name := range []string{"held", "forgotten", "elsewhere"} {
+	for _, name := range []string{"held", "forgotten"} {
 		if err := s.Define(ctx, name, map[string]string{"plugin": "p", "volume_id": name}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	docker := WithEngine(ctx, EngineDocker)
+	docker := WithEngine(ctx, EngineDocker, "/var/lib/docker")
 	for _, m := range []struct {
 		ctx      context.Context
 		name, id string
-	}{{docker, "held", "m1"}, {docker, "forgotten", "m2"}, {docker, "elsewhere", "m3"}, {WithEngine(ctx, EnginePodman), "forgotten", "m4"}} {
+	}{
+		{docker, "held", "m1"}, {docker, "forgotten", "m2"},
+		{WithEngine(ctx, EngineDocker, "/srv/other-docker"), "forgotten", "m3"},
+		{WithEngine(ctx, EngineDocker, ""), "forgotten", "m4"},
+		{WithEngine(ctx, EnginePodman, ""), "forgotten", "m5"},
+	} {
 		if _, err := s.Mount(m.ctx, &volume.MountRequest{Name: m.name, ID: m.id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	known := map[string]bool{"held": true, "forgotten": true, "data": true}
+	known := map[string]bool{"held": true, "forgotten": true}
 	inUse := map[string]bool{"held": true}
-	if released, failed := s.ReleaseUnused(ctx, EngineDocker, known, inUse, time.Hour); len(released) != 0 || len(failed) != 0 {
+	if released, failed := s.ReleaseUnused(ctx, EngineDocker, "/var/lib/docker", known, inUse, time.Hour); len(released) != 0 || len(failed) != 0 {
 		t.Errorf("within the grace: released %v, failed %v", released, failed)
 	}
-	released, failed := s.ReleaseUnused(ctx, EngineDocker, known, inUse, 0)
+	released, failed := s.ReleaseUnused(ctx, EngineDocker, "/var/lib/docker", known, inUse, 0)
 	if len(failed) != 0 || len(released) != 1 || released[0] != "forgotten/m2" {
 		t.Errorf("released %v, failed %v; want forgotten/m2 only", released, failed)
 	}
-	if len(b.containers) != 3 {
-		t.Errorf("%d engine mounts left, want 3 (held, elsewhere, Podman's)", len(b.containers))
+	if released, _ := s.ReleaseUnused(ctx, EngineDocker, "", known, inUse, 0); len(released) != 0 {
+		t.Errorf("a daemon of unknown data root released %v", released)
+	}
+	if len(b.containers) != 4 {
+		t.Errorf("%d engine mounts left, want 4", len(b.containers))
 	}
 }

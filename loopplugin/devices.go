@@ -100,25 +100,6 @@ func (ds devices) mounts() (map[string][]string, error) {
 	return out, nil
 }
 
-// withFilesystem returns, by name, the devices whose filesystem is mounted
-// somewhere.
-func (ds devices) withFilesystem() (map[string]bool, error) {
-	ms, err := mount.List(func(m *mountinfo.Info) (skip, stop bool) {
-		_, ok := ds.withFS(m)
-		return !ok, false
-	})
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]bool{}
-	for _, m := range ms {
-		if d, ok := ds.withFS(m); ok {
-			out[d.Name] = true
-		}
-	}
-	return out, nil
-}
-
 // allMounts returns every mount point where one of the devices is visible,
 // sorted.
 func (ds devices) allMounts() ([]string, error) {
@@ -218,17 +199,18 @@ func (h *held) release(name string) {
 
 // sweep clears the autoclear mark an opener's LOOP_CLR_FD left on a held
 // device, so that the plugin's exit (a crash, an upgrade) does not detach
-// it. Serve runs it every holdSweep and on its way out.
+// it, and puts back a window onto the image an opener moved
+// (loopdev.KeepAttached). Serve runs it every holdSweep and on its way out.
 func (h *held) sweep(log *slog.Logger) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for name, f := range h.files {
-		cleared, err := loopdev.KeepAttached(f)
+		changed, err := loopdev.KeepAttached(f)
 		switch {
 		case err != nil:
 			log.Warn("cannot check a held block device", "device", name, "error", err)
-		case cleared:
-			log.Warn("an opener of a block device asked to detach it (LOOP_CLR_FD); refused", "device", name)
+		case changed:
+			log.Warn("an opener of a block device asked to detach it (LOOP_CLR_FD) or moved its offset or size; undone", "device", name)
 		}
 	}
 }

@@ -510,8 +510,27 @@ func TestBlockDeviceDetachByContainer(t *testing.T) {
 	detach(rw).Close()
 	detach(ro).Close()
 	attached("after a container's LOOP_CLR_FD")
-	// The sweep clears the marks, so the plugin's exit detaches nothing.
+	// A writer moves the window onto the image for every user of the
+	// device (LOOP_SET_STATUS64 needs only write access).
+	wf, err := os.OpenFile(rw, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := unix.IoctlLoopGetStatus64(int(wf.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Offset = 4096
+	if err := unix.IoctlLoopSetStatus64(int(wf.Fd()), info); err != nil {
+		t.Fatal(err)
+	}
+	// The sweep clears the marks, so the plugin's exit detaches nothing,
+	// and puts the window back.
 	e.p.held.sweep(e.p.log)
+	if info, err := unix.IoctlLoopGetStatus64(int(wf.Fd())); err != nil || info.Offset != 0 {
+		t.Errorf("after the sweep: offset %d, %v; want 0", info.Offset, err)
+	}
+	wf.Close()
 	e.p.held.release(before[0].Name)
 	e.p.held.release(before[1].Name)
 	attached("after the plugin's exit")

@@ -304,25 +304,23 @@ func every(ctx context.Context, d time.Duration, f func()) {
 
 // holdAttached reports the volumes found attached at start (the state a
 // previous run left, which this one carries on from) and holds the devices
-// that no filesystem mount holds (block access; see held), clearing an
-// autoclear mark someone set meanwhile.
+// whose node is bind-mounted (block access given out; see held), clearing
+// an autoclear mark someone set meanwhile. Others are left as they are: a
+// filesystem's device is held by its mount, and one being detached (an
+// unstage's LOOP_CLR_FD waiting for a last opener) must stay so.
 func (p *Plugin) holdAttached() error {
 	attached, err := loopdev.List(p.pool.Dir())
 	if err != nil {
 		return err
 	}
-	var ds devices
-	for _, a := range attached {
-		ds = append(ds, a.Device)
-	}
-	fs, err := ds.withFilesystem()
+	handedOut, err := loopdev.BoundNodes()
 	if err != nil {
 		return err
 	}
 	for _, a := range attached {
 		id := strings.TrimSuffix(filepath.Base(a.BackingFile), imageSuffix)
 		p.log.Info("found attached volume", "volume", id, "device", a.Path)
-		if fs[a.Name] {
+		if !handedOut[a.Rdev()] {
 			continue
 		}
 		f, err := loopdev.Hold(a.Device, a.BackingFile)

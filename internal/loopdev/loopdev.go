@@ -83,7 +83,7 @@ func Attach(ctx context.Context, backing string, opts Options) (Device, *os.File
 	}
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], backing)
 
-	handedOut, err := boundNodes()
+	handedOut, err := BoundNodes()
 	if err != nil {
 		return Device{}, nil, fmt.Errorf("attach %s: %w", backing, err)
 	}
@@ -171,10 +171,10 @@ func freeDevice(ctl *os.File, handedOut map[uint64]bool, busy int) (int, error) 
 	}
 }
 
-// boundNodes returns the device numbers of the loop device nodes that are
+// BoundNodes returns the device numbers of the loop device nodes that are
 // bind-mounted somewhere in this mount namespace (a mount whose root is
-// "/loopN" and whose mount point is a block device node).
-func boundNodes() (map[uint64]bool, error) {
+// "/loopN" and whose mount point is a block device node): handed out.
+func BoundNodes() (map[uint64]bool, error) {
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
 		_, err := strconv.Atoi(strings.TrimPrefix(m.Root, "/loop"))
 		return err != nil || !strings.HasPrefix(m.Root, "/loop"), false
@@ -425,19 +425,23 @@ func Hold(dev Device, backing string) (*os.File, error) {
 	return f, nil
 }
 
-// KeepAttached clears LO_FLAGS_AUTOCLEAR on the loop device open as f and
-// reports whether it was set. An opener's LOOP_CLR_FD sets it while others
-// hold the device; left set, the holder's close (its process dying) would
-// detach the device.
-func KeepAttached(f *os.File) (cleared bool, err error) {
+// KeepAttached clears LO_FLAGS_AUTOCLEAR on the loop device open as f, and
+// sets its offset and size limit back to 0 (the whole file), reporting
+// whether anything was changed. An opener's LOOP_CLR_FD sets autoclear
+// while others hold the device; left set, the holder's close (its process
+// dying) would detach the device. An opener with write access may also
+// move the window onto the file (LOOP_SET_STATUS64) for every other user
+// of the device.
+func KeepAttached(f *os.File) (changed bool, err error) {
 	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
 	if err != nil {
 		return false, fmt.Errorf("LOOP_GET_STATUS64: %w", err)
 	}
-	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 {
+	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 && info.Offset == 0 && info.Sizelimit == 0 {
 		return false, nil
 	}
 	info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+	info.Offset, info.Sizelimit = 0, 0
 	if err := unix.IoctlLoopSetStatus64(int(f.Fd()), info); err != nil {
 		return false, fmt.Errorf("LOOP_SET_STATUS64: %w", err)
 	}
