@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // Directories of the work dir: named volume definitions and the engines'
@@ -136,6 +138,9 @@ func (a *Agent) checkDocker(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if !a.named.HasMounts(dockerplugin.EngineDocker) {
+			continue // nothing to ask Docker about
+		}
 		qctx, cancel := context.WithTimeout(ctx, dockerCheckTimeout)
 		root, known, inUse, err := dockerplugin.DockerVolumes(qctx, a.cfg.DockerHost)
 		cancel()
@@ -166,17 +171,31 @@ func (a *Agent) checkDocker(ctx context.Context) {
 
 // dockerDataRoot is the data root of the dockerd with this pid, from the
 // volume database it keeps open (<data-root>/volumes/metadata.db), "" if
-// none is found: it tells one daemon's mounts from another's.
+// none is found: it tells one daemon's mounts from another's. Found once
+// per daemon process (pid and start time): dockerd has many descriptors,
+// and every call of the engine socket is tagged.
 func dockerDataRoot(pid int32) string {
+	ticks, err := supervisor.StartTicks(int(pid))
+	if err != nil {
+		return ""
+	}
+	key := fmt.Sprintf("%d/%d", pid, ticks)
+	if root, ok := dockerRoots.Load(key); ok {
+		return root.(string)
+	}
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	for _, fd := range fds {
 		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
 		if root, ok := strings.CutSuffix(target, "/volumes/metadata.db"); err == nil && ok {
+			dockerRoots.Store(key, root)
 			return root
 		}
 	}
 	return ""
 }
+
+// dockerRoots caches dockerDataRoot by "pid/start time".
+var dockerRoots sync.Map
 
 // engineOfExe is the engine whose daemon (or CLI, for Podman) exe is.
 func engineOfExe(exe string) string {

@@ -461,6 +461,19 @@ func (s *Server) ReleaseUnused(ctx context.Context, engine, instance string, kno
 	})
 }
 
+// HasMounts reports whether the engine holds any mount (ReleaseUnused
+// then has something to look at).
+func (s *Server) HasMounts(engine string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, u := range s.users {
+		if u.Engine == engine {
+			return true
+		}
+	}
+	return false
+}
+
 // releaseWhere releases the engine mounts gone says are gone, asking it
 // again under each name's lock.
 func (s *Server) releaseWhere(ctx context.Context, gone func(*user) bool) (released []string, failed map[string]string) {

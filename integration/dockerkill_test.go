@@ -73,9 +73,7 @@ func (d *ownDockerd) start() {
 		d.t.Fatal(err)
 	}
 	defer log.Close()
-	d.cmd = exec.Command("dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
-		"--data-root", filepath.Join(d.dir, "data"), "--exec-root", filepath.Join(d.dir, "exec"),
-		"--pidfile", filepath.Join(d.dir, "dockerd.pid"), "-H", d.host)
+	d.cmd = exec.Command("dockerd", dockerdArgs(d.dir, d.host)...)
 	d.cmd.Stdout, d.cmd.Stderr = log, log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

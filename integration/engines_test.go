@@ -80,9 +80,7 @@ func startDockerd(dir string) (stop func()) {
 		dockerBroken = err.Error()
 		return stop
 	}
-	cmd := exec.Command("dockerd", "--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
-		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
-		"--pidfile", filepath.Join(dir, "dockerd.pid"), "-H", "unix://"+sock)
+	cmd := exec.Command("dockerd", dockerdArgs(dir, "unix://"+sock)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		dockerSkip = "dockerd cannot start: " + err.Error()
@@ -160,6 +158,14 @@ func startDockerd(dir string) (stop func()) {
 		dockerBroken = "cannot make the test image: " + err.Error()
 	}
 	return stop
+}
+
+// dockerdArgs runs a dockerd of the tests' own below dir (data root, exec
+// root, pid file), listening at host, with no network set-up.
+func dockerdArgs(dir, host string) []string {
+	return []string{"--iptables=false", "--ip6tables=false", "--bridge=none", "--storage-driver=vfs",
+		"--data-root", filepath.Join(dir, "data"), "--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "dockerd.pid"), "-H", host}
 }
 
 func tail(b []byte) string {

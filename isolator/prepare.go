@@ -668,7 +668,7 @@ func (iso *Isolator) Reconcile(ctx context.Context, live []string, manager strin
 	// now is in it. A record replaced since (the container cleaned up and
 	// prepared again, in a new namespace) is not this reconcile's.
 	listed := iso.containerRecords()
-	inUse, nsErr := iso.mounts.NamespacesInUse()
+	scan := sync.OnceValues(iso.mounts.NamespacesInUse)
 	for _, id := range slices.Sorted(maps.Keys(listed)) {
 		if alive[id] {
 			continue
@@ -678,7 +678,7 @@ func (iso *Isolator) Reconcile(ctx context.Context, live []string, manager strin
 			if req.GetManager() != manager {
 				return nil // another manager's: its live list is not this one
 			}
-			if why := iso.running(c.cp, inUse, nsErr); why != "" {
+			if why := iso.running(c.cp, scan); why != "" {
 				// The caller's live list is wrong about it (another
 				// runtime's, or a runtime that answered for other
 				// state): its processes would lose their volumes.
@@ -732,17 +732,19 @@ func (iso *Isolator) withListedContainer(ctx context.Context, id string, listed 
 const namespaceOfAnotherBoot = math.MaxUint64
 
 // running says why a container may still run ("" when it is gone): a
-// process is in the mount namespace it was prepared into (inUse, from
-// NamespacesInUse; nsErr when that could not be told), or its own
-// recorded process is still there, or could not be looked at. A container
-// prepared without a pid (on the host) is not judged: "".
-func (iso *Isolator) running(cp *statev1.ContainerCheckpoint, inUse map[uint64]int, nsErr error) string {
+// process is in the mount namespace it was prepared into (from scan, a
+// NamespacesInUse made once for many containers, after they were listed),
+// or its own recorded process is still there, or either could not be
+// looked at. A container prepared without a pid (on the host) is not
+// judged, one prepared before a reboot is gone: "".
+func (iso *Isolator) running(cp *statev1.ContainerCheckpoint, scan func() (map[uint64]int, error)) string {
 	ns := cp.GetMountNamespace()
-	switch {
-	case ns == 0, ns == namespaceOfAnotherBoot:
+	if ns == 0 || ns == namespaceOfAnotherBoot {
 		return ""
-	case nsErr != nil:
-		return fmt.Sprintf("cannot tell whether its processes are gone: %v", nsErr)
+	}
+	inUse, err := scan()
+	if err != nil {
+		return fmt.Sprintf("cannot tell whether its processes are gone: %v", err)
 	}
 	if pid, ok := inUse[ns]; ok {
 		return fmt.Sprintf("it still runs: pid %d is in its mount namespace", pid)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -26,16 +27,19 @@ import (
 // at poststop, or the runtime crashed). Their mounts went with the
 // namespace; what is left is their share of the volumes.
 func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins) {
-	// Listed before the scan (see Reconcile).
+	// Listed before the scan, which runs only if a container needs it
+	// (see Reconcile).
 	ids := iso.containerIDs()
-	inUse, err := iso.mounts.NamespacesInUse()
-	if err != nil {
-		iso.log.Warn("cannot tell which containers are gone", "error", err)
-		return
-	}
+	scan := sync.OnceValues(iso.mounts.NamespacesInUse)
 	for _, id := range ids {
 		iso.withContainerIfFree(id, func(c *container) {
-			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetMountNamespace() == 0 || iso.running(c.cp, inUse, nil) != "" {
+			if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetMountNamespace() == 0 {
+				return
+			}
+			if why := iso.running(c.cp, scan); why != "" {
+				if _, err := scan(); err != nil {
+					iso.log.Warn("cannot tell whether a container is gone", "container", id, "error", err)
+				}
 				return
 			}
 			if p, ok := down.of(c.cp.GetRequest()); ok {

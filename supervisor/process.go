@@ -365,6 +365,13 @@ func readStat(pid int) (procStat, error) {
 	return procStat{state: f[0][0], startTicks: ticks}, nil
 }
 
+// StartTicks is when process pid started (clock ticks since boot): with
+// the pid, it names one process, whatever reuses the pid later.
+func StartTicks(pid int) (uint64, error) {
+	st, err := readStat(pid)
+	return st.startTicks, err
+}
+
 func bootID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
