@@ -31,10 +31,6 @@ type NamedVolumes interface {
 	Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*agentv1.Volume) error) error
 }
 
-// EngineOther names, in ReconcileEngineMountsRequest.engine, the engine
-// mounts of no known engine.
-const EngineOther = "other"
-
 // namedPageSize is ListNamedVolumes' page when the caller names none.
 const namedPageSize = 500
 
@@ -122,17 +118,17 @@ func engineOf(name string) (string, error) {
 	switch name {
 	case dockerplugin.EngineDocker, dockerplugin.EnginePodman:
 		return name, nil
-	case EngineOther:
+	case dockerplugin.EngineUnknown:
 		return "", nil
 	}
 	return "", status.Errorf(codes.InvalidArgument, "engine %q: %s, %s or %s (mounts by engines the agent did not recognise, or recorded before it told engines apart): "+
-		"each engine's mount ids are reconciled against its own mounts only", name, dockerplugin.EngineDocker, dockerplugin.EnginePodman, EngineOther)
+		"each engine's mount ids are reconciled against its own mounts only", name, dockerplugin.EngineDocker, dockerplugin.EnginePodman, dockerplugin.EngineUnknown)
 }
 
 // namedVolume is a named volume's status as the API shows it.
 func namedVolume(st namedvol.Status) *agentv1.NamedVolume {
 	return &agentv1.NamedVolume{Name: st.Name, Options: st.Options(), State: st.State, Containers: int32(st.Containers),
-		EngineMountIds: st.EngineMounts, Mountpoint: st.Mountpoint}
+		EngineMountIds: st.EngineMounts, Mountpoint: st.Mountpoint, Creator: st.Creator}
 }
 
 // namedMounts are the request's named mounts in the core's terms.

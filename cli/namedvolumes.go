@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -118,9 +119,9 @@ func (e *env) volumeList(ctx context.Context, c agentv1.AgentClient, output stri
 		req.StartingAfter = page.GetNext()
 	}
 	return printReply(e.stdout, output, all, nil, func() error {
-		tw := newTable(e.stdout, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS")
+		tw := newTable(e.stdout, "NAME\tPLUGIN\tVOLUME ID\tSTATE\tMOUNTS\tCREATOR")
 		for _, v := range all.GetVolumes() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\n", v.GetName(), v.GetOptions()[namedvol.KeyPlugin], v.GetOptions()[namedvol.KeyVolumeID], v.GetState(), len(v.GetEngineMountIds()))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", v.GetName(), v.GetOptions()[namedvol.KeyPlugin], v.GetOptions()[namedvol.KeyVolumeID], v.GetState(), len(v.GetEngineMountIds()), cmp.Or(v.GetCreator(), "-"))
 		}
 		return tw.Flush()
 	})

@@ -101,6 +101,9 @@ type user struct {
 const (
 	EngineDocker = "docker"
 	EnginePodman = "podman"
+	// EngineUnknown names, where one is shown, the engine of a peer that
+	// is neither (its mounts are recorded with Engine "").
+	EngineUnknown = "other"
 )
 
 type engineKey struct{}
@@ -119,6 +122,20 @@ func WithEngine(ctx context.Context, name, instance string) context.Context {
 func engineOf(ctx context.Context) engine {
 	e, _ := ctx.Value(engineKey{}).(engine)
 	return e
+}
+
+// creatorOf is who defines or removes a volume in ctx: the engine
+// WithEngine names (EngineUnknown for a peer it did not recognise), or,
+// without WithEngine, namedvol.CreatorAPI.
+func creatorOf(ctx context.Context) string {
+	e, ok := ctx.Value(engineKey{}).(engine)
+	switch {
+	case !ok:
+		return namedvol.CreatorAPI
+	case e.name == "":
+		return EngineUnknown
+	}
+	return e.name
 }
 
 // New loads the recorded engine mounts. Records whose container the
@@ -263,6 +280,7 @@ func (s *Server) Define(ctx context.Context, name string, options map[string]str
 	if err != nil {
 		return err
 	}
+	d.Creator = creatorOf(ctx)
 	if err := s.cfg.Backend.CheckPlugin(d.Plugin); err != nil {
 		return fmt.Errorf("option %s=%s: %w", namedvol.KeyPlugin, d.Plugin, err)
 	}
@@ -274,7 +292,7 @@ func (s *Server) Define(ctx context.Context, name string, options map[string]str
 	if err := s.cfg.Store.Create(ctx, d); err != nil {
 		return err
 	}
-	s.log.Info("named volume created", "name", d.Name, "plugin", d.Plugin, "volume_id", d.VolumeID)
+	s.log.Info("named volume created", "name", d.Name, "plugin", d.Plugin, "volume_id", d.VolumeID, "creator", d.Creator)
 	return nil
 }
 
@@ -284,7 +302,8 @@ func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
 }
 
 // Undefine deletes a named volume that no engine mount and no container
-// uses (namedvol.ErrInUse).
+// uses (namedvol.ErrInUse); an engine (WithEngine) only one it created
+// (namedvol.Definition.CheckRemove), the API any.
 func (s *Server) Undefine(ctx context.Context, name string) error {
 	if err := namedvol.ValidateName(name); err != nil {
 		return err
@@ -294,12 +313,17 @@ func (s *Server) Undefine(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if us := s.usersOf(name); len(us) > 0 {
-		return fmt.Errorf("volume %s is in use by %d engine mount(s); unmount it first: %w", name, len(us), namedvol.ErrInUse)
-	}
 	d, err := s.cfg.Store.Get(name)
 	if err != nil {
 		return err
+	}
+	if by := creatorOf(ctx); by != namedvol.CreatorAPI {
+		if err := d.CheckRemove(by); err != nil {
+			return err
+		}
+	}
+	if us := s.usersOf(name); len(us) > 0 {
+		return fmt.Errorf("volume %s is in use by %d engine mount(s); unmount it first: %w", name, len(us), namedvol.ErrInUse)
 	}
 	// Containers given the volume by name through the agent (the mounts
 	// annotation, prepare --mounts) hold its CSI volume.
@@ -630,6 +654,9 @@ func (s *Server) status(d *namedvol.Definition, vols []*agentv1.VolumeStatus) na
 // agent and its engine mounts.
 func dockerVolume(st namedvol.Status) *volume.Volume {
 	status := map[string]any{StatusOptions: st.Options(), "state": st.State, "mounts": st.EngineMounts}
+	if st.Creator != "" {
+		status["creator"] = st.Creator
+	}
 	if st.State != namedvol.NotPublished {
 		status["containers"] = st.Containers
 	}

@@ -239,6 +239,57 @@ func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
 	}
 }
 
+// Docker, Podman and the API share one name space: an engine removes only
+// the volumes it created (Podman's volume survives docker volume rm), the
+// API any, and a definition stored before creators were kept anyone.
+func TestEngineRemovesOnlyWhatItCreated(t *testing.T) {
+	ctx := context.Background()
+	docker, podman, other := WithEngine(ctx, EngineDocker, "/var/lib/docker"), WithEngine(ctx, EnginePodman, ""), WithEngine(ctx, "", "")
+	s, dir := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	opts := map[string]string{"plugin": "p", "volume_id": "v"}
+	for name, ctx := range map[string]context.Context{"bypodman": podman, "bydocker": docker, "byother": other} {
+		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: opts}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same definition again, from another engine, changes nothing
+	// (Docker creates a volume it is asked to use but does not know).
+	if err := s.Create(docker, &volume.CreateRequest{Name: "bypodman", Options: opts}); err != nil {
+		t.Errorf("Docker's Create of Podman's identical definition: %v, want no change", err)
+	}
+	for _, tc := range []struct {
+		ctx           context.Context
+		name, creator string
+		how           string
+	}{
+		{docker, "bypodman", "podman", "podman volume rm bypodman (or csi-agent volume rm bypodman as root)"},
+		{podman, "bydocker", "docker", "docker volume rm bydocker"},
+		{docker, "byother", "other", "the engine that created it (or csi-agent volume rm byother as root)"},
+		{podman, "data", "csi-agent", "remove it with csi-agent volume rm data"},
+	} {
+		err := s.Remove(tc.ctx, &volume.RemoveRequest{Name: tc.name})
+		if !errors.Is(err, namedvol.ErrOtherCreator) || !strings.Contains(err.Error(), "was created by "+tc.creator) || !strings.Contains(err.Error(), tc.how) {
+			t.Errorf("removing %s (created by %s) from another engine: %v, want refused saying %q", tc.name, tc.creator, err, tc.how)
+		}
+		if st, err := s.Status(tc.name); err != nil || st.Creator != tc.creator {
+			t.Errorf("%s after the refused removal: %+v, %v", tc.name, st, err)
+		}
+	}
+	for name, ctx := range map[string]context.Context{"bypodman": podman, "bydocker": docker, "byother": other, "data": ctx} {
+		if err := s.Remove(ctx, &volume.RemoveRequest{Name: name}); err != nil {
+			t.Errorf("its creator removing %s: %v", name, err)
+		}
+	}
+	// A definition stored by an agent that did not keep creators.
+	legacy := []byte(`{"name": "old", "plugin": "p", "volume_id": "v"}` + "\n")
+	if err := os.WriteFile(filepath.Join(dir, "named", "old.json"), legacy, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(docker, &volume.RemoveRequest{Name: "old"}); err != nil {
+		t.Errorf("Docker removing a definition without a creator: %v", err)
+	}
+}
+
 // The per-name locks of a long-running agent do not pile up: volumes
 // created and removed, and calls on names that do not exist, leave none.
 func TestNameLocksAreDropped(t *testing.T) {

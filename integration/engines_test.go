@@ -929,6 +929,52 @@ func TestReconcileScopedToItsEngine(t *testing.T) {
 	}
 }
 
+// TestEnginesRemoveOnlyTheirOwnVolumes: Docker, Podman and csi-agent
+// volume share one name space; docker volume rm of a volume Podman created
+// is refused (it used to delete it, and Podman then failed), Docker may
+// still use it, and Podman and root remove what is theirs.
+func TestEnginesRemoveOnlyTheirOwnVolumes(t *testing.T) {
+	e := newEnv(t)
+	needPodman(t)
+	e.loopVolume("vol1")
+	e.loopVolume("vol2")
+	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "podmans")
+	e.mustPodman(append(podmanRunArgs, "--rm", "-v", "podmans:/data", image, "sh", "-c", "echo kept > /data/f")...)
+	if out, err := e.cli("create", "roots", "--plugin", "loop.test", "--volume-id", "vol2"); err != nil {
+		t.Fatalf("csi-agent volume create: %v\n%s", err, out)
+	}
+	for name, want := range map[string]string{"podmans": "podman", "roots": "csi-agent"} {
+		if got := e.inspect(name).GetCreator(); got != want {
+			t.Errorf("%s's creator: %q, want %q", name, got, want)
+		}
+	}
+	// Docker learns of the volume as a user would: docker volume ls, or a
+	// create with the same options (no change). (A name Docker does not
+	// know is looked for on every volume driver it ever loaded, here the
+	// stale ones of earlier tests.)
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "podmans")
+	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol2", "roots")
+	if out := dockerFails(t, "volume", "rm", "podmans"); !strings.Contains(out, "was created by podman, not docker") || !strings.Contains(out, "podman volume rm podmans") {
+		t.Errorf("docker volume rm of Podman's volume: %s", out)
+	}
+	if out := dockerFails(t, "volume", "rm", "roots"); !strings.Contains(out, "was created by csi-agent") {
+		t.Errorf("docker volume rm of root's volume: %s", out)
+	}
+	if out := docker(t, "run", "--rm", "--network", "none", "-v", "podmans:/data", image, "cat", "/data/f"); out != "kept" {
+		t.Errorf("Docker reading Podman's volume: %q", out)
+	}
+	if out := e.mustPodman(append(podmanRunArgs, "--rm", "-v", "podmans:/data", image, "cat", "/data/f")...); strings.TrimSpace(out) != "kept" {
+		t.Errorf("Podman reading its volume after Docker's refused rm: %q", out)
+	}
+	e.mustPodman("volume", "rm", "podmans")
+	if out, err := e.cli("rm", "roots"); err != nil {
+		t.Errorf("csi-agent volume rm of its own volume: %v\n%s", err, out)
+	}
+	if out, err := e.cli("ls"); err != nil || strings.Contains(out, "podmans") || strings.Contains(out, "roots") {
+		t.Errorf("csi-agent volume ls after both removals: %v\n%s", err, out)
+	}
+}
+
 // TestDockerNonRootWritesFreshVolume: a container run as 1000:1000 can
 // write a fresh volume created with uid=1000 and gid=1000 (its root is
 // given to them at the engine mount); without them it cannot (the root of

@@ -90,6 +90,40 @@ type Definition struct {
 	// as: a fresh volume's root is given to them (see KeyUID).
 	UID string `json:"uid,omitempty"`
 	GID string `json:"gid,omitempty"`
+	// Creator is who defined it: an engine (docker, podman, other for a
+	// peer of the plugin socket the agent did not recognise) or CreatorAPI.
+	// Engines share one name space; an engine may remove only what it
+	// created (CheckRemove). Definitions stored before the field existed
+	// lack it: any may remove them, as then. Not an option: the agent sets
+	// it.
+	Creator string `json:"creator,omitempty"`
+}
+
+// CreatorAPI is the Creator of definitions made through the agent's API
+// (csi-agent volume create).
+const CreatorAPI = "csi-agent"
+
+// ErrOtherCreator marks a removal an engine may not make: another
+// engine, or the operator through the API, created the definition.
+var ErrOtherCreator = errors.New("created by someone else")
+
+// CheckRemove refuses engine's removal (docker volume rm) of a definition
+// another creator made: Docker, Podman and the API share one name space,
+// and one engine's rm would take a volume from under the other's
+// containers and records. Definitions without a Creator are anyone's.
+func (d *Definition) CheckRemove(engine string) error {
+	if d.Creator == "" || d.Creator == engine {
+		return nil
+	}
+	how := "csi-agent volume rm " + d.Name
+	switch d.Creator {
+	case CreatorAPI:
+	case "docker", "podman":
+		how = fmt.Sprintf("%s volume rm %s (or %s as root)", d.Creator, d.Name, how)
+	default:
+		how = fmt.Sprintf("the engine that created it (or %s as root)", how)
+	}
+	return fmt.Errorf("volume %s was created by %s, not %s: %w; the engines share one name space of volumes, and each removes only its own: remove it with %s", d.Name, d.Creator, engine, ErrOtherCreator, how)
 }
 
 // ParseOptions makes a definition from engine options (docker volume

@@ -41,8 +41,8 @@ func OpenStore(commit *atomicfile.Committer, dir string) (*Store, error) {
 
 func (s *Store) path(name string) string { return filepath.Join(s.dir, name+".json") }
 
-// Create stores d, durably. The same definition again is no change;
-// another one under the same name is ErrExists; one larger than
+// Create stores d, durably. The same definition again (whoever its
+// Creator) is no change; another one under the same name is ErrExists; one larger than
 // MaxDefinition is ErrInvalid.
 func (s *Store) Create(ctx context.Context, d *Definition) error {
 	if err := d.Validate(); err != nil {
@@ -53,7 +53,7 @@ func (s *Store) Create(ctx context.Context, d *Definition) error {
 	}
 	old, err := s.Get(d.Name)
 	switch {
-	case err == nil && reflect.DeepEqual(old, d):
+	case err == nil && sameDefinition(old, d):
 		return nil
 	case err == nil:
 		return fmt.Errorf("%w: %s (remove it first)", ErrExists, d.Name)
@@ -69,6 +69,14 @@ func (s *Store) Create(ctx context.Context, d *Definition) error {
 		return fmt.Errorf("storing %s: %w", d.Name, err)
 	}
 	return s.commit.Wait(ctx, n)
+}
+
+// sameDefinition reports whether a and b define the same volume, whoever
+// created them.
+func sameDefinition(a, b *Definition) bool {
+	b2 := *b
+	b2.Creator = a.Creator
+	return reflect.DeepEqual(a, &b2)
 }
 
 // Get reads one definition.

@@ -670,7 +670,11 @@ type NamedVolume struct {
 	// The engine mounts that hold it.
 	EngineMountIds []string `protobuf:"bytes,5,rep,name=engine_mount_ids,json=engineMountIds,proto3" json:"engine_mount_ids,omitempty"`
 	// Where it is mounted for the engines, or "".
-	Mountpoint    string `protobuf:"bytes,6,opt,name=mountpoint,proto3" json:"mountpoint,omitempty"`
+	Mountpoint string `protobuf:"bytes,6,opt,name=mountpoint,proto3" json:"mountpoint,omitempty"`
+	// Who defined it: docker, podman, other (an engine the agent did not
+	// recognise), csi-agent (this API), or "" (defined before the agent
+	// kept it). An engine removes only the volumes it created.
+	Creator       string `protobuf:"bytes,7,opt,name=creator,proto3" json:"creator,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -743,6 +747,13 @@ func (x *NamedVolume) GetEngineMountIds() []string {
 func (x *NamedVolume) GetMountpoint() string {
 	if x != nil {
 		return x.Mountpoint
+	}
+	return ""
+}
+
+func (x *NamedVolume) GetCreator() string {
+	if x != nil {
+		return x.Creator
 	}
 	return ""
 }
@@ -3545,7 +3556,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x1b\n" +
 	"\x19RemoveNamedVolumeResponse\"+\n" +
 	"\x15GetNamedVolumeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xa4\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xbe\x02\n" +
 	"\vNamedVolume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12E\n" +
 	"\aoptions\x18\x02 \x03(\v2+.csiagent.agent.v1.NamedVolume.OptionsEntryR\aoptions\x12\x14\n" +
@@ -3556,7 +3567,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x10engine_mount_ids\x18\x05 \x03(\tR\x0eengineMountIds\x12\x1e\n" +
 	"\n" +
 	"mountpoint\x18\x06 \x01(\tR\n" +
-	"mountpoint\x1a:\n" +
+	"mountpoint\x12\x18\n" +
+	"\acreator\x18\a \x01(\tR\acreator\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"a\n" +
