@@ -5,21 +5,27 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
-// Policy is a validated agentv1.RetryPolicy, its unset fields the
-// defaults.
+// Request is the API's RetryPolicy message (agentv1.RetryPolicy; a nil one
+// too) as Parse reads it.
+type Request interface {
+	GetMaxAttempts() uint32
+	GetInitialBackoff() *durationpb.Duration
+	GetMaxBackoff() *durationpb.Duration
+	GetTimeout() *durationpb.Duration
+}
+
+// Policy is a validated RetryPolicy, its unset fields the defaults.
 type Policy struct {
 	// Attempts are the calls of one RPC in all, the first included.
 	Attempts              int
 	Initial, Max, Timeout time.Duration
 }
 
-// Parse validates p (nil: every default) into a Policy, naming the field
-// that is out of its limits.
-func Parse(p *agentv1.RetryPolicy) (Policy, error) {
+// Parse validates p (nil, or a nil message: every default) into a
+// Policy, naming the field that is out of its limits.
+func Parse(p Request) (Policy, error) {
 	rp := Policy{Attempts: DefaultAttempts, Initial: DefaultBackoff, Max: DefaultMaxBackoff, Timeout: DefaultTimeout}
 	if p == nil {
 		return rp, nil
