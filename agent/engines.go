@@ -18,7 +18,7 @@ import (
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/supervisor"
 )
 
@@ -37,42 +37,24 @@ func NamedVolumesDir(workDir string) string { return filepath.Join(workDir, name
 // first recovery pass, as the API's do.
 type engineBackend struct{ a *Agent }
 
-func (b engineBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
+func (b engineBackend) Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
+	if err := b.a.iso.WaitRecovered(ctx); err != nil {
 		return nil, err
 	}
-	mounts, err := b.a.iso.Prepare(ctx, apiserver.PrepareRequest(req))
-	b.a.pokeSchedules()
-	if err != nil {
-		return nil, err
-	}
-	return &agentv1.PrepareResponse{Mounts: apiserver.Mounts(mounts)}, nil
+	defer b.a.pokeSchedules()
+	return b.a.iso.Prepare(ctx, req)
 }
 
 func (b engineBackend) Cleanup(ctx context.Context, id string) error {
-	if err := apiserver.WaitRecovered(ctx, b.a.iso); err != nil {
+	if err := b.a.iso.WaitRecovered(ctx); err != nil {
 		return err
 	}
-	err := b.a.iso.Cleanup(ctx, id, false)
-	b.a.pokeSchedules()
-	return err
+	defer b.a.pokeSchedules()
+	return b.a.iso.Cleanup(ctx, id, false)
 }
 
-func (b engineBackend) ListContainers() []*agentv1.ContainerStatus {
-	var out []*agentv1.ContainerStatus
-	for _, c := range b.a.iso.ListContainers() {
-		out = append(out, apiserver.ContainerStatus(c))
-	}
-	return out
-}
-
-func (b engineBackend) ListVolumes() []*agentv1.VolumeStatus {
-	var out []*agentv1.VolumeStatus
-	for _, v := range b.a.iso.ListVolumes() {
-		out = append(out, apiserver.VolumeStatus(v))
-	}
-	return out
-}
+func (b engineBackend) ListContainers() []isolator.ContainerInfo { return b.a.iso.ListContainers() }
+func (b engineBackend) ListVolumes() []isolator.VolumeInfo       { return b.a.iso.ListVolumes() }
 
 func (b engineBackend) CheckPlugin(typ string) error {
 	_, err := plugins(b).Lookup(typ)
@@ -138,7 +120,7 @@ func (a *Agent) checkDocker(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !a.named.HasMounts(dockerplugin.EngineDocker) {
+		if !a.named.HasMounts(namedvol.EngineDocker) {
 			continue // nothing to ask Docker about
 		}
 		qctx, cancel := context.WithTimeout(ctx, dockerCheckTimeout)
@@ -156,7 +138,7 @@ func (a *Agent) checkDocker(ctx context.Context) {
 			continue
 		}
 		lastErr = ""
-		released, failed := a.named.ReleaseUnused(ctx, dockerplugin.EngineDocker, root, known, inUse, 2*interval)
+		released, failed := a.named.ReleaseUnused(ctx, namedvol.EngineDocker, root, known, inUse, 2*interval)
 		for _, r := range released {
 			a.log.Info("released a Docker mount no container of it holds (dockerd forgot it)", "mount", r)
 		}
@@ -201,9 +183,9 @@ var dockerRoots sync.Map
 func engineOfExe(exe string) string {
 	switch filepath.Base(strings.TrimSuffix(exe, " (deleted)")) {
 	case "dockerd":
-		return dockerplugin.EngineDocker
+		return namedvol.EngineDocker
 	case "podman":
-		return dockerplugin.EnginePodman
+		return namedvol.EnginePodman
 	}
 	return ""
 }
@@ -216,7 +198,7 @@ func engineTagged(h http.Handler) http.Handler {
 		engine, instance := "", ""
 		if cred := apiserver.HTTPPeer(r); cred != nil {
 			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", cred.Pid))
-			if engine = engineOfExe(exe); engine == dockerplugin.EngineDocker {
+			if engine = engineOfExe(exe); engine == namedvol.EngineDocker {
 				instance = dockerDataRoot(cred.Pid)
 			}
 		}

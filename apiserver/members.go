@@ -131,6 +131,11 @@ func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) error 
 			return denied(c, "volumes[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, v.GetContainerPath())
 		}
 	}
+	for i, m := range req.GetNamedMounts() {
+		if filepath.IsAbs(m.GetContainerPath()) && req.GetRootfs() == "" {
+			return denied(c, "named_mounts[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, m.GetContainerPath())
+		}
+	}
 	if err := checkUser(c, req.GetUser()); err != nil {
 		return denied(c, "%v", err)
 	}

@@ -6,9 +6,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // NamedVolumes is the agent's named volumes with their engine mounts, as
@@ -28,7 +28,7 @@ type NamedVolumes interface {
 	// Resolve makes the volumes of named mounts (with the annotation
 	// policy when annotation) and calls use with them while no engine
 	// mount or removal of those names can come between.
-	Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*agentv1.Volume) error) error
+	Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*statev1.Volume) error) error
 }
 
 // namedPageSize is ListNamedVolumes' page when the caller names none.
@@ -116,13 +116,13 @@ func rootOnly(ctx context.Context, what string) error {
 // names.
 func engineOf(name string) (string, error) {
 	switch name {
-	case dockerplugin.EngineDocker, dockerplugin.EnginePodman:
+	case namedvol.EngineDocker, namedvol.EnginePodman:
 		return name, nil
-	case dockerplugin.EngineUnknown:
+	case namedvol.EngineUnknown:
 		return "", nil
 	}
 	return "", status.Errorf(codes.InvalidArgument, "engine %q: %s, %s or %s (mounts by engines the agent did not recognise, or recorded before it told engines apart): "+
-		"each engine's mount ids are reconciled against its own mounts only", name, dockerplugin.EngineDocker, dockerplugin.EnginePodman, dockerplugin.EngineUnknown)
+		"each engine's mount ids are reconciled against its own mounts only", name, namedvol.EngineDocker, namedvol.EnginePodman, namedvol.EngineUnknown)
 }
 
 // namedVolume is a named volume's status as the API shows it.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // failingNamed fails every call with err; Page returns one volume.
@@ -29,7 +30,7 @@ func (f failingNamed) Page(after string, max int) ([]namedvol.Status, string, er
 func (f failingNamed) Reconcile(context.Context, string, []string) ([]string, map[string]string) {
 	return nil, nil
 }
-func (f failingNamed) Resolve(context.Context, []namedvol.Mount, bool, func([]*agentv1.Volume) error) error {
+func (f failingNamed) Resolve(context.Context, []namedvol.Mount, bool, func([]*statev1.Volume) error) error {
 	return f.err
 }
 

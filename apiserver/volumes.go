@@ -10,14 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/statuscode"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
@@ -70,8 +69,8 @@ func (s *Server) recovered(ctx context.Context) error {
 // CheckNotEngineID refuses, from API callers, the container ids of the
 // engines' mounts: those belong to the engine endpoint.
 func CheckNotEngineID(id string) error {
-	if strings.HasPrefix(id, dockerplugin.ContainerIDPrefix) {
-		return fmt.Errorf("%w: container_id %q: ids starting with %q are the container engines' volume mounts; release them through the engine", isolator.ErrInvalid, id, dockerplugin.ContainerIDPrefix)
+	if strings.HasPrefix(id, namedvol.EngineMountPrefix) {
+		return fmt.Errorf("%w: container_id %q: ids starting with %q are the container engines' volume mounts; release them through the engine", isolator.ErrInvalid, id, namedvol.EngineMountPrefix)
 	}
 	return nil
 }
@@ -112,19 +111,12 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 		return nil, err
 	}
 	if len(req.GetNamedMounts()) == 0 {
-		return s.prepare(ctx, c, req)
+		return s.prepare(ctx, c, PrepareRequest(req))
 	}
 	var resp *agentv1.PrepareResponse
-	err = s.cfg.Named.Resolve(ctx, namedMounts(req), req.GetNamedMountsFromAnnotation(), func(vols []*agentv1.Volume) error {
-		full := proto.CloneOf(req)
+	err = s.cfg.Named.Resolve(ctx, namedMounts(req), req.GetNamedMountsFromAnnotation(), func(vols []*statev1.Volume) error {
+		full := PrepareRequest(req)
 		full.Volumes = append(full.Volumes, vols...)
-		full.NamedMounts = nil
-		if c != nil {
-			// The named volumes' container paths, as any volume's.
-			if err := s.cfg.Members.CheckPrepare(c, full); err != nil {
-				return prepareFailed{err}
-			}
-		}
 		var perr error
 		resp, perr = s.prepare(ctx, c, full)
 		if perr != nil {
@@ -149,8 +141,8 @@ func (p prepareFailed) Error() string { return p.err.Error() }
 
 // prepare is Prepare of a checked request without named mounts, by root
 // (c nil) or a member.
-func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	mounts, err := s.iso.Prepare(ctx, PrepareRequest(req))
+func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	mounts, err := s.iso.Prepare(ctx, req)
 	s.cfg.OnVolumesChanged()
 	if err != nil {
 		return nil, Status(err)

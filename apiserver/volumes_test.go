@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/namedvol"
 )
 
 func TestStatusCodes(t *testing.T) {
@@ -44,7 +44,7 @@ func TestCheckNotEngineID(t *testing.T) {
 	if err := CheckNotEngineID("task-1"); err != nil {
 		t.Errorf("a container id was refused: %v", err)
 	}
-	err := CheckNotEngineID(dockerplugin.ContainerIDPrefix + "vol+1")
+	err := CheckNotEngineID(namedvol.EngineMountPrefix + "vol+1")
 	if status.Code(Status(err)) != codes.InvalidArgument || !strings.Contains(err.Error(), "release them through the engine") {
 		t.Errorf("an engine mount's id: %v, want InvalidArgument saying to use the engine", err)
 	}

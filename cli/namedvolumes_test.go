@@ -17,21 +17,23 @@ import (
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // noBackend is an isolator with no containers and no volumes, where every
 // plugin type is configured.
 type noBackend struct{}
 
-func (noBackend) Prepare(context.Context, *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+func (noBackend) Prepare(context.Context, *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
 	return nil, errors.New("not in this test")
 }
-func (noBackend) Cleanup(context.Context, string) error      { return nil }
-func (noBackend) ListContainers() []*agentv1.ContainerStatus { return nil }
-func (noBackend) ListVolumes() []*agentv1.VolumeStatus       { return nil }
-func (noBackend) CheckPlugin(string) error                   { return nil }
+func (noBackend) Cleanup(context.Context, string) error    { return nil }
+func (noBackend) ListContainers() []isolator.ContainerInfo { return nil }
+func (noBackend) ListVolumes() []isolator.VolumeInfo       { return nil }
+func (noBackend) CheckPlugin(string) error                 { return nil }
 
 // serveNamed serves the agent API's named volume calls over a real
 // dockerplugin.Server with backend, on a socket of its own, and returns

@@ -5,7 +5,7 @@
 // so that their containers get csiagent's named CSI volumes.
 //
 // Each engine mount (a volume name and the engine's mount id) is one
-// container of the isolator with a synthetic id (ContainerIDPrefix and a
+// container of the isolator with a synthetic id (namedvol.EngineMountPrefix and a
 // hash of the pair), prepared into a directory of the server's own: it
 // shares the isolator's locks, checkpoints, reference counts and
 // recovery. How many times the engine mounted the pair (Docker's cp

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // serveLimited serves h on a unix socket of its own with lim, as the agent
@@ -33,7 +33,7 @@ func serveLimited(t *testing.T, h http.Handler, lim Limits) string {
 // A client sending its body a byte at a time is disconnected once
 // ReadTimeout has passed, not held for ever.
 func TestSlowBodyIsCutOff(t *testing.T) {
-	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*statev1.PrepareRequest{}})
 	lim := DefaultLimits
 	lim.ReadTimeout = 300 * time.Millisecond
 	sock := serveLimited(t, s.Handler(lim.CallTimeout), lim)
@@ -75,7 +75,7 @@ func TestSlowBodyIsCutOff(t *testing.T) {
 func TestCallsOutlastReadTimeout(t *testing.T) {
 	lim := DefaultLimits
 	lim.ReadTimeout = 100 * time.Millisecond
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	b.prepare = func(ctx context.Context) error {
 		select {
 		case <-time.After(5 * lim.ReadTimeout):
@@ -104,7 +104,7 @@ func TestCallsOutlastReadTimeout(t *testing.T) {
 // While MaxConns connections are held, the next one waits; it is served
 // once one of them closes.
 func TestConnectionsPastMaxConnsWait(t *testing.T) {
-	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*statev1.PrepareRequest{}})
 	lim := DefaultLimits
 	lim.MaxConns = 2
 	sock := serveLimited(t, s.Handler(lim.CallTimeout), lim)

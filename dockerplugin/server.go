@@ -23,13 +23,10 @@ import (
 	"github.com/docker/go-plugins-helpers/volume"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
-
-// ContainerIDPrefix starts the isolator container id of every engine
-// mount; the agent API refuses such ids from its own callers.
-const ContainerIDPrefix = "engine+"
 
 // StatusOptions is the key of a volume's Status that holds its definition
 // as options.
@@ -45,12 +42,14 @@ const maxRequest = 1 << 20
 // holds at least one volume, and more only while they fit.
 const pageBytes = 1 << 20
 
-// Backend is the agent's isolator, as the server uses it.
+// Backend is the agent's isolator, as the server uses it (its own types:
+// an engine mount is an isolator container).
 type Backend interface {
-	Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error)
+	// Prepare and Cleanup wait for the isolator's first recovery pass.
+	Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error)
 	Cleanup(ctx context.Context, containerID string) error
-	ListContainers() []*agentv1.ContainerStatus
-	ListVolumes() []*agentv1.VolumeStatus
+	ListContainers() []isolator.ContainerInfo
+	ListVolumes() []isolator.VolumeInfo
 	// CheckPlugin says why a plugin type cannot be used (not configured).
 	CheckPlugin(pluginType string) error
 }
@@ -97,21 +96,12 @@ type user struct {
 	MountedAt time.Time `json:"mounted_at,omitzero"`
 }
 
-// Engines the agent tells apart by the peer of the volume plugin socket.
-const (
-	EngineDocker = "docker"
-	EnginePodman = "podman"
-	// EngineUnknown names, where one is shown, the engine of a peer that
-	// is neither (its mounts are recorded with Engine "").
-	EngineUnknown = "other"
-)
-
 type engineKey struct{}
 
 // engine is who makes the calls of a context (WithEngine).
 type engine struct{ name, instance string }
 
-// WithEngine says which engine (EngineDocker, EnginePodman, "" unknown)
+// WithEngine says which engine (namedvol.EngineDocker, namedvol.EnginePodman, "" unknown)
 // makes the calls of ctx, and which daemon of it (instance: Docker's data
 // root; "" unknown); Mount records both with the engine mount.
 func WithEngine(ctx context.Context, name, instance string) context.Context {
@@ -125,7 +115,7 @@ func engineOf(ctx context.Context) engine {
 }
 
 // creatorOf is who defines or removes a volume in ctx: the engine
-// WithEngine names (EngineUnknown for a peer it did not recognise), or,
+// WithEngine names (namedvol.EngineUnknown for a peer it did not recognise), or,
 // without WithEngine, namedvol.CreatorAPI.
 func creatorOf(ctx context.Context) string {
 	e, ok := ctx.Value(engineKey{}).(engine)
@@ -133,7 +123,7 @@ func creatorOf(ctx context.Context) string {
 	case !ok:
 		return namedvol.CreatorAPI
 	case e.name == "":
-		return EngineUnknown
+		return namedvol.EngineUnknown
 	}
 	return e.name
 }
@@ -151,7 +141,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	known := map[string]bool{}
 	for _, c := range cfg.Backend.ListContainers() {
-		known[c.GetContainerId()] = true
+		known[c.ID] = true
 	}
 	ents, err := os.ReadDir(cfg.Dir)
 	if err != nil {
@@ -159,7 +149,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	for _, e := range ents {
 		cid, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || !strings.HasPrefix(cid, ContainerIDPrefix) {
+		if !ok || !strings.HasPrefix(cid, namedvol.EngineMountPrefix) {
 			continue
 		}
 		u := &user{}
@@ -182,7 +172,7 @@ func New(cfg Config) (*Server, error) {
 // containerID names an engine mount's isolator container.
 func containerID(name, mountID string) string {
 	h := sha256.Sum256([]byte(name + "\x00" + mountID))
-	return ContainerIDPrefix + hex.EncodeToString(h[:16])
+	return namedvol.EngineMountPrefix + hex.EncodeToString(h[:16])
 }
 
 func (s *Server) recordPath(cid string) string { return filepath.Join(s.cfg.Dir, cid+".json") }
@@ -328,7 +318,7 @@ func (s *Server) Undefine(ctx context.Context, name string) error {
 	// Containers given the volume by name through the agent (the mounts
 	// annotation, prepare --mounts) hold its CSI volume.
 	for _, v := range s.cfg.Backend.ListVolumes() {
-		if cs := v.GetContainers(); v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID && len(cs) > 0 {
+		if cs := v.Users; v.Plugin == d.Plugin && v.ID == d.VolumeID && len(cs) > 0 {
 			shown := strings.Join(cs[:min(len(cs), 3)], ", ")
 			if len(cs) > 3 {
 				shown += ", ..."
@@ -381,12 +371,12 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		return nil, err
 	}
 	root := s.rootfs(cid)
-	resp, err := func() (*agentv1.PrepareResponse, error) {
+	mounts, err := func() ([]*statev1.ContainerMount, error) {
 		if err := os.MkdirAll(root, 0o700); err != nil {
 			return nil, fmt.Errorf("creating the mount directory: %w", err)
 		}
-		return s.cfg.Backend.Prepare(ctx, &agentv1.PrepareRequest{
-			ContainerId: cid, Rootfs: root, Volumes: []*agentv1.Volume{d.Volume(mountDir, false)}, User: d.EngineUser(),
+		return s.cfg.Backend.Prepare(ctx, &statev1.PrepareRequest{
+			ContainerId: cid, Rootfs: root, Volumes: []*statev1.Volume{d.Volume(mountDir, false)}, User: d.EngineUser(),
 		})
 	}()
 	if err != nil {
@@ -404,15 +394,15 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 	s.users[cid] = next
 	s.mu.Unlock()
 	s.log.Info("engine mounted a volume", "volume", req.Name, "mount_id", req.ID, "count", next.Count)
-	return &volume.MountResponse{Mountpoint: resp.GetMounts()[0].GetMountPoint()}, nil
+	return &volume.MountResponse{Mountpoint: mounts[0].GetMountPoint()}, nil
 }
 
 // prepared reports whether the isolator holds an engine mount's container
 // prepared.
 func (s *Server) prepared(cid string) bool {
 	for _, c := range s.cfg.Backend.ListContainers() {
-		if c.GetContainerId() == cid {
-			return c.GetPhase() == agentv1.ContainerStatus_PREPARED
+		if c.ID == cid {
+			return c.Phase == statev1.ContainerCheckpoint_PREPARED
 		}
 	}
 	return false
@@ -634,12 +624,12 @@ func (s *Server) Page(after string, max int) ([]namedvol.Status, string, error) 
 }
 
 // status is a named volume's definition and use.
-func (s *Server) status(d *namedvol.Definition, vols []*agentv1.VolumeStatus) namedvol.Status {
+func (s *Server) status(d *namedvol.Definition, vols []isolator.VolumeInfo) namedvol.Status {
 	st := namedvol.Status{Definition: d, State: namedvol.NotPublished, EngineMounts: []string{}, Mountpoint: s.mountpoint(d.Name)}
 	for _, v := range vols {
-		if v.GetPluginName() == d.Plugin && v.GetVolumeId() == d.VolumeID {
-			st.State = v.GetState().String()
-			st.Containers = len(v.GetContainers())
+		if v.Plugin == d.Plugin && v.ID == d.VolumeID {
+			st.State = v.State.String()
+			st.Containers = len(v.Users)
 		}
 	}
 	for _, u := range s.usersOf(d.Name) {
@@ -668,7 +658,7 @@ func dockerVolume(st namedvol.Status) *volume.Volume {
 // calls use with them while it holds their names' locks: no engine mount
 // and no removal of those names comes between the check and use (a
 // prepare). Block volumes cannot be named.
-func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*agentv1.Volume) error) error {
+func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotation bool, use func([]*statev1.Volume) error) error {
 	var names []string
 	for i, m := range mounts {
 		if err := namedvol.ValidateName(m.Name); err != nil {
@@ -689,7 +679,7 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 	if annotation {
 		what = "annotation " + namedvol.MountsAnnotation + ": mount"
 	}
-	vols := make([]*agentv1.Volume, 0, len(mounts))
+	vols := make([]*statev1.Volume, 0, len(mounts))
 	for i, m := range mounts {
 		st, err := s.Status(m.Name)
 		if err == nil && annotation {

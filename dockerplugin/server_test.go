@@ -14,22 +14,23 @@ import (
 	"github.com/docker/go-plugins-helpers/volume"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // fakeBackend records prepared containers; prepare, when set, runs
 // instead of succeeding.
 type fakeBackend struct {
 	mu         sync.Mutex
-	containers map[string]*agentv1.PrepareRequest
+	containers map[string]*statev1.PrepareRequest
 	cleanups   int
 	prepare    func(ctx context.Context) error
 	// volumes is what ListVolumes reports.
-	volumes []*agentv1.VolumeStatus
+	volumes []isolator.VolumeInfo
 }
 
-func (f *fakeBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+func (f *fakeBackend) Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
 	if f.prepare != nil {
 		if err := f.prepare(ctx); err != nil {
 			return nil, err
@@ -38,7 +39,7 @@ func (f *fakeBackend) Prepare(ctx context.Context, req *agentv1.PrepareRequest) 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.containers[req.GetContainerId()] = req
-	return &agentv1.PrepareResponse{Mounts: []*agentv1.ContainerMount{{MountPoint: req.GetRootfs() + mountDir}}}, nil
+	return []*statev1.ContainerMount{{MountPoint: req.GetRootfs() + mountDir}}, nil
 }
 
 func (f *fakeBackend) Cleanup(_ context.Context, id string) error {
@@ -49,18 +50,18 @@ func (f *fakeBackend) Cleanup(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeBackend) ListContainers() []*agentv1.ContainerStatus {
+func (f *fakeBackend) ListContainers() []isolator.ContainerInfo {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []*agentv1.ContainerStatus
+	var out []isolator.ContainerInfo
 	for id := range f.containers {
-		out = append(out, &agentv1.ContainerStatus{ContainerId: id, Phase: agentv1.ContainerStatus_PREPARED})
+		out = append(out, isolator.ContainerInfo{ID: id, Phase: statev1.ContainerCheckpoint_PREPARED})
 	}
 	return out
 }
 
-func (f *fakeBackend) ListVolumes() []*agentv1.VolumeStatus { return f.volumes }
-func (f *fakeBackend) CheckPlugin(string) error             { return nil }
+func (f *fakeBackend) ListVolumes() []isolator.VolumeInfo { return f.volumes }
+func (f *fakeBackend) CheckPlugin(string) error           { return nil }
 
 func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
 	t.Helper()
@@ -87,7 +88,7 @@ func newTestServer(t *testing.T, b *fakeBackend) (*Server, string) {
 // one id for all its mounts: each Mount of a pair needs its Unmount.
 func TestMountsOfOneIDAreCounted(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, dir := newTestServer(t, b)
 	for range 2 {
 		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
@@ -129,7 +130,7 @@ func TestMountsOfOneIDAreCounted(t *testing.T) {
 // directory.
 func TestAbandonedMountLeavesNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	b.prepare = func(ctx context.Context) error {
 		cancel()
 		<-ctx.Done()
@@ -151,9 +152,9 @@ func TestAbandonedMountLeavesNothing(t *testing.T) {
 // the engine no longer uses, and only those.
 func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
-	docker := WithEngine(ctx, EngineDocker, "/var/lib/docker")
+	docker := WithEngine(ctx, namedvol.EngineDocker, "/var/lib/docker")
 	for _, id := range []string{"live", "gone", "gone"} {
 		if _, err := s.Mount(docker, &volume.MountRequest{Name: "data", ID: id}); err != nil {
 			t.Fatal(err)
@@ -161,13 +162,13 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	}
 	// Another engine's mount, and one of no known engine: Docker's live
 	// ids say nothing of them.
-	if _, err := s.Mount(WithEngine(ctx, EnginePodman, ""), &volume.MountRequest{Name: "data", ID: "podman-mount"}); err != nil {
+	if _, err := s.Mount(WithEngine(ctx, namedvol.EnginePodman, ""), &volume.MountRequest{Name: "data", ID: "podman-mount"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "unknown-mount"}); err != nil {
 		t.Fatal(err)
 	}
-	released, failed := s.Reconcile(ctx, EngineDocker, []string{"live"})
+	released, failed := s.Reconcile(ctx, namedvol.EngineDocker, []string{"live"})
 	if len(released) != 1 || released[0] != "data/gone" || len(failed) != 0 {
 		t.Fatalf("Reconcile = %v, %v; want data/gone released", released, failed)
 	}
@@ -179,7 +180,7 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if released, _ := s.Reconcile(ctx, EnginePodman, nil); len(released) != 1 || released[0] != "data/podman-mount" {
+	if released, _ := s.Reconcile(ctx, namedvol.EnginePodman, nil); len(released) != 1 || released[0] != "data/podman-mount" {
 		t.Errorf("Podman's reconcile after a restart released %v; want its mount only", released)
 	}
 	if released, _ := s.Reconcile(ctx, "", nil); len(released) != 1 || released[0] != "data/unknown-mount" {
@@ -192,7 +193,7 @@ func TestReconcileReleasesForgottenMounts(t *testing.T) {
 // id is its first.
 func TestInterruptedMountIsNotCounted(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, dir := newTestServer(t, b)
 	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
 		t.Fatal(err)
@@ -220,11 +221,11 @@ func TestInterruptedMountIsNotCounted(t *testing.T) {
 // an engine mount, is in use too: Remove refuses it.
 func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
-	b.volumes = []*agentv1.VolumeStatus{
-		{PluginName: "p", VolumeId: "other", Containers: []string{"c0"}},
-		{PluginName: "p", VolumeId: "v", State: agentv1.VolumeStatus_PUBLISHED, Containers: []string{"c1"}},
+	b.volumes = []isolator.VolumeInfo{
+		{Plugin: "p", ID: "other", Users: []string{"c0"}},
+		{Plugin: "p", ID: "v", State: statev1.VolumeCheckpoint_PUBLISHED, Users: []string{"c1"}},
 	}
 	err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"})
 	if err == nil || !strings.Contains(err.Error(), "in use by 1 container(s): c1") {
@@ -244,8 +245,8 @@ func TestRemoveRefusedWhileAContainerUsesTheVolume(t *testing.T) {
 // API any, and a definition stored before creators were kept anyone.
 func TestEngineRemovesOnlyWhatItCreated(t *testing.T) {
 	ctx := context.Background()
-	docker, podman, other := WithEngine(ctx, EngineDocker, "/var/lib/docker"), WithEngine(ctx, EnginePodman, ""), WithEngine(ctx, "", "")
-	s, dir := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	docker, podman, other := WithEngine(ctx, namedvol.EngineDocker, "/var/lib/docker"), WithEngine(ctx, namedvol.EnginePodman, ""), WithEngine(ctx, "", "")
+	s, dir := newTestServer(t, &fakeBackend{containers: map[string]*statev1.PrepareRequest{}})
 	opts := map[string]string{"plugin": "p", "volume_id": "v"}
 	for name, ctx := range map[string]context.Context{"bypodman": podman, "bydocker": docker, "byother": other} {
 		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: opts}); err != nil {
@@ -294,7 +295,7 @@ func TestEngineRemovesOnlyWhatItCreated(t *testing.T) {
 // created and removed, and calls on names that do not exist, leave none.
 func TestNameLocksAreDropped(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
 	for _, name := range []string{"a", "b", "c"} {
 		if err := s.Create(ctx, &volume.CreateRequest{Name: name, Options: map[string]string{"plugin": "p", "volume_id": name}}); err != nil {
@@ -343,7 +344,7 @@ func TestNameLocksAreDropped(t *testing.T) {
 // volumes), which together hold every volume once, sorted by name.
 func TestListPagesHoldEveryVolumeOnce(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
 	want := []string{"data"}
 	// 300 volumes of about 8 KiB: 2.4 MiB, three pages or more.
@@ -397,7 +398,7 @@ func TestListPagesHoldEveryVolumeOnce(t *testing.T) {
 // A definition over namedvol.MaxDefinition is refused at Create, naming
 // the cap.
 func TestCreateRefusesDefinitionOverTheCap(t *testing.T) {
-	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}})
+	s, _ := newTestServer(t, &fakeBackend{containers: map[string]*statev1.PrepareRequest{}})
 	opts := map[string]string{"plugin": "p", "volume_id": "v"}
 	for k := range 70 {
 		opts[fmt.Sprint("context.k", k)] = strings.Repeat("x", 1000)
@@ -417,7 +418,7 @@ func TestCreateRefusesDefinitionOverTheCap(t *testing.T) {
 // an engine Mount of a resolved name waits for it.
 func TestResolveAnnotationPolicy(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
 	create := func(name string, opts map[string]string) {
 		t.Helper()
@@ -440,9 +441,9 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resolve := func(annotation bool, mounts ...namedvol.Mount) ([]*agentv1.Volume, error) {
-		var got []*agentv1.Volume
-		err := s.Resolve(ctx, mounts, annotation, func(vols []*agentv1.Volume) error { got = vols; return nil })
+	resolve := func(annotation bool, mounts ...namedvol.Mount) ([]*statev1.Volume, error) {
+		var got []*statev1.Volume
+		err := s.Resolve(ctx, mounts, annotation, func(vols []*statev1.Volume) error { got = vols; return nil })
 		return got, err
 	}
 	for _, tc := range []struct {
@@ -471,7 +472,7 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 	got, err := resolve(true, namedvol.Mount{Name: "open", ContainerPath: "/data"}, namedvol.Mount{Name: "shared", ContainerPath: "/shared", ReadOnly: true})
 	if err != nil || len(got) != 2 || got[0].GetSource().GetCsiVolume().GetStaticProvisioning().GetVolumeId() != "open" ||
 		got[0].GetSource().GetCsiVolume().GetStaticProvisioning().GetNodeStageSecrets()["token"].GetReference().GetName() != "ops" ||
-		got[1].GetContainerPath() != "/shared" || got[1].GetMode() != agentv1.Volume_RO {
+		got[1].GetContainerPath() != "/shared" || got[1].GetMode() != statev1.Volume_RO {
 		t.Errorf("allowed volumes: %v, %v", got, err)
 	}
 	// The policy is the annotation's: an API caller names any volume.
@@ -483,7 +484,7 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 	inUse, release := make(chan struct{}), make(chan struct{})
 	resolved := make(chan error, 1)
 	go func() {
-		resolved <- s.Resolve(ctx, []namedvol.Mount{{Name: "open", ContainerPath: "/data"}}, true, func([]*agentv1.Volume) error {
+		resolved <- s.Resolve(ctx, []namedvol.Mount{{Name: "open", ContainerPath: "/data"}}, true, func([]*statev1.Volume) error {
 			close(inUse)
 			<-release
 			return nil
@@ -507,22 +508,22 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 // none known), not one a container holds.
 func TestReleaseUnused(t *testing.T) {
 	ctx := context.Background()
-	b := &fakeBackend{containers: map[string]*agentv1.PrepareRequest{}}
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
 	for _, name := range []string{"held", "forgotten"} {
 		if err := s.Define(ctx, name, map[string]string{"plugin": "p", "volume_id": name}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	docker := WithEngine(ctx, EngineDocker, "/var/lib/docker")
+	docker := WithEngine(ctx, namedvol.EngineDocker, "/var/lib/docker")
 	for _, m := range []struct {
 		ctx      context.Context
 		name, id string
 	}{
 		{docker, "held", "m1"}, {docker, "forgotten", "m2"},
-		{WithEngine(ctx, EngineDocker, "/srv/other-docker"), "forgotten", "m3"},
-		{WithEngine(ctx, EngineDocker, ""), "forgotten", "m4"},
-		{WithEngine(ctx, EnginePodman, ""), "forgotten", "m5"},
+		{WithEngine(ctx, namedvol.EngineDocker, "/srv/other-docker"), "forgotten", "m3"},
+		{WithEngine(ctx, namedvol.EngineDocker, ""), "forgotten", "m4"},
+		{WithEngine(ctx, namedvol.EnginePodman, ""), "forgotten", "m5"},
 	} {
 		if _, err := s.Mount(m.ctx, &volume.MountRequest{Name: m.name, ID: m.id}); err != nil {
 			t.Fatal(err)
@@ -530,14 +531,14 @@ func TestReleaseUnused(t *testing.T) {
 	}
 	known := map[string]bool{"held": true, "forgotten": true}
 	inUse := map[string]bool{"held": true}
-	if released, failed := s.ReleaseUnused(ctx, EngineDocker, "/var/lib/docker", known, inUse, time.Hour); len(released) != 0 || len(failed) != 0 {
+	if released, failed := s.ReleaseUnused(ctx, namedvol.EngineDocker, "/var/lib/docker", known, inUse, time.Hour); len(released) != 0 || len(failed) != 0 {
 		t.Errorf("within the grace: released %v, failed %v", released, failed)
 	}
-	released, failed := s.ReleaseUnused(ctx, EngineDocker, "/var/lib/docker", known, inUse, 0)
+	released, failed := s.ReleaseUnused(ctx, namedvol.EngineDocker, "/var/lib/docker", known, inUse, 0)
 	if len(failed) != 0 || len(released) != 1 || released[0] != "forgotten/m2" {
 		t.Errorf("released %v, failed %v; want forgotten/m2 only", released, failed)
 	}
-	if released, _ := s.ReleaseUnused(ctx, EngineDocker, "", known, inUse, 0); len(released) != 0 {
+	if released, _ := s.ReleaseUnused(ctx, namedvol.EngineDocker, "", known, inUse, 0); len(released) != 0 {
 		t.Errorf("a daemon of unknown data root released %v", released)
 	}
 	if len(b.containers) != 4 {

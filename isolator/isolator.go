@@ -289,3 +289,14 @@ func syncWorkDir(dir string) error {
 
 // Recovered is closed once the first recovery pass has finished.
 func (iso *Isolator) Recovered() <-chan struct{} { return iso.recovered }
+
+// WaitRecovered waits for the first recovery pass (callers that must not
+// act on state recovery has not rebuilt yet), or for ctx's end.
+func (iso *Isolator) WaitRecovered(ctx context.Context) error {
+	select {
+	case <-iso.recovered:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
+	}
+}

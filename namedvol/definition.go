@@ -10,7 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // ErrInvalid marks a definition or option that is malformed.
@@ -99,6 +99,20 @@ type Definition struct {
 	Creator string `json:"creator,omitempty"`
 }
 
+// The engines the agent tells apart by the peer of its volume plugin
+// socket: creators of definitions and makers of engine mounts.
+const (
+	EngineDocker = "docker"
+	EnginePodman = "podman"
+	// EngineUnknown names, where one is shown, an engine the agent did not
+	// recognise (its mounts are recorded with engine "").
+	EngineUnknown = "other"
+)
+
+// EngineMountPrefix starts the isolator container id of every engine
+// mount (dockerplugin); the agent API refuses such ids from its callers.
+const EngineMountPrefix = "engine+"
+
 // CreatorAPI is the Creator of definitions made through the agent's API
 // (csi-agent volume create).
 const CreatorAPI = "csi-agent"
@@ -118,7 +132,7 @@ func (d *Definition) CheckRemove(engine string) error {
 	how := "csi-agent volume rm " + d.Name
 	switch d.Creator {
 	case CreatorAPI:
-	case "docker", "podman":
+	case EngineDocker, EnginePodman:
 		how = fmt.Sprintf("%s volume rm %s (or %s as root)", d.Creator, d.Name, how)
 	default:
 		how = fmt.Sprintf("the engine that created it (or %s as root)", how)
@@ -359,43 +373,43 @@ func (d *Definition) EngineUser() string {
 	return d.UID + ":" + d.GID
 }
 
-// Volume is the definition as a Mesos CSI volume at containerPath; a
-// read-only definition is always mounted read-only.
-func (d *Definition) Volume(containerPath string, readonly bool) *agentv1.Volume {
+// Volume is the definition as the isolator's (Mesos's) CSI volume at
+// containerPath; a read-only definition is always mounted read-only.
+func (d *Definition) Volume(containerPath string, readonly bool) *statev1.Volume {
 	capability := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: d.accessMode()}}
 	if d.Block {
 		capability.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	} else {
 		capability.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: d.FSType, MountFlags: d.MountFlags}}
 	}
-	static := &agentv1.StaticProvisioning{VolumeId: d.VolumeID, VolumeCapability: capability, VolumeContext: d.VolumeContext}
+	static := &statev1.StaticProvisioning{VolumeId: d.VolumeID, VolumeCapability: capability, VolumeContext: d.VolumeContext}
 	if d.StageSecret != "" {
 		static.NodeStageSecrets = secretRef(d.StageSecret)
 	}
 	if d.PublishSecret != "" {
 		static.NodePublishSecrets = secretRef(d.PublishSecret)
 	}
-	mode := agentv1.Volume_RW
+	mode := statev1.Volume_RW
 	if readonly || d.ReadOnly() {
-		mode = agentv1.Volume_RO
+		mode = statev1.Volume_RO
 	}
-	return &agentv1.Volume{
+	return &statev1.Volume{
 		ContainerPath: containerPath,
 		Mode:          mode,
-		Source: &agentv1.Volume_Source{
-			Type:      agentv1.Volume_Source_CSI_VOLUME,
-			CsiVolume: &agentv1.CSIVolume{PluginName: d.Plugin, StaticProvisioning: static},
+		Source: &statev1.Volume_Source{
+			Type:      statev1.Volume_Source_CSI_VOLUME,
+			CsiVolume: &statev1.CSIVolume{PluginName: d.Plugin, StaticProvisioning: static},
 		},
 	}
 }
 
 // secretRef makes the one-entry secret map of a NAME/KEY reference: the
 // CSI secret is called KEY.
-func secretRef(ref string) map[string]*agentv1.Secret {
+func secretRef(ref string) map[string]*statev1.Secret {
 	name, key, _ := splitSecret(ref)
-	return map[string]*agentv1.Secret{key: {
-		Type:      agentv1.Secret_REFERENCE,
-		Reference: &agentv1.Secret_Reference{Name: name, Key: key},
+	return map[string]*statev1.Secret{key: {
+		Type:      statev1.Secret_REFERENCE,
+		Reference: &statev1.Secret_Reference{Name: name, Key: key},
 	}}
 }
 

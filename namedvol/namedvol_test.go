@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 func TestParseOptionsErrorsNameTheKey(t *testing.T) {
@@ -54,7 +54,7 @@ func TestDefinitionBecomesAVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := d.Volume("/data", false)
-	if v.GetMode() != agentv1.Volume_RO {
+	if v.GetMode() != statev1.Volume_RO {
 		t.Errorf("a reader-only definition mounted %v, want RO", v.GetMode())
 	}
 	st := v.GetSource().GetCsiVolume().GetStaticProvisioning()
