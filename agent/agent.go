@@ -528,8 +528,11 @@ func (a *Agent) pokeSchedules() {
 // schedules.
 func (a *Agent) snapshot() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
 	ps, errs := a.set.Statuses()
+	out := make([]*agentv1.Plugin, 0, len(ps))
 	for _, p := range ps {
-		p.Reclaim = a.reclaimTotals(p.Type)
+		ap := apiserver.Plugin(p)
+		ap.Reclaim = a.reclaimTotals(p.Type)
+		out = append(out, ap)
 	}
-	return ps, errs
+	return out, errs
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/supervisor"
 )
 
@@ -42,7 +41,7 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 // supervisor.Set.Ready); its errors also wrap the isolator's classes:
 // ErrUnknownPlugin, ErrPrecondition (no instance serves svc) or
 // ErrUnavailable (not ready when ctx ended).
-func (a *Agent) ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
+func (a *Agent) ready(ctx context.Context, typ string, svc pluginconfig.Service) (*supervisor.InstanceStatus, *grpc.ClientConn, error) {
 	st, conn, err := a.set.Ready(ctx, typ, svc)
 	for _, c := range []struct{ from, to error }{
 		{supervisor.ErrNotConfigured, isolator.ErrUnknownPlugin},

@@ -10,6 +10,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // The translations between the API's messages and the isolator's own,
@@ -138,4 +139,22 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 		return nil
 	}
 	return timestamppb.New(t)
+}
+
+// Plugin is a supervised plugin in the API's terms (its reclaim totals
+// are the caller's to add).
+func Plugin(p *supervisor.PluginStatus) *agentv1.Plugin {
+	out := &agentv1.Plugin{
+		Type: p.Type, Name: p.Name, ConfigFile: p.ConfigFile, Managed: p.Managed, State: agentv1.PluginState(p.State), ConfigError: p.ConfigError,
+	}
+	for _, in := range p.Instances {
+		out.Instances = append(out.Instances, &agentv1.PluginInstance{
+			Services: in.Services, Endpoint: in.Endpoint, State: agentv1.PluginState(in.State), Pid: int32(in.Pid), Restarts: in.Restarts,
+			Adopted: in.Adopted, LastError: in.LastError, StateSince: timestamp(in.StateSince), NextStart: timestamp(in.NextStart),
+			PluginName: in.PluginName, VendorVersion: in.VendorVersion, PluginCapabilities: in.PluginCapabilities,
+			NodeCapabilities: in.NodeCapabilities, NodeId: in.NodeID, AddonsServices: in.AddonsServices,
+			AddonsEndpoint: in.AddonsEndpoint, AddonsIdentity: in.AddonsIdentity,
+		})
+	}
+	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // populate sets every field of m, recursively (the first member of each
@@ -139,6 +140,24 @@ func TestConvertCarriesEveryField(t *testing.T) {
 	if got := vs.GetState().String(); got != "PUBLISHED" {
 		t.Errorf("state %s, want PUBLISHED", got)
 	}
+
+	in := &supervisor.InstanceStatus{}
+	fill(reflect.ValueOf(in).Elem(), now)
+	in.State = supervisor.StateBackoff
+	p := &supervisor.PluginStatus{Instances: []*supervisor.InstanceStatus{in}}
+	fill(reflect.ValueOf(p).Elem(), now)
+	ap := Plugin(p)
+	// Reclaim totals are the schedules', not the supervisor's.
+	unset(t, ap, "reclaim")
+	unset(t, ap.Instances[0])
+	if got := ap.Instances[0].GetState(); got != agentv1.PluginState_PLUGIN_STATE_BACKOFF || got.String() != "PLUGIN_STATE_"+in.State.String() {
+		t.Errorf("instance state %s, want PLUGIN_STATE_%s", got, in.State)
+	}
+	for st := supervisor.StateUnspecified; st <= supervisor.StateStopped; st++ {
+		if got := agentv1.PluginState(st).String(); got != "PLUGIN_STATE_"+st.String() {
+			t.Errorf("supervisor state %d is %s, the API's %s", st, st, got)
+		}
+	}
 }
 
 // populateOneof sets the named member of a oneof, populated.
@@ -159,8 +178,10 @@ func fill(v reflect.Value, now time.Time) {
 			f.SetString("v-" + v.Type().Field(i).Name)
 		case reflect.Bool:
 			f.SetBool(true)
-		case reflect.Int32:
+		case reflect.Int32, reflect.Int:
 			f.SetInt(1)
+		case reflect.Uint32:
+			f.SetUint(1)
 		case reflect.Slice:
 			if f.Type().Elem().Kind() == reflect.String {
 				f.Set(reflect.ValueOf([]string{"c1"}))

@@ -14,10 +14,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // instance is one container (managed) or endpoint (unmanaged) of a plugin,
@@ -44,7 +42,7 @@ type instance struct {
 	inherit   *handover // a live process handed over by a rolled config
 
 	mu     sync.Mutex
-	status *agentv1.PluginInstance
+	status *InstanceStatus
 	proc   *process
 	conn   *grpc.ClientConn
 	// addons is the csi-addons endpoint's connection, nil when csi-addons
@@ -80,21 +78,21 @@ func (in *instance) connFor(service string, csiConn *grpc.ClientConn) *grpc.Clie
 
 // update changes the instance's reported status under its lock and tells
 // waiters.
-func (in *instance) update(f func(s *agentv1.PluginInstance)) {
+func (in *instance) update(f func(s *InstanceStatus)) {
 	in.mu.Lock()
 	prev := in.status.State
 	f(in.status)
 	if in.status.State != prev {
-		in.status.StateSince = timestamppb.Now()
+		in.status.StateSince = time.Now()
 	}
 	in.mu.Unlock()
 	in.cfg.OnChange()
 }
 
-func (in *instance) snapshot() *agentv1.PluginInstance {
+func (in *instance) snapshot() *InstanceStatus {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return cloneInstance(in.status)
+	return in.status.clone()
 }
 
 // run keeps the instance healthy until ctx ends.
@@ -106,14 +104,14 @@ func (in *instance) run(ctx context.Context) {
 			return
 		}
 		delay := bo.next(healthy)
-		state := agentv1.PluginState_PLUGIN_STATE_BACKOFF
+		state := StateBackoff
 		if !in.managed() {
-			state = agentv1.PluginState_PLUGIN_STATE_UNAVAILABLE
+			state = StateUnavailable
 		}
 		in.log.Warn("plugin instance failed; retrying", "error", err, "retry_in", delay.Round(time.Millisecond))
-		in.update(func(s *agentv1.PluginInstance) {
+		in.update(func(s *InstanceStatus) {
 			s.State, s.LastError, s.Pid = state, err.Error(), 0
-			s.NextStart = timestamppb.New(time.Now().Add(delay))
+			s.NextStart = time.Now().Add(delay)
 		})
 		t := time.NewTimer(delay)
 		select {
@@ -130,8 +128,8 @@ func (in *instance) run(ctx context.Context) {
 // something fails. It returns how long the instance was ready, and why it
 // ended.
 func (in *instance) life(ctx context.Context) (time.Duration, error) {
-	in.update(func(s *agentv1.PluginInstance) {
-		s.State, s.NextStart = agentv1.PluginState_PLUGIN_STATE_STARTING, nil
+	in.update(func(s *InstanceStatus) {
+		s.State, s.NextStart = StateStarting, time.Time{}
 	})
 	var exited <-chan struct{} // nil for unmanaged: never fires
 	if in.managed() {
@@ -165,11 +163,11 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 		}
 	}()
 	readyAt := time.Now()
-	in.update(func(s *agentv1.PluginInstance) {
-		s.State, s.LastError = agentv1.PluginState_PLUGIN_STATE_READY, ""
+	in.update(func(s *InstanceStatus) {
+		s.State, s.LastError = StateReady, ""
 		s.PluginName, s.VendorVersion = disc.pluginName, disc.vendorVersion
 		s.PluginCapabilities, s.NodeCapabilities = disc.pluginCaps, disc.nodeCaps
-		s.NodeId, s.AddonsServices = disc.nodeID, disc.addons
+		s.NodeID, s.AddonsServices = disc.nodeID, disc.addons
 		s.AddonsEndpoint, s.AddonsIdentity = disc.addonsEndpoint, disc.addonsIdentity
 	})
 	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)
@@ -401,7 +399,7 @@ func (in *instance) setProc(p *process, adopted bool) {
 	}
 	in.launched = true
 	in.proc = p
-	in.status.Pid = int32(p.pid)
+	in.status.Pid = p.pid
 	in.status.Adopted = adopted
 	in.mu.Unlock()
 	in.cfg.OnChange()
@@ -426,11 +424,11 @@ func (in *instance) stopProcess(ctx context.Context) {
 	if err := os.Remove(in.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		in.log.Warn("cleaning up after plugin process", "error", err)
 	}
-	in.update(func(s *agentv1.PluginInstance) {
+	in.update(func(s *InstanceStatus) {
 		// No process, so not ready: never report READY with pid 0.
 		s.Pid = 0
-		if s.State == agentv1.PluginState_PLUGIN_STATE_READY {
-			s.State = agentv1.PluginState_PLUGIN_STATE_UNAVAILABLE
+		if s.State == StateReady {
+			s.State = StateUnavailable
 		}
 	})
 }

@@ -10,13 +10,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // Config is what every supervised plugin shares. Zero durations take the
@@ -148,11 +145,11 @@ func (r *Plugin) newInstance(services []pluginconfig.Service, socket string, i i
 			}
 			return nil
 		}(),
-		status: &agentv1.PluginInstance{
+		status: &InstanceStatus{
 			Services:   names,
 			Endpoint:   "unix://" + socket,
-			State:      agentv1.PluginState_PLUGIN_STATE_STARTING,
-			StateSince: timestamppb.Now(),
+			State:      StateStarting,
+			StateSince: time.Now(),
 		},
 	}
 	r.instances = append(r.instances, in)
@@ -191,8 +188,8 @@ func (r *Plugin) Stop(terminate bool) Handover {
 				out[i] = h
 			}
 		}
-		in.update(func(s *agentv1.PluginInstance) {
-			s.State, s.NextStart = agentv1.PluginState_PLUGIN_STATE_STOPPED, nil
+		in.update(func(s *InstanceStatus) {
+			s.State, s.NextStart = StateStopped, time.Time{}
 		})
 	}
 	return out
@@ -208,16 +205,16 @@ func (h Handover) Release() {
 
 // Status reports the plugin and its instances; the plugin is as healthy
 // as its least healthy instance.
-func (r *Plugin) Status() *agentv1.Plugin {
+func (r *Plugin) Status() *PluginStatus {
 	info := r.plugin.Info
-	p := &agentv1.Plugin{
+	p := &PluginStatus{
 		Type: info.Type, Name: info.Name, ConfigFile: r.plugin.File, Managed: info.Managed(),
-		State: agentv1.PluginState_PLUGIN_STATE_READY,
+		State: StateReady,
 	}
 	for _, in := range r.instances {
 		s := in.snapshot()
 		p.Instances = append(p.Instances, s)
-		if s.State != agentv1.PluginState_PLUGIN_STATE_READY && p.State == agentv1.PluginState_PLUGIN_STATE_READY {
+		if s.State != StateReady && p.State == StateReady {
 			p.State = s.State
 		}
 	}
@@ -227,7 +224,7 @@ func (r *Plugin) Status() *agentv1.Plugin {
 // Instance finds the instance serving svc: its status and, while it is
 // ready, its connection (nil otherwise). ok is false when no instance
 // serves svc.
-func (r *Plugin) Instance(svc pluginconfig.Service) (status *agentv1.PluginInstance, conn *grpc.ClientConn, ok bool) {
+func (r *Plugin) Instance(svc pluginconfig.Service) (status *InstanceStatus, conn *grpc.ClientConn, ok bool) {
 	var in *instance
 	for _, cand := range r.instances {
 		if slices.Contains(cand.services, svc) {
@@ -239,8 +236,8 @@ func (r *Plugin) Instance(svc pluginconfig.Service) (status *agentv1.PluginInsta
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	status = cloneInstance(in.status)
-	if status.State == agentv1.PluginState_PLUGIN_STATE_READY {
+	status = in.status.clone()
+	if status.State == StateReady {
 		conn = in.conn
 	}
 	return status, conn, true
@@ -262,7 +259,7 @@ func (r *Plugin) ConnFor(svc pluginconfig.Service, service string) *grpc.ClientC
 	}
 	in.mu.Lock()
 	conn := in.conn
-	ready := in.status.State == agentv1.PluginState_PLUGIN_STATE_READY
+	ready := in.status.State == StateReady
 	in.mu.Unlock()
 	if !ready || conn == nil {
 		return nil
@@ -279,8 +276,4 @@ func (r *Plugin) Offers(service string) bool {
 		}
 	}
 	return false
-}
-
-func cloneInstance(s *agentv1.PluginInstance) *agentv1.PluginInstance {
-	return proto.Clone(s).(*agentv1.PluginInstance)
 }

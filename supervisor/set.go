@@ -7,14 +7,12 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // Errors of Set.Ready.
@@ -152,12 +150,12 @@ func (s *Set) Get(typ string) *Plugin {
 // Statuses reports every plugin, sorted by type, each with the error of
 // its config file if the file's latest version was refused, and the
 // config directory's refused files.
-func (s *Set) Statuses() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
+func (s *Set) Statuses() ([]*PluginStatus, []*pluginconfig.FileError) {
 	ps := s.all()
 	s.mu.Lock()
 	errs := s.fileErrors
 	s.mu.Unlock()
-	out := make([]*agentv1.Plugin, 0, len(ps))
+	out := make([]*PluginStatus, 0, len(ps))
 	for _, p := range ps {
 		st := p.Status()
 		for _, fe := range errs {
@@ -174,7 +172,7 @@ func (s *Set) Statuses() ([]*agentv1.Plugin, []*pluginconfig.FileError) {
 // serving svc is ready, and returns its status and connection. Errors
 // wrap ErrNotConfigured, ErrNoService, or ErrNotReady (with the instance's
 // state and last error) when ctx ends first.
-func (s *Set) Ready(ctx context.Context, typ string, svc pluginconfig.Service) (*agentv1.PluginInstance, *grpc.ClientConn, error) {
+func (s *Set) Ready(ctx context.Context, typ string, svc pluginconfig.Service) (*InstanceStatus, *grpc.ClientConn, error) {
 	for {
 		changed := s.Changed()
 		p := s.Get(typ)
@@ -191,7 +189,7 @@ func (s *Set) Ready(ctx context.Context, typ string, svc pluginconfig.Service) (
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			why := strings.TrimPrefix(st.State.String(), "PLUGIN_STATE_")
+			why := st.State.String()
 			if st.LastError != "" {
 				why += ": " + st.LastError
 			}
@@ -226,8 +224,8 @@ func (s *Set) NodeCapabilities(typ string) []string {
 		return nil
 	}
 	var caps []string
-	for _, in := range p.Status().GetInstances() {
-		caps = append(caps, in.GetNodeCapabilities()...)
+	for _, in := range p.Status().Instances {
+		caps = append(caps, in.NodeCapabilities...)
 	}
 	return caps
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // testPlugin is internal/testplugin, built once by TestMain.
@@ -49,18 +48,18 @@ func changes() (<-chan struct{}, func()) {
 
 // waitState waits, woken by changes, until p's first instance satisfies
 // cond, and returns it.
-func waitState(t *testing.T, p *Plugin, changed <-chan struct{}, what string, cond func(*agentv1.PluginInstance) bool) *agentv1.PluginInstance {
+func waitState(t *testing.T, p *Plugin, changed <-chan struct{}, what string, cond func(*InstanceStatus) bool) *InstanceStatus {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
-		in := p.Status().GetInstances()[0]
+		in := p.Status().Instances[0]
 		if cond(in) {
 			return in
 		}
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("not %s after 30s: %s (%s)", what, in.GetState(), in.GetLastError())
+			t.Fatalf("not %s after 30s: %s (%s)", what, in.State, in.LastError)
 		}
 	}
 }
@@ -100,38 +99,38 @@ func TestManagedLifecycle(t *testing.T) {
 		},
 	}
 	plugin := managedPlugin(t, testPlugin)
-	isReady := func(in *agentv1.PluginInstance) bool { return in.GetState() == agentv1.PluginState_PLUGIN_STATE_READY }
+	isReady := func(in *InstanceStatus) bool { return in.State == StateReady }
 
 	p := Start(t.Context(), cfg, plugin, nil)
 	first := waitState(t, p, changed, "ready", isReady)
-	if first.GetPid() == 0 || first.GetPluginName() != "test.csi.csiagent.io" || first.GetNodeId() != "n1" {
+	if first.Pid == 0 || first.PluginName != "test.csi.csiagent.io" || first.NodeID != "n1" {
 		t.Fatalf("ready instance %v: want a pid and what discovery found", first)
 	}
-	if s, conn, ok := p.Instance(pluginconfig.NodeService); !ok || conn == nil || s.GetPid() != first.GetPid() {
+	if s, conn, ok := p.Instance(pluginconfig.NodeService); !ok || conn == nil || s.Pid != first.Pid {
 		t.Errorf("Instance(node) = %v, %v, %v; want the ready instance with its connection", s, conn, ok)
 	}
 	if _, _, ok := p.Instance(pluginconfig.ControllerService); ok {
 		t.Error("Instance(controller) found one; the plugin has no controller container")
 	}
 
-	if err := unix.Kill(int(first.GetPid()), unix.SIGKILL); err != nil {
+	if err := unix.Kill(first.Pid, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	second := waitState(t, p, changed, "restarted", func(in *agentv1.PluginInstance) bool {
-		return isReady(in) && in.GetPid() != first.GetPid()
+	second := waitState(t, p, changed, "restarted", func(in *InstanceStatus) bool {
+		return isReady(in) && in.Pid != first.Pid
 	})
-	if second.GetRestarts() != 1 {
-		t.Errorf("restarts = %d, want 1", second.GetRestarts())
+	if second.Restarts != 1 {
+		t.Errorf("restarts = %d, want 1", second.Restarts)
 	}
 
 	handover := p.Stop(false)
-	if st := p.Status(); st.GetState() != agentv1.PluginState_PLUGIN_STATE_STOPPED || len(handover) != 1 {
-		t.Fatalf("after Stop(false): %s, %d processes handed over; want STOPPED and 1", st.GetState(), len(handover))
+	if st := p.Status(); st.State != StateStopped || len(handover) != 1 {
+		t.Fatalf("after Stop(false): %s, %d processes handed over; want STOPPED and 1", st.State, len(handover))
 	}
 	p = Start(t.Context(), cfg, plugin, handover)
 	kept := waitState(t, p, changed, "ready", isReady)
-	if kept.GetPid() != second.GetPid() {
-		t.Errorf("the successor runs pid %d, want the handed-over %d", kept.GetPid(), second.GetPid())
+	if kept.Pid != second.Pid {
+		t.Errorf("the successor runs pid %d, want the handed-over %d", kept.Pid, second.Pid)
 	}
 	mu.Lock()
 	if len(ready) != 3 || ready[0] != "t.example" {
@@ -140,8 +139,8 @@ func TestManagedLifecycle(t *testing.T) {
 	mu.Unlock()
 
 	p.Stop(true)
-	if err := unix.Kill(int(kept.GetPid()), 0); !errors.Is(err, unix.ESRCH) {
-		t.Errorf("pid %d after Stop(true): kill 0 = %v, want ESRCH", kept.GetPid(), err)
+	if err := unix.Kill(kept.Pid, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("pid %d after Stop(true): kill 0 = %v, want ESRCH", kept.Pid, err)
 	}
 	record := filepath.Join(cfg.WorkDir, "csi", "t.example", plugin.Info.Name, "containers", "0", "process.json")
 	if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {

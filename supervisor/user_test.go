@@ -16,7 +16,6 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
-	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
 // TestCommandUser: a managed plugin whose command names a user runs as
@@ -65,10 +64,10 @@ func TestCommandUser(t *testing.T) {
 	}, &pluginconfig.Plugin{File: "user.json", Info: info}, nil)
 	t.Cleanup(func() { p.Stop(true) })
 
-	in := waitState(t, p, changed, "ready", func(in *agentv1.PluginInstance) bool {
-		return in.GetState() == agentv1.PluginState_PLUGIN_STATE_READY
+	in := waitState(t, p, changed, "ready", func(in *InstanceStatus) bool {
+		return in.State == StateReady
 	})
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.GetPid()))
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
