@@ -12,11 +12,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/controllerops"
@@ -175,6 +173,8 @@ type Agent struct {
 	named *dockerplugin.Server
 	// stopping is closed when shutdown begins, ending watch streams.
 	stopping chan struct{}
+	// apiErr receives the API server's error if it stops serving.
+	apiErr chan error
 	// configured is closed once the config directory's first load is
 	// applied: before, the plugin list would be empty, not true.
 	configured chan struct{}
@@ -271,193 +271,11 @@ func newAgent(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Run serves until ctx ends, then shuts down gracefully: the API stops
-// accepting calls and in-flight ones get ShutdownTimeout to finish.
-// Managed plugins keep running so that the next agent adopts them.
-func (a *Agent) Run(ctx context.Context) error {
-	defer a.unlockWork()
-	if err := os.MkdirAll(a.cfg.ConfigDir, 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", a.cfg.ConfigDir, err)
-	}
-	// The API group and plugins run as other users reach their sockets
-	// through the runtime dir, so it is searchable whatever the umask.
-	if err := unixsock.MkdirAll(a.cfg.RuntimeDir); err != nil {
-		return err
-	}
-	unlock, err := lockDir(a.cfg.RuntimeDir, "--runtime-dir")
-	if err != nil {
-		return err
-	}
-	defer unlock()
-
-	// Metrics listen first: with the API socket up, MetricsAddr is set.
-	stopMetrics, err := a.startMetrics()
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	stopDebug, err := a.startDebug()
-	if err != nil {
-		return err
-	}
-	defer stopDebug()
-
-	// The engine endpoint answers before the API, so that the API being
-	// up means the agent is (API calls are what tests and the hooks watch).
-	stopEngines, err := a.startEngines()
-	if err != nil {
-		return err
-	}
-	lis, err := a.listen()
-	if err != nil {
-		stopEngines()
-		return err
-	}
-	if _, activated := a.cfg.Activated[ActivatedAPI]; !activated {
-		defer os.Remove(a.cfg.APISocket)
-	}
-	for name, f := range a.cfg.Activated {
-		if name != ActivatedAPI && (name != ActivatedDockerPlugin || a.cfg.DockerPluginSocket == "") {
-			a.log.Warn("ignoring a socket systemd passed: its name is none of the agent's", "name", name, "want", ActivatedAPI+", "+ActivatedDockerPlugin)
-			f.Close()
-		}
-	}
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w, err := pluginconfig.Watch(runCtx, pluginconfig.WatchConfig{Dir: a.cfg.ConfigDir, Logger: a.log})
-	if err != nil {
-		lis.Close()
-		stopEngines()
-		return err
-	}
-	a.watcher = w
-
-	srv := grpc.NewServer(grpc.Creds(apiserver.PeerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
-		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary),
-		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.access.Stream))
-	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{
-		Isolator: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: a.snapshot, Changed: a.set.Changed,
-		Configured: a.configured, Stopping: a.stopping, OnVolumesChanged: a.pokeSchedules,
-		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
-		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
-		Offers: a.set.Offers, ControllerConn: a.controllerConn,
-		Named: a.named, Members: apiserver.Members{Roots: a.cfg.APIGroupRoots},
-	}))
-	agentv1.RegisterControllerServer(srv, a.ctrlops)
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(lis) }()
-	a.log.Info("csi-agent serving", "api_socket", a.cfg.APISocket, "config_dir", a.cfg.ConfigDir, "node_id", a.cfg.NodeID)
-
-	sd := newSDNotifier(a)
-	sd.send("STATUS=recovering volumes and starting plugins")
-	var watchdog <-chan time.Time
-	if sd.watchdog > 0 {
-		t := time.NewTicker(sd.watchdog)
-		defer t.Stop()
-		watchdog = t.C
-	}
-	recovered := a.iso.Recovered()
-	rotate := time.NewTicker(logRotateInterval)
-	defer rotate.Stop()
-	isoDone := make(chan struct{})
-	isoStarted := false
-	var runErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case err := <-serveErr:
-			runErr = fmt.Errorf("API server: %w", err)
-			break loop
-		case u, ok := <-w.Updates():
-			if !ok {
-				break loop
-			}
-			a.apply(runCtx, u)
-			if !isoStarted {
-				close(a.configured)
-				// Recovery needs the plugins the first update defines.
-				isoStarted = true
-				go func() {
-					defer close(isoDone)
-					var wg sync.WaitGroup
-					wg.Go(func() {
-						// Reclaims wait for recovery: they would only compete
-						// with it for volume locks and the disk.
-						select {
-						case <-a.iso.Recovered():
-							a.reclaimer.Run(runCtx)
-						case <-runCtx.Done():
-						}
-					})
-					wg.Go(func() {
-						select {
-						case <-a.iso.Recovered():
-							a.keyRotator.Run(runCtx)
-						case <-runCtx.Done():
-						}
-					})
-					wg.Go(func() { a.stats.Run(runCtx) })
-					a.iso.Run(runCtx)
-					wg.Wait()
-				}()
-			}
-		case <-rotate.C:
-			a.set.RotateLogs(a.cfg.LogMaxBytes, a.cfg.LogKeep)
-		case <-recovered:
-			// Serving, and every checkpoint recovered: ready.
-			recovered = nil
-			a.log.Info("recovery done; ready")
-			sd.ready()
-		case <-watchdog:
-			// Fed from this loop, so a wedged agent stops feeding it.
-			sd.alive()
-		}
-	}
-	a.log.Info("csi-agent shutting down")
-	sd.stopping()
-	close(a.stopping)
-	a.stopAPI(srv)
-	stopEngines()
-	cancel()
-	if isoStarted {
-		<-isoDone
-	}
-	a.set.StopAll()
-	return runErr
-}
-
 // Rescan re-reads the config directory now (SIGHUP).
 func (a *Agent) Rescan() {
 	if a.watcher != nil {
 		a.watcher.Rescan()
 	}
-}
-
-// stopAPI stops accepting calls and lets in-flight ones finish within the
-// shutdown timeout, then cancels them.
-func (a *Agent) stopAPI(srv *grpc.Server) {
-	done := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(done)
-	}()
-	t := time.NewTimer(a.cfg.ShutdownTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		a.log.Warn("in-flight API calls did not finish in time; cancelling them", "timeout", a.cfg.ShutdownTimeout)
-		srv.Stop()
-		<-done
-	}
-}
-
-// listen creates the API socket: 0600 root (0660 root:APIGroup).
-func (a *Agent) listen() (net.Listener, error) {
-	return a.listenUnix(a.cfg.APISocket, "API socket", ActivatedAPI)
 }
 
 // Names of the sockets in Config.Activated.

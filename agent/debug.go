@@ -12,7 +12,7 @@ import (
 
 // startDebug serves net/http/pprof on DebugAddress, when set, so that
 // operators can profile the daemon in place. Off by default.
-func (a *Agent) startDebug() (stop func(), err error) {
+func (a *Agent) startDebug(context.Context) (stop func(), err error) {
 	if a.cfg.DebugAddress == "" {
 		return func() {}, nil
 	}

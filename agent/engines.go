@@ -64,7 +64,7 @@ func (b engineBackend) CheckPlugin(typ string) error {
 // startEngines loads the named volumes and the engines' mounts of them
 // (a.named, which the API serves too) and serves the Docker volume plugin
 // socket when configured.
-func (a *Agent) startEngines() (stop func(), err error) {
+func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	store, err := namedvol.OpenStore(a.commit, NamedVolumesDir(a.cfg.WorkDir))
 	if err != nil {
 		return nil, err

@@ -189,7 +189,7 @@ func (a *Agent) MetricsAddr() string {
 // returned stop shuts the server down gracefully (in-flight scrapes get
 // the shutdown timeout) and waits for it. A listen error is returned; a
 // later serving error is logged, as it should not take volumes down.
-func (a *Agent) startMetrics() (stop func(), err error) {
+func (a *Agent) startMetrics(context.Context) (stop func(), err error) {
 	if a.cfg.MetricsAddress == "" {
 		return func() {}, nil
 	}
