@@ -105,8 +105,9 @@ type Config struct {
 	// reported (a warning), not republished and re-bound into its
 	// containers (see Repair).
 	NoRepair bool
-	// OnRepair, when set, is called after each repair Repair attempts,
-	// outside any lock, with its outcome (for metrics).
+	// OnRepair, when set, is called with the outcome of each repair
+	// attempted (a target found not mounted, repair on), outside any
+	// lock: for metrics.
 	OnRepair func(pluginType, volumeID string, outcome RepairOutcome)
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.

@@ -18,8 +18,8 @@ import (
 // prepared containers (retried by later passes while a volume cannot be
 // published), and directories no checkpoint claims. The passes after it
 // return the published volumes with users whose target path is not a
-// mount, for repairUnmounted. Anything locked is being handled by a live operation
-// and is skipped.
+// mount, for repairUnmounted. Anything locked is being handled by a live
+// operation and is skipped.
 // cleanUpGoneContainers cleans up, as their runtime's poststop would
 // have, the prepared containers that were given their volumes in a
 // process's mount namespace where no process is left: their runtime is done

@@ -63,23 +63,22 @@ const (
 // first check takes no lock, so a volume busy with another operation is
 // waited for only when its target is not mounted.
 func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (Repair, error) {
-	var r Repair
 	select {
 	case <-iso.recovered:
 	default:
-		return r, nil
+		return Repair{}, nil
 	}
 	key := volumeKey{pluginType, volumeID}
 	target, ok := iso.usedTarget(key)
 	if !ok {
-		return r, nil
+		return Repair{}, nil
 	}
 	if mounted, err := iso.mounts.IsMountPoint(target); err != nil || mounted {
-		return r, nil
+		return Repair{}, nil
 	}
 	if iso.cfg.NoRepair {
 		iso.log.Warn("a published volume's target path is not mounted; repair is off (--repair=false)", "plugin", pluginType, "volume", volumeID, "target", target)
-		return r, nil
+		return Repair{}, nil
 	}
 	r, err := iso.republish(ctx, key)
 	if err != nil {
