@@ -250,9 +250,9 @@ func newAgent(cfg Config) (*Agent, error) {
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a}, Commit: commit,
 		RPCTimeout: cfg.RPCTimeout, ResyncInterval: cfg.ResyncInterval, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
-		OnChange: a.set.Notify, BootID: cfg.BootID,
-		Unmounted: func(ctx context.Context, plugin, id, target string) error {
-			return a.repair(ctx, volumestats.Volume{Plugin: plugin, ID: id, TargetPath: target})
+		OnChange: a.set.Notify, BootID: cfg.BootID, NoRepair: cfg.NoRepair,
+		OnRepair: func(plugin, _ string, outcome isolator.RepairOutcome) {
+			a.metrics.repairs.WithLabelValues(plugin, string(outcome)).Inc()
 		},
 	})
 	if err != nil {

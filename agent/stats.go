@@ -2,12 +2,10 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/volumestats"
 )
@@ -36,11 +34,12 @@ func (s statsSource) Volumes() []volumestats.Volume {
 	return out
 }
 
-// Poll repairs the volume if its target is no longer mounted, then asks
-// the plugin for its usage and health; a failed repair is the poll's
-// error (the figures of a path that is not mounted mean nothing).
+// Poll has the isolator repair the volume if its target is no longer
+// mounted (isolator.Repair), then asks the plugin for its usage and
+// health; a failed repair is the poll's error (the figures of a path that
+// is not mounted mean nothing).
 func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats.Stats {
-	if err := s.a.repair(ctx, v); err != nil {
+	if _, err := s.a.iso.Repair(ctx, v.Plugin, v.ID); err != nil {
 		return volumestats.Stats{Err: err}
 	}
 	conn, err := s.a.set.Node(v.Plugin).Conn(ctx, "csi.v1.Node")
@@ -48,28 +47,4 @@ func (s statsSource) Poll(ctx context.Context, v volumestats.Volume) volumestats
 		return volumestats.Stats{Err: err}
 	}
 	return volumestats.PollNode(ctx, csi.NewNodeClient(conn), s.a.set.NodeCapabilities(v.Plugin), v)
-}
-
-// repair republishes a volume whose target path is no longer mounted and
-// re-binds it into its containers (see isolator.Repair), unless repair is
-// off; it logs and counts what it did, and returns why it failed.
-func (a *Agent) repair(ctx context.Context, v volumestats.Volume) error {
-	if mounted, err := mount.IsMountPoint(v.TargetPath); err != nil || mounted {
-		return nil
-	}
-	if a.cfg.NoRepair {
-		a.log.Warn("a published volume's target path is not mounted; repair is off (--repair=false)", "plugin", v.Plugin, "volume", v.ID, "target", v.TargetPath)
-		return nil
-	}
-	r, err := a.iso.Repair(ctx, v.Plugin, v.ID)
-	if err != nil {
-		a.metrics.repairs.WithLabelValues(v.Plugin, "failed").Inc()
-		a.log.Error("repairing a volume whose target path was not mounted", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped, "error", err)
-		return fmt.Errorf("repairing the volume (its target path was not mounted): %w", err)
-	}
-	if r.Republished {
-		a.metrics.repairs.WithLabelValues(v.Plugin, "repaired").Inc()
-		a.log.Warn("repaired a volume whose target path was not mounted: republished", "plugin", v.Plugin, "volume", v.ID, "rebound", r.Rebound, "skipped", r.Skipped)
-	}
-	return nil
 }

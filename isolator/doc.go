@@ -21,7 +21,13 @@
 // reboot what has users and tearing down through the plugin what has
 // none, remounting container mounts a reboot removed, dropping users no
 // container backs) and then keeps every volume
-// and container converged. Each wait for a plugin and each node call has
+// and container converged. Repair is the isolator's too: a published
+// volume whose target path its Mounter finds not mounted (unmounted
+// behind its back) is republished and re-bound into its containers,
+// found by the resync passes and repaired on a worker of its own, or
+// checked when the daemon calls Repair (before each stats poll); the
+// policy (Config.NoRepair: only warn) and the report of each outcome
+// (Config.OnRepair) are in its Config. Each wait for a plugin and each node call has
 // a deadline, and a plugin that is down holds up only its own volumes
 // (skipped, state kept, retried on the next pass). Operations are
 // serialised per volume and per container. Reclaim-space calls run under

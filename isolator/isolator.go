@@ -100,13 +100,15 @@ type Config struct {
 	// OnChange, when set, is called after every change of a volume or a
 	// container (checkpoints, reclaims starting and ending).
 	OnChange func()
-	// Unmounted, when set, is called after each resync pass after
-	// recovery, outside any lock and beside the passes (one call at a
-	// time), for every published volume with users whose target path the
-	// pass found not a mount (unmounted outside the agent): the daemon
-	// decides whether to Repair it. An error saying the plugin is down (as
-	// Repair's do) skips that plugin's other volumes for the pass.
-	Unmounted func(ctx context.Context, pluginType, volumeID, targetPath string) error
+	// NoRepair turns repair off: a published volume whose target path is
+	// found not mounted (unmounted outside the agent) is then only
+	// reported (a warning), not republished and re-bound into its
+	// containers (see Repair).
+	NoRepair bool
+	// OnRepair, when set, is called with the outcome of each repair
+	// attempted (a target found not mounted, repair on), outside any
+	// lock: for metrics.
+	OnRepair func(pluginType, volumeID string, outcome RepairOutcome)
 	// CrashPoint, for crash tests only, is called after every checkpoint
 	// and every RPC with a name for the point; it may kill the process.
 	CrashPoint func(point string)
@@ -175,6 +177,9 @@ func New(cfg Config) (*Isolator, error) {
 	if cfg.CrashPoint == nil {
 		cfg.CrashPoint = func(string) {}
 	}
+	if cfg.OnRepair == nil {
+		cfg.OnRepair = func(string, string, RepairOutcome) {}
+	}
 	if cfg.Mounts == nil {
 		cfg.Mounts = kernelMounts{}
 	}
@@ -225,11 +230,12 @@ func New(cfg Config) (*Isolator, error) {
 func (iso *Isolator) Run(ctx context.Context) {
 	iso.resync(ctx, true)
 	close(iso.recovered)
-	// Repairs run beside the passes: a repair waits for its volume's and
-	// containers' locks, which a pass must not (it skips what is busy).
-	// While the worker is busy, a pass's batch is dropped: the next pass
-	// finds those volumes again.
-	repairs := make(chan []unmountedTarget, 1)
+	// Repairs of the published volumes a pass found with their target
+	// path not mounted run beside the passes, on a worker of their own: a
+	// repair waits for its volume's and containers' locks, which a pass
+	// must not (it skips what is busy). While the worker is busy, a pass's
+	// batch is dropped: the next pass finds those volumes again.
+	repairs := make(chan []volumeKey, 1)
 	var worker sync.WaitGroup
 	worker.Go(func() {
 		for batch := range repairs {

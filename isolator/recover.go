@@ -17,9 +17,9 @@ import (
 // gone), references that no container backs, mounts missing from
 // prepared containers (retried by later passes while a volume cannot be
 // published), and directories no checkpoint claims. The passes after it
-// return the published volumes whose target path is not a mount, for
-// repairUnmounted. Anything locked is being handled by a live operation
-// and is skipped.
+// return the published volumes with users whose target path is not a
+// mount, for repairUnmounted. Anything locked is being handled by a live
+// operation and is skipped.
 // cleanUpGoneContainers cleans up, as their runtime's poststop would
 // have, the prepared containers that were given their volumes in a
 // process's mount namespace where no process is left: their runtime is done
@@ -55,7 +55,7 @@ func (iso *Isolator) cleanUpGoneContainers(ctx context.Context, down downPlugins
 	}
 }
 
-func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarget {
+func (iso *Isolator) resync(ctx context.Context, recovery bool) []volumeKey {
 	if recovery || iso.rebuildLeft.Load() {
 		iso.rebuildLeft.Store(!iso.rebuildMissingVolumes())
 	}
@@ -85,15 +85,15 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarge
 		})
 	}
 	iso.cleanUpGoneContainers(ctx, down)
-	var unmounted []unmountedTarget
+	var unmounted []volumeKey
 	iso.forEachVolume(func(v *volume) {
 		want := stCreated
 		if len(v.cp.Users) > 0 {
 			want = stPublished
 		}
-		if v.cp.State == stPublished && want == stPublished && !recovery && iso.cfg.Unmounted != nil {
+		if v.cp.State == stPublished && want == stPublished && !recovery {
 			if ok, err := iso.mounts.IsMountPoint(v.cp.TargetPath); err == nil && !ok {
-				unmounted = append(unmounted, unmountedTarget{v.key, v.cp.TargetPath})
+				unmounted = append(unmounted, v.key)
 			}
 		}
 		if (v.cp.State == want && v.cp.LastError == "") || down[v.key.plugin] {
@@ -120,20 +120,14 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) []unmountedTarge
 	return unmounted
 }
 
-// unmountedTarget is a published volume whose target path a resync pass
-// found not mounted.
-type unmountedTarget struct {
-	key  volumeKey
-	path string
-}
-
-// repairUnmounted hands a pass's unmounted targets to Config.Unmounted one
+// repairUnmounted repairs (see Repair) the volumes of a pass's batch one
 // at a time, skipping the rest of a plugin's once it is found down.
-func (iso *Isolator) repairUnmounted(ctx context.Context, batch []unmountedTarget) {
+func (iso *Isolator) repairUnmounted(ctx context.Context, batch []volumeKey) {
 	down := downPlugins{}
-	for _, u := range batch {
-		if !down[u.key.plugin] {
-			down.note(iso.cfg.Unmounted(ctx, u.key.plugin, u.key.id, u.path))
+	for _, key := range batch {
+		if !down[key.plugin] {
+			_, err := iso.Repair(ctx, key.plugin, key.id)
+			down.note(err)
 		}
 	}
 }

@@ -26,9 +26,27 @@ type Repair struct {
 	Rebound, Skipped []string
 }
 
-// Repair republishes a published volume whose target path is no longer a
-// mount (unmounted behind the agent's back; the staging path too, when it
-// is gone as well) and re-binds it into each container using it.
+// RepairOutcome is how a repair ended, as Config.OnRepair is told.
+type RepairOutcome string
+
+const (
+	// Repaired: the volume was republished and its containers' mounts
+	// re-bound (those that are not the agent's left alone).
+	Repaired RepairOutcome = "repaired"
+	// RepairFailed: republishing the volume or re-binding a container's
+	// mount failed; the next check tries again.
+	RepairFailed RepairOutcome = "failed"
+)
+
+// Repair checks, through the Mounter, whether a published volume's target
+// path is still a mount and, if it is not (unmounted behind the agent's
+// back), republishes the volume (its staging path too, when that is gone
+// as well) and re-binds it into each container using it. With
+// Config.NoRepair it only warns. The resync passes call it (on a worker
+// of their own) for every volume they find so; the daemon calls it too
+// before it asks a plugin for a volume's usage. Each repair is logged,
+// recorded as the volume's last repair and reported to Config.OnRepair;
+// an error is the failed repair's.
 //
 // A container's mount is replaced only when the top mount at its mount
 // point (resolved inside the container's root, in its mount namespace)
@@ -39,17 +57,59 @@ type Repair struct {
 // never touched.
 //
 // Nothing is done (and nothing returned) for a volume that is not
-// published, has no users, or whose target is still mounted, nor before
-// the first recovery pass has run (recovery restores mounts itself, and
-// tears down the volumes left without users).
+// published, has no users, or whose target is still mounted or cannot be
+// checked, nor before the first recovery pass has run (recovery restores
+// mounts itself, and tears down the volumes left without users). The
+// first check takes no lock, so a volume busy with another operation is
+// waited for only when its target is not mounted.
 func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (Repair, error) {
-	var r Repair
 	select {
 	case <-iso.recovered:
 	default:
-		return r, nil
+		return Repair{}, nil
 	}
 	key := volumeKey{pluginType, volumeID}
+	target, ok := iso.usedTarget(key)
+	if !ok {
+		return Repair{}, nil
+	}
+	if mounted, err := iso.mounts.IsMountPoint(target); err != nil || mounted {
+		return Repair{}, nil
+	}
+	if iso.cfg.NoRepair {
+		iso.log.Warn("a published volume's target path is not mounted; repair is off (--repair=false)", "plugin", pluginType, "volume", volumeID, "target", target)
+		return Repair{}, nil
+	}
+	r, err := iso.republish(ctx, key)
+	if err != nil {
+		iso.cfg.OnRepair(pluginType, volumeID, RepairFailed)
+		iso.log.Error("repairing a volume whose target path was not mounted", "plugin", pluginType, "volume", volumeID, "rebound", r.Rebound, "skipped", r.Skipped, "error", err)
+		return r, fmt.Errorf("repairing the volume (its target path was not mounted): %w", err)
+	}
+	if r.Republished {
+		iso.cfg.OnRepair(pluginType, volumeID, Repaired)
+		iso.log.Warn("repaired a volume whose target path was not mounted: republished", "plugin", pluginType, "volume", volumeID, "rebound", r.Rebound, "skipped", r.Skipped)
+	}
+	return r, nil
+}
+
+// usedTarget is the target path of the volume of key if it is published
+// and has users.
+func (iso *Isolator) usedTarget(key volumeKey) (string, bool) {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	v := iso.volumes[key]
+	if v == nil || v.cp.State != stPublished || len(v.cp.Users) == 0 {
+		return "", false
+	}
+	return v.cp.TargetPath, true
+}
+
+// republish does Repair's work under the volume's lock, checking again
+// that its target path is not mounted, then re-binds it into its users and
+// records what it did.
+func (iso *Isolator) republish(ctx context.Context, key volumeKey) (Repair, error) {
+	var r Repair
 	var users []string
 	var target string
 	err := iso.withVolume(ctx, key, func(v *volume) error {
@@ -60,10 +120,10 @@ func (iso *Isolator) Repair(ctx context.Context, pluginType, volumeID string) (R
 			return err
 		}
 		nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
-		node, err := iso.cfg.Plugins.Node(nctx, pluginType)
+		node, err := iso.cfg.Plugins.Node(nctx, key.plugin)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("volume %s: %w", key, &pluginDownError{plugin: pluginType, err: err})
+			return fmt.Errorf("volume %s: %w", key, &pluginDownError{plugin: key.plugin, err: err})
 		}
 		if node.StageUnstage {
 			if ok, err := iso.mounts.IsMountPoint(v.cp.StagingPath); err != nil {

@@ -1300,35 +1300,41 @@ func TestUnitPrepareRefusesUnmountedTarget(t *testing.T) {
 
 // TestUnitResyncReportsUnmountedTargets: a resync pass returns each
 // published volume whose target path is not a mount, and only those, for
-// the repair worker to hand to Config.Unmounted (the daemon repairs it;
-// the pass itself does not wait for that); once the repair says the
-// plugin is down, the plugin's other volumes wait for the next pass.
+// the repair worker to repair (the pass itself does not wait for that);
+// once a repair finds the plugin down, the plugin's other volumes wait
+// for the next pass.
 func TestUnitResyncReportsUnmountedTargets(t *testing.T) {
 	w := newWorld(t)
 	var reported []string
-	var repairErr error
-	iso := w.run(Config{ResyncInterval: time.Hour, Unmounted: func(_ context.Context, plugin, id, target string) error {
-		reported = append(reported, plugin+"/"+id+" "+target)
-		return repairErr
+	iso := w.run(Config{ResyncInterval: time.Hour, RPCTimeout: 50 * time.Millisecond, OnRepair: func(plugin, id string, outcome RepairOutcome) {
+		reported = append(reported, plugin+"/"+id+" "+string(outcome))
 	}})
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}, vol{"loop", "vol-2", "/more", false}, vol{"loop", "vol-3", "/else", false}))
-	target := volumeOf(iso, "loop", "vol-1").TargetPath
-	w.unmountBehindOurBack(target)
+	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-1").TargetPath)
 	ctx := context.Background()
+	w.calls("loop")
 	batch := iso.resync(ctx, false)
-	if len(reported) > 0 {
-		t.Errorf("the pass itself called Unmounted (%v): it must not wait for a repair", reported)
+	if got := w.calls("loop"); len(reported) > 0 || len(got) > 0 {
+		t.Errorf("the pass itself repaired (%v, asking %v): it must not wait for a repair", reported, got)
+	}
+	if want := []volumeKey{{"loop", "vol-1"}}; !slices.Equal(batch, want) {
+		t.Errorf("the pass found %v; want %v", batch, want)
 	}
 	iso.repairUnmounted(ctx, batch)
-	if want := []string{"loop/vol-1 " + target}; !slices.Equal(reported, want) {
+	if want := []string{"loop/vol-1 repaired"}; !slices.Equal(reported, want) {
 		t.Errorf("reported %v; want %v", reported, want)
 	}
 	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-2").TargetPath)
-	reported, repairErr = nil, &pluginDownError{plugin: "loop", err: ErrUnavailable}
+	w.unmountBehindOurBack(volumeOf(iso, "loop", "vol-3").TargetPath)
+	reported = nil
+	w.plugins.setDown("loop", true)
 	iso.repairUnmounted(ctx, iso.resync(ctx, false))
-	if len(reported) != 1 {
-		t.Errorf("with the plugin down, the pass reported %v; want one volume, then the plugin skipped", reported)
+	if len(reported) != 1 || !strings.HasSuffix(reported[0], " failed") {
+		t.Errorf("with the plugin down, the pass reported %v; want one volume failed, then the plugin skipped", reported)
 	}
+	w.plugins.setDown("loop", false)
+	iso.repairUnmounted(ctx, iso.resync(ctx, false))
+	w.check(iso)
 }
 
 // TestUnitRepair: a published volume's target unmounted behind the

@@ -17,11 +17,18 @@
 //   - [Unmount] is idempotent: a missing path or a path that is not a mount
 //     point counts as done (ENOENT, EINVAL). EBUSY is retried a bounded
 //     number of times, then reported with [ErrBusy]. It never detaches lazily.
-//   - [Lookup], [IsMountPoint] and [List] read the calling thread's
-//     mountinfo through a filter, in one pass, via pathrs-lite's private
-//     procfs handle (never the /proc a container's namespace shows). Paths
-//     are resolved (symlinks, "..") first, because the mount table only
-//     holds canonical paths.
+//   - [IsMountPoint] reads no mount table: it is one statx of the path
+//     (symlinks followed, no automount triggered) whose
+//     STATX_ATTR_MOUNT_ROOT says whether the path is the root of a mount;
+//     a path that does not exist is not a mount point. Only on a kernel
+//     that does not report that attribute (before 5.8) does it fall back
+//     to [Lookup]. [Lookup] asks the same statx first and reads the table
+//     only when the path is (or may be) a mount point.
+//   - [Lookup] and [List] read the calling thread's mountinfo through a
+//     filter, in one pass, via pathrs-lite's private procfs handle (never
+//     the /proc a container's namespace shows). Paths are resolved
+//     (symlinks, "..") first, because the mount table only holds canonical
+//     paths.
 //   - [ResolveInRoot] then [BindInto] put a volume at a path chosen by an
 //     untrusted party (a container_path inside a container's rootfs).
 //     ResolveInRoot resolves it as if the rootfs were "/" (openat2

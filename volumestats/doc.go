@@ -6,8 +6,13 @@
 // volume is kept for the API and the metrics; a volume that is no longer
 // listed is forgotten, so what is kept is bounded by what is published.
 //
-// The package knows nothing of CSI: a Source lists the volumes and makes
-// the calls (NodeGetVolumeStats, NodeGetVolumeHealth). Do not use it to
-// decide whether a volume may be used: a result is only as fresh as its
-// time.
+// A Source lists the volumes and polls each; the poller only schedules
+// and keeps results. PollNode is the CSI half of a Source's Poll: it calls
+// a node service's NodeGetVolumeStats and NodeGetVolumeHealth as its
+// capabilities offer them (the condition of a plugin built on CSI 1.12 or
+// earlier read from its stats, see csicompat); the Source dials the
+// plugin and may do more first (the daemon's has the isolator repair a
+// volume whose target path is not mounted). NewCollector exports the last
+// results as Prometheus metrics. Do not use it to decide whether a volume
+// may be used: a result is only as fresh as its time.
 package volumestats
