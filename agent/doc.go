@@ -13,6 +13,7 @@
 // What is left here is the glue between those parts: small adapters that
 // let each see the others through its own interface (isolator.Plugins,
 // reclaim.Target, volumestats.Source, controllerops.Plugins,
+// apiserver.Plugins, apiserver.Schedules, apiserver.Stats,
 // dockerplugin.Backend), the metrics registry and the daemon's lifecycle.
 //
 // Contract: one Agent per runtime directory (a second Run fails on its

@@ -186,11 +186,9 @@ func (a *Agent) startAPI(context.Context) (stop func(), err error) {
 		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.access.Stream))
 	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{
-		Isolator: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: a.snapshot, Changed: a.set.Changed,
+		Core: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: apiPlugins{controllerPlugins{a}},
 		Configured: a.configured, Stopping: a.stopping, OnVolumesChanged: a.pokeSchedules,
-		Reclaimer: a.reclaimer, KeyRotator: a.keyRotator, ReclaimVolumes: reclaimTarget{a}.Volumes,
-		Stats: a.stats, StatsVolumes: statsSource{a}.Volumes,
-		Offers: a.set.Offers, ControllerConn: a.controllerConn,
+		Schedules: apiSchedules{a}, Stats: apiStats{a},
 		Named: a.named, Members: apiserver.Members{Roots: a.cfg.APIGroupRoots},
 	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)

@@ -9,8 +9,10 @@
 // Unknown).
 //
 // It holds no state of its own: everything it serves comes from the
-// isolator, the schedules and the callbacks of Config, which the daemon
-// (package agent) wires. Not for: the Controller API (package
-// controllerops) or the container engines' endpoint (package
-// dockerplugin), which have their own edges.
+// interfaces Config names, declared here as the handlers use them (Core:
+// the isolator; Plugins; Schedules: reclaim and key rotation; Stats: the
+// volume stats poller; NamedVolumes), which the daemon (package agent)
+// fills with its components and the tests with fakes. Not for: the
+// Controller API (package controllerops) or the container engines'
+// endpoint (package dockerplugin), which have their own edges.
 package apiserver

@@ -29,7 +29,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 		return s.reclaimOffline(ctx, req, stream)
 	}
 	var vols []reclaim.Volume
-	published := s.cfg.ReclaimVolumes()
+	published := s.cfg.Schedules.Reclaimable()
 	switch t := req.GetTarget().(type) {
 	case *agentv1.ReclaimSpaceRequest_All:
 		vols = published
@@ -48,7 +48,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 		}
 	case *agentv1.ReclaimSpaceRequest_ContainerId:
 		var keys []isolator.PublishedVolume
-		for _, c := range s.iso.ListContainers() {
+		for _, c := range s.core.ListContainers() {
 			if c.ID == t.ContainerId {
 				for _, m := range c.Mounts {
 					keys = append(keys, isolator.PublishedVolume{Plugin: m.GetPluginName(), ID: m.GetVolumeId()})
@@ -68,7 +68,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 	}
 	var mu sync.Mutex
 	var sendErr error
-	summary := s.cfg.Reclaimer.RunNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
+	summary := s.cfg.Schedules.ReclaimNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if sendErr == nil {
@@ -90,7 +90,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 // made from the scheduler's view when none was recorded (e.g. the volume
 // was not published any more).
 func (s *Server) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
-	for _, vs := range s.iso.ListVolumes() {
+	for _, vs := range s.core.ListVolumes() {
 		if vs.Plugin == v.Plugin && vs.ID == v.ID && vs.LastReclaim != nil {
 			return ReclaimResult(vs.LastReclaim)
 		}
@@ -107,7 +107,7 @@ func (s *Server) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRe
 	if ref.GetPluginName() == "" || ref.GetVolumeId() == "" {
 		return status.Error(codes.InvalidArgument, "offline reclaim needs the plugin and the volume id")
 	}
-	if !s.cfg.Offers(ref.GetPluginName(), reclaim.ControllerService) {
+	if !s.cfg.Plugins.Offers(ref.GetPluginName(), reclaim.ControllerService) {
 		return status.Errorf(codes.FailedPrecondition, "plugin %s does not offer %s", ref.GetPluginName(), reclaim.ControllerService)
 	}
 	policy, err := retrypolicy.Parse(req.GetRetry())
@@ -116,11 +116,11 @@ func (s *Server) reclaimOffline(ctx context.Context, req *agentv1.ReclaimSpaceRe
 	}
 	ctx, cancel := context.WithTimeout(ctx, policy.Timeout)
 	defer cancel()
-	conn, err := s.cfg.ControllerConn(ctx, ref.GetPluginName(), reclaim.ControllerService)
+	conn, err := s.cfg.Plugins.ControllerConn(ctx, ref.GetPluginName(), reclaim.ControllerService)
 	if err != nil {
 		return err
 	}
-	res, err := s.iso.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), req.GetSecrets(), req.GetParameters(), policy)
+	res, err := s.core.ReclaimOffline(ctx, reclaimspace.NewReclaimSpaceControllerClient(conn), ref.GetPluginName(), ref.GetVolumeId(), req.GetSecrets(), req.GetParameters(), policy)
 	if res == nil {
 		return Status(err)
 	}

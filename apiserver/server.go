@@ -2,29 +2,85 @@ package apiserver
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/reclaim"
 	"github.com/csiagent/csiagent/volumestats"
 )
 
-// Config is what the Agent service serves; the daemon fills every field.
-type Config struct {
-	Isolator *isolator.Isolator
-	// ConfigDir is the plugin config directory (named in errors).
-	ConfigDir string
-	// Plugins reports the plugins' status, sorted by type, and the config
+// Core is the isolator as the handlers use it (*isolator.Isolator): the
+// containers it prepared and the volumes it tracks.
+type Core interface {
+	// Recovered is closed once the first recovery pass is done.
+	Recovered() <-chan struct{}
+	Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error)
+	Cleanup(ctx context.Context, id string, force bool) error
+	// Reconcile cleans up the containers (of manager, "" any) not in live.
+	Reconcile(ctx context.Context, live []string, manager string) isolator.ReconcileResult
+	ListVolumes() []isolator.VolumeInfo
+	ListContainers() []isolator.ContainerInfo
+	// ReclaimOffline reclaims the space of a volume not published on this
+	// host through client, its plugin's controller, retrying per policy;
+	// the result is nil when no call was made.
+	ReclaimOffline(ctx context.Context, client isolator.ReclaimController, plugin, id string, secrets, params map[string]string, policy retrypolicy.Policy) (*statev1.ReclaimResult, error)
+}
+
+// Plugins is the agent's plugin set as the handlers use it.
+type Plugins interface {
+	// Statuses reports the plugins' status, sorted by type, and the config
 	// directory's refused files.
-	Plugins func() ([]*agentv1.Plugin, []*pluginconfig.FileError)
+	Statuses() ([]*agentv1.Plugin, []*pluginconfig.FileError)
 	// Changed returns a channel closed at the next change of a plugin, a
 	// volume or a container.
-	Changed func() <-chan struct{}
+	Changed() <-chan struct{}
+	// Offers reports whether a plugin's ready instance answers a service
+	// (a discovery name).
+	Offers(plugin, service string) bool
+	// ControllerConn waits for the plugin's controller service and returns
+	// the connection serving service (status errors).
+	ControllerConn(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+}
+
+// Schedules is the per-volume schedules (reclaim, key rotation) as the
+// handlers use them.
+type Schedules interface {
+	// NextReclaim and NextKeyRotation report when a volume's next
+	// scheduled run is due; false if it is not scheduled.
+	NextReclaim(plugin, id string) (time.Time, bool)
+	NextKeyRotation(plugin, id string) (time.Time, bool)
+	// Reclaimable lists the volumes the reclaim schedule reclaims
+	// (published, of plugins offering reclaim.NodeService).
+	Reclaimable() []reclaim.Volume
+	// ReclaimNow reclaims vols now, calls progress once per volume (one
+	// call at a time) and returns the totals when every volume is done or
+	// ctx ends.
+	ReclaimNow(ctx context.Context, vols []reclaim.Volume, progress func(reclaim.Volume, reclaim.Result, error)) reclaim.Summary
+}
+
+// Stats is the volume stats poller as the handlers use it.
+type Stats interface {
+	// Refresh polls the volumes it polls now and returns when all are done
+	// or ctx ends.
+	Refresh(ctx context.Context)
+	// Get returns a volume's last result.
+	Get(plugin, id string) (volumestats.Stats, bool)
+}
+
+// Config is what the Agent service serves; the daemon fills every field.
+type Config struct {
+	Core Core
+	// ConfigDir is the plugin config directory (named in errors).
+	ConfigDir string
+	Plugins   Plugins
 	// Configured is closed once the config directory's first load is
 	// applied (before, the plugin list would be empty, not true);
 	// Stopping when shutdown begins (watch streams end).
@@ -32,20 +88,8 @@ type Config struct {
 	// OnVolumesChanged is called after every Prepare, Cleanup and
 	// Reconcile (the schedules look at the published volumes again).
 	OnVolumesChanged func()
-
-	// Reclaimer and KeyRotator are the per-volume schedules;
-	// ReclaimVolumes lists the volumes Reclaimer reclaims (published, of
-	// plugins offering reclaim.NodeService).
-	Reclaimer, KeyRotator *reclaim.Scheduler
-	ReclaimVolumes        func() []reclaim.Volume
-	// Stats is the volume stats poller; StatsVolumes the volumes it polls.
-	Stats        *volumestats.Poller
-	StatsVolumes func() []volumestats.Volume
-	// Offers reports whether a plugin's ready instance answers a service
-	// (a discovery name); ControllerConn waits for the plugin's controller
-	// service and returns the connection serving it (status errors).
-	Offers         func(plugin, service string) bool
-	ControllerConn func(ctx context.Context, plugin, service string) (*grpc.ClientConn, error)
+	Schedules        Schedules
+	Stats            Stats
 	// Named is the named volumes (and the engines' mounts of them).
 	Named NamedVolumes
 	// Members is what callers other than root (members of --api-group)
@@ -56,15 +100,15 @@ type Config struct {
 // Server is the Agent gRPC service.
 type Server struct {
 	agentv1.UnimplementedAgentServer
-	cfg Config
-	iso *isolator.Isolator
+	cfg  Config
+	core Core
 }
 
 var _ agentv1.AgentServer = (*Server)(nil)
 
 // New makes the service; register it with agentv1.RegisterAgentServer.
 func New(cfg Config) *Server {
-	return &Server{cfg: cfg, iso: cfg.Isolator}
+	return &Server{cfg: cfg, core: cfg.Core}
 }
 
 // ListPlugins answers once the config directory was first read.
@@ -78,7 +122,7 @@ func (s *Server) ListPlugins(ctx context.Context, _ *agentv1.ListPluginsRequest)
 }
 
 func (s *Server) list() *agentv1.ListPluginsResponse {
-	plugins, errs := s.cfg.Plugins()
+	plugins, errs := s.cfg.Plugins.Statuses()
 	resp := &agentv1.ListPluginsResponse{Plugins: plugins}
 	for _, fe := range errs {
 		resp.ConfigErrors = append(resp.ConfigErrors, &agentv1.ConfigError{File: fe.File, Error: fe.Err.Error()})
@@ -90,7 +134,7 @@ func (s *Server) list() *agentv1.ListPluginsResponse {
 // the caller leaves or the agent stops.
 func (s *Server) WatchPlugins(_ *agentv1.ListPluginsRequest, stream grpc.ServerStreamingServer[agentv1.ListPluginsResponse]) error {
 	for {
-		changed := s.cfg.Changed()
+		changed := s.cfg.Plugins.Changed()
 		if err := stream.Send(s.list()); err != nil {
 			return err
 		}
@@ -109,7 +153,7 @@ func (s *Server) GetPlugin(_ context.Context, req *agentv1.GetPluginRequest) (*a
 	if req.GetType() == "" {
 		return nil, status.Error(codes.InvalidArgument, "type is required")
 	}
-	plugins, _ := s.cfg.Plugins()
+	plugins, _ := s.cfg.Plugins.Statuses()
 	for _, p := range plugins {
 		if p.Type == req.GetType() {
 			return &agentv1.GetPluginResponse{Plugin: p}, nil

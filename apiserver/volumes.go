@@ -49,7 +49,7 @@ func Status(err error) error {
 // WaitRecovered waits for the isolator's first recovery pass, or ctx: a
 // volume call that arrives at start (the sockets serve before that) waits
 // rather than fail on a plugin not configured yet.
-func WaitRecovered(ctx context.Context, iso *isolator.Isolator) error {
+func WaitRecovered(ctx context.Context, iso interface{ Recovered() <-chan struct{} }) error {
 	select {
 	case <-iso.Recovered():
 		return nil
@@ -60,7 +60,7 @@ func WaitRecovered(ctx context.Context, iso *isolator.Isolator) error {
 
 // recovered is WaitRecovered as a status error.
 func (s *Server) recovered(ctx context.Context) error {
-	if err := WaitRecovered(ctx, s.iso); err != nil {
+	if err := WaitRecovered(ctx, s.core); err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	return nil
@@ -142,7 +142,7 @@ func (p prepareFailed) Error() string { return p.err.Error() }
 // prepare is Prepare of a checked request without named mounts, by root
 // (c nil) or a member.
 func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	mounts, err := s.iso.Prepare(ctx, req)
+	mounts, err := s.core.Prepare(ctx, req)
 	s.cfg.OnVolumesChanged()
 	if err != nil {
 		return nil, Status(err)
@@ -152,7 +152,7 @@ func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *statev1.Prepar
 		if err := s.cfg.Members.CheckMounts(c, resp.Mounts); err != nil {
 			// Undone whatever the caller's ctx: the mount is not the
 			// member's to keep.
-			if cerr := s.iso.Cleanup(context.WithoutCancel(ctx), req.GetContainerId(), true); cerr != nil {
+			if cerr := s.core.Cleanup(context.WithoutCancel(ctx), req.GetContainerId(), true); cerr != nil {
 				return nil, status.Errorf(codes.PermissionDenied, "%s (and undoing it failed: %v)", status.Convert(err).Message(), cerr)
 			}
 			s.cfg.OnVolumesChanged()
@@ -175,11 +175,11 @@ func (s *Server) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*age
 		return nil, err
 	}
 	if c != nil {
-		if err := s.cfg.Members.CheckCleanup(c, req.GetContainerId(), s.iso.ListContainers()); err != nil {
+		if err := s.cfg.Members.CheckCleanup(c, req.GetContainerId(), s.core.ListContainers()); err != nil {
 			return nil, err
 		}
 	}
-	err = s.iso.Cleanup(ctx, req.GetContainerId(), req.GetForce())
+	err = s.core.Cleanup(ctx, req.GetContainerId(), req.GetForce())
 	s.cfg.OnVolumesChanged()
 	if err != nil {
 		return nil, Status(err)
@@ -190,10 +190,10 @@ func (s *Server) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*age
 // ListVolumes reports every volume with its last stats and next runs.
 func (s *Server) ListVolumes(ctx context.Context, req *agentv1.ListVolumesRequest) (*agentv1.ListVolumesResponse, error) {
 	if req.GetRefreshStats() {
-		s.cfg.Stats.Refresh(ctx, s.cfg.StatsVolumes())
+		s.cfg.Stats.Refresh(ctx)
 	}
 	var vols []*agentv1.VolumeStatus
-	for _, info := range s.iso.ListVolumes() {
+	for _, info := range s.core.ListVolumes() {
 		v := VolumeStatus(info)
 		vols = append(vols, v)
 		if st, ok := s.cfg.Stats.Get(v.PluginName, v.VolumeId); ok && v.State == agentv1.VolumeStatus_PUBLISHED {
@@ -202,12 +202,12 @@ func (s *Server) ListVolumes(ctx context.Context, req *agentv1.ListVolumesReques
 		// A volume never reclaimed has its first run scheduled but not
 		// checkpointed (it follows from when it was published).
 		if v.NextReclaim == nil {
-			if next, ok := s.cfg.Reclaimer.Next(v.PluginName, v.VolumeId); ok {
+			if next, ok := s.cfg.Schedules.NextReclaim(v.PluginName, v.VolumeId); ok {
 				v.NextReclaim = timestamppb.New(next)
 			}
 		}
 		if v.NextKeyRotation == nil {
-			if next, ok := s.cfg.KeyRotator.Next(v.PluginName, v.VolumeId); ok {
+			if next, ok := s.cfg.Schedules.NextKeyRotation(v.PluginName, v.VolumeId); ok {
 				v.NextKeyRotation = timestamppb.New(next)
 			}
 		}
@@ -232,7 +232,7 @@ func statsOf(s volumestats.Stats) *agentv1.VolumeStats {
 // ListContainers reports every container the agent prepared.
 func (s *Server) ListContainers(context.Context, *agentv1.ListContainersRequest) (*agentv1.ListContainersResponse, error) {
 	resp := &agentv1.ListContainersResponse{}
-	for _, c := range s.iso.ListContainers() {
+	for _, c := range s.core.ListContainers() {
 		resp.Containers = append(resp.Containers, ContainerStatus(c))
 	}
 	return resp, nil
@@ -258,12 +258,12 @@ func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (
 	}
 	// The engines' mounts are the engine endpoint's to release.
 	live := req.GetLiveContainerIds()
-	for _, c := range s.iso.ListContainers() {
+	for _, c := range s.core.ListContainers() {
 		if CheckNotEngineID(c.ID) != nil {
 			live = append(live, c.ID)
 		}
 	}
-	res := s.iso.Reconcile(ctx, live, req.GetManager())
+	res := s.core.Reconcile(ctx, live, req.GetManager())
 	s.cfg.OnVolumesChanged()
 	return &agentv1.ReconcileResponse{CleanedUp: res.CleanedUp, Failed: res.Failed}, nil
 }
