@@ -49,12 +49,12 @@ type fakeCore struct {
 
 var _ Core = (*fakeCore)(nil)
 
-func (f *fakeCore) Recovered() <-chan struct{} {
-	c := make(chan struct{})
+func (f *fakeCore) WaitRecovered(ctx context.Context) error {
 	if !f.notRecovered {
-		close(c)
+		return nil
 	}
-	return c
+	<-ctx.Done()
+	return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
 }
 
 func (f *fakeCore) Prepare(_ context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {

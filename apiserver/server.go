@@ -20,8 +20,8 @@ import (
 // Core is the isolator as the handlers use it (*isolator.Isolator): the
 // containers it prepared and the volumes it tracks.
 type Core interface {
-	// Recovered is closed once the first recovery pass is done.
-	Recovered() <-chan struct{}
+	// WaitRecovered waits for the first recovery pass, or ctx's end.
+	WaitRecovered(ctx context.Context) error
 	Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error)
 	Cleanup(ctx context.Context, id string, force bool) error
 	// Reconcile cleans up the containers (of manager, "" any) not in live.

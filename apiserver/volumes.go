@@ -46,21 +46,11 @@ func Status(err error) error {
 	)
 }
 
-// WaitRecovered waits for the isolator's first recovery pass, or ctx: a
-// volume call that arrives at start (the sockets serve before that) waits
-// rather than fail on a plugin not configured yet.
-func WaitRecovered(ctx context.Context, iso interface{ Recovered() <-chan struct{} }) error {
-	select {
-	case <-iso.Recovered():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("the agent is still recovering its volumes: %w", ctx.Err())
-	}
-}
-
-// recovered is WaitRecovered as a status error.
+// recovered waits for the isolator's first recovery pass, or ctx (then
+// Unavailable): a volume call that arrives at start (the sockets serve
+// before that) waits rather than fail on a plugin not configured yet.
 func (s *Server) recovered(ctx context.Context) error {
-	if err := WaitRecovered(ctx, s.core); err != nil {
+	if err := s.core.WaitRecovered(ctx); err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	return nil
