@@ -148,42 +148,11 @@ func probeUntilReady(ctx context.Context, conn *grpc.ClientConn, abort <-chan st
 // read are called with an empty request (Unimplemented = absent). A service
 // whose calls may act is never called to find out.
 func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []pluginconfig.Service, declared []string) (*discovery, error) {
-	call := func(f func(ctx context.Context) error) error {
-		ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
-		defer cancel()
-		return f(ctx)
-	}
 	d := &discovery{}
-	id := csi.NewIdentityClient(conn)
-	if err := call(func(ctx context.Context) error {
-		r, err := id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
-		d.pluginName, d.vendorVersion = r.GetName(), r.GetVendorVersion()
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("GetPluginInfo: %w", err)
+	if err := d.identity(ctx, conn); err != nil {
+		return nil, err
 	}
-	if err := call(func(ctx context.Context) error {
-		r, err := id.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
-		for _, c := range r.GetCapabilities() {
-			switch {
-			case c.GetService() != nil:
-				d.pluginCaps = append(d.pluginCaps, c.GetService().GetType().String())
-			case c.GetVolumeExpansion() != nil:
-				d.pluginCaps = append(d.pluginCaps, "VOLUME_EXPANSION_"+c.GetVolumeExpansion().GetType().String())
-			}
-		}
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("GetPluginCapabilities: %w", err)
-	}
-	serves := func(s pluginconfig.Service) bool {
-		for _, x := range services {
-			if x == s {
-				return true
-			}
-		}
-		return false
-	}
+	serves := func(s pluginconfig.Service) bool { return slices.Contains(services, s) }
 	addonsConn := conn
 	if addons != nil {
 		addonsConn = addons
@@ -197,7 +166,7 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 	}
 	if known && serves(pluginconfig.ControllerService) {
 		// The GroupController is CSI's: asked on the CSI endpoint.
-		err := call(func(ctx context.Context) error {
+		err := withTimeout(ctx, func(ctx context.Context) error {
 			_, err := csi.NewGroupControllerClient(conn).GroupControllerGetCapabilities(ctx, &csi.GroupControllerGetCapabilitiesRequest{})
 			return err
 		})
@@ -208,31 +177,79 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}
 	}
 	if serves(pluginconfig.NodeService) {
-		node := csi.NewNodeClient(conn)
-		if err := call(func(ctx context.Context) error {
-			r, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
-			for _, c := range r.GetCapabilities() {
-				d.nodeCaps = append(d.nodeCaps, csicompat.NodeCapabilityName(c.GetRpc().GetType()))
-			}
-			return err
-		}); err != nil {
-			return nil, fmt.Errorf("NodeGetCapabilities: %w", err)
-		}
-		if err := call(func(ctx context.Context) error {
-			r, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
-			d.nodeID = r.GetNodeId()
-			return err
-		}); err != nil {
-			return nil, fmt.Errorf("NodeGetInfo: %w", err)
+		if err := d.node(ctx, conn); err != nil {
+			return nil, err
 		}
 	}
 	if known {
 		return d, nil // the csi-addons identity said
 	}
-	// Without the csi-addons identity: gRPC server reflection, else the
-	// config's list, else a read-only call to each service whose calls
-	// only read. A service whose every call may act (reclaims, key
-	// rotation) is never called to find out.
+	return d, d.optionalServices(ctx, conn, addonsConn, serves, declared)
+}
+
+// withTimeout calls f with ctx bounded by the discovery call timeout.
+func withTimeout(ctx context.Context, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	return f(ctx)
+}
+
+// identity asks the plugin's identity service its name, version and
+// capabilities.
+func (d *discovery) identity(ctx context.Context, conn *grpc.ClientConn) error {
+	id := csi.NewIdentityClient(conn)
+	if err := withTimeout(ctx, func(ctx context.Context) error {
+		r, err := id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+		d.pluginName, d.vendorVersion = r.GetName(), r.GetVendorVersion()
+		return err
+	}); err != nil {
+		return fmt.Errorf("GetPluginInfo: %w", err)
+	}
+	if err := withTimeout(ctx, func(ctx context.Context) error {
+		r, err := id.GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
+		for _, c := range r.GetCapabilities() {
+			switch {
+			case c.GetService() != nil:
+				d.pluginCaps = append(d.pluginCaps, c.GetService().GetType().String())
+			case c.GetVolumeExpansion() != nil:
+				d.pluginCaps = append(d.pluginCaps, "VOLUME_EXPANSION_"+c.GetVolumeExpansion().GetType().String())
+			}
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("GetPluginCapabilities: %w", err)
+	}
+	return nil
+}
+
+// node asks the plugin's node service its capabilities and node id.
+func (d *discovery) node(ctx context.Context, conn *grpc.ClientConn) error {
+	node := csi.NewNodeClient(conn)
+	if err := withTimeout(ctx, func(ctx context.Context) error {
+		r, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
+		for _, c := range r.GetCapabilities() {
+			d.nodeCaps = append(d.nodeCaps, csicompat.NodeCapabilityName(c.GetRpc().GetType()))
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("NodeGetCapabilities: %w", err)
+	}
+	if err := withTimeout(ctx, func(ctx context.Context) error {
+		r, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		d.nodeID = r.GetNodeId()
+		return err
+	}); err != nil {
+		return fmt.Errorf("NodeGetInfo: %w", err)
+	}
+	return nil
+}
+
+// optionalServices finds, without the csi-addons identity, the optional
+// services the plugin answers: gRPC server reflection, else the config's
+// list (declared), else a read-only call to each service whose calls only
+// read. A service whose every call may act (reclaims, key rotation) is
+// never called to find out.
+func (d *discovery) optionalServices(ctx context.Context, conn, addonsConn *grpc.ClientConn, serves func(pluginconfig.Service) bool, declared []string) error {
 	reflections := map[*grpc.ClientConn]reflected{}
 	for _, a := range addonServices {
 		if !serves(a.role) {
@@ -246,7 +263,7 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		if !seen {
 			var err error
 			if r, err = reflectServices(ctx, c); err != nil {
-				return nil, fmt.Errorf("discovering %s: %w", a.name, err)
+				return fmt.Errorf("discovering %s: %w", a.name, err)
 			}
 			reflections[c] = r
 		}
@@ -258,15 +275,15 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 			ok = slices.Contains(declared, a.name)
 		case a.probe != nil:
 			var err error
-			if ok, err = answered(call(a.probe(c))); err != nil {
-				return nil, fmt.Errorf("discovering %s: %w", a.name, err)
+			if ok, err = answered(withTimeout(ctx, a.probe(c))); err != nil {
+				return fmt.Errorf("discovering %s: %w", a.name, err)
 			}
 		}
 		if ok {
 			d.addons = append(d.addons, a.name)
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // reflected is what gRPC server reflection lists of an endpoint; ok is
