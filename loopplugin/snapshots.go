@@ -115,18 +115,9 @@ type snapshotSource struct {
 // group could not be write-order consistent. On error nothing is left
 // behind.
 func (p *Plugin) cutSnapshots(ctx context.Context, srcs []snapshotSource, groupID string, freeze time.Duration, allowBlock bool) (recs []snapshotRecord, err error) {
-	var points []string
-	for _, s := range srcs {
-		point, blocked, err := quiescePoint(s.vol.Path)
-		if err != nil {
-			return nil, err
-		}
-		if blocked && !allowBlock {
-			return nil, preconditionf("volume %s is staged for block access: its writes cannot be quiesced, so it cannot be snapshotted consistently with other volumes", s.vol.ID)
-		}
-		if point != "" {
-			points = append(points, point)
-		}
+	points, err := quiescePoints(srcs, allowBlock)
+	if err != nil {
+		return nil, err
 	}
 	dir := p.pool.metaDir(metaSnapshots)
 	if err := ensureDir(dir); err != nil {
@@ -216,6 +207,26 @@ func (p *Plugin) cutSnapshots(ctx context.Context, srcs []snapshotSource, groupI
 		return nil, err
 	}
 	return recs, nil
+}
+
+// quiescePoints are the mount points of the staged filesystems to freeze
+// for a snapshot of srcs; a volume staged for block access is refused
+// (FailedPrecondition) unless allowBlock.
+func quiescePoints(srcs []snapshotSource, allowBlock bool) ([]string, error) {
+	var points []string
+	for _, s := range srcs {
+		point, blocked, err := quiescePoint(s.vol.Path)
+		if err != nil {
+			return nil, err
+		}
+		if blocked && !allowBlock {
+			return nil, preconditionf("volume %s is staged for block access: its writes cannot be quiesced, so it cannot be snapshotted consistently with other volumes", s.vol.ID)
+		}
+		if point != "" {
+			points = append(points, point)
+		}
+	}
+	return points, nil
 }
 
 // CreateSnapshot snapshots one volume (frozen while copied if staged with
