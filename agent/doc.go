@@ -8,7 +8,8 @@
 // lifecycle and recovery), the reclaim and key rotation schedules
 // (package reclaim) and the volume stats poller (package volumestats),
 // rotates plugin logs, talks to systemd (sd_notify, watchdog) and serves
-// Prometheus metrics and pprof when asked.
+// Prometheus metrics and pprof when asked. Run is a list of components,
+// each started in order and stopped in reverse (run.go).
 //
 // What is left here is the glue between those parts: small adapters that
 // let each see the others through its own interface (isolator.Plugins,

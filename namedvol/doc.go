@@ -16,6 +16,11 @@
 // both (Status.CheckAnnotationUse) for the mounts the OCI hook passes as
 // an annotation's, engine mounts (docker run -v) are not affected.
 //
+// Docker, Podman and the agent API share one name space; each definition
+// records its creator (an engine, or CreatorAPI), and an engine may remove
+// only what it created (Definition.CheckRemove). Definition.Volume is a
+// definition as the isolator's own volume request.
+//
 // Mount and ParseMounts are the NAME:PATH[:ro];... form of the
 // annotation and of prepare --mounts; Status is a definition with its use,
 // as the agent reports it.
