@@ -2,12 +2,14 @@ package apiserver
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -36,8 +38,9 @@ type Config struct {
 	// Reclaimer and KeyRotator are the per-volume schedules;
 	// ReclaimVolumes lists the volumes Reclaimer reclaims (published, of
 	// plugins offering reclaim.NodeService).
-	Reclaimer, KeyRotator *reclaim.Scheduler
-	ReclaimVolumes        func() []reclaim.Volume
+	Reclaimer      *reclaim.Scheduler
+	KeyRotator     Schedule
+	ReclaimVolumes func() []pervolume.Volume
 	// Stats is the volume stats poller; StatsVolumes the volumes it polls.
 	Stats        *volumestats.Poller
 	StatsVolumes func() []volumestats.Volume
@@ -51,6 +54,14 @@ type Config struct {
 	// Members is what callers other than root (members of --api-group)
 	// may do; root may do everything.
 	Members Members
+}
+
+// Schedule is a per-volume schedule as ListVolumes sees it
+// (pervolume.Scheduler).
+type Schedule interface {
+	// Next returns when the volume's next run is due; false if it is not
+	// scheduled.
+	Next(plugin, id string) (time.Time, bool)
 }
 
 // Server is the Agent gRPC service.
