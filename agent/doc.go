@@ -5,14 +5,16 @@
 // serves the Agent API (package apiserver) and the Controller API
 // (package controllerops) on a unix socket and the Docker volume plugin
 // protocol (package dockerplugin) on another, runs the isolator (volume
-// lifecycle and recovery), the reclaim and key rotation schedules
-// (package reclaim) and the volume stats poller (package volumestats),
-// rotates plugin logs, talks to systemd (sd_notify, watchdog) and serves
-// Prometheus metrics and pprof when asked.
+// lifecycle and recovery), the reclaim and key rotation schedules (two
+// instances of pervolume.Scheduler, each with its own job, result type,
+// caps and job= log name; package reclaim for reclaim's) and the volume
+// stats poller (package volumestats), rotates plugin logs, talks to
+// systemd (sd_notify, watchdog) and serves Prometheus metrics and pprof
+// when asked.
 //
 // What is left here is the glue between those parts: small adapters that
 // let each see the others through its own interface (isolator.Plugins,
-// reclaim.Target, volumestats.Source, controllerops.Plugins,
+// pervolume.Job, volumestats.Source, controllerops.Plugins,
 // dockerplugin.Backend), the metrics registry and the daemon's lifecycle.
 //
 // Contract: one Agent per runtime directory (a second Run fails on its
