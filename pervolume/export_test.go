@@ -2,7 +2,7 @@ package pervolume
 
 // Settled reports whether Run's loop is blocked on a timer that has not
 // fired yet, with no wake-up pending, and each periodic call it started is
-// parked: blocked in the Target on the clock (parked counts those). Then
+// parked: blocked in the Job on the clock (parked counts those). Then
 // nothing happens until the clock moves.
 func (s *Scheduler[R]) Settled(parked func() int) bool {
 	s.mu.Lock()
