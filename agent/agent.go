@@ -23,6 +23,7 @@ import (
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -89,14 +90,15 @@ type Config struct {
 
 	// ReclaimDefaults is the reclaim policy of plugins whose config does
 	// not override it; ReclaimMaxConcurrent caps reclaims agent-wide.
-	ReclaimDefaults      reclaim.Policy
+	ReclaimDefaults      pervolume.Policy
 	ReclaimMaxConcurrent int
-	// ReclaimClock is for tests; nil: the real clock.
-	ReclaimClock reclaim.Clock
 	// KeyRotationDefaults schedules csi-addons EncryptionKeyRotate on the
 	// published volumes of plugins that offer it, for plugins whose config
 	// does not override it; Interval 0 (the default): not scheduled.
-	KeyRotationDefaults reclaim.Policy
+	// KeyRotationMaxConcurrent caps key rotations agent-wide (apart from
+	// reclaims).
+	KeyRotationDefaults      pervolume.Policy
+	KeyRotationMaxConcurrent int
 	// VolumeStatsInterval is how often each published volume's usage and
 	// health are polled (plugins with GET_VOLUME_STATS or
 	// GET_VOLUME_HEALTH); 0 turns periodic polling off: csi-agent volumes
@@ -147,6 +149,8 @@ func (c *Config) setDefaults() {
 	defaults.Set(&c.KeyRotationDefaults.Timeout, DefaultKeyRotationTimeout)
 	defaults.Set(&c.ReclaimDefaults.MaxConcurrent, DefaultReclaimPluginMax)
 	defaults.Set(&c.ReclaimMaxConcurrent, DefaultReclaimMaxConcurrent)
+	defaults.Set(&c.KeyRotationDefaults.MaxConcurrent, DefaultKeyRotationPluginMax)
+	defaults.Set(&c.KeyRotationMaxConcurrent, DefaultKeyRotationMaxConcurrent)
 }
 
 // Agent is the csiagent daemon.
@@ -161,8 +165,8 @@ type Agent struct {
 	iso     *isolator.Isolator
 	// reclaimer schedules reclaim-space calls on published volumes.
 	reclaimer *reclaim.Scheduler
-	// keyRotator is a second reclaim scheduler: it rotates keys.
-	keyRotator *reclaim.Scheduler
+	// keyRotator schedules key rotations on published volumes.
+	keyRotator *pervolume.Scheduler[keyRotation]
 	// ctrlops serves the Controller API; the key rotation schedule calls
 	// it too.
 	ctrlops *controllerops.Server
@@ -241,10 +245,9 @@ func newAgent(cfg Config) (*Agent, error) {
 		BackoffBase: cfg.BackoffBase, BackoffMax: cfg.BackoffMax, BackoffReset: cfg.BackoffReset,
 		Logger: a.log, Limits: supervisor.NewLimiter(a.log), Interceptor: a.metrics.clientInterceptor,
 		OnReady: func(typ string) {
-			for _, s := range []*reclaim.Scheduler{a.reclaimer, a.keyRotator} {
-				s.ResetPlugin(typ)
-				s.Poke()
-			}
+			a.reclaimer.ResetPlugin(typ)
+			a.keyRotator.ResetPlugin(typ)
+			a.pokeSchedules()
 		},
 	})
 	iso, err := isolator.New(isolator.Config{
@@ -259,13 +262,13 @@ func newAgent(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.iso = iso
-	a.reclaimer = reclaim.New(reclaim.Config{
-		Target: reclaimTarget{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
-		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
+	a.reclaimer = reclaim.New(pervolume.Config[reclaim.Result]{
+		Name: reclaimJobName, Job: reclaimJob{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
+		Logger: cfg.Logger,
 	})
-	a.keyRotator = reclaim.New(reclaim.Config{
-		Target: keyRotationTarget{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
-		Clock: cfg.ReclaimClock, Logger: cfg.Logger,
+	a.keyRotator = pervolume.New(pervolume.Config[keyRotation]{
+		Name: keyRotationJobName, Job: keyRotationJob{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.KeyRotationMaxConcurrent,
+		Logger: cfg.Logger,
 	})
 	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
 	return a, nil

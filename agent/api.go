@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/csiagent/csiagent/apiserver"
+	"github.com/csiagent/csiagent/pervolume"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -38,9 +39,9 @@ func (s apiSchedules) NextKeyRotation(plugin, id string) (time.Time, bool) {
 	return s.a.keyRotator.Next(plugin, id)
 }
 
-func (s apiSchedules) Reclaimable() []reclaim.Volume { return reclaimTarget(s).Volumes() }
+func (s apiSchedules) Reclaimable() []pervolume.Volume { return reclaimJob(s).Volumes() }
 
-func (s apiSchedules) ReclaimNow(ctx context.Context, vols []reclaim.Volume, progress func(reclaim.Volume, reclaim.Result, error)) reclaim.Summary {
+func (s apiSchedules) ReclaimNow(ctx context.Context, vols []pervolume.Volume, progress func(pervolume.Volume, reclaim.Result, error)) reclaim.Summary {
 	return s.a.reclaimer.RunNow(ctx, vols, progress)
 }
 

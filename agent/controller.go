@@ -60,3 +60,14 @@ func (p controllerPlugins) Publishing(volumeID string) []string {
 func (p controllerPlugins) NodeCapabilities(plugin string) []string {
 	return p.a.set.NodeCapabilities(plugin)
 }
+
+// controllerConn waits for the plugin's controller service to be ready
+// and returns the connection that serves service there; errors are status
+// errors.
+func (a *Agent) controllerConn(ctx context.Context, typ, service string) (*grpc.ClientConn, error) {
+	_, conn, err := a.ready(ctx, typ, pluginconfig.ControllerService)
+	if err != nil {
+		return nil, apiserver.Status(err)
+	}
+	return a.set.ConnFor(typ, pluginconfig.ControllerService, service, conn), nil
+}

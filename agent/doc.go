@@ -5,15 +5,17 @@
 // serves the Agent API (package apiserver) and the Controller API
 // (package controllerops) on a unix socket and the Docker volume plugin
 // protocol (package dockerplugin) on another, runs the isolator (volume
-// lifecycle and recovery), the reclaim and key rotation schedules
-// (package reclaim) and the volume stats poller (package volumestats),
-// rotates plugin logs, talks to systemd (sd_notify, watchdog) and serves
-// Prometheus metrics and pprof when asked. Run is a list of components,
-// each started in order and stopped in reverse (run.go).
+// lifecycle and recovery), the reclaim and key rotation schedules (two
+// instances of pervolume.Scheduler, each with its own job, result type,
+// caps and job= log name; package reclaim for reclaim's) and the volume
+// stats poller (package volumestats), rotates plugin logs, talks to
+// systemd (sd_notify, watchdog) and serves Prometheus metrics and pprof
+// when asked. Run is a list of components, each started in order and
+// stopped in reverse (run.go).
 //
 // What is left here is the glue between those parts: small adapters that
 // let each see the others through its own interface (isolator.Plugins,
-// reclaim.Target, volumestats.Source, controllerops.Plugins,
+// pervolume.Job, volumestats.Source, controllerops.Plugins,
 // apiserver.Plugins, apiserver.Schedules, apiserver.Stats,
 // dockerplugin.Backend), the metrics registry and the daemon's lifecycle.
 //

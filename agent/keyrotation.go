@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -10,37 +11,46 @@ import (
 
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/isolator"
-	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/pervolume"
 )
 
-// DefaultKeyRotationTimeout bounds one scheduled EncryptionKeyRotate call.
-const DefaultKeyRotationTimeout = 10 * time.Minute
+// keyRotation is what one scheduled EncryptionKeyRotate call reports.
+type keyRotation struct {
+	Start    time.Time
+	Duration time.Duration
+}
 
-// keyRotationTarget lets a second instance of the reclaim scheduler rotate
-// the keys of published volumes: same slots, caps, error table and
-// persisted next run, another call.
-type keyRotationTarget struct{ a *Agent }
+// LogValue is how the schedule logs a successful rotation.
+func (r keyRotation) LogValue() slog.Value {
+	return slog.GroupValue(slog.Time("start", r.Start), slog.Duration("duration", r.Duration))
+}
 
-var _ reclaim.Target = keyRotationTarget{}
+// keyRotationJob is the key rotation schedule's job: EncryptionKeyRotate
+// on the published volumes of plugins that offer it (same slots, caps
+// rules, error table and persisted next run as reclaim, another call and
+// its own caps).
+type keyRotationJob struct{ a *Agent }
+
+var _ pervolume.Job[keyRotation] = keyRotationJob{}
 
 // Volumes lists published volumes of plugins that offer key rotation.
-func (t keyRotationTarget) Volumes() []reclaim.Volume {
-	return t.a.publishedOffering(controllerops.KeyRotationService, func(pv isolator.PublishedVolume) time.Time { return pv.NextKeyRotation })
+func (j keyRotationJob) Volumes() []pervolume.Volume {
+	return j.a.publishedOffering(controllerops.KeyRotationService, func(pv isolator.PublishedVolume) time.Time { return pv.NextKeyRotation })
 }
 
-// Reclaim (the scheduler's call) rotates the volume's key once.
-func (t keyRotationTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
+// Do rotates the volume's key once.
+func (j keyRotationJob) Do(ctx context.Context, plugin, id string) (keyRotation, error) {
 	start := time.Now()
-	err := t.a.ctrlops.RotateKeyOnce(ctx, plugin, id)
+	err := j.a.ctrlops.RotateKeyOnce(ctx, plugin, id)
 	if status.Code(err) == codes.FailedPrecondition {
-		if _, published := controllerPlugins(t).Published(plugin, id); !published {
-			err = fmt.Errorf("%w: %w", reclaim.ErrNotPublished, err)
+		if _, published := controllerPlugins(j).Published(plugin, id); !published {
+			err = fmt.Errorf("%w: %w", pervolume.ErrNotPublished, err)
 		}
 	}
-	t.a.metrics.keyRotations.WithLabelValues(plugin, codeOf(err)).Inc()
-	return reclaim.Result{Start: start, Duration: time.Since(start), PreUsage: -1, PostUsage: -1}, err
+	j.a.metrics.keyRotations.WithLabelValues(plugin, codeOf(err)).Inc()
+	return keyRotation{Start: start, Duration: time.Since(start)}, err
 }
 
-func (t keyRotationTarget) Schedule(plugin, id string, next time.Time) error {
-	return t.a.iso.ScheduleKeyRotation(context.Background(), plugin, id, next)
+func (j keyRotationJob) Schedule(plugin, id string, next time.Time) error {
+	return j.a.iso.ScheduleKeyRotation(context.Background(), plugin, id, next)
 }

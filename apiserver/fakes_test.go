@@ -13,6 +13,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -122,7 +123,7 @@ type runResult struct {
 type fakeSchedules struct {
 	log                     *events
 	nextReclaim, nextRotate map[string]time.Time // by "plugin/id"
-	reclaimable             []reclaim.Volume
+	reclaimable             []pervolume.Volume
 	results                 map[string]runResult // by "plugin/id"; none: ok, 10 bytes freed
 	summary                 reclaim.Summary
 }
@@ -139,9 +140,9 @@ func (f *fakeSchedules) NextKeyRotation(plugin, id string) (time.Time, bool) {
 	return t, ok
 }
 
-func (f *fakeSchedules) Reclaimable() []reclaim.Volume { return f.reclaimable }
+func (f *fakeSchedules) Reclaimable() []pervolume.Volume { return f.reclaimable }
 
-func (f *fakeSchedules) ReclaimNow(_ context.Context, vols []reclaim.Volume, progress func(reclaim.Volume, reclaim.Result, error)) reclaim.Summary {
+func (f *fakeSchedules) ReclaimNow(_ context.Context, vols []pervolume.Volume, progress func(pervolume.Volume, reclaim.Result, error)) reclaim.Summary {
 	var ids []string
 	for _, v := range vols {
 		ids = append(ids, v.Plugin+"/"+v.ID)

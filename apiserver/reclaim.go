@@ -11,6 +11,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/reclaim"
@@ -28,7 +29,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 	if req.GetOffline() {
 		return s.reclaimOffline(ctx, req, stream)
 	}
-	var vols []reclaim.Volume
+	var vols []pervolume.Volume
 	published := s.cfg.Schedules.Reclaimable()
 	switch t := req.GetTarget().(type) {
 	case *agentv1.ReclaimSpaceRequest_All:
@@ -68,7 +69,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 	}
 	var mu sync.Mutex
 	var sendErr error
-	summary := s.cfg.Schedules.ReclaimNow(ctx, vols, func(v reclaim.Volume, r reclaim.Result, err error) {
+	summary := s.cfg.Schedules.ReclaimNow(ctx, vols, func(v pervolume.Volume, r reclaim.Result, err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if sendErr == nil {
@@ -89,7 +90,7 @@ func (s *Server) ReclaimSpace(req *agentv1.ReclaimSpaceRequest, stream grpc.Serv
 // lastReclaim is the result the isolator recorded for the volume, or one
 // made from the scheduler's view when none was recorded (e.g. the volume
 // was not published any more).
-func (s *Server) lastReclaim(v reclaim.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
+func (s *Server) lastReclaim(v pervolume.Volume, r reclaim.Result, err error) *agentv1.ReclaimResult {
 	for _, vs := range s.core.ListVolumes() {
 		if vs.Plugin == v.Plugin && vs.ID == v.ID && vs.LastReclaim != nil {
 			return ReclaimResult(vs.LastReclaim)

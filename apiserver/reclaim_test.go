@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 	"github.com/csiagent/csiagent/reclaim"
@@ -69,9 +70,9 @@ func TestReclaimSpaceOnline(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture()
-			f.schedules.reclaimable = []reclaim.Volume{{Plugin: "loop", ID: "v1"}, {Plugin: "loop", ID: "v2"}, {Plugin: "nfs", ID: "v2"}}
+			f.schedules.reclaimable = []pervolume.Volume{{Plugin: "loop", ID: "v1"}, {Plugin: "loop", ID: "v2"}, {Plugin: "nfs", ID: "v2"}}
 			f.schedules.results = map[string]runResult{"loop/v2": {reclaim.Result{PreUsage: 30, PostUsage: 20}, status.Error(codes.ResourceExhausted, "no space")}}
-			f.schedules.summary = reclaim.Summary{Volumes: 2, BytesFreed: 60, Failures: 1}
+			f.schedules.summary = reclaim.Summary{Summary: pervolume.Summary{Volumes: 2, Failures: 1}, BytesFreed: 60}
 			f.core.volumes = []isolator.VolumeInfo{{Plugin: "loop", ID: "v1", LastReclaim: &statev1.ReclaimResult{Outcome: "ok", PreUsage: 100, PostUsage: 50}}}
 			f.core.containers = []isolator.ContainerInfo{{ID: "c1", Mounts: []*statev1.ContainerMount{{PluginName: "loop", VolumeId: "v2"}, {PluginName: "nfs", VolumeId: "v2"}}}, {ID: "c9"}}
 			stream := &fakeStream[agentv1.ReclaimSpaceProgress]{ctx: caller(rootCred)}
@@ -89,7 +90,7 @@ func TestReclaimSpaceOnline(t *testing.T) {
 // error, without the summary.
 func TestReclaimSpaceStreamBroken(t *testing.T) {
 	f := newFixture()
-	f.schedules.reclaimable = []reclaim.Volume{{Plugin: "loop", ID: "v1"}, {Plugin: "loop", ID: "v2"}}
+	f.schedules.reclaimable = []pervolume.Volume{{Plugin: "loop", ID: "v1"}, {Plugin: "loop", ID: "v2"}}
 	broken := errors.New("the caller left")
 	stream := &fakeStream[agentv1.ReclaimSpaceProgress]{ctx: caller(rootCred), sendErr: broken}
 	if err := f.server().ReclaimSpace(&agentv1.ReclaimSpaceRequest{Target: &agentv1.ReclaimSpaceRequest_All{All: true}}, stream); !errors.Is(err, broken) || len(stream.sent) != 1 {

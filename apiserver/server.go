@@ -10,6 +10,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/pervolume"
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -59,11 +60,11 @@ type Schedules interface {
 	NextKeyRotation(plugin, id string) (time.Time, bool)
 	// Reclaimable lists the volumes the reclaim schedule reclaims
 	// (published, of plugins offering reclaim.NodeService).
-	Reclaimable() []reclaim.Volume
+	Reclaimable() []pervolume.Volume
 	// ReclaimNow reclaims vols now, calls progress once per volume (one
 	// call at a time) and returns the totals when every volume is done or
 	// ctx ends.
-	ReclaimNow(ctx context.Context, vols []reclaim.Volume, progress func(reclaim.Volume, reclaim.Result, error)) reclaim.Summary
+	ReclaimNow(ctx context.Context, vols []pervolume.Volume, progress func(pervolume.Volume, reclaim.Result, error)) reclaim.Summary
 }
 
 // Stats is the volume stats poller as the handlers use it.

@@ -46,6 +46,8 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.IntVar(&cfg.ReclaimMaxConcurrent, "reclaim-max-concurrent", agent.DefaultReclaimMaxConcurrent, "cap on concurrent reclaims agent-wide")
 	fs.DurationVar(&cfg.KeyRotationDefaults.Interval, "key-rotation-interval", 0, "default interval between two scheduled csi-addons key rotations of a published volume (0, the default: off); a plugin's config may override it")
 	fs.DurationVar(&cfg.KeyRotationDefaults.Timeout, "key-rotation-timeout", agent.DefaultKeyRotationTimeout, "default deadline of one scheduled EncryptionKeyRotate call")
+	fs.IntVar(&cfg.KeyRotationDefaults.MaxConcurrent, "key-rotation-max-concurrent-per-plugin", agent.DefaultKeyRotationPluginMax, "default cap on one plugin's concurrent scheduled key rotations")
+	fs.IntVar(&cfg.KeyRotationMaxConcurrent, "key-rotation-max-concurrent", agent.DefaultKeyRotationMaxConcurrent, "cap on concurrent scheduled key rotations agent-wide (apart from reclaims)")
 	repair := fs.Bool("repair", true, "republish a published volume whose target path is found not mounted (by a resync pass or a volume stats poll) and re-bind it into its containers")
 	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth); 0 turns periodic polling off")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")

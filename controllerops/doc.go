@@ -17,5 +17,6 @@
 // connection for a service, what discovery found, where a volume is
 // published, where logs are); it holds no state beyond its per-object
 // locks. Do not call it for a volume's lifecycle (stage, publish, reclaim):
-// that belongs to the isolator and the reclaim scheduler.
+// that belongs to the isolator and the per-volume schedules (packages
+// reclaim and pervolume).
 package controllerops

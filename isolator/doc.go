@@ -47,5 +47,5 @@
 // model of the mount table and a fake node service in their place, so the
 // state machine, recovery and reference counting are tested without root.
 // Not for: provisioning volumes (CSI controller calls) or deciding when to
-// reclaim (package reclaim).
+// reclaim or rotate keys (packages reclaim and pervolume).
 package isolator

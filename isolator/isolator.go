@@ -43,6 +43,10 @@ var (
 	ErrUnavailable = errors.New("plugin unavailable")
 )
 
+// ErrNotPublished is what ReclaimSpace, ScheduleReclaim and
+// ScheduleKeyRotation wrap when the volume is not published (any more).
+var ErrNotPublished = errors.New("volume is not published")
+
 // NodeClient is the part of a CSI node service the isolator calls.
 type NodeClient interface {
 	NodeStageVolume(ctx context.Context, in *csi.NodeStageVolumeRequest, opts ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error)

@@ -1,67 +1,40 @@
-// Package reclaim schedules csi-addons NodeReclaimSpace calls: periodically
-// on every published volume of every plugin, staggered so that a host's
-// volumes do not all trim at once, and capped so that reclaiming never
-// overloads the host. It also runs reclaims on demand (RunNow) through the
-// same caps and recovery.
+// Package reclaim is the agent's csi-addons ReclaimSpace schedule:
+// NodeReclaimSpace periodically on every published volume of every plugin
+// that offers NodeService, and on demand (RunNow). It is a
+// pervolume.Scheduler (staggered slots, caps, recovery, persisted next
+// runs; see package pervolume) whose job is NodeReclaimSpace and whose
+// result is Result: usage before and after the call. Scheduler adds to the
+// pervolume counts the bytes freed.
 //
 // The package makes no RPC, takes no lock and writes no file: the agent
-// implements Target (the call under the volume's lock, recording results
-// with the volume, persisting the next run time) and tells the scheduler
-// when things change (Poke, ResetPlugin). Target and Config.Policy are
-// called from several goroutines at once, never with a scheduler lock
-// held.
+// implements the job (pervolume.Job[Result]: the call under the volume's
+// lock, recording the result with the volume, persisting the next run
+// time) and tells the scheduler when things change (Poke, ResetPlugin).
 //
-// # Schedule
+// # Schedule and caps
 //
 // A volume runs once per Policy.Interval of its plugin, at a fixed offset
-// inside the interval: its slots are the Unix epoch + k*Interval + offset,
-// with offset = FNV-64a(plugin + "\x00" + id) mod Interval. After a run
-// the scheduler persists (Target.Schedule) the volume's first slot after
-// the run's end: normally the next one; a run that overran its cycle skips
-// to the following slot rather than running twice in a row. A volume's
-// persisted Volume.Next, read when the scheduler first sees the volume,
-// means:
-//
-//   - zero (never scheduled): its first slot after Volume.Since (when it
-//     was published), persisted only by that run (it follows from Since);
-//     with Since unknown, its next slot after now, persisted at once;
-//   - in the future, at most one interval away: kept;
-//   - more than one interval away (the interval was shortened): its next
-//     slot after now, persisted;
-//   - in the past (missed while the agent was down, or cut short by a
-//     stop): run once as soon as the caps allow, then the next slot.
-//
-// So across agent restarts no cycle is run twice and none is skipped. A
-// run cut short because Run's context ended is not a run: nothing is
-// persisted, and the next Run makes it. An Interval of 0 leaves the
-// plugin unscheduled; a changed Interval moves its volumes by the rules
-// above.
-//
-// Run reads Target.Volumes() and the policies when poked, and otherwise at
-// least once per shortest interval of a scheduled plugin and once per
-// MaxRescan. It sleeps on the Clock until the earliest due time, a Poke, or
-// a call's end; it never polls.
-//
-// # Caps
-//
-// At most Config.MaxConcurrent calls are in flight agent-wide and
-// Policy.MaxConcurrent per plugin, periodic and RunNow calls counted
-// together; RunNow calls waiting for capacity go first. Each call has the
-// plugin's Policy.Timeout as its context deadline. A retry's backoff holds
-// no capacity.
+// inside the interval, so that a host's volumes do not all trim at once;
+// across agent restarts no cycle is run twice and none is skipped. At most
+// Config.MaxConcurrent reclaims are in flight (the agent's
+// --reclaim-max-concurrent) and Policy.MaxConcurrent per plugin,
+// periodic and RunNow calls counted together. Key rotation is another
+// pervolume.Scheduler with its own caps: reclaims and key rotations do not
+// wait for each other's capacity.
 //
 // # Errors
 //
 // Recovery follows the error table of csi-addons' ReclaimSpace
-// specification. Every retry is a new Target.Reclaim call:
+// specification (package pervolume applies it). Every retry is a new call:
 //
-//	Aborted                    retry after 1s, 2s, 4s, ... (RetryBase doubling),
-//	                           at most RetryMaxAttempts calls and never at or
-//	                           after the volume's next slot; then a failure
-//	NotFound                   if Target.Volumes() no longer lists the volume:
+//	Aborted                    retry after 1s, 2s, 4s, ... (pervolume.RetryBase
+//	                           doubling), at most pervolume.RetryMaxAttempts
+//	                           calls and never at or after the volume's next
+//	                           slot; then a failure
+//	NotFound                   if the volume is no longer published:
 //	                           forgotten silently; otherwise as Aborted
 //	InvalidArgument,
-//	Unauthenticated            failure, no retry (the Target recorded the error
+//	Unauthenticated            failure, no retry (the agent recorded the error
 //	                           with the volume); next cycle
 //	Unknown, DeadlineExceeded,
 //	any other error            failure; next cycle
@@ -70,11 +43,14 @@
 //	                           scheduled until ResetPlugin (or a successful
 //	                           call, e.g. by RunNow); the plugin's other
 //	                           volumes go on
-//	wraps ErrNotPublished      forgotten silently
+//	wraps pervolume.ErrNotPublished
+//	                           forgotten silently
 //
 // Totals counts runs (a volume's cycle, its retries included), failed runs,
 // bytes freed (PreUsage-PostUsage of successful runs, negative differences
-// included, unknown usages skipped) and the last error.
+// included, unknown usages skipped) and the last error; RunNow's Summary
+// counts the same way. The agent names the job "reclaim": its logs carry
+// job=reclaim, and a failed run logs "reclaim: failed".
 //
 // # When not to call
 //
@@ -83,5 +59,6 @@
 // plugin whose process or config changed. Poke is cheap and never blocks;
 // call it whenever volumes are published or unpublished or a policy
 // changes, rather than waiting for the next rescan. This package does not
-// do ControllerReclaimSpace (inactive volumes).
+// do ControllerReclaimSpace (inactive volumes): the agent calls it on
+// demand only (ControllerService).
 package reclaim

@@ -1,4 +1,4 @@
-package reclaim
+package pervolume
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 // Waiting RunNow calls are served first, oldest first: after every change
 // no waiter fits, so the loop's non-blocking take never jumps the queue.
 
-func (s *Scheduler) fitsLocked(plugin string) bool {
+func (s *Scheduler[R]) fitsLocked(plugin string) bool {
 	if s.inflight >= s.maxConcurrent {
 		return false
 	}
@@ -18,13 +18,13 @@ func (s *Scheduler) fitsLocked(plugin string) bool {
 	return ps.inflight < ps.policy.MaxConcurrent
 }
 
-func (s *Scheduler) takeLocked(plugin string) {
+func (s *Scheduler[R]) takeLocked(plugin string) {
 	s.inflight++
 	s.pluginLocked(plugin).inflight++
 }
 
 // release frees one call's capacity and wakes whoever can use it.
-func (s *Scheduler) release(plugin string) {
+func (s *Scheduler[R]) release(plugin string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inflight--
@@ -34,7 +34,7 @@ func (s *Scheduler) release(plugin string) {
 }
 
 // grantLocked gives capacity to the waiters that fit, oldest first.
-func (s *Scheduler) grantLocked() {
+func (s *Scheduler[R]) grantLocked() {
 	kept := s.waiters[:0]
 	for _, w := range s.waiters {
 		if s.fitsLocked(w.plugin) {
@@ -50,7 +50,7 @@ func (s *Scheduler) grantLocked() {
 }
 
 // acquire blocks until the plugin's call may start, or ctx ends.
-func (s *Scheduler) acquire(ctx context.Context, plugin string) error {
+func (s *Scheduler[R]) acquire(ctx context.Context, plugin string) error {
 	w := &waiter{plugin: plugin, ready: make(chan struct{})}
 	s.mu.Lock()
 	s.waiters = append(s.waiters, w)

@@ -1,4 +1,4 @@
-package reclaimtest
+package pervolumetest
 
 import (
 	"context"
@@ -6,10 +6,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/pervolume"
 )
 
-// Clock is a fake reclaim.Clock: time moves only by Advance and AdvanceTo,
+// Clock is a fake pervolume.Clock: time moves only by Advance and AdvanceTo,
 // which fire the timers that are due, earliest first. Its methods are safe
 // for concurrent use.
 type Clock struct {
@@ -19,7 +19,7 @@ type Clock struct {
 	timers []*timer // pending, in creation order
 }
 
-var _ reclaim.Clock = (*Clock)(nil)
+var _ pervolume.Clock = (*Clock)(nil)
 
 // NewClock returns a Clock that reads start.
 func NewClock(start time.Time) *Clock {
@@ -57,7 +57,7 @@ func (c *Clock) Now() time.Time {
 
 // NewTimer returns a timer that fires once the fake time reaches Now()+d;
 // at once if d <= 0.
-func (c *Clock) NewTimer(d time.Duration) reclaim.Timer {
+func (c *Clock) NewTimer(d time.Duration) pervolume.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &timer{c: c, at: c.now.Add(d), ch: make(chan time.Time, 1)}

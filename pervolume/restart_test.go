@@ -1,4 +1,4 @@
-package reclaim_test
+package pervolume_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csiagent/csiagent/reclaim"
-	"github.com/csiagent/csiagent/reclaim/reclaimtest"
+	"github.com/csiagent/csiagent/pervolume"
+	"github.com/csiagent/csiagent/pervolume/pervolumetest"
 )
 
 // TestRestartMidCycle stops the scheduler half-way through a cycle with a
@@ -21,13 +21,13 @@ func TestRestartMidCycle(t *testing.T) {
 		iv       = 10 * time.Second
 		downtime = 2 * time.Second
 	)
-	clock := reclaimtest.NewClock(t0)
-	f := newTarget(clock)
+	clock := pervolumetest.NewClock(t0)
+	f := newJob(clock)
 	f.dur = 50 * time.Millisecond
 	for i := range nvol {
 		f.add(fmt.Sprintf("p%d", i%2), fmt.Sprintf("vol-%03d", i), time.Time{})
 	}
-	cfg := reclaim.Config{Policy: policy(iv, 1), MaxConcurrent: 2}
+	cfg := pervolume.Config[result]{Policy: policy(iv, 1), MaxConcurrent: 2}
 
 	h1 := start(t, clock, f, cfg)
 	h1.driveTo(t0.Add(iv / 2))

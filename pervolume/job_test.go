@@ -1,4 +1,4 @@
-package reclaim_test
+package pervolume_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/csiagent/csiagent/reclaim"
-	"github.com/csiagent/csiagent/reclaim/reclaimtest"
+	"github.com/csiagent/csiagent/pervolume"
+	"github.com/csiagent/csiagent/pervolume/pervolumetest"
 )
 
 // t0 is a multiple of every interval the tests use.
@@ -20,7 +20,7 @@ var t0 = time.Unix(1_900_000_000, 0)
 
 type vkey struct{ plugin, id string }
 
-// call is one Reclaim call the fake saw.
+// call is one Do call the fake saw.
 type call struct {
 	vkey
 	at       time.Time     // fake time it started
@@ -34,15 +34,19 @@ type scheduled struct {
 	next time.Time
 }
 
-// fakeTarget is a reclaim.Target over a map of volumes. Each call parks on
+// result is what the fake job's calls report: usage before and after, as a
+// reclaim would.
+type result struct{ PreUsage, PostUsage int64 }
+
+// fakeJob is a pervolume.Job over a map of volumes. Each call parks on
 // the fake clock for dur (if dur > 0), or until its ctx ends (if hang),
 // then answers script's result (success, 1000 → 900 bytes, if script is
 // nil). It tracks the calls in flight.
-type fakeTarget struct {
-	clock  *reclaimtest.Clock
+type fakeJob struct {
+	clock  *pervolumetest.Clock
 	dur    time.Duration
 	hang   bool
-	script func(f *fakeTarget, plugin, id string, n int) (reclaim.Result, error) // n counts the volume's calls from 0
+	script func(f *fakeJob, plugin, id string, n int) (result, error) // n counts the volume's calls from 0
 
 	mu           sync.Mutex
 	vols         []vkey
@@ -55,14 +59,14 @@ type fakeTarget struct {
 	maxInflight  int
 	maxPerPlugin map[string]int
 	current      map[int]vkey // calls in flight, by index in calls
-	parked       map[reclaim.Timer]time.Time
+	parked       map[pervolume.Timer]time.Time
 	schedules    []scheduled
 }
 
-var _ reclaim.Target = (*fakeTarget)(nil)
+var _ pervolume.Job[result] = (*fakeJob)(nil)
 
-func newTarget(clock *reclaimtest.Clock) *fakeTarget {
-	return &fakeTarget{
+func newJob(clock *pervolumetest.Clock) *fakeJob {
+	return &fakeJob{
 		clock:        clock,
 		next:         map[vkey]time.Time{},
 		since:        map[vkey]time.Time{},
@@ -70,11 +74,11 @@ func newTarget(clock *reclaimtest.Clock) *fakeTarget {
 		perPlugin:    map[string]int{},
 		maxPerPlugin: map[string]int{},
 		current:      map[int]vkey{},
-		parked:       map[reclaim.Timer]time.Time{},
+		parked:       map[pervolume.Timer]time.Time{},
 	}
 }
 
-func (f *fakeTarget) add(plugin, id string, next time.Time) {
+func (f *fakeJob) add(plugin, id string, next time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := vkey{plugin, id}
@@ -84,30 +88,30 @@ func (f *fakeTarget) add(plugin, id string, next time.Time) {
 	f.next[k] = next
 }
 
-// published sets when a volume was published (reclaim.Volume.Since).
-func (f *fakeTarget) published(plugin, id string, since time.Time) {
+// published sets when a volume was published (pervolume.Volume.Since).
+func (f *fakeJob) published(plugin, id string, since time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.since[vkey{plugin, id}] = since
 }
 
-func (f *fakeTarget) remove(plugin, id string) {
+func (f *fakeJob) remove(plugin, id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.vols = slices.DeleteFunc(f.vols, func(k vkey) bool { return k == vkey{plugin, id} })
 }
 
-func (f *fakeTarget) Volumes() []reclaim.Volume {
+func (f *fakeJob) Volumes() []pervolume.Volume {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]reclaim.Volume, 0, len(f.vols))
+	out := make([]pervolume.Volume, 0, len(f.vols))
 	for _, k := range f.vols {
-		out = append(out, reclaim.Volume{Plugin: k.plugin, ID: k.id, Next: f.next[k], Since: f.since[k]})
+		out = append(out, pervolume.Volume{Plugin: k.plugin, ID: k.id, Next: f.next[k], Since: f.since[k]})
 	}
 	return out
 }
 
-func (f *fakeTarget) Schedule(plugin, id string, next time.Time) error {
+func (f *fakeJob) Schedule(plugin, id string, next time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := vkey{plugin, id}
@@ -116,7 +120,7 @@ func (f *fakeTarget) Schedule(plugin, id string, next time.Time) error {
 	return nil
 }
 
-func (f *fakeTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Result, error) {
+func (f *fakeJob) Do(ctx context.Context, plugin, id string) (result, error) {
 	k := vkey{plugin, id}
 	f.mu.Lock()
 	n := f.count[k]
@@ -145,10 +149,10 @@ func (f *fakeTarget) Reclaim(ctx context.Context, plugin, id string) (reclaim.Re
 	return res, err
 }
 
-func (f *fakeTarget) do(ctx context.Context, plugin, id string, n int) (reclaim.Result, error) {
+func (f *fakeJob) do(ctx context.Context, plugin, id string, n int) (result, error) {
 	if f.hang {
 		<-ctx.Done()
-		return reclaim.Result{}, ctx.Err()
+		return result{}, ctx.Err()
 	}
 	if f.dur > 0 {
 		f.mu.Lock()
@@ -166,18 +170,18 @@ func (f *fakeTarget) do(ctx context.Context, plugin, id string, n int) (reclaim.
 		delete(f.parked, t)
 		f.mu.Unlock()
 		if err != nil {
-			return reclaim.Result{}, err
+			return result{}, err
 		}
 	}
 	if f.script == nil {
-		return reclaim.Result{PreUsage: 1000, PostUsage: 900}, nil
+		return result{PreUsage: 1000, PostUsage: 900}, nil
 	}
 	return f.script(f, plugin, id, n)
 }
 
 // parkedCalls counts the calls blocked on the clock that it has not
 // released yet.
-func (f *fakeTarget) parkedCalls() int {
+func (f *fakeJob) parkedCalls() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.clock.Now()
@@ -191,7 +195,7 @@ func (f *fakeTarget) parkedCalls() int {
 }
 
 // Calls returns the calls so far; ok: only those that succeeded.
-func (f *fakeTarget) Calls(ok bool) []call {
+func (f *fakeJob) Calls(ok bool) []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []call
@@ -203,7 +207,7 @@ func (f *fakeTarget) Calls(ok bool) []call {
 	return out
 }
 
-func (f *fakeTarget) Schedules(k vkey) []time.Time {
+func (f *fakeJob) Schedules(k vkey) []time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []time.Time
@@ -215,7 +219,7 @@ func (f *fakeTarget) Schedules(k vkey) []time.Time {
 	return out
 }
 
-func (f *fakeTarget) Current() []vkey {
+func (f *fakeJob) Current() []vkey {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []vkey
@@ -225,7 +229,7 @@ func (f *fakeTarget) Current() []vkey {
 	return out
 }
 
-func (f *fakeTarget) Max() (int, map[string]int) {
+func (f *fakeJob) Max() (int, map[string]int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.maxInflight, maps.Clone(f.maxPerPlugin)
@@ -259,21 +263,21 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// harness runs a Scheduler on a fake clock and a fake Target.
+// harness runs a Scheduler on a fake clock and a fake Job.
 type harness struct {
 	t     *testing.T
-	clock *reclaimtest.Clock
-	f     *fakeTarget
-	s     *reclaim.Scheduler
+	clock *pervolumetest.Clock
+	f     *fakeJob
+	s     *pervolume.Scheduler[result]
 	stop  func()
 }
 
-// start builds a Scheduler (cfg's Target and Clock are set here) and runs it
+// start builds a Scheduler (cfg's Name, Job and Clock are set here) and runs it
 // until stop or the end of the test.
-func start(t *testing.T, clock *reclaimtest.Clock, f *fakeTarget, cfg reclaim.Config) *harness {
+func start(t *testing.T, clock *pervolumetest.Clock, f *fakeJob, cfg pervolume.Config[result]) *harness {
 	t.Helper()
-	cfg.Target, cfg.Clock = f, clock
-	h := &harness{t: t, clock: clock, f: f, s: reclaim.New(cfg)}
+	cfg.Name, cfg.Job, cfg.Clock = "test", f, clock
+	h := &harness{t: t, clock: clock, f: f, s: pervolume.New(cfg)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -317,8 +321,8 @@ func (h *harness) driveTo(until time.Time) {
 	}
 }
 
-func policy(iv time.Duration, perPlugin int) func(string) reclaim.Policy {
-	return func(string) reclaim.Policy {
-		return reclaim.Policy{Interval: iv, Timeout: time.Minute, MaxConcurrent: perPlugin}
+func policy(iv time.Duration, perPlugin int) func(string) pervolume.Policy {
+	return func(string) pervolume.Policy {
+		return pervolume.Policy{Interval: iv, Timeout: time.Minute, MaxConcurrent: perPlugin}
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
-	"github.com/csiagent/csiagent/reclaim"
 )
 
 // ReclaimNode is the csi-addons call the isolator makes on a plugin.
@@ -74,7 +73,7 @@ func (iso *Isolator) ScheduleKeyRotation(ctx context.Context, plugin, id string,
 func (iso *Isolator) schedule(ctx context.Context, plugin, id string, set func(cp *statev1.VolumeCheckpoint)) error {
 	return iso.withVolume(ctx, volumeKey{plugin, id}, func(v *volume) error {
 		if v == nil {
-			return reclaim.ErrNotPublished
+			return ErrNotPublished
 		}
 		return iso.updateVolume(v, set)
 	})
@@ -87,7 +86,7 @@ func (iso *Isolator) schedule(ctx context.Context, plugin, id string, set func(c
 // ones (ErrNotPublished).
 // The result is kept with the volume. The error is the plugin's status
 // error (its code drives the caller's retry policy), or wraps
-// reclaim.ErrNotPublished.
+// ErrNotPublished.
 func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugin, id string) (*statev1.ReclaimResult, error) {
 	key := volumeKey{plugin, id}
 	ctx, cancel := context.WithCancel(ctx)
@@ -99,7 +98,7 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 		return nil, status.Errorf(codes.Aborted, "volume %s: a reclaim of it is already running", key)
 	case iso.releasing[key] > 0:
 		iso.mu.Unlock()
-		return nil, fmt.Errorf("volume %s: its last container is being cleaned up: %w", key, reclaim.ErrNotPublished)
+		return nil, fmt.Errorf("volume %s: its last container is being cleaned up: %w", key, ErrNotPublished)
 	}
 	iso.reclaiming[key] = cancel
 	iso.mu.Unlock()
@@ -112,7 +111,7 @@ func (iso *Isolator) ReclaimSpace(ctx context.Context, client ReclaimNode, plugi
 	var callErr error
 	err := iso.withVolume(ctx, key, func(v *volume) error {
 		if v == nil || v.cp.GetState() != stPublished {
-			return fmt.Errorf("volume %s: %w", key, reclaim.ErrNotPublished)
+			return fmt.Errorf("volume %s: %w", key, ErrNotPublished)
 		}
 		static := v.cp.GetStaticProvisioning()
 		secrets, err := iso.resolveSecrets(static.GetNodeStageSecrets())

@@ -1,18 +1,18 @@
-package reclaimtest_test
+package pervolumetest_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/csiagent/csiagent/reclaim/reclaimtest"
+	"github.com/csiagent/csiagent/pervolume/pervolumetest"
 )
 
 func TestClock(t *testing.T) {
 	start := time.Unix(1_900_000_000, 0)
 
 	t.Run("timers fire in order when due", func(t *testing.T) {
-		c := reclaimtest.NewClock(start)
+		c := pervolumetest.NewClock(start)
 		late, early := c.NewTimer(2*time.Second), c.NewTimer(time.Second)
 		if n := c.Timers(); n != 2 {
 			t.Fatalf("Timers() = %d, want 2", n)
@@ -45,7 +45,7 @@ func TestClock(t *testing.T) {
 	})
 
 	t.Run("stop", func(t *testing.T) {
-		c := reclaimtest.NewClock(start)
+		c := pervolumetest.NewClock(start)
 		tm := c.NewTimer(time.Second)
 		if !tm.Stop() {
 			t.Error("Stop of a pending timer reported false")
@@ -62,7 +62,7 @@ func TestClock(t *testing.T) {
 	})
 
 	t.Run("zero duration fires at once", func(t *testing.T) {
-		c := reclaimtest.NewClock(start)
+		c := pervolumetest.NewClock(start)
 		<-c.NewTimer(0).C()
 		if c.Timers() != 0 {
 			t.Error("an immediate timer is pending")
@@ -70,7 +70,7 @@ func TestClock(t *testing.T) {
 	})
 
 	t.Run("block until", func(t *testing.T) {
-		c := reclaimtest.NewClock(start)
+		c := pervolumetest.NewClock(start)
 		got := make(chan time.Time)
 		go func() { got <- <-c.NewTimer(time.Minute).C() }()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,4 +1,4 @@
-package reclaim
+package pervolume
 
 import (
 	"context"
@@ -10,14 +10,13 @@ import (
 // Defaults and bounds. A named constant says how long; see doc.go for the
 // retried codes.
 const (
-	// DefaultMaxConcurrent is the agent-wide cap on calls in flight when
-	// Config.MaxConcurrent is not positive.
+	// DefaultMaxConcurrent is the scheduler-wide cap on calls in flight
+	// when Config.MaxConcurrent is not positive.
 	DefaultMaxConcurrent = 2
 	// DefaultPluginMaxConcurrent is the per-plugin cap when
 	// Policy.MaxConcurrent is not positive.
 	DefaultPluginMaxConcurrent = 1
-	// DefaultTimeout bounds one NodeReclaimSpace call when Policy.Timeout
-	// is not positive.
+	// DefaultTimeout bounds one call when Policy.Timeout is not positive.
 	DefaultTimeout = 5 * time.Minute
 	// RetryBase is the first delay before a retry (Aborted, NotFound of a
 	// volume that is still published); it doubles on each retry.
@@ -26,28 +25,20 @@ const (
 	// the first included. Retries are also bounded by the cycle: none is
 	// made at or after the volume's next slot.
 	RetryMaxAttempts = 5
-	// MaxRescan bounds the time between two reads of Target.Volumes() and
-	// of the policies when nothing pokes the scheduler. The scheduler also
+	// MaxRescan bounds the time between two reads of Job.Volumes() and of
+	// the policies when nothing pokes the scheduler. The scheduler also
 	// rescans at least once per shortest interval of a scheduled plugin.
 	MaxRescan = time.Minute
 )
 
-// The csi-addons services (discovery names) whose volumes the agent
-// reclaims: NodeReclaimSpace on published volumes (the schedule), and
-// ControllerReclaimSpace on volumes published nowhere (on demand).
-const (
-	NodeService       = "reclaimspace.ReclaimSpaceNode"
-	ControllerService = "reclaimspace.ReclaimSpaceController"
-)
-
-// ErrNotPublished is what Target.Reclaim wraps when the volume is no longer
+// ErrNotPublished is what Job.Do wraps when the volume is no longer
 // published: the scheduler forgets the volume silently.
 var ErrNotPublished = errors.New("volume is not published")
 
-// Policy is one plugin's reclaim policy.
+// Policy is one plugin's schedule.
 type Policy struct {
-	// Interval between two runs on one volume; 0 disables periodic reclaim
-	// for the plugin (RunNow still works).
+	// Interval between two runs on one volume; 0 leaves the plugin's
+	// volumes unscheduled (RunNow still works).
 	Interval time.Duration
 	// Timeout of one call (the call's context deadline); not positive:
 	// DefaultTimeout.
@@ -68,32 +59,17 @@ type Volume struct {
 	Since time.Time
 }
 
-// Result is what one NodeReclaimSpace call reported.
-type Result struct {
-	Start     time.Time
-	Duration  time.Duration
-	PreUsage  int64 // bytes; -1 unknown
-	PostUsage int64 // bytes; -1 unknown
-}
-
-// freed returns PreUsage-PostUsage (negative when usage grew) and whether
-// both were known.
-func (r Result) freed() (int64, bool) {
-	if r.PreUsage < 0 || r.PostUsage < 0 {
-		return 0, false
-	}
-	return r.PreUsage - r.PostUsage, true
-}
-
-// Target is implemented by the agent. Its methods are called from several
-// goroutines at once and never with a scheduler lock held.
-type Target interface {
-	// Volumes returns the volumes published now.
+// Job is the work a Scheduler runs on each volume, implemented by the
+// agent. Its methods are called from several goroutines at once and never
+// with a scheduler lock held. R is what one call reports; it is logged
+// with a successful run (implement slog.LogValuer to choose how).
+type Job[R any] interface {
+	// Volumes returns the volumes the job runs on now.
 	Volumes() []Volume
-	// Reclaim makes one NodeReclaimSpace call under the volume's lock and
-	// records the result (or the error) with the volume. Its error is the
-	// plugin's gRPC status error, or wraps ErrNotPublished.
-	Reclaim(ctx context.Context, plugin, id string) (Result, error)
+	// Do makes one call under the volume's lock and records the result
+	// (or the error) with the volume. Its error is the plugin's gRPC
+	// status error, or wraps ErrNotPublished.
+	Do(ctx context.Context, plugin, id string) (R, error)
 	// Schedule persists the next run time with the volume.
 	Schedule(plugin, id string, next time.Time) error
 }
@@ -107,20 +83,14 @@ type Totals struct {
 	Runs int64
 	// Failures counts the Runs that ended with an error.
 	Failures int64
-	// BytesFreed sums PreUsage-PostUsage of the successful runs where both
-	// were known; a negative difference (usage grew) is included.
-	BytesFreed int64
 	// LastError is the error that ended the last failed run; nil if none.
 	LastError error
 }
 
 // Summary is what RunNow did.
 type Summary struct {
-	// Volumes counts the volumes reclaimed successfully.
+	// Volumes counts the volumes whose run succeeded.
 	Volumes int
-	// BytesFreed sums PreUsage-PostUsage of those where both were known,
-	// negative differences included.
-	BytesFreed int64
 	// Failures counts the volumes whose run failed, including volumes that
 	// were not published and those left when ctx ended:
 	// Volumes+Failures is the number of volumes given.
@@ -128,13 +98,16 @@ type Summary struct {
 }
 
 // Config configures a Scheduler.
-type Config struct {
-	// Target does the calls and persistence. Required.
-	Target Target
+type Config[R any] struct {
+	// Name names the job in logs: every record has the attribute
+	// job=Name, and messages start with "Name: ". Required.
+	Name string
+	// Job does the calls and persistence. Required.
+	Job Job[R]
 	// Policy returns a plugin's policy; it is read on every rescan. Nil:
 	// every plugin has the zero Policy (not scheduled).
 	Policy func(plugin string) Policy
-	// MaxConcurrent caps the calls in flight agent-wide, periodic and
+	// MaxConcurrent caps this scheduler's calls in flight, periodic and
 	// RunNow together; not positive: DefaultMaxConcurrent.
 	MaxConcurrent int
 	// Clock tells the time and makes timers; nil: RealClock().

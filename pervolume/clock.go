@@ -1,9 +1,9 @@
-package reclaim
+package pervolume
 
 import "time"
 
 // Clock is the scheduler's source of time. Tests use a fake one
-// (reclaimtest.Clock).
+// (pervolumetest.Clock).
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) Timer

@@ -1,4 +1,4 @@
-package reclaim
+package pervolume
 
 import (
 	"context"
@@ -6,14 +6,14 @@ import (
 	"time"
 )
 
-// RunNow reclaims the given volumes now, through the same caps and the
+// RunNow runs the job on the given volumes now, through the same caps and the
 // same recovery as the periodic runs (Unimplemented marks the volume
 // Unsupported, a success clears the mark), and blocks until every volume is
 // done or ctx ends. progress, if not nil, is called once per volume (one
 // call at a time) with the final result or error; an error wraps
 // ErrNotPublished when the volume is not published. RunNow does not move
 // the volumes' periodic slots. It works whether Run is running or not.
-func (s *Scheduler) RunNow(ctx context.Context, vols []Volume, progress func(Volume, Result, error)) Summary {
+func (s *Scheduler[R]) RunNow(ctx context.Context, vols []Volume, progress func(Volume, R, error)) Summary {
 	var (
 		mu  sync.Mutex
 		sum Summary
@@ -30,9 +30,6 @@ func (s *Scheduler) RunNow(ctx context.Context, vols []Volume, progress func(Vol
 				sum.Failures++
 			} else {
 				sum.Volumes++
-				if freed, ok := res.freed(); ok {
-					sum.BytesFreed += freed
-				}
 			}
 			if progress != nil {
 				progress(v, res, err)
@@ -46,7 +43,8 @@ func (s *Scheduler) RunNow(ctx context.Context, vols []Volume, progress func(Vol
 // runOnce is one on-demand run of a volume, retries included. Retries are
 // bounded by RetryMaxAttempts and, when the plugin is scheduled, by one
 // interval.
-func (s *Scheduler) runOnce(ctx context.Context, v Volume) (Result, error) {
+func (s *Scheduler[R]) runOnce(ctx context.Context, v Volume) (R, error) {
+	var zero R
 	pol := s.policy(v.Plugin)
 	var end time.Time
 	if pol.Interval > 0 {
@@ -54,10 +52,10 @@ func (s *Scheduler) runOnce(ctx context.Context, v Volume) (Result, error) {
 	}
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
-			return Result{}, err
+			return zero, err
 		}
 		if err := s.acquire(ctx, v.Plugin); err != nil {
-			return Result{}, err
+			return zero, err
 		}
 		res, err := s.call(ctx, v.Plugin, v.ID, pol.Timeout)
 		s.release(v.Plugin)
@@ -67,16 +65,16 @@ func (s *Scheduler) runOnce(ctx context.Context, v Volume) (Result, error) {
 			return res, nil
 		case retry:
 			if err := s.sleepUntil(ctx, at); err != nil {
-				return Result{}, err
+				return zero, err
 			}
 		default:
-			return Result{}, err
+			return zero, err
 		}
 	}
 }
 
 // sleepUntil waits on the clock until t or until ctx ends.
-func (s *Scheduler) sleepUntil(ctx context.Context, t time.Time) error {
+func (s *Scheduler[R]) sleepUntil(ctx context.Context, t time.Time) error {
 	timer := s.clock.NewTimer(t.Sub(s.clock.Now()))
 	defer timer.Stop()
 	select {

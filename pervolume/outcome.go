@@ -1,4 +1,4 @@
-package reclaim
+package pervolume
 
 import (
 	"context"
@@ -21,9 +21,9 @@ const (
 	cancelled                // the caller's ctx ended: nothing is recorded
 )
 
-// outcome applies the recovery table of csi-addons' NodeReclaimSpace to one
-// call's result, counts finished runs in the plugin's Totals and marks the
-// volume Unsupported. attempt counts the calls made for this run, this one
+// outcome applies the recovery table (doc.go) to one call's result,
+// counts finished runs in the plugin's Totals and marks the volume
+// Unsupported. attempt counts the calls made for this run, this one
 // included; no retry is made at or after cycleEnd (zero: no such bound).
 // It is the one place where both the periodic runs and RunNow decide.
 //
@@ -36,16 +36,12 @@ const (
 //	Unimplemented                  failure; volume Unsupported
 //	InvalidArgument, Unauthenticated,
 //	Unknown, DeadlineExceeded, ... failure, no retry: next cycle
-func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, err error, attempt int, cycleEnd time.Time) (verdict, time.Time, error) {
+func (s *Scheduler[R]) outcome(ctx context.Context, plugin, id string, res R, err error, attempt int, cycleEnd time.Time) (verdict, time.Time, error) {
 	log := s.log.With("plugin", plugin, "volume", id)
 	if err == nil {
-		freed, known := res.freed()
 		s.mu.Lock()
 		ps := s.pluginLocked(plugin)
 		ps.totals.Runs++
-		if known {
-			ps.totals.BytesFreed += freed
-		}
 		wasUnsupported := ps.unsupported[id]
 		if wasUnsupported {
 			s.supportedLocked(plugin, id, s.clock.Now())
@@ -54,14 +50,14 @@ func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, 
 		if wasUnsupported {
 			s.Poke()
 		}
-		log.Debug("reclaim: space reclaimed", "attempt", attempt, "pre_usage", res.PreUsage, "post_usage", res.PostUsage, "duration", res.Duration)
+		log.Debug(s.name+": done", "attempt", attempt, "result", res)
 		return done, time.Time{}, nil
 	}
 	if ctx.Err() != nil {
 		return cancelled, time.Time{}, err
 	}
 	if errors.Is(err, ErrNotPublished) {
-		log.Debug("reclaim: volume no longer published", "error", err)
+		log.Debug(s.name+": volume no longer published", "error", err)
 		return dropped, time.Time{}, err
 	}
 
@@ -75,16 +71,16 @@ func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, 
 		}
 		ps.unsupported[id] = true
 		s.mu.Unlock()
-		log.Info("reclaim: the volume cannot reclaim space (Unimplemented: its filesystem or device cannot discard); it is not scheduled until the plugin's config or process changes", "error", err)
+		log.Info(s.name+": the plugin cannot do this on the volume (Unimplemented); it is not scheduled until the plugin's config or process changes", "error", err)
 	case codes.NotFound:
 		if !s.published(plugin, id) {
-			log.Debug("reclaim: volume no longer published", "error", err)
+			log.Debug(s.name+": volume no longer published", "error", err)
 			return dropped, time.Time{}, fmt.Errorf("%w: %w", ErrNotPublished, err)
 		}
 		fallthrough
 	case codes.Aborted:
 		if at, ok := retryAt(s.clock.Now(), attempt, cycleEnd); ok {
-			log.Debug("reclaim: will retry", "code", code, "attempt", attempt, "at", at, "error", err)
+			log.Debug(s.name+": will retry", "code", code, "attempt", attempt, "at", at, "error", err)
 			return retry, at, err
 		}
 	}
@@ -95,7 +91,7 @@ func (s *Scheduler) outcome(ctx context.Context, plugin, id string, res Result, 
 	t.Failures++
 	t.LastError = err
 	s.mu.Unlock()
-	log.Warn("reclaim: failed", "code", code, "attempts", attempt, "error", err)
+	log.Warn(s.name+": failed", "code", code, "attempts", attempt, "error", err)
 	return failed, time.Time{}, err
 }
 
@@ -113,9 +109,9 @@ func retryAt(now time.Time, attempt int, cycleEnd time.Time) (time.Time, bool) {
 	return at, true
 }
 
-// published reports whether Target.Volumes() lists the volume.
-func (s *Scheduler) published(plugin, id string) bool {
-	for _, v := range s.target.Volumes() {
+// published reports whether Job.Volumes() lists the volume.
+func (s *Scheduler[R]) published(plugin, id string) bool {
+	for _, v := range s.job.Volumes() {
 		if v.Plugin == plugin && v.ID == id {
 			return true
 		}

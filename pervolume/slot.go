@@ -1,4 +1,4 @@
-package reclaim
+package pervolume
 
 import (
 	"hash/fnv"

@@ -1,4 +1,4 @@
-package reclaim_test
+package pervolume_test
 
 import (
 	"testing"
