@@ -40,15 +40,11 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		return nil, err
 	}
 	id := req.GetContainerId()
-	unlock, err := iso.containerLocks.Lock(ctx, id)
+	c, unlock, err := iso.lockContainer(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+		return nil, fmt.Errorf("container %s: %w", id, err)
 	}
 	defer unlock()
-
-	iso.mu.Lock()
-	c := iso.containers[id]
-	iso.mu.Unlock()
 	if c != nil {
 		if quarantined(c.cp) {
 			return nil, fmt.Errorf("%w: container %s is quarantined (%s)", ErrPrecondition, id, c.cp.GetLastError())
@@ -542,14 +538,11 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 	if err := ValidateContainerID(id); err != nil {
 		return err
 	}
-	unlock, err := iso.containerLocks.Lock(ctx, id)
+	c, unlock, err := iso.lockContainer(ctx, id)
 	if err != nil {
-		return fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+		return fmt.Errorf("container %s: %w", id, err)
 	}
 	defer unlock()
-	iso.mu.Lock()
-	c := iso.containers[id]
-	iso.mu.Unlock()
 	if c == nil {
 		// Already cleaned up, perhaps by a call whose removal of the
 		// record is not durable yet: acknowledge only once it is.
@@ -709,17 +702,28 @@ func (iso *Isolator) containerRecords() map[string]*container {
 	return maps.Clone(iso.containers)
 }
 
+// lockContainer takes container id's lock (waiting until ctx ends) and
+// returns its record as it is under the lock, nil if it has none. Its
+// error does not name the container.
+func (iso *Isolator) lockContainer(ctx context.Context, id string) (c *container, unlock func(), err error) {
+	unlock, err = iso.containerLocks.Lock(ctx, id)
+	if err != nil {
+		return nil, nil, fmt.Errorf("waiting for another operation on it: %w", err)
+	}
+	iso.mu.Lock()
+	c = iso.containers[id]
+	iso.mu.Unlock()
+	return c, unlock, nil
+}
+
 // withListedContainer runs f with container id locked, if its record is
 // still the one listed (a pointer from containerRecords).
 func (iso *Isolator) withListedContainer(ctx context.Context, id string, listed *container, f func(*container) error) error {
-	unlock, err := iso.containerLocks.Lock(ctx, id)
+	c, unlock, err := iso.lockContainer(ctx, id)
 	if err != nil {
-		return fmt.Errorf("container %s: waiting for another operation on it: %w", id, err)
+		return fmt.Errorf("container %s: %w", id, err)
 	}
 	defer unlock()
-	iso.mu.Lock()
-	c := iso.containers[id]
-	iso.mu.Unlock()
 	if c == nil || c != listed {
 		return nil
 	}

@@ -181,14 +181,11 @@ func (r Repair) String(t time.Time, err error) string {
 // rebindContainer replaces container id's mounts of the volume published
 // at target.
 func (iso *Isolator) rebindContainer(ctx context.Context, id string, key volumeKey, target string, r *Repair) error {
-	unlock, err := iso.containerLocks.Lock(ctx, id)
+	c, unlock, err := iso.lockContainer(ctx, id)
 	if err != nil {
-		return fmt.Errorf("waiting for another operation on it: %w", err)
+		return err
 	}
 	defer unlock()
-	iso.mu.Lock()
-	c := iso.containers[id]
-	iso.mu.Unlock()
 	if c == nil || c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED {
 		return nil
 	}
