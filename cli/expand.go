@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/csiagent/csiagent/loopplugin"
+	"github.com/csiagent/csiagent/internal/bytesize"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -26,7 +26,7 @@ func (e *env) expandCmd(fs *pflag.FlagSet) runFunc {
 func (e *env) expand(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall, volume, size string) error {
 	var required int64
 	if size != "" {
-		n, err := loopplugin.ParseSize(size)
+		n, err := bytesize.Parse(size)
 		if err != nil {
 			return usageError(fmt.Sprintf("--size: %v", err))
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,11 +14,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/retrypolicy"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
-// Retry backoff of node RPCs: 200 ms doubling to 5 s, with jitter, within
-// the RPC timeout.
+// Retry backoff of node RPCs: 200 ms doubling to 5 s, plus up to half of
+// it again as jitter (retrypolicy.Backoff), within the RPC timeout.
 const (
 	retryBase = 200 * time.Millisecond
 	retryMax  = 5 * time.Second
@@ -593,7 +593,6 @@ func notFoundIsDone(err error) error {
 func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 	defer cancel()
-	pause := retryBase
 	for attempt := 1; ; attempt++ {
 		err := f(ctx)
 		iso.cfg.CrashPoint("rpc " + rpc)
@@ -610,7 +609,7 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 			}
 			return wrapped
 		}
-		d := pause + rand.N(pause/2+1)
+		d := retrypolicy.Backoff(retryBase, retryMax, attempt-1, 2)
 		iso.log.Warn("node RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", code.String(), "retry_in", d)
 		t := time.NewTimer(d)
 		select {
@@ -619,7 +618,6 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 			return wrapped
 		case <-t.C:
 		}
-		pause = min(pause*2, retryMax)
 	}
 }
 

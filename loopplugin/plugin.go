@@ -2,7 +2,6 @@ package loopplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/loopdev"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/proto/identity"
 	"github.com/csiagent/csiagent/proto/reclaimspace"
 	"github.com/csiagent/csiagent/proto/replication"
@@ -41,9 +41,6 @@ const (
 	// holdSweep is how often the held block devices are checked for an
 	// autoclear mark a container left (see held.sweep).
 	holdSweep = time.Second
-	// staleSocketProbe bounds the dial that tells a stale socket from a
-	// live plugin.
-	staleSocketProbe = time.Second
 )
 
 // Config configures a Plugin.
@@ -349,31 +346,13 @@ func ParseEndpoint(endpoint string) (string, error) {
 	return filepath.Clean(path), nil
 }
 
-// listenUnix listens on the socket at path, creating its directory. A socket
-// file nobody accepts on is stale (its plugin died) and is replaced; a live
-// one, or anything that is not a socket, is an error.
+// listenUnix listens on the socket at path, creating its directory
+// (unixsock.Listen): the socket is 0600, the plugin's user's, from the
+// moment it appears. A socket file nobody accepts on is stale (its plugin
+// died) and is replaced; a live one, or anything that is not a socket, is
+// an error.
 func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	fi, err := os.Lstat(path)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("listen: %w", err)
-	case fi.Mode().Type() != os.ModeSocket:
-		return nil, fmt.Errorf("listen: %s exists and is not a socket", path)
-	default:
-		c, err := net.DialTimeout("unix", path, staleSocketProbe)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen: another process is serving on %s", path)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("listen: remove stale socket: %w", err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
+	lis, err := unixsock.Listen(path, unixsock.Owner{GID: -1})
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}

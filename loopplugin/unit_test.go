@@ -50,41 +50,6 @@ func TestValidateVolumeID(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want int64
-	}{
-		{"1GiB", 1 << 30},
-		{"512MiB", 512 << 20},
-		{"10G", 10 << 30},
-		{"4096", 4096},
-		{"1 TiB", 1 << 40},
-		{"3KB", 3000},
-		{"2GB", 2e9},
-		{"7B", 7},
-		{"", 0},
-		{"0", 0},
-		{"-1GiB", 0},
-		{"1.5GiB", 0},
-		{"lots", 0},
-		{"99999999999TiB", 0},
-	} {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := ParseSize(tc.in)
-			if tc.want == 0 {
-				if !errors.Is(err, ErrInvalid) {
-					t.Fatalf("ParseSize = %d, %v; want ErrInvalid", got, err)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("ParseSize = %d, %v; want %d", got, err, tc.want)
-			}
-		})
-	}
-}
-
 func TestParseEndpoint(t *testing.T) {
 	for _, tc := range []struct {
 		in, want string

@@ -3,7 +3,6 @@ package loopplugin
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"unicode"
 
@@ -183,34 +182,4 @@ func (a access) stagedDiff(fsType, options string) string {
 		}
 	}
 	return ""
-}
-
-// ParseSize parses a size such as "1GiB", "512MiB", "10G" or "4096". Binary
-// (KiB, MiB, GiB, TiB, and K, M, G, T) and decimal (KB, MB, GB, TB) suffixes
-// are accepted; a bare number is bytes.
-func ParseSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   int64
-	}{
-		{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
-		{"B", 1},
-	}
-	num, mult := strings.TrimSpace(s), int64(1)
-	for _, u := range units {
-		if n, ok := strings.CutSuffix(num, u.suffix); ok {
-			num, mult = strings.TrimSpace(n), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, invalidf("size %q: want a positive number of bytes with an optional unit (KiB, MiB, GiB, TiB)", s)
-	}
-	if n > (1<<63-1)/mult {
-		return 0, invalidf("size %q is too large", s)
-	}
-	return n * mult, nil
 }

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/csiagent/csiagent/internal/bytesize"
 	buildversion "github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/loopplugin"
 )
@@ -113,7 +114,7 @@ func createVolume(pool, name, size string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	n, err := loopplugin.ParseSize(size)
+	n, err := bytesize.Parse(size)
 	if err != nil {
 		return err
 	}

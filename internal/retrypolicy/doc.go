@@ -6,6 +6,7 @@
 // Parse turns a request's RetryPolicy into a Policy (the Controller API's
 // operations and offline reclaims use it), naming the field out of its
 // limits. Backoff is the one exponential backoff with a cap and jitter:
-// the retries of both and the supervisor's plugin restarts wait what it
-// computes (each with its own base, cap and jitter).
+// the retries of both, the isolator's node RPC retries and the
+// supervisor's plugin restarts wait what it computes (each with its own
+// base, cap and jitter).
 package retrypolicy

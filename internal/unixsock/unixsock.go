@@ -14,8 +14,9 @@ import (
 // its terminating NUL).
 const MaxPath = 107
 
-// Owner says who may connect: the socket is mode 0600 owned by root, or
-// 0660 with group GID when GID >= 0.
+// Owner says who may connect: the socket is mode 0600 owned by the
+// process's user (root for the agent), or 0660 owned by root with group
+// GID when GID >= 0 (which needs root).
 type Owner struct {
 	GID int
 }
@@ -41,10 +42,19 @@ func Listen(path string, o Owner) (net.Listener, error) {
 	}
 	defer os.RemoveAll(private)
 	tmp := filepath.Join(private, "s")
+	bind := tmp
 	if len(tmp) > MaxPath {
-		return nil, fmt.Errorf("socket path %s leaves no room for a private temporary name (%d bytes > %d); use a shorter path", path, len(tmp), MaxPath)
+		// path fits but the private name makes it too long to bind:
+		// bind through the directory's descriptor, a short path
+		// whatever the directory's.
+		d, err := os.Open(private)
+		if err != nil {
+			return nil, fmt.Errorf("socket %s: %w", path, err)
+		}
+		defer d.Close()
+		bind = fmt.Sprintf("/proc/self/fd/%d/s", d.Fd())
 	}
-	lis, err := net.Listen("unix", tmp)
+	lis, err := net.Listen("unix", bind)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}

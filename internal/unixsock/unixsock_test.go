@@ -130,3 +130,40 @@ func TestMkdirAllUnderStrictUmask(t *testing.T) {
 		}
 	}
 }
+
+// TestListenLongDirectory: a path that fits a socket address, in a
+// directory too long for the private temporary name beside it, is still
+// listened on, with its mode, and leaves no private directory behind.
+func TestListenLongDirectory(t *testing.T) {
+	// dir/ssssssss is MaxPath bytes: the socket's 8-byte name is shorter
+	// than the private name (.sock-NNN/s) would be.
+	dir := t.TempDir()
+	for len(dir) < MaxPath-60 {
+		dir = filepath.Join(dir, strings.Repeat("d", 40))
+	}
+	dir = filepath.Join(dir, strings.Repeat("d", MaxPath-9-len(dir)-1))
+	path := filepath.Join(dir, "ssssssss")
+	if len(path) != MaxPath {
+		t.Fatalf("test set-up: path of %d bytes, want %d", len(path), MaxPath)
+	}
+	lis, err := Listen(path, Owner{GID: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want socket 0600", fi.Mode())
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dialing the new socket: %v", err)
+	}
+	c.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("directory holds %d entries, want the socket only", len(ents))
+	}
+}
