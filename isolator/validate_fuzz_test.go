@@ -253,6 +253,13 @@ func FuzzCheckpointDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("New on fuzzed checkpoints: %v", err)
 		}
+		// What loading wrote (reconstructed records) is committed before
+		// the work dir is removed, not while.
+		t.Cleanup(func() {
+			if err := iso.commit.Sync(context.Background()); err != nil {
+				t.Error(err)
+			}
+		})
 		iso.ListVolumes()
 		iso.ListContainers()
 		if iso.volumes[volumeKey{"loop", "vol-1"}] == nil {
