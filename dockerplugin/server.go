@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/docker/go-plugins-helpers/volume"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/keyedlock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -72,8 +72,8 @@ type Server struct {
 	log    *slog.Logger
 	commit *atomicfile.Committer
 
-	locksMu sync.Mutex
-	locks   map[string]*nameLock
+	// locks serialise the calls on each volume name.
+	locks keyedlock.Map
 
 	mu    sync.Mutex
 	users map[string]*user // by container id
@@ -135,7 +135,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, commit: cfg.Commit, locks: map[string]*nameLock{}, users: map[string]*user{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, commit: cfg.Commit, users: map[string]*user{}}
 	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
 	}
@@ -209,37 +209,13 @@ func (s *Server) forget(cid string) error {
 	return nil
 }
 
-// nameLock is one volume name's lock; refs counts the calls holding or
-// waiting for it, so that the last one drops it.
-type nameLock struct {
-	ch   chan struct{}
-	refs int
-}
-
 // lock serialises the calls on one volume name.
 func (s *Server) lock(ctx context.Context, name string) (func(), error) {
-	s.locksMu.Lock()
-	l := s.locks[name]
-	if l == nil {
-		l = &nameLock{ch: make(chan struct{}, 1)}
-		s.locks[name] = l
+	unlock, err := s.locks.Lock(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: waiting for another call on it: %w", name, err)
 	}
-	l.refs++
-	s.locksMu.Unlock()
-	done := func() {
-		s.locksMu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(s.locks, name)
-		}
-		s.locksMu.Unlock()
-	}
-	select {
-	case l.ch <- struct{}{}:
-		return func() { <-l.ch; done() }, nil
-	case <-ctx.Done():
-		done()
-		return nil, fmt.Errorf("volume %s: waiting for another call on it: %w", name, ctx.Err())
-	}
+	return unlock, nil
 }
 
 // usersOf lists a volume's engine mounts.
@@ -666,15 +642,11 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 		}
 		names = append(names, m.Name)
 	}
-	sort.Strings(names)
-	names = slices.Compact(names)
-	for _, name := range names {
-		unlock, err := s.lock(ctx, name)
-		if err != nil {
-			return err
-		}
-		defer unlock()
+	unlock, err := s.locks.LockAll(ctx, names...)
+	if err != nil {
+		return fmt.Errorf("named volumes %s: waiting for another call on them: %w", strings.Join(names, ", "), err)
 	}
+	defer unlock()
 	what := "named mount"
 	if annotation {
 		what = "annotation " + namedvol.MountsAnnotation + ": mount"
