@@ -43,6 +43,10 @@ type fakeMount struct {
 	dev      int
 	root     string
 	readonly bool
+	// rootStat is what mount.RootOf reads of a clone (the source
+	// directory's real device and inode), zero for other mounts: the
+	// identity the isolator records.
+	rootStat unix.Stat_t
 }
 
 // fakeTable models the mount tables of the host and of containers' mount
@@ -305,6 +309,10 @@ func (f *fakeMounter) CloneTree(source string, readOnly bool) (*os.File, error) 
 	dev, root := f.t.shows(f.ns, source)
 	m := f.t.newMount(0, "", dev, root)
 	m.readonly = readOnly
+	if err := unix.Fstat(int(h.Fd()), &m.rootStat); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("clone the mount tree at %s: %w", source, err)
+	}
 	f.t.trees[h] = m
 	return h, nil
 }
@@ -355,7 +363,8 @@ func (f *fakeMounter) move(tree, target *os.File, beneath bool) error {
 
 // UnmountOwn follows mount.UnmountOwn's contract on the model: below a
 // root that is gone nothing is mounted (unless the id is found
-// elsewhere: refused); the mount with the recorded id (and the source's filesystem and directory) is
+// elsewhere: refused); the mount with the recorded id (and the recorded
+// root, or else the source's filesystem and directory) is
 // removed where it is, if that is below root; a mount on top of it is
 // refused (ErrCovered); with id 0, the top mount at the mount point is
 // ours only if it is not the recorded parent and shows the source.
@@ -374,6 +383,11 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 	f.t.mu.Lock()
 	defer f.t.mu.Unlock()
 	showsSource := func(m *fakeMount) bool {
+		if id.RootIno != 0 {
+			// Recorded, the root's identity decides; Source is not
+			// looked up (mount.Identity).
+			return uint64(m.rootStat.Dev) == id.RootDev && m.rootStat.Ino == id.RootIno
+		}
 		if id.Source == "" {
 			return true
 		}

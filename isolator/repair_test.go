@@ -53,7 +53,7 @@ func TestUnitRepairOnItsOwn(t *testing.T) {
 // target was unmounted is left as it is, by Repair and by the resync
 // passes alike: the plugin is asked nothing, the container keeps its
 // mount, and each check warns, naming the volume; nothing is reported to
-// Config.OnRepair.
+// Config.OnRepair. The container's cleanup still releases everything.
 func TestUnitRepairOff(t *testing.T) {
 	w := newWorld(t)
 	var logs syncBuffer
@@ -96,6 +96,11 @@ func TestUnitRepairOff(t *testing.T) {
 	if n := strings.Count(logs.String(), "repair is off"); n != 2 || !strings.Contains(logs.String(), "volume=vol-1") {
 		t.Errorf("with repair off, %d warnings (want 2, naming vol-1); the log:\n%s", n, logs.String())
 	}
+	// The container's mount is still found by what was recorded when it
+	// was made (its source, the target, is gone): the cleanup releases it
+	// and the volume, leaving nothing.
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
 }
 
 // TestUnitRepairChecksWithoutLock: Repair checks a volume's target
