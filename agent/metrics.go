@@ -237,6 +237,7 @@ type stateCollector struct {
 	pluginReady, pluginRestarts, pluginInfo, configErrors *prometheus.Desc
 	volumes, containers                                   *prometheus.Desc
 	reclaimRuns, reclaimFreed                             *prometheus.Desc
+	maxVolumes                                            *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*stateCollector)(nil)
@@ -265,6 +266,9 @@ func newStateCollector(a *Agent) *stateCollector {
 		reclaimRuns: prometheus.NewDesc("csi_agent_reclaim_runs_total",
 			"Finished reclaim-space runs (scheduled and on demand) since the agent started, by plugin type and outcome (success or failure).",
 			[]string{"plugin", "outcome"}, nil),
+		maxVolumes: prometheus.NewDesc("csi_agent_plugin_max_volumes_per_node",
+			"The volumes the plugin allows published on this node (NodeGetInfo max_volumes_per_node; 0: no limit), which the agent enforces.",
+			[]string{"plugin"}, nil),
 		// A gauge, not a counter: a run where usage grew counts negative.
 		reclaimFreed: prometheus.NewDesc("csi_agent_reclaim_freed_bytes",
 			"Net bytes freed by successful reclaim-space runs since the agent started (usage before minus after, summed): a gauge because a run during which usage grew subtracts.",
@@ -273,7 +277,7 @@ func newStateCollector(a *Agent) *stateCollector {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pluginReady, c.pluginRestarts, c.pluginInfo, c.configErrors, c.volumes, c.containers, c.reclaimRuns, c.reclaimFreed} {
+	for _, d := range []*prometheus.Desc{c.pluginReady, c.pluginRestarts, c.pluginInfo, c.configErrors, c.volumes, c.containers, c.reclaimRuns, c.reclaimFreed, c.maxVolumes} {
 		ch <- d
 	}
 }
@@ -320,15 +324,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.pluginReady, prometheus.GaugeValue, readyVal, typ)
 		var restarts uint64
+		var maxVolumes int64
 		infos := map[[2]string]bool{}
 		for _, in := range p.GetInstances() {
 			restarts += uint64(in.GetRestarts())
+			maxVolumes = max(maxVolumes, in.GetMaxVolumesPerNode())
 			// Known once the instance has been discovered.
 			if in.GetPluginName() != "" {
 				infos[[2]string{in.GetPluginName(), in.GetVendorVersion()}] = true
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(c.pluginRestarts, prometheus.CounterValue, float64(restarts), typ)
+		ch <- prometheus.MustNewConstMetric(c.maxVolumes, prometheus.GaugeValue, float64(maxVolumes), typ)
 		for k := range infos {
 			ch <- prometheus.MustNewConstMetric(c.pluginInfo, prometheus.GaugeValue, 1, typ, k[0], k[1])
 		}

@@ -34,7 +34,7 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 		return isolator.Node{}, err
 	}
 	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
-	return isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage}, nil
+	return isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage, MaxVolumes: st.MaxVolumesPerNode}, nil
 }
 
 // ready waits until the plugin's instance serving svc is ready (see

@@ -154,6 +154,7 @@ func Plugin(p *supervisor.PluginStatus) *agentv1.Plugin {
 			PluginName: in.PluginName, VendorVersion: in.VendorVersion, PluginCapabilities: in.PluginCapabilities,
 			NodeCapabilities: in.NodeCapabilities, NodeId: in.NodeID, AddonsServices: in.AddonsServices,
 			AddonsEndpoint: in.AddonsEndpoint, AddonsIdentity: in.AddonsIdentity,
+			AccessibleTopology: in.AccessibleTopology, MaxVolumesPerNode: in.MaxVolumesPerNode,
 		})
 	}
 	return out

@@ -178,8 +178,12 @@ func fill(v reflect.Value, now time.Time) {
 			f.SetString("v-" + v.Type().Field(i).Name)
 		case reflect.Bool:
 			f.SetBool(true)
-		case reflect.Int32, reflect.Int:
+		case reflect.Int32, reflect.Int, reflect.Int64:
 			f.SetInt(1)
+		case reflect.Map:
+			if f.Type() == reflect.TypeOf(map[string]string{}) {
+				f.Set(reflect.ValueOf(map[string]string{"k": "v"}))
+			}
 		case reflect.Uint32:
 			f.SetUint(1)
 		case reflect.Slice:

@@ -41,6 +41,7 @@ func Status(err error) error {
 		statuscode.Class{Err: namedvol.ErrInUse, Code: codes.FailedPrecondition},
 		statuscode.Class{Err: namedvol.ErrAnnotationRefused, Code: codes.PermissionDenied},
 		// The work dir is full: a checkpoint could not be written.
+		statuscode.Class{Err: isolator.ErrLimit, Code: codes.ResourceExhausted},
 		statuscode.Class{Err: syscall.ENOSPC, Code: codes.ResourceExhausted},
 		statuscode.Class{Err: syscall.EDQUOT, Code: codes.ResourceExhausted},
 	)

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -211,6 +213,16 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		kv("  Plugin capabilities", strings.Join(in.GetPluginCapabilities(), ", "))
 		kv("  Node capabilities", strings.Join(in.GetNodeCapabilities(), ", "))
 		kv("  Node ID", in.GetNodeId())
+		if topo := in.GetAccessibleTopology(); len(topo) > 0 {
+			var segs []string
+			for _, k := range slices.Sorted(maps.Keys(topo)) {
+				segs = append(segs, k+"="+topo[k])
+			}
+			kv("  Topology", strings.Join(segs, ", "))
+		}
+		if n := in.GetMaxVolumesPerNode(); n > 0 {
+			kv("  Max volumes per node", fmt.Sprint(n))
+		}
 		kv("  csi-addons services", strings.Join(in.GetAddonsServices(), ", "))
 		if ep := in.GetAddonsEndpoint(); ep != "" {
 			kv("  csi-addons endpoint", strings.TrimSpace(ep+" "+parens(in.GetAddonsIdentity()))+" (csi-addons services; csi.v1.* on Endpoint)")

@@ -149,7 +149,7 @@ func metricsConfig(h *harness) agent.Config {
 // server goes away with the agent.
 func TestMetricsPlugins(t *testing.T) {
 	h := newHarness(t)
-	h.writeConfig("good.json", testPluginConfig("good"))
+	h.writeConfig("good.json", testPluginConfig("good", "--max-volumes-per-node=5"))
 	h.writeConfig("crashy.json", testPluginConfig("crashy", "--exit-immediately"))
 	h.writeConfig("bad.json", `{"type":"bad","containers":[]}`)
 	h.start(metricsConfig(h))
@@ -174,6 +174,7 @@ func TestMetricsPlugins(t *testing.T) {
 		"csi_agent_plugin_ready":                 dto.MetricType_GAUGE,
 		"csi_agent_plugin_restarts_total":        dto.MetricType_COUNTER,
 		"csi_agent_plugin_info":                  dto.MetricType_GAUGE,
+		"csi_agent_plugin_max_volumes_per_node":  dto.MetricType_GAUGE,
 		"csi_agent_config_errors":                dto.MetricType_GAUGE,
 		"csi_agent_csi_rpc_total":                dto.MetricType_COUNTER,
 		"csi_agent_csi_rpc_duration_seconds":     dto.MetricType_HISTOGRAM,
@@ -206,6 +207,9 @@ func TestMetricsPlugins(t *testing.T) {
 		}
 		if v := s.value("csi_agent_plugin_info", map[string]string{"plugin": "good", "name": "good", "version": "0.0.1"}); v != 1 {
 			t.Errorf("good: info = %v, want 1", v)
+		}
+		if v := s.value("csi_agent_plugin_max_volumes_per_node", map[string]string{"plugin": "good"}); v != 5 {
+			t.Errorf("good: max volumes per node = %v, want 5 (its NodeGetInfo)", v)
 		}
 		if ms := s.find("csi_agent_plugin_info", map[string]string{"plugin": "crashy"}); len(ms) != 0 {
 			t.Errorf("crashy was never discovered, yet has info %v", ms)

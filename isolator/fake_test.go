@@ -460,6 +460,8 @@ type fakeNode struct {
 	// targetExists: the plugin expects the target to exist (Mesos's
 	// target_path_exists); else it makes its target, as CSI says.
 	targetExists bool
+	// maxVolumes is its NodeGetInfo max_volumes_per_node (0: none).
+	maxVolumes int64
 	// targets are the targets of its NodePublishVolume calls that
 	// existed when it was called.
 	existed []string
@@ -654,7 +656,7 @@ func (p *nodePlugins) Node(ctx context.Context, typ string) (Node, error) {
 		<-ctx.Done()
 		return Node{}, fmt.Errorf("plugin %s: %w: not ready: %w", typ, ErrUnavailable, ctx.Err())
 	}
-	return Node{Client: n, StageUnstage: n.stageUnstage}, nil
+	return Node{Client: n, StageUnstage: n.stageUnstage, MaxVolumes: n.maxVolumes}, nil
 }
 
 func (p *nodePlugins) setDown(typ string, down bool) {

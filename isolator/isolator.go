@@ -41,6 +41,8 @@ var (
 	ErrUnknownPlugin = errors.New("unknown plugin")
 	// ErrUnavailable: the plugin is not ready.
 	ErrUnavailable = errors.New("plugin unavailable")
+	// ErrLimit: the plugin's limit of volumes on this node is reached.
+	ErrLimit = errors.New("volume limit reached")
 )
 
 // ErrNotPublished is what ReclaimSpace, ScheduleReclaim and
@@ -75,6 +77,11 @@ type Node struct {
 	Client NodeClient
 	// StageUnstage: the plugin has STAGE_UNSTAGE_VOLUME.
 	StageUnstage bool
+	// MaxVolumes is NodeGetInfo's max_volumes_per_node: at most this many
+	// of the plugin's volumes are staged or published on the node (0: no
+	// limit). A volume that would pass it is refused (ErrLimit) before
+	// any call.
+	MaxVolumes int64
 }
 
 // Plugins is how the isolator finds plugins; the agent implements it.
@@ -144,6 +151,9 @@ type Isolator struct {
 
 	volumeLocks    keyedlock.Map
 	containerLocks keyedlock.Map
+	// limitMu makes a volume's check of its plugin's volume limit and its
+	// first step onto the node one (enterNode).
+	limitMu sync.Mutex
 
 	mu sync.Mutex
 	// volumes caches every volume checkpoint in memory, by key; the disk

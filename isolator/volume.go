@@ -301,7 +301,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	before := v.cp.State
 	steps := iso.path(before, want, node.StageUnstage)
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
-		if err := iso.setState(v, steps[0].during); err != nil {
+		if err := iso.enterState(v, before, want, steps[0].during, node); err != nil {
 			return v.cp.State, err
 		}
 	}
@@ -679,4 +679,35 @@ func RPCCode(err error) (codes.Code, bool) {
 		return re.Code(), true
 	}
 	return codes.OK, false
+}
+
+// enterState records the first step of v's way from before to want. A
+// volume coming onto the node (from CREATED up) first checks the plugin's
+// limit of volumes on the node (ErrLimit), under limitMu so that two
+// volumes cannot both take the last place.
+func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Node) error {
+	if before != stCreated || want != stPublished || node.MaxVolumes <= 0 {
+		return iso.setState(v, during)
+	}
+	iso.limitMu.Lock()
+	defer iso.limitMu.Unlock()
+	if n := iso.onNode(v); int64(n) >= node.MaxVolumes {
+		return fmt.Errorf("volume %s: %w: plugin %s allows at most %d volume(s) on this node (NodeGetInfo max_volumes_per_node) and %d are staged or published here; "+
+			"clean up a container that uses another of its volumes first", v.key, ErrLimit, v.key.plugin, node.MaxVolumes, n)
+	}
+	return iso.setState(v, during)
+}
+
+// onNode counts the other volumes of v's plugin that have anything on the
+// node (every state but CREATED).
+func (iso *Isolator) onNode(v *volume) int {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	n := 0
+	for k, o := range iso.volumes {
+		if k.plugin == v.key.plugin && o != v && o.cp.GetState() != stCreated {
+			n++
+		}
+	}
+	return n
 }

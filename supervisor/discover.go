@@ -51,6 +51,8 @@ type discovery struct {
 	pluginName, vendorVersion string
 	pluginCaps, nodeCaps      []string
 	nodeID                    string
+	topology                  map[string]string
+	maxVolumes                int64
 	addons                    []string
 	// Set when csi-addons is served apart from CSI.
 	addonsEndpoint, addonsIdentity string
@@ -222,7 +224,8 @@ func (d *discovery) identity(ctx context.Context, conn *grpc.ClientConn) error {
 	return nil
 }
 
-// node asks the plugin's node service its capabilities and node id.
+// node asks the plugin's node service its capabilities and NodeGetInfo
+// (node id, topology, volume limit).
 func (d *discovery) node(ctx context.Context, conn *grpc.ClientConn) error {
 	node := csi.NewNodeClient(conn)
 	if err := withTimeout(ctx, func(ctx context.Context) error {
@@ -236,7 +239,7 @@ func (d *discovery) node(ctx context.Context, conn *grpc.ClientConn) error {
 	}
 	if err := withTimeout(ctx, func(ctx context.Context) error {
 		r, err := node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
-		d.nodeID = r.GetNodeId()
+		d.nodeID, d.topology, d.maxVolumes = r.GetNodeId(), r.GetAccessibleTopology().GetSegments(), r.GetMaxVolumesPerNode()
 		return err
 	}); err != nil {
 		return fmt.Errorf("NodeGetInfo: %w", err)

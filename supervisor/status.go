@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -64,6 +65,10 @@ type InstanceStatus struct {
 	NodeID                               string
 	AddonsServices                       []string
 	AddonsEndpoint, AddonsIdentity       string
+	// NodeGetInfo's accessible topology segments and max volumes per node
+	// (0: no limit).
+	AccessibleTopology map[string]string
+	MaxVolumesPerNode  int64
 }
 
 // clone is a copy of s that shares nothing with it.
@@ -73,6 +78,7 @@ func (s *InstanceStatus) clone() *InstanceStatus {
 	c.PluginCapabilities = slices.Clone(s.PluginCapabilities)
 	c.NodeCapabilities = slices.Clone(s.NodeCapabilities)
 	c.AddonsServices = slices.Clone(s.AddonsServices)
+	c.AccessibleTopology = maps.Clone(s.AccessibleTopology)
 	return &c
 }
 

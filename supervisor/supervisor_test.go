@@ -64,13 +64,13 @@ func waitState(t *testing.T, p *Plugin, changed <-chan struct{}, what string, co
 	}
 }
 
-func managedPlugin(t *testing.T, bin string) *pluginconfig.Plugin {
+func managedPlugin(t *testing.T, bin string, args ...string) *pluginconfig.Plugin {
 	t.Helper()
 	raw, _ := json.Marshal(map[string]any{
 		"type": "t.example",
 		"containers": []any{map[string]any{
 			"services": []string{"NODE_SERVICE"},
-			"command":  map[string]any{"value": bin, "shell": false, "arguments": []string{"testplugin"}},
+			"command":  map[string]any{"value": bin, "shell": false, "arguments": append([]string{"testplugin"}, args...)},
 		}},
 	})
 	info, err := pluginconfig.Parse(raw)
@@ -98,13 +98,14 @@ func TestManagedLifecycle(t *testing.T) {
 			mu.Unlock()
 		},
 	}
-	plugin := managedPlugin(t, testPlugin)
+	plugin := managedPlugin(t, testPlugin, "-max-volumes-per-node", "7", "-topology-host", "h1")
 	isReady := func(in *InstanceStatus) bool { return in.State == StateReady }
 
 	p := Start(t.Context(), cfg, plugin, nil)
 	first := waitState(t, p, changed, "ready", isReady)
-	if first.Pid == 0 || first.PluginName != "test.csi.csiagent.io" || first.NodeID != "n1" {
-		t.Fatalf("ready instance %v: want a pid and what discovery found", first)
+	if first.Pid == 0 || first.PluginName != "test.csi.csiagent.io" || first.NodeID != "n1" ||
+		first.MaxVolumesPerNode != 7 || first.AccessibleTopology["topology.test.csiagent.io/host"] != "h1" {
+		t.Fatalf("ready instance %+v: want a pid and what discovery found (NodeGetInfo's limit and topology too)", first)
 	}
 	if s, conn, ok := p.Instance(pluginconfig.NodeService); !ok || conn == nil || s.Pid != first.Pid {
 		t.Errorf("Instance(node) = %v, %v, %v; want the ready instance with its connection", s, conn, ok)

@@ -46,7 +46,11 @@ const (
 
 // config is what the flags ask for; see doc.go.
 type config struct {
-	name            string
+	name string
+	// maxVolumes and topologyHost are NodeGetInfo's max_volumes_per_node
+	// and accessible topology (topology.test.csiagent.io/host), if set.
+	maxVolumes      int64
+	topologyHost    string
 	controller      bool
 	reclaim         bool
 	keyRotation     bool
@@ -113,6 +117,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("testplugin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.name, "name", defaultName, "plugin name reported by GetPluginInfo")
+	fs.Int64Var(&c.maxVolumes, "max-volumes-per-node", 0, "NodeGetInfo's max_volumes_per_node (0: none)")
+	fs.StringVar(&c.topologyHost, "topology-host", "", "NodeGetInfo's accessible topology: "+topologyKey+"=`VALUE`")
 	fs.BoolVar(&c.controller, "controller", false, "advertise CONTROLLER_SERVICE and serve ControllerGetCapabilities")
 	fs.BoolVar(&c.reclaim, "reclaim", false, "serve csi-addons reclaimspace.ReclaimSpaceNode")
 	fs.BoolVar(&c.keyRotation, "key-rotation", false, "serve csi-addons encryptionkeyrotation.EncryptionKeyRotationController")

@@ -136,8 +136,15 @@ func (p *plugin) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 	}}}, nil
 }
 
+// topologyKey is the segment --topology-host sets.
+const topologyKey = "topology.test.csiagent.io/host"
+
 func (p *plugin) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: p.nodeID}, nil
+	r := &csi.NodeGetInfoResponse{NodeId: p.nodeID, MaxVolumesPerNode: p.cfg.maxVolumes}
+	if p.cfg.topologyHost != "" {
+		r.AccessibleTopology = &csi.Topology{Segments: map[string]string{topologyKey: p.cfg.topologyHost}}
+	}
+	return r, nil
 }
 
 // Controller (registered with --controller)

@@ -3234,8 +3234,14 @@ type PluginInstance struct {
 	// From the csi-addons endpoint's identity.Identity/GetIdentity: name and
 	// version; empty when it does not serve identity.
 	AddonsIdentity string `protobuf:"bytes,17,opt,name=addons_identity,json=addonsIdentity,proto3" json:"addons_identity,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// From NodeGetInfo: the topology segments this node is accessible
+	// from (e.g. topology.csiagent.io/host), and how many volumes the plugin
+	// allows published on this node (0: no limit), which the agent
+	// enforces before staging another.
+	AccessibleTopology map[string]string `protobuf:"bytes,18,rep,name=accessible_topology,json=accessibleTopology,proto3" json:"accessible_topology,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	MaxVolumesPerNode  int64             `protobuf:"varint,19,opt,name=max_volumes_per_node,json=maxVolumesPerNode,proto3" json:"max_volumes_per_node,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PluginInstance) Reset() {
@@ -3385,6 +3391,20 @@ func (x *PluginInstance) GetAddonsIdentity() string {
 		return x.AddonsIdentity
 	}
 	return ""
+}
+
+func (x *PluginInstance) GetAccessibleTopology() map[string]string {
+	if x != nil {
+		return x.AccessibleTopology
+	}
+	return nil
+}
+
+func (x *PluginInstance) GetMaxVolumesPerNode() int64 {
+	if x != nil {
+		return x.MaxVolumesPerNode
+	}
+	return 0
 }
 
 type Volume_Source struct {
@@ -3836,7 +3856,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x06 \x01(\tR\tlastError\x12/\n" +
-	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\x97\x05\n" +
+	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\xfb\x06\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
@@ -3859,7 +3879,12 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\anode_id\x18\x0e \x01(\tR\x06nodeId\x12'\n" +
 	"\x0faddons_services\x18\x0f \x03(\tR\x0eaddonsServices\x12'\n" +
 	"\x0faddons_endpoint\x18\x10 \x01(\tR\x0eaddonsEndpoint\x12'\n" +
-	"\x0faddons_identity\x18\x11 \x01(\tR\x0eaddonsIdentity*\xb0\x01\n" +
+	"\x0faddons_identity\x18\x11 \x01(\tR\x0eaddonsIdentity\x12j\n" +
+	"\x13accessible_topology\x18\x12 \x03(\v29.csiagent.agent.v1.PluginInstance.AccessibleTopologyEntryR\x12accessibleTopology\x12/\n" +
+	"\x14max_volumes_per_node\x18\x13 \x01(\x03R\x11maxVolumesPerNode\x1aE\n" +
+	"\x17AccessibleTopologyEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb0\x01\n" +
 	"\vPluginState\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15PLUGIN_STATE_STARTING\x10\x01\x12\x16\n" +
@@ -3896,7 +3921,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -3958,10 +3983,11 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	nil,                                   // 57: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
 	nil,                                   // 58: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
 	nil,                                   // 59: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	(*csi.VolumeCapability)(nil),          // 60: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),         // 61: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 62: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 63: csiagent.agent.v1.RetryPolicy
+	nil,                                   // 60: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*csi.VolumeCapability)(nil),          // 61: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),         // 62: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 63: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 64: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	48, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
@@ -3971,7 +3997,7 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
 	51, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	60, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	61, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
 	52, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
 	53, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
 	54, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
@@ -3983,18 +4009,18 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	23, // 16: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	28, // 17: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 18: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	61, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	61, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	62, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	62, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
 	30, // 21: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
 	29, // 22: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	61, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	61, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	61, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	62, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	62, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	62, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	62, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	63, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
 	32, // 27: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
 	57, // 28: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
 	58, // 29: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	63, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	64, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	32, // 31: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
 	30, // 32: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
 	34, // 33: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
@@ -4009,45 +4035,46 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	47, // 42: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
 	46, // 43: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
 	0,  // 44: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	61, // 45: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	61, // 46: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	2,  // 47: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 48: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 49: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 50: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 51: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 52: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 53: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 54: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 55: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 56: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 57: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 58: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 59: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 60: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 61: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 62: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 63: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 64: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 65: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 66: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 67: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 68: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 69: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 70: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 71: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 72: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 73: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 74: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 75: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 76: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 77: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 78: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	65, // [65:79] is the sub-list for method output_type
-	51, // [51:65] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	62, // 45: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	62, // 46: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	60, // 47: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 48: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 49: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 50: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 51: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 52: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 53: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 54: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 55: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 56: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 57: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 58: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 59: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 60: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 61: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 62: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 63: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 64: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 65: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 66: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 67: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 68: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 69: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 70: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 71: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 72: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 73: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 74: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 75: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 76: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 77: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 78: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 79: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	66, // [66:80] is the sub-list for method output_type
+	52, // [52:66] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4067,7 +4094,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   54,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
