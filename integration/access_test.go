@@ -47,3 +47,32 @@ func TestSingleWriterAccess(t *testing.T) {
 	h.mustCleanup("second")
 	h.assertClean()
 }
+
+// TestMaxVolumesPerNode: through the daemon, a plugin whose NodeGetInfo
+// says max_volumes_per_node=1 gets no second volume on the node: the
+// Prepare fails ResourceExhausted naming the volume and the limit, and
+// leaves nothing; a second user of the volume already there is let in;
+// once the first volume is cleaned up, the other gets the place.
+func TestMaxVolumesPerNode(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	h.writeConfig("t.json", testPluginConfig("t", "--data-dir="+h.dir("data"), "--max-volumes-per-node=1"))
+	h.start(fastConfig(h))
+	first := volumeSpec{plugin: "t", id: "v1", path: "d", access: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER}
+	second := volumeSpec{plugin: "t", id: "v2", path: "d"}
+	h.mustPrepare("c1", h.dir("sb1"), "", first)
+	_, err := h.prepare("c2", h.dir("sb2"), "", second)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "t/v2") || !strings.Contains(err.Error(), "at most 1 volume(s)") {
+		t.Fatalf("a second volume with max_volumes_per_node=1: %v; want ResourceExhausted naming t/v2 and the limit", err)
+	}
+	h.mustCleanup("c2")
+	h.mustPrepare("c3", h.dir("sb3"), "", first)
+	if vs := h.volumes(); len(vs) != 1 || len(vs[0].Containers) != 2 {
+		t.Errorf("volumes after the refusal: %v; want v1 alone, with two users", vs)
+	}
+	h.mustCleanup("c1")
+	h.mustCleanup("c3")
+	h.mustPrepare("c2", h.dir("sb2"), "", second)
+	h.mustCleanup("c2")
+	h.assertClean()
+}
