@@ -3,6 +3,7 @@ package loopplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -70,8 +71,34 @@ func fits(size int64, r *csi.CapacityRange) bool {
 	return size >= r.GetRequiredBytes() && (r.GetLimitBytes() == 0 || size <= r.GetLimitBytes())
 }
 
-func csiVolume(v Volume, src *contentSource) *csi.Volume {
-	return &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Size, ContentSource: csiContentSource(src)}
+// TopologyKey is the topology segment of the plugin's nodes and volumes:
+// the node (host) whose pool holds them. A volume is accessible from its
+// pool's node only.
+const TopologyKey = "topology.loop.csi.csiagent.io/host"
+
+// topology is this node's topology, that of every volume of its pool.
+func (p *Plugin) topology() *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{TopologyKey: p.nodeID}}
+}
+
+// reachable refuses a CreateVolume whose requisite topologies all exclude
+// this node (ErrTopology); preferred ones only order, and this node is the
+// only one.
+func (p *Plugin) reachable(req *csi.TopologyRequirement) error {
+	requisite := req.GetRequisite()
+	if len(requisite) == 0 {
+		return nil
+	}
+	for _, t := range requisite {
+		if seg := t.GetSegments(); len(seg) == 1 && seg[TopologyKey] == p.nodeID {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: no requisite topology is this node's (%s=%s): the plugin's volumes live in this node's pool", ErrTopology, TopologyKey, p.nodeID)
+}
+
+func (p *Plugin) csiVolume(v Volume, src *contentSource) *csi.Volume {
+	return &csi.Volume{VolumeId: v.ID, CapacityBytes: v.Size, ContentSource: csiContentSource(src), AccessibleTopology: []*csi.Topology{p.topology()}}
 }
 
 // CreateVolume makes a sparse image named after the request's name (the
@@ -96,6 +123,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		if _, err := s.p.parseCapability(c); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.p.reachable(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
 	}
 	src, err := parseContentSource(req.GetVolumeContentSource())
 	if err != nil {
@@ -126,7 +156,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		if !sameSource(have, src) {
 			return nil, incompatiblef("volume %s exists with another content source", id)
 		}
-		return &csi.CreateVolumeResponse{Volume: csiVolume(v, have)}, nil
+		return &csi.CreateVolumeResponse{Volume: s.p.csiVolume(v, have)}, nil
 	} else if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
@@ -139,7 +169,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	return &csi.CreateVolumeResponse{Volume: csiVolume(v, src)}, nil
+	return &csi.CreateVolumeResponse{Volume: s.p.csiVolume(v, src)}, nil
 }
 
 func sameSource(a, b *contentSource) bool {
@@ -227,7 +257,7 @@ func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumes
 	}
 	resp := &csi.ListVolumesResponse{}
 	for _, v := range vols[start:end] {
-		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: csiVolume(v, nil)})
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: s.p.csiVolume(v, nil)})
 	}
 	if end < len(vols) {
 		resp.NextToken = strconv.Itoa(end)

@@ -16,7 +16,11 @@
 // the device when the filesystem is unmounted), formats a blank volume
 // (ext4 unless the capability names another fs_type with a mkfs on the host)
 // and mounts it at the staging path; for block access it bind-mounts the
-// device node onto <staging>/device instead. NodePublishVolume bind-mounts
+// device node onto <staging>/device instead. A pool belongs to its node:
+// the node and every volume are in the topology TopologyKey=<node id>
+// (VOLUME_ACCESSIBILITY_CONSTRAINTS), a CreateVolume whose requisite
+// topology excludes the node is refused, and NodeGetInfo reports
+// Config.MaxVolumesPerNode (0: no limit) for the CO to enforce. NodePublishVolume bind-mounts
 // staging onto the target (read-only if asked). Unpublish and unstage undo
 // each step. NodeReclaimSpace runs FITRIM, which punches holes into the image
 // through the loop device's discard support; ControllerReclaimSpace does the

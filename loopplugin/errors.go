@@ -39,6 +39,9 @@ var (
 	// ErrLimit: a limit of the plugin is reached, such as the number of
 	// volumes in a group (ResourceExhausted).
 	ErrLimit = errors.New("limit reached")
+	// ErrTopology: a CreateVolume's requisite topology excludes this node
+	// (ResourceExhausted, as CSI says for unsatisfiable topology).
+	ErrTopology = errors.New("topology not accessible")
 	// ErrUnimplemented: the call is not available in this configuration,
 	// such as replication without a replica pool (Unimplemented).
 	ErrUnimplemented = errors.New("not available")
@@ -83,6 +86,7 @@ var errorCodes = []statuscode.Class{
 	{Err: ErrOutOfRange, Code: codes.OutOfRange},
 	{Err: ErrNoSpace, Code: codes.ResourceExhausted},
 	{Err: ErrLimit, Code: codes.ResourceExhausted},
+	{Err: ErrTopology, Code: codes.ResourceExhausted},
 	{Err: ErrUnimplemented, Code: codes.Unimplemented},
 }
 

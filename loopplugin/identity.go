@@ -26,6 +26,7 @@ func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCa
 	for _, t := range []csi.PluginCapability_Service_Type{
 		csi.PluginCapability_Service_CONTROLLER_SERVICE,
 		csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE,
+		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
 	} {
 		caps = append(caps, &csi.PluginCapability{
 			Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}},

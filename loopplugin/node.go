@@ -28,8 +28,10 @@ type nodeServer struct {
 
 var _ csi.NodeServer = (*nodeServer)(nil)
 
+// NodeGetInfo reports the node id, its topology (the host whose pool
+// holds the volumes) and the configured volume limit.
 func (s *nodeServer) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: s.p.nodeID}, nil
+	return &csi.NodeGetInfoResponse{NodeId: s.p.nodeID, AccessibleTopology: s.p.topology(), MaxVolumesPerNode: s.p.maxVolumes}, nil
 }
 
 func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {

@@ -47,8 +47,12 @@ const (
 type Config struct {
 	// Pool is the directory that holds the volume images. Required.
 	Pool string
-	// NodeID is what NodeGetInfo reports. Required.
+	// NodeID is what NodeGetInfo reports, and the value of its volumes'
+	// and node's TopologyKey segment. Required.
 	NodeID string
+	// MaxVolumesPerNode is what NodeGetInfo reports as
+	// max_volumes_per_node (0: no limit; the CO enforces it).
+	MaxVolumesPerNode int64
 	// Name and Version are what GetPluginInfo reports; DefaultName and
 	// Version if empty.
 	Name, Version string
@@ -73,6 +77,7 @@ type Config struct {
 // each block-access device (see held), re-opened at start.
 type Plugin struct {
 	name, version, nodeID string
+	maxVolumes            int64
 	pool                  *Pool
 	replica               *Pool // nil without a replica pool
 	log                   *slog.Logger
@@ -110,6 +115,9 @@ func New(cfg Config) (*Plugin, error) {
 	if cfg.NodeID == "" {
 		return nil, fmt.Errorf("%w: node id is required", ErrInvalid)
 	}
+	if cfg.MaxVolumesPerNode < 0 {
+		return nil, fmt.Errorf("%w: max volumes per node %d: 0 (no limit) or more", ErrInvalid, cfg.MaxVolumesPerNode)
+	}
 	pool, err := OpenPool(cfg.Pool)
 	if err != nil {
 		return nil, err
@@ -127,6 +135,7 @@ func New(cfg Config) (*Plugin, error) {
 		name:            cfg.Name,
 		version:         cfg.Version,
 		nodeID:          cfg.NodeID,
+		maxVolumes:      cfg.MaxVolumesPerNode,
 		pool:            pool,
 		replica:         replica,
 		log:             cfg.Logger,
