@@ -155,6 +155,7 @@ func Plugin(p *supervisor.PluginStatus) *agentv1.Plugin {
 			NodeCapabilities: in.NodeCapabilities, NodeId: in.NodeID, AddonsServices: in.AddonsServices,
 			AddonsEndpoint: in.AddonsEndpoint, AddonsIdentity: in.AddonsIdentity,
 			AccessibleTopology: in.AccessibleTopology, MaxVolumesPerNode: in.MaxVolumesPerNode,
+			ControllerCapabilities: in.ControllerCapabilities,
 		})
 	}
 	return out

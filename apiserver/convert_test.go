@@ -147,8 +147,9 @@ func TestConvertCarriesEveryField(t *testing.T) {
 	p := &supervisor.PluginStatus{Instances: []*supervisor.InstanceStatus{in}}
 	fill(reflect.ValueOf(p).Elem(), now)
 	ap := Plugin(p)
-	// Reclaim totals are the schedules', not the supervisor's.
-	unset(t, ap, "reclaim")
+	// Reclaim totals are the schedules', capacity GetPlugin's, not the
+	// supervisor's.
+	unset(t, ap, "reclaim", "capacity")
 	unset(t, ap.Instances[0])
 	if got := ap.Instances[0].GetState(); got != agentv1.PluginState_PLUGIN_STATE_BACKOFF || got.String() != "PLUGIN_STATE_"+in.State.String() {
 		t.Errorf("instance state %s, want PLUGIN_STATE_%s", got, in.State)

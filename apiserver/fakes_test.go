@@ -91,6 +91,7 @@ type fakePlugins struct {
 	changes []chan struct{}
 	// offers are the "plugin service" pairs offered.
 	offers  []string
+	conn    *grpc.ClientConn
 	connErr error
 }
 
@@ -111,7 +112,7 @@ func (f *fakePlugins) Offers(plugin, service string) bool {
 
 func (f *fakePlugins) ControllerConn(_ context.Context, plugin, service string) (*grpc.ClientConn, error) {
 	f.log.add("ControllerConn %s %s", plugin, service)
-	return nil, f.connErr
+	return f.conn, f.connErr
 }
 
 // runResult is a canned on-demand reclaim.

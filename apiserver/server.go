@@ -2,11 +2,14 @@ package apiserver
 
 import (
 	"context"
+	"slices"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	"github.com/csiagent/csiagent/isolator"
@@ -150,15 +153,53 @@ func (s *Server) WatchPlugins(_ *agentv1.ListPluginsRequest, stream grpc.ServerS
 }
 
 // GetPlugin reports one plugin.
-func (s *Server) GetPlugin(_ context.Context, req *agentv1.GetPluginRequest) (*agentv1.GetPluginResponse, error) {
+func (s *Server) GetPlugin(ctx context.Context, req *agentv1.GetPluginRequest) (*agentv1.GetPluginResponse, error) {
 	if req.GetType() == "" {
 		return nil, status.Error(codes.InvalidArgument, "type is required")
 	}
 	plugins, _ := s.cfg.Plugins.Statuses()
 	for _, p := range plugins {
 		if p.Type == req.GetType() {
+			if offersCapacity(p) {
+				p = proto.CloneOf(p) // the status is not ours to change
+				p.Capacity = s.capacity(ctx, p.Type)
+			}
 			return &agentv1.GetPluginResponse{Plugin: p}, nil
 		}
 	}
 	return nil, status.Errorf(codes.NotFound, "no plugin of type %q in %s", req.GetType(), s.cfg.ConfigDir)
+}
+
+// capacityTimeout bounds GetPlugin's GetCapacity call, waiting for the
+// controller included.
+const capacityTimeout = 5 * time.Second
+
+// csiController is the discovery name of CSI's controller service.
+const csiController = "csi.v1.Controller"
+
+// offersCapacity reports whether an instance of p says GET_CAPACITY.
+func offersCapacity(p *agentv1.Plugin) bool {
+	for _, in := range p.GetInstances() {
+		if slices.Contains(in.GetControllerCapabilities(), csi.ControllerServiceCapability_RPC_GET_CAPACITY.String()) {
+			return true
+		}
+	}
+	return false
+}
+
+// capacity asks the plugin's controller GetCapacity (no parameters, no
+// topology: the plugin's whole capacity), or says why it could not.
+func (s *Server) capacity(ctx context.Context, plugin string) *agentv1.Capacity {
+	ctx, cancel := context.WithTimeout(ctx, capacityTimeout)
+	defer cancel()
+	conn, err := s.cfg.Plugins.ControllerConn(ctx, plugin, csiController)
+	if err != nil {
+		return &agentv1.Capacity{Error: status.Convert(err).Message()}
+	}
+	r, err := csi.NewControllerClient(conn).GetCapacity(ctx, &csi.GetCapacityRequest{})
+	if err != nil {
+		return &agentv1.Capacity{Error: "GetCapacity: " + status.Convert(err).Message()}
+	}
+	return &agentv1.Capacity{AvailableBytes: r.GetAvailableCapacity(),
+		MaximumVolumeBytes: r.GetMaximumVolumeSize().GetValue(), MinimumVolumeBytes: r.GetMinimumVolumeSize().GetValue()}
 }

@@ -186,6 +186,16 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 	kv("Managed", fmt.Sprint(p.GetManaged()))
 	kv("State", stateName(p.GetState()))
 	kv("Config error", p.GetConfigError())
+	if c := p.GetCapacity(); c != nil {
+		switch {
+		case c.GetError() != "":
+			kv("Capacity", "unknown: "+c.GetError())
+		case c.GetMaximumVolumeBytes() > 0:
+			kv("Capacity", fmt.Sprintf("%s available, volumes of at most %s", bytesHuman(c.GetAvailableBytes()), bytesHuman(c.GetMaximumVolumeBytes())))
+		default:
+			kv("Capacity", bytesHuman(c.GetAvailableBytes())+" available")
+		}
+	}
 	if rc := p.GetReclaim(); rc != nil {
 		sched := "scheduled"
 		if !rc.GetScheduled() {
@@ -212,6 +222,9 @@ func printPluginDetail(w io.Writer, p *agentv1.Plugin) {
 		kv("  Plugin", strings.TrimSpace(in.GetPluginName()+" "+in.GetVendorVersion()))
 		kv("  Plugin capabilities", strings.Join(in.GetPluginCapabilities(), ", "))
 		kv("  Node capabilities", strings.Join(in.GetNodeCapabilities(), ", "))
+		if cc := in.GetControllerCapabilities(); len(cc) > 0 {
+			kv("  Controller capabilities", strings.Join(cc, ", "))
+		}
 		kv("  Node ID", in.GetNodeId())
 		if topo := in.GetAccessibleTopology(); len(topo) > 0 {
 			var segs []string

@@ -50,6 +50,7 @@ var errNotReady = errors.New("probe: plugin says it is not ready")
 type discovery struct {
 	pluginName, vendorVersion string
 	pluginCaps, nodeCaps      []string
+	controllerCaps            []string
 	nodeID                    string
 	topology                  map[string]string
 	maxVolumes                int64
@@ -178,6 +179,11 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 			d.addons = append(d.addons, "csi.v1.GroupController")
 		}
 	}
+	if serves(pluginconfig.ControllerService) {
+		if err := d.controller(ctx, conn); err != nil {
+			return nil, err
+		}
+	}
 	if serves(pluginconfig.NodeService) {
 		if err := d.node(ctx, conn); err != nil {
 			return nil, err
@@ -220,6 +226,26 @@ func (d *discovery) identity(ctx context.Context, conn *grpc.ClientConn) error {
 		return err
 	}); err != nil {
 		return fmt.Errorf("GetPluginCapabilities: %w", err)
+	}
+	return nil
+}
+
+// controller asks the plugin's controller service its capabilities (e.g.
+// GET_CAPACITY, PUBLISH_UNPUBLISH_VOLUME). A plugin that cannot say
+// (Unimplemented, or another error of its own) is taken to have none; a
+// plugin that does not answer fails discovery.
+func (d *discovery) controller(ctx context.Context, conn *grpc.ClientConn) error {
+	var r *csi.ControllerGetCapabilitiesResponse
+	err := withTimeout(ctx, func(ctx context.Context) error {
+		var err error
+		r, err = csi.NewControllerClient(conn).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+		return err
+	})
+	if _, err := answered(err); err != nil {
+		return fmt.Errorf("ControllerGetCapabilities: %w", err)
+	}
+	for _, c := range r.GetCapabilities() {
+		d.controllerCaps = append(d.controllerCaps, c.GetRpc().GetType().String())
 	}
 	return nil
 }

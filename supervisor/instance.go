@@ -169,6 +169,7 @@ func (in *instance) life(ctx context.Context) (time.Duration, error) {
 		s.PluginCapabilities, s.NodeCapabilities = disc.pluginCaps, disc.nodeCaps
 		s.NodeID, s.AddonsServices = disc.nodeID, disc.addons
 		s.AccessibleTopology, s.MaxVolumesPerNode = disc.topology, disc.maxVolumes
+		s.ControllerCapabilities = disc.controllerCaps
 		s.AddonsEndpoint, s.AddonsIdentity = disc.addonsEndpoint, disc.addonsIdentity
 	})
 	in.log.Info("plugin ready", "plugin_name", disc.pluginName, "version", disc.vendorVersion, "addons", disc.addons)

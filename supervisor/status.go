@@ -69,6 +69,9 @@ type InstanceStatus struct {
 	// (0: no limit).
 	AccessibleTopology map[string]string
 	MaxVolumesPerNode  int64
+	// ControllerCapabilities are ControllerGetCapabilities' RPC types of an
+	// instance serving the controller service (e.g. GET_CAPACITY).
+	ControllerCapabilities []string
 }
 
 // clone is a copy of s that shares nothing with it.
@@ -79,6 +82,7 @@ func (s *InstanceStatus) clone() *InstanceStatus {
 	c.NodeCapabilities = slices.Clone(s.NodeCapabilities)
 	c.AddonsServices = slices.Clone(s.AddonsServices)
 	c.AccessibleTopology = maps.Clone(s.AccessibleTopology)
+	c.ControllerCapabilities = slices.Clone(s.ControllerCapabilities)
 	return &c
 }
 

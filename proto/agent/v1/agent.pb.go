@@ -3005,8 +3005,12 @@ type Plugin struct {
 	// invalid after loading; the plugin keeps its last good config.
 	ConfigError string `protobuf:"bytes,6,opt,name=config_error,json=configError,proto3" json:"config_error,omitempty"`
 	// One per container (managed) or endpoint (unmanaged).
-	Instances     []*PluginInstance `protobuf:"bytes,7,rep,name=instances,proto3" json:"instances,omitempty"`
-	Reclaim       *ReclaimTotals    `protobuf:"bytes,8,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	Instances []*PluginInstance `protobuf:"bytes,7,rep,name=instances,proto3" json:"instances,omitempty"`
+	Reclaim   *ReclaimTotals    `protobuf:"bytes,8,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	// GetPlugin only, for a plugin whose controller offers GET_CAPACITY:
+	// GetCapacity's answer (no parameters, no topology), asked when the
+	// call is made.
+	Capacity      *Capacity `protobuf:"bytes,9,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3097,6 +3101,84 @@ func (x *Plugin) GetReclaim() *ReclaimTotals {
 	return nil
 }
 
+func (x *Plugin) GetCapacity() *Capacity {
+	if x != nil {
+		return x.Capacity
+	}
+	return nil
+}
+
+// Capacity is a controller's GetCapacity answer, or why there is none.
+type Capacity struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	AvailableBytes int64                  `protobuf:"varint,1,opt,name=available_bytes,json=availableBytes,proto3" json:"available_bytes,omitempty"`
+	// From GetCapacity, when the plugin reports them (0: not reported).
+	MaximumVolumeBytes int64 `protobuf:"varint,2,opt,name=maximum_volume_bytes,json=maximumVolumeBytes,proto3" json:"maximum_volume_bytes,omitempty"`
+	MinimumVolumeBytes int64 `protobuf:"varint,3,opt,name=minimum_volume_bytes,json=minimumVolumeBytes,proto3" json:"minimum_volume_bytes,omitempty"`
+	// Why the call failed ("": it did not).
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Capacity) Reset() {
+	*x = Capacity{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Capacity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Capacity) ProtoMessage() {}
+
+func (x *Capacity) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
+func (*Capacity) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Capacity) GetAvailableBytes() int64 {
+	if x != nil {
+		return x.AvailableBytes
+	}
+	return 0
+}
+
+func (x *Capacity) GetMaximumVolumeBytes() int64 {
+	if x != nil {
+		return x.MaximumVolumeBytes
+	}
+	return 0
+}
+
+func (x *Capacity) GetMinimumVolumeBytes() int64 {
+	if x != nil {
+		return x.MinimumVolumeBytes
+	}
+	return 0
+}
+
+func (x *Capacity) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // ReclaimTotals sums a plugin's reclaims since the agent started.
 type ReclaimTotals struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3118,7 +3200,7 @@ type ReclaimTotals struct {
 
 func (x *ReclaimTotals) Reset() {
 	*x = ReclaimTotals{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3130,7 +3212,7 @@ func (x *ReclaimTotals) String() string {
 func (*ReclaimTotals) ProtoMessage() {}
 
 func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3143,7 +3225,7 @@ func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
 func (*ReclaimTotals) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReclaimTotals) GetScheduled() bool {
@@ -3240,13 +3322,16 @@ type PluginInstance struct {
 	// enforces before staging another.
 	AccessibleTopology map[string]string `protobuf:"bytes,18,rep,name=accessible_topology,json=accessibleTopology,proto3" json:"accessible_topology,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	MaxVolumesPerNode  int64             `protobuf:"varint,19,opt,name=max_volumes_per_node,json=maxVolumesPerNode,proto3" json:"max_volumes_per_node,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// From ControllerGetCapabilities (instances serving CONTROLLER_SERVICE),
+	// e.g. GET_CAPACITY, CREATE_DELETE_VOLUME.
+	ControllerCapabilities []string `protobuf:"bytes,20,rep,name=controller_capabilities,json=controllerCapabilities,proto3" json:"controller_capabilities,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3343,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3356,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -3407,6 +3492,13 @@ func (x *PluginInstance) GetMaxVolumesPerNode() int64 {
 	return 0
 }
 
+func (x *PluginInstance) GetControllerCapabilities() []string {
+	if x != nil {
+		return x.ControllerCapabilities
+	}
+	return nil
+}
+
 type Volume_Source struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Type          Volume_Source_Type     `protobuf:"varint,1,opt,name=type,proto3,enum=csiagent.agent.v1.Volume_Source_Type" json:"type,omitempty"`
@@ -3417,7 +3509,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3429,7 +3521,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3561,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3573,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3520,7 +3612,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3532,7 +3624,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +3929,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x06plugin\x18\x01 \x01(\v2\x19.csiagent.agent.v1.PluginR\x06plugin\"7\n" +
 	"\vConfigError\x12\x12\n" +
 	"\x04file\x18\x01 \x01(\tR\x04file\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"\xc1\x02\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xfa\x02\n" +
 	"\x06Plugin\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1f\n" +
@@ -3847,7 +3939,13 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x1e.csiagent.agent.v1.PluginStateR\x05state\x12!\n" +
 	"\fconfig_error\x18\x06 \x01(\tR\vconfigError\x12?\n" +
 	"\tinstances\x18\a \x03(\v2!.csiagent.agent.v1.PluginInstanceR\tinstances\x12:\n" +
-	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\"\xee\x01\n" +
+	"\areclaim\x18\b \x01(\v2 .csiagent.agent.v1.ReclaimTotalsR\areclaim\x127\n" +
+	"\bcapacity\x18\t \x01(\v2\x1b.csiagent.agent.v1.CapacityR\bcapacity\"\xad\x01\n" +
+	"\bCapacity\x12'\n" +
+	"\x0favailable_bytes\x18\x01 \x01(\x03R\x0eavailableBytes\x120\n" +
+	"\x14maximum_volume_bytes\x18\x02 \x01(\x03R\x12maximumVolumeBytes\x120\n" +
+	"\x14minimum_volume_bytes\x18\x03 \x01(\x03R\x12minimumVolumeBytes\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xee\x01\n" +
 	"\rReclaimTotals\x12\x1c\n" +
 	"\tscheduled\x18\x01 \x01(\bR\tscheduled\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
@@ -3856,7 +3954,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fbytes_reclaimed\x18\x05 \x01(\x03R\x0ebytesReclaimed\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\x06 \x01(\tR\tlastError\x12/\n" +
-	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\xfb\x06\n" +
+	"\x13unsupported_volumes\x18\a \x03(\tR\x12unsupportedVolumes\"\xb4\a\n" +
 	"\x0ePluginInstance\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x124\n" +
@@ -3881,7 +3979,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x0faddons_endpoint\x18\x10 \x01(\tR\x0eaddonsEndpoint\x12'\n" +
 	"\x0faddons_identity\x18\x11 \x01(\tR\x0eaddonsIdentity\x12j\n" +
 	"\x13accessible_topology\x18\x12 \x03(\v29.csiagent.agent.v1.PluginInstance.AccessibleTopologyEntryR\x12accessibleTopology\x12/\n" +
-	"\x14max_volumes_per_node\x18\x13 \x01(\x03R\x11maxVolumesPerNode\x1aE\n" +
+	"\x14max_volumes_per_node\x18\x13 \x01(\x03R\x11maxVolumesPerNode\x127\n" +
+	"\x17controller_capabilities\x18\x14 \x03(\tR\x16controllerCapabilities\x1aE\n" +
 	"\x17AccessibleTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb0\x01\n" +
@@ -3921,7 +4020,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -3969,112 +4068,114 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(*GetPluginResponse)(nil),             // 43: csiagent.agent.v1.GetPluginResponse
 	(*ConfigError)(nil),                   // 44: csiagent.agent.v1.ConfigError
 	(*Plugin)(nil),                        // 45: csiagent.agent.v1.Plugin
-	(*ReclaimTotals)(nil),                 // 46: csiagent.agent.v1.ReclaimTotals
-	(*PluginInstance)(nil),                // 47: csiagent.agent.v1.PluginInstance
-	nil,                                   // 48: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	nil,                                   // 49: csiagent.agent.v1.NamedVolume.OptionsEntry
-	nil,                                   // 50: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	(*Volume_Source)(nil),                 // 51: csiagent.agent.v1.Volume.Source
-	nil,                                   // 52: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                                   // 53: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                                   // 54: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),              // 55: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),                  // 56: csiagent.agent.v1.Secret.Value
-	nil,                                   // 57: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 58: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 59: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 60: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*csi.VolumeCapability)(nil),          // 61: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),         // 62: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 63: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 64: csiagent.agent.v1.RetryPolicy
+	(*Capacity)(nil),                      // 46: csiagent.agent.v1.Capacity
+	(*ReclaimTotals)(nil),                 // 47: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),                // 48: csiagent.agent.v1.PluginInstance
+	nil,                                   // 49: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	nil,                                   // 50: csiagent.agent.v1.NamedVolume.OptionsEntry
+	nil,                                   // 51: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	(*Volume_Source)(nil),                 // 52: csiagent.agent.v1.Volume.Source
+	nil,                                   // 53: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                                   // 54: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                                   // 55: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	(*Secret_Reference)(nil),              // 56: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 57: csiagent.agent.v1.Secret.Value
+	nil,                                   // 58: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 59: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 60: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 61: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*csi.VolumeCapability)(nil),          // 62: csi.v1.VolumeCapability
+	(*timestamppb.Timestamp)(nil),         // 63: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 64: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 65: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
-	48, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	49, // 1: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
+	49, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	50, // 1: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
 	12, // 2: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
-	50, // 3: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	51, // 3: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
 	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	51, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	52, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	61, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	52, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	53, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	54, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	62, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	53, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	54, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	55, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
 	3,  // 11: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	55, // 12: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	56, // 13: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	56, // 12: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	57, // 13: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
 	17, // 14: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
 	6,  // 15: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
 	23, // 16: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	28, // 17: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 18: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	62, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	62, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	63, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	63, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
 	30, // 21: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
 	29, // 22: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	62, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	62, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	62, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	63, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	63, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	63, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	63, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	64, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
 	32, // 27: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	57, // 28: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	58, // 29: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	64, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	58, // 28: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	59, // 29: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	65, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	32, // 31: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
 	30, // 32: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
 	34, // 33: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
 	37, // 34: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
 	5,  // 35: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
 	23, // 36: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	59, // 37: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	60, // 37: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
 	45, // 38: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
 	44, // 39: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
 	45, // 40: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
 	0,  // 41: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	47, // 42: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	46, // 43: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	0,  // 44: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	62, // 45: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	62, // 46: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	60, // 47: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 48: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 49: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 50: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 51: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 52: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 53: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 54: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 55: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 56: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 57: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 58: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 59: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 60: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 61: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 62: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 63: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 64: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 65: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 66: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 67: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 68: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 69: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 70: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 71: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 72: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 73: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 74: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 75: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 76: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 77: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 78: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 79: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	66, // [66:80] is the sub-list for method output_type
-	52, // [52:66] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	48, // 42: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	47, // 43: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	46, // 44: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 45: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	63, // 46: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	63, // 47: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	61, // 48: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 49: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 50: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 51: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 52: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 53: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 54: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 55: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 56: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 57: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 58: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 59: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 60: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 61: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 62: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 63: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 64: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 65: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 66: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 67: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 68: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 69: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 70: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 71: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 72: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 73: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 74: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 75: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 76: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 77: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 78: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 79: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 80: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	67, // [67:81] is the sub-list for method output_type
+	53, // [53:67] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4094,7 +4195,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   55,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
