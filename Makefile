@@ -21,6 +21,8 @@ FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # code in-process, runs with -race.
 E2E_PKGS     := ./integration ./bench
 TEST_TIMEOUT ?= 9m
+# make unit: per test binary; its packages finish in seconds each.
+UNIT_TIMEOUT ?= 2m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
 SOAK_LOG     ?= /tmp/csiagent-soak.log
@@ -35,7 +37,7 @@ PREFIX       ?= /usr/local
 DESTDIR      ?=
 UNITDIR      ?= /etc/systemd/system
 
-.PHONY: help build install test bench fuzz soak powercut lint proto check-proto demo deps hostpathplugin clean
+.PHONY: help build install unit test bench fuzz soak powercut lint proto check-proto demo deps hostpathplugin clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,6 +75,9 @@ test: deps ## run every test (root tests included when run as root; TestSoak is 
 		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
 	$(MAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)"
+
+unit: ## the fast tests while editing: every package but the end-to-end ones, -race and -short (root tests, and the few slow ones, skip themselves; make test runs them); go test's cache reruns only what changed
+	$(GO) test -short -race -timeout $(UNIT_TIMEOUT) $$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS)))
 
 bench: ## (root) run the performance benchmarks at full size (~3 min), print the table and write bench/results.md; see docs/benchmarks.md
 	$(GO) test -count=1 -v -timeout 30m ./bench -args -full -out $(CURDIR)/bench/results.md

@@ -70,6 +70,9 @@ func serveNamed(t *testing.T, backend dockerplugin.Backend) (string, *namedvol.S
 
 // volume ls lists 10,000 named volumes (several MiB of answers).
 func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("defines 10,000 volumes (tens of seconds under -race): skipped under -short; make test runs it")
+	}
 	const n = 10000
 	sock, store := serveNamed(t, noBackend{})
 	names := make(chan string)
@@ -116,6 +119,7 @@ func TestVolumeLsListsTenThousandVolumes(t *testing.T) {
 
 // volume create refuses a definition over the cap, naming it.
 func TestVolumeCreateRefusesDefinitionOverTheCap(t *testing.T) {
+	needRootCaller(t)
 	sock, _ := serveNamed(t, noBackend{})
 	args := []string{"volume", "create", "big", "--api-socket", sock, "--plugin", "p", "--volume-id", "v"}
 	for k := range 70 {

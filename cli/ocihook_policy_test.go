@@ -131,6 +131,7 @@ func TestHookReferenceSecretPolicy(t *testing.T) {
 // stores the options; without them a definition allows neither, and
 // --share-engine-mounts alone is refused, naming the option it needs.
 func TestVolumeCreateAnnotationFlags(t *testing.T) {
+	needRootCaller(t)
 	sock, store := serveNamed(t, noBackend{})
 	create := func(name string, flags ...string) (int, string) {
 		var errOut bytes.Buffer

@@ -14,8 +14,8 @@ import (
 // a directory beneath it (root not "/"), a shared mount and its slave; so
 // the fallback for kernels without statmount answers the same.
 func TestStatmountMatchesMountTable(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mounts")
+	if os.Geteuid() != 0 || testing.Short() {
+		t.Skip("needs root: mounts (skipped under -short; make test runs it)")
 	}
 	if _, err := statmount("/"); err == errNoStatmount {
 		t.Skip("the kernel has no statmount (Linux 6.8): the mount table is read instead")

@@ -1,7 +1,8 @@
 // Package testhelp holds what the root and end-to-end tests of several
-// packages share: the root check, a temporary directory that fails its
-// test if a mount or loop device is left in it, and building the real
-// binaries once per test binary.
+// packages share: the root check (which also skips under -short, so that
+// make unit runs no root test even as root), a temporary directory that
+// fails its test if a mount or loop device is left in it, and building
+// the real binaries once per test binary.
 //
 // Only tests import it, each of these once: no test keeps a copy of its
 // own. Since it imports mount and loopdev, their tests import it from

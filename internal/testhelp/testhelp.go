@@ -16,11 +16,15 @@ import (
 )
 
 // NeedRoot skips the test unless it runs as root, which mounts, loop
-// devices, runc and changing users need.
+// devices, runc and changing users need. It skips it under -short too
+// (make unit), even as root: the root tests are make test's.
 func NeedRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts filesystems, attaches loop devices or runs containers")
+	}
+	if testing.Short() {
+		t.Skip("needs root (mounts, loop devices, containers): skipped under -short; make test runs it")
 	}
 }
 
