@@ -152,7 +152,7 @@ type Isolator struct {
 	volumeLocks    keyedlock.Map
 	containerLocks keyedlock.Map
 	// limitMu makes a volume's check of its plugin's volume limit and its
-	// first step onto the node one (enterNode).
+	// first step onto the node one (enterState).
 	limitMu sync.Mutex
 
 	mu sync.Mutex

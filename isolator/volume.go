@@ -682,11 +682,12 @@ func RPCCode(err error) (codes.Code, bool) {
 }
 
 // enterState records the first step of v's way from before to want. A
-// volume coming onto the node (from CREATED up) first checks the plugin's
+// volume coming onto the node (from CREATED or NODE_READY, where nothing
+// of it is on the node, up) first checks the plugin's
 // limit of volumes on the node (ErrLimit), under limitMu so that two
 // volumes cannot both take the last place.
 func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Node) error {
-	if before != stCreated || want != stPublished || node.MaxVolumes <= 0 {
+	if (before != stCreated && before != stNodeReady) || want != stPublished || node.MaxVolumes <= 0 {
 		return iso.setState(v, during)
 	}
 	iso.limitMu.Lock()
@@ -699,13 +700,13 @@ func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Nod
 }
 
 // onNode counts the other volumes of v's plugin that have anything on the
-// node (every state but CREATED).
+// node (every state but CREATED and NODE_READY).
 func (iso *Isolator) onNode(v *volume) int {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
 	n := 0
 	for k, o := range iso.volumes {
-		if k.plugin == v.key.plugin && o != v && o.cp.GetState() != stCreated {
+		if st := o.cp.GetState(); k.plugin == v.key.plugin && o != v && st != stCreated && st != stNodeReady {
 			n++
 		}
 	}

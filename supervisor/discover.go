@@ -180,9 +180,7 @@ func discover(ctx context.Context, conn, addons *grpc.ClientConn, services []plu
 		}
 	}
 	if serves(pluginconfig.ControllerService) {
-		if err := d.controller(ctx, conn); err != nil {
-			return nil, err
-		}
+		d.controller(ctx, conn)
 	}
 	if serves(pluginconfig.NodeService) {
 		if err := d.node(ctx, conn); err != nil {
@@ -231,23 +229,18 @@ func (d *discovery) identity(ctx context.Context, conn *grpc.ClientConn) error {
 }
 
 // controller asks the plugin's controller service its capabilities (e.g.
-// GET_CAPACITY, PUBLISH_UNPUBLISH_VOLUME). A plugin that cannot say
-// (Unimplemented, or another error of its own) is taken to have none; a
-// plugin that does not answer fails discovery.
-func (d *discovery) controller(ctx context.Context, conn *grpc.ClientConn) error {
-	var r *csi.ControllerGetCapabilitiesResponse
-	err := withTimeout(ctx, func(ctx context.Context) error {
-		var err error
-		r, err = csi.NewControllerClient(conn).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+// GET_CAPACITY, PUBLISH_UNPUBLISH_VOLUME). They do not gate readiness: a
+// controller that cannot say now (its backend unreachable, Unimplemented,
+// no answer in time) is taken to have none, and the instance's node
+// service is ready all the same.
+func (d *discovery) controller(ctx context.Context, conn *grpc.ClientConn) {
+	_ = withTimeout(ctx, func(ctx context.Context) error {
+		r, err := csi.NewControllerClient(conn).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+		for _, c := range r.GetCapabilities() {
+			d.controllerCaps = append(d.controllerCaps, c.GetRpc().GetType().String())
+		}
 		return err
 	})
-	if _, err := answered(err); err != nil {
-		return fmt.Errorf("ControllerGetCapabilities: %w", err)
-	}
-	for _, c := range r.GetCapabilities() {
-		d.controllerCaps = append(d.controllerCaps, c.GetRpc().GetType().String())
-	}
-	return nil
 }
 
 // node asks the plugin's node service its capabilities and NodeGetInfo
