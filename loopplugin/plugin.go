@@ -240,28 +240,31 @@ func (p *Plugin) Serve(ctx context.Context, endpoint, addonsEndpoint string) err
 	if err != nil {
 		return err
 	}
+	// The csi-addons socket exists before the CSI one answers: a CO that
+	// finds the plugin ready looks for it then (csi-agent does).
+	var alis net.Listener
+	if addonsEndpoint != "" {
+		apath, err := ParseEndpoint(addonsEndpoint)
+		if err == nil {
+			alis, err = listenUnix(apath)
+		}
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		p.log.Info("serving csi-addons", "endpoint", apath)
+	}
 	if err := p.holdAttached(); err != nil {
 		p.log.Warn("cannot list loop devices", "error", err)
 	}
 	srv := p.NewServer()
 	served := make(chan error, 2)
-	go func() { served <- srv.Serve(lis) }()
-	if addonsEndpoint != "" {
-		apath, err := ParseEndpoint(addonsEndpoint)
-		if err != nil {
-			srv.Stop()
-			return err
-		}
-		alis, err := listenUnix(apath)
-		if err != nil {
-			srv.Stop()
-			return err
-		}
+	if alis != nil {
 		asrv := p.newAddonsServer()
 		go func() { served <- asrv.Serve(alis) }()
 		defer asrv.Stop() // after the CSI server's graceful stop below
-		p.log.Info("serving csi-addons", "endpoint", apath)
 	}
+	go func() { served <- srv.Serve(lis) }()
 	schedCtx, stopSched := context.WithCancel(ctx)
 	schedDone := make(chan struct{})
 	go func() { defer close(schedDone); p.runReplication(schedCtx) }()
