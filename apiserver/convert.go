@@ -53,7 +53,11 @@ func staticProvisioning(s *agentv1.StaticProvisioning) *statev1.StaticProvisioni
 	}
 	out := &statev1.StaticProvisioning{
 		VolumeId: s.GetVolumeId(), NodeStageSecrets: secrets(s.GetNodeStageSecrets()), NodePublishSecrets: secrets(s.GetNodePublishSecrets()),
-		Readonly: s.GetReadonly(),
+		ControllerPublishSecrets: secrets(s.GetControllerPublishSecrets()),
+		Readonly:                 s.GetReadonly(),
+	}
+	for _, t := range s.GetAccessibleTopology() {
+		out.AccessibleTopology = append(out.AccessibleTopology, proto.Clone(t).(*csi.Topology))
 	}
 	if c := s.GetVolumeCapability(); c != nil {
 		out.VolumeCapability = proto.Clone(c).(*csi.VolumeCapability)

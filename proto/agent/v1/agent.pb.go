@@ -1106,9 +1106,16 @@ type StaticProvisioning struct {
 	// read-only (NodePublishVolume readonly=true) for every container. It
 	// needs mode RO; mode RO alone makes only this container's mount
 	// read-only.
-	Readonly      bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Readonly bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// Secrets of ControllerPublishVolume and ControllerUnpublishVolume, for
+	// a plugin whose controller attaches volumes (PUBLISH_UNPUBLISH_VOLUME).
+	ControllerPublishSecrets map[string]*Secret `protobuf:"bytes,7,rep,name=controller_publish_secrets,json=controllerPublishSecrets,proto3" json:"controller_publish_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Where the volume is accessible (CreateVolume's accessible_topology);
+	// empty: everywhere. Refused before any call when no segment matches
+	// this node's plugin topology.
+	AccessibleTopology []*csi.Topology `protobuf:"bytes,8,rep,name=accessible_topology,json=accessibleTopology,proto3" json:"accessible_topology,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StaticProvisioning) Reset() {
@@ -1181,6 +1188,20 @@ func (x *StaticProvisioning) GetReadonly() bool {
 		return x.Readonly
 	}
 	return false
+}
+
+func (x *StaticProvisioning) GetControllerPublishSecrets() map[string]*Secret {
+	if x != nil {
+		return x.ControllerPublishSecrets
+	}
+	return nil
+}
+
+func (x *StaticProvisioning) GetAccessibleTopology() []*csi.Topology {
+	if x != nil {
+		return x.AccessibleTopology
+	}
+	return nil
 }
 
 // Secret is Mesos's Secret: a value, or a reference resolved from the
@@ -3561,7 +3582,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3573,7 +3594,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3612,7 +3633,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3624,7 +3645,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3724,14 +3745,16 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\tCSIVolume\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12V\n" +
-	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.agent.v1.StaticProvisioningR\x12staticProvisioning\"\xdf\x05\n" +
+	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.agent.v1.StaticProvisioningR\x12staticProvisioning\"\x93\b\n" +
 	"\x12StaticProvisioning\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12E\n" +
 	"\x11volume_capability\x18\x02 \x01(\v2\x18.csi.v1.VolumeCapabilityR\x10volumeCapability\x12n\n" +
 	"\x12node_stage_secrets\x18\x03 \x03(\v2;.csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntryB\x03\x98B\x01R\x10nodeStageSecrets\x12t\n" +
 	"\x14node_publish_secrets\x18\x04 \x03(\v2=.csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntryB\x03\x98B\x01R\x12nodePublishSecrets\x12_\n" +
 	"\x0evolume_context\x18\x05 \x03(\v28.csiagent.agent.v1.StaticProvisioning.VolumeContextEntryR\rvolumeContext\x12\x1a\n" +
-	"\breadonly\x18\x06 \x01(\bR\breadonly\x1a^\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x86\x01\n" +
+	"\x1acontroller_publish_secrets\x18\a \x03(\v2C.csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntryB\x03\x98B\x01R\x18controllerPublishSecrets\x12A\n" +
+	"\x13accessible_topology\x18\b \x03(\v2\x10.csi.v1.TopologyR\x12accessibleTopology\x1a^\n" +
 	"\x15NodeStageSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\x1a`\n" +
@@ -3740,7 +3763,10 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\x1a@\n" +
 	"\x12VolumeContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1af\n" +
+	"\x1dControllerPublishSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.csiagent.agent.v1.SecretR\x05value:\x028\x01\"\xb5\x02\n" +
 	"\x06Secret\x122\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1e.csiagent.agent.v1.Secret.TypeR\x04type\x12A\n" +
 	"\treference\x18\x02 \x01(\v2#.csiagent.agent.v1.Secret.ReferenceR\treference\x125\n" +
@@ -4020,7 +4046,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -4078,16 +4104,18 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	nil,                                   // 53: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
 	nil,                                   // 54: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
 	nil,                                   // 55: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),              // 56: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),                  // 57: csiagent.agent.v1.Secret.Value
-	nil,                                   // 58: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 59: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 60: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 61: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*csi.VolumeCapability)(nil),          // 62: csi.v1.VolumeCapability
-	(*timestamppb.Timestamp)(nil),         // 63: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 64: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 65: csiagent.agent.v1.RetryPolicy
+	nil,                                   // 56: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	(*Secret_Reference)(nil),              // 57: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 58: csiagent.agent.v1.Secret.Value
+	nil,                                   // 59: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 60: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 61: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 62: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*csi.VolumeCapability)(nil),          // 63: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),                  // 64: csi.v1.Topology
+	(*timestamppb.Timestamp)(nil),         // 65: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 66: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 67: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	49, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
@@ -4097,85 +4125,88 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
 	52, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	62, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	63, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
 	53, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
 	54, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
 	55, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	3,  // 11: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	56, // 12: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	57, // 13: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
-	17, // 14: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
-	6,  // 15: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
-	23, // 16: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	28, // 17: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
-	4,  // 18: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	63, // 19: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	63, // 20: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	30, // 21: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	29, // 22: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	63, // 23: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	63, // 24: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	63, // 25: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	64, // 26: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	32, // 27: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	58, // 28: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	59, // 29: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	65, // 30: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	32, // 31: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	30, // 32: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	34, // 33: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	37, // 34: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 35: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	23, // 36: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	60, // 37: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	45, // 38: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	44, // 39: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	45, // 40: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 41: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	48, // 42: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	47, // 43: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	46, // 44: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
-	0,  // 45: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	63, // 46: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	63, // 47: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	61, // 48: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 49: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 50: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 51: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 52: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 53: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 54: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 55: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 56: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 57: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 58: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 59: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 60: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 61: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 62: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 63: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 64: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 65: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 66: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 67: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 68: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 69: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 70: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 71: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 72: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 73: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 74: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 75: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 76: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 77: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 78: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 79: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 80: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	67, // [67:81] is the sub-list for method output_type
-	53, // [53:67] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	56, // 11: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	64, // 12: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	3,  // 13: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	57, // 14: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	58, // 15: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	17, // 16: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	6,  // 17: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
+	23, // 18: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	28, // 19: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 20: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	65, // 21: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	65, // 22: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	30, // 23: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	29, // 24: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	65, // 25: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	65, // 26: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	65, // 27: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	66, // 28: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	32, // 29: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	59, // 30: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	60, // 31: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	67, // 32: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	32, // 33: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	30, // 34: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	34, // 35: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	37, // 36: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 37: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	23, // 38: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	61, // 39: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	45, // 40: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	44, // 41: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	45, // 42: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 43: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	48, // 44: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	47, // 45: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	46, // 46: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 47: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	65, // 48: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	65, // 49: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	62, // 50: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 51: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 52: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 53: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 54: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 55: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 56: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 57: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 58: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 59: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 60: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 61: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 62: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 63: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 64: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 65: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 66: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 67: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 68: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 69: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 70: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 71: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 72: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 73: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 74: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 75: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 76: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 77: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 78: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 79: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 80: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 81: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 82: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 83: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	70, // [70:84] is the sub-list for method output_type
+	56, // [56:70] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4195,7 +4226,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   56,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

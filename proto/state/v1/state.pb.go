@@ -41,7 +41,10 @@ const (
 // Mesos's CSIVolumeState states: stable CREATED, NODE_READY, VOL_READY
 // (staged), PUBLISHED; transitional NODE_STAGE, NODE_UNSTAGE,
 // NODE_PUBLISH, NODE_UNPUBLISH (an RPC is, or was when the agent stopped,
-// under way). The CONTROLLER_ ones are Mesos's, never written here.
+// under way); and, for a plugin whose controller attaches volumes
+// (PUBLISH_UNPUBLISH_VOLUME), CONTROLLER_PUBLISH and CONTROLLER_UNPUBLISH
+// (ControllerPublishVolume or ControllerUnpublishVolume is, or was, under
+// way). NODE_READY of such a volume means attached (controller_published).
 type VolumeCheckpoint_State int32
 
 const (
@@ -357,9 +360,17 @@ type VolumeCheckpoint struct {
 	// with CSI readonly=true (a device the users cannot write), recorded
 	// before its NodePublishVolume and unpublished with the volume. Numbered
 	// apart from the fields above to leave them room.
-	RoTargetPath  string `protobuf:"bytes,20,opt,name=ro_target_path,json=roTargetPath,proto3" json:"ro_target_path,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RoTargetPath string `protobuf:"bytes,20,opt,name=ro_target_path,json=roTargetPath,proto3" json:"ro_target_path,omitempty"`
+	// ControllerPublishVolume's publish_context, passed to NodeStageVolume
+	// and NodePublishVolume; recorded with the first checkpoint after the
+	// attach (ControllerPublishVolume is idempotent: a crash before it is
+	// recorded repeats the call, which answers the same).
+	PublishContext map[string]string `protobuf:"bytes,21,rep,name=publish_context,json=publishContext,proto3" json:"publish_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// ControllerPublishVolume succeeded for this node and no
+	// ControllerUnpublishVolume since: the teardown ends with a detach.
+	ControllerPublished bool `protobuf:"varint,22,opt,name=controller_published,json=controllerPublished,proto3" json:"controller_published,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *VolumeCheckpoint) Reset() {
@@ -495,6 +506,20 @@ func (x *VolumeCheckpoint) GetRoTargetPath() string {
 		return x.RoTargetPath
 	}
 	return ""
+}
+
+func (x *VolumeCheckpoint) GetPublishContext() map[string]string {
+	if x != nil {
+		return x.PublishContext
+	}
+	return nil
+}
+
+func (x *VolumeCheckpoint) GetControllerPublished() bool {
+	if x != nil {
+		return x.ControllerPublished
+	}
+	return false
 }
 
 // ContainerCheckpoint is <work>/isolators/volume/csi/<container id>/volumes.state.
@@ -829,9 +854,17 @@ type StaticProvisioning struct {
 	NodePublishSecrets map[string]*Secret     `protobuf:"bytes,4,rep,name=node_publish_secrets,json=nodePublishSecrets,proto3" json:"node_publish_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	VolumeContext      map[string]string      `protobuf:"bytes,5,rep,name=volume_context,json=volumeContext,proto3" json:"volume_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Mesos's readonly: published read-only (needs mode RO).
-	Readonly      bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Readonly bool `protobuf:"varint,6,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// Secrets of ControllerPublishVolume and ControllerUnpublishVolume, for
+	// a plugin whose controller attaches volumes.
+	ControllerPublishSecrets map[string]*Secret `protobuf:"bytes,7,rep,name=controller_publish_secrets,json=controllerPublishSecrets,proto3" json:"controller_publish_secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Where the volume is accessible (CreateVolume's accessible_topology,
+	// recorded when the agent provisioned it); empty: everywhere. A volume
+	// none of whose segments this node's plugin has is refused before any
+	// call.
+	AccessibleTopology []*csi.Topology `protobuf:"bytes,8,rep,name=accessible_topology,json=accessibleTopology,proto3" json:"accessible_topology,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StaticProvisioning) Reset() {
@@ -904,6 +937,20 @@ func (x *StaticProvisioning) GetReadonly() bool {
 		return x.Readonly
 	}
 	return false
+}
+
+func (x *StaticProvisioning) GetControllerPublishSecrets() map[string]*Secret {
+	if x != nil {
+		return x.ControllerPublishSecrets
+	}
+	return nil
+}
+
+func (x *StaticProvisioning) GetAccessibleTopology() []*csi.Topology {
+	if x != nil {
+		return x.AccessibleTopology
+	}
+	return nil
 }
 
 // Secret is a value, or a reference resolved from the agent's
@@ -1222,7 +1269,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_state_v1_state_proto_msgTypes[9]
+	mi := &file_proto_state_v1_state_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1281,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_state_v1_state_proto_msgTypes[9]
+	mi := &file_proto_state_v1_state_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1321,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_state_v1_state_proto_msgTypes[13]
+	mi := &file_proto_state_v1_state_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1333,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_state_v1_state_proto_msgTypes[13]
+	mi := &file_proto_state_v1_state_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1372,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_state_v1_state_proto_msgTypes[14]
+	mi := &file_proto_state_v1_state_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1384,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_state_v1_state_proto_msgTypes[14]
+	mi := &file_proto_state_v1_state_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1411,7 @@ var File_proto_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\a\n" +
+	"\x1aproto/state/v1/state.proto\x12\x11csiagent.state.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\b\n" +
 	"\x10VolumeCheckpoint\x12?\n" +
 	"\x05state\x18\x01 \x01(\x0e2).csiagent.state.v1.VolumeCheckpoint.StateR\x05state\x12;\n" +
 	"\vstate_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
@@ -1386,7 +1433,12 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x11next_key_rotation\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextKeyRotation\x12\x1f\n" +
 	"\vlast_repair\x18\x0e \x01(\tR\n" +
 	"lastRepair\x12$\n" +
-	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\"\xc9\x01\n" +
+	"\x0ero_target_path\x18\x14 \x01(\tR\froTargetPath\x12`\n" +
+	"\x0fpublish_context\x18\x15 \x03(\v27.csiagent.state.v1.VolumeCheckpoint.PublishContextEntryR\x0epublishContext\x121\n" +
+	"\x14controller_published\x18\x16 \x01(\bR\x13controllerPublished\x1aA\n" +
+	"\x13PublishContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
@@ -1448,14 +1500,16 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\tCSIVolume\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12V\n" +
-	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.state.v1.StaticProvisioningR\x12staticProvisioning\"\xdf\x05\n" +
+	"\x13static_provisioning\x18\x02 \x01(\v2%.csiagent.state.v1.StaticProvisioningR\x12staticProvisioning\"\x93\b\n" +
 	"\x12StaticProvisioning\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12E\n" +
 	"\x11volume_capability\x18\x02 \x01(\v2\x18.csi.v1.VolumeCapabilityR\x10volumeCapability\x12n\n" +
 	"\x12node_stage_secrets\x18\x03 \x03(\v2;.csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntryB\x03\x98B\x01R\x10nodeStageSecrets\x12t\n" +
 	"\x14node_publish_secrets\x18\x04 \x03(\v2=.csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntryB\x03\x98B\x01R\x12nodePublishSecrets\x12_\n" +
 	"\x0evolume_context\x18\x05 \x03(\v28.csiagent.state.v1.StaticProvisioning.VolumeContextEntryR\rvolumeContext\x12\x1a\n" +
-	"\breadonly\x18\x06 \x01(\bR\breadonly\x1a^\n" +
+	"\breadonly\x18\x06 \x01(\bR\breadonly\x12\x86\x01\n" +
+	"\x1acontroller_publish_secrets\x18\a \x03(\v2C.csiagent.state.v1.StaticProvisioning.ControllerPublishSecretsEntryB\x03\x98B\x01R\x18controllerPublishSecrets\x12A\n" +
+	"\x13accessible_topology\x18\b \x03(\v2\x10.csi.v1.TopologyR\x12accessibleTopology\x1a^\n" +
 	"\x15NodeStageSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.csiagent.state.v1.SecretR\x05value:\x028\x01\x1a`\n" +
@@ -1464,7 +1518,10 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.csiagent.state.v1.SecretR\x05value:\x028\x01\x1a@\n" +
 	"\x12VolumeContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1af\n" +
+	"\x1dControllerPublishSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.csiagent.state.v1.SecretR\x05value:\x028\x01\"\xb5\x02\n" +
 	"\x06Secret\x122\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1e.csiagent.state.v1.Secret.TypeR\x04type\x12A\n" +
 	"\treference\x18\x02 \x01(\v2#.csiagent.state.v1.Secret.ReferenceR\treference\x125\n" +
@@ -1517,7 +1574,7 @@ func file_proto_state_v1_state_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_state_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_proto_state_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_proto_state_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_proto_state_v1_state_proto_goTypes = []any{
 	(VolumeCheckpoint_State)(0),    // 0: csiagent.state.v1.VolumeCheckpoint.State
 	(ContainerCheckpoint_Phase)(0), // 1: csiagent.state.v1.ContainerCheckpoint.Phase
@@ -1533,48 +1590,55 @@ var file_proto_state_v1_state_proto_goTypes = []any{
 	(*Secret)(nil),                 // 11: csiagent.state.v1.Secret
 	(*ContainerMount)(nil),         // 12: csiagent.state.v1.ContainerMount
 	(*ReclaimResult)(nil),          // 13: csiagent.state.v1.ReclaimResult
-	(*Volume_Source)(nil),          // 14: csiagent.state.v1.Volume.Source
-	nil,                            // 15: csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                            // 16: csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                            // 17: csiagent.state.v1.StaticProvisioning.VolumeContextEntry
-	(*Secret_Reference)(nil),       // 18: csiagent.state.v1.Secret.Reference
-	(*Secret_Value)(nil),           // 19: csiagent.state.v1.Secret.Value
-	(*timestamppb.Timestamp)(nil),  // 20: google.protobuf.Timestamp
-	(*csi.VolumeCapability)(nil),   // 21: csi.v1.VolumeCapability
-	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
+	nil,                            // 14: csiagent.state.v1.VolumeCheckpoint.PublishContextEntry
+	(*Volume_Source)(nil),          // 15: csiagent.state.v1.Volume.Source
+	nil,                            // 16: csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                            // 17: csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                            // 18: csiagent.state.v1.StaticProvisioning.VolumeContextEntry
+	nil,                            // 19: csiagent.state.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	(*Secret_Reference)(nil),       // 20: csiagent.state.v1.Secret.Reference
+	(*Secret_Value)(nil),           // 21: csiagent.state.v1.Secret.Value
+	(*timestamppb.Timestamp)(nil),  // 22: google.protobuf.Timestamp
+	(*csi.VolumeCapability)(nil),   // 23: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),           // 24: csi.v1.Topology
+	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
 }
 var file_proto_state_v1_state_proto_depIdxs = []int32{
 	0,  // 0: csiagent.state.v1.VolumeCheckpoint.state:type_name -> csiagent.state.v1.VolumeCheckpoint.State
-	20, // 1: csiagent.state.v1.VolumeCheckpoint.state_since:type_name -> google.protobuf.Timestamp
+	22, // 1: csiagent.state.v1.VolumeCheckpoint.state_since:type_name -> google.protobuf.Timestamp
 	10, // 2: csiagent.state.v1.VolumeCheckpoint.static_provisioning:type_name -> csiagent.state.v1.StaticProvisioning
-	20, // 3: csiagent.state.v1.VolumeCheckpoint.next_reclaim:type_name -> google.protobuf.Timestamp
+	22, // 3: csiagent.state.v1.VolumeCheckpoint.next_reclaim:type_name -> google.protobuf.Timestamp
 	13, // 4: csiagent.state.v1.VolumeCheckpoint.last_reclaim:type_name -> csiagent.state.v1.ReclaimResult
-	20, // 5: csiagent.state.v1.VolumeCheckpoint.next_key_rotation:type_name -> google.protobuf.Timestamp
-	1,  // 6: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.state.v1.ContainerCheckpoint.Phase
-	7,  // 7: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.state.v1.PrepareRequest
-	12, // 8: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.state.v1.ContainerMount
-	8,  // 9: csiagent.state.v1.PrepareRequest.volumes:type_name -> csiagent.state.v1.Volume
-	2,  // 10: csiagent.state.v1.Volume.mode:type_name -> csiagent.state.v1.Volume.Mode
-	14, // 11: csiagent.state.v1.Volume.source:type_name -> csiagent.state.v1.Volume.Source
-	10, // 12: csiagent.state.v1.CSIVolume.static_provisioning:type_name -> csiagent.state.v1.StaticProvisioning
-	21, // 13: csiagent.state.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	15, // 14: csiagent.state.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry
-	16, // 15: csiagent.state.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry
-	17, // 16: csiagent.state.v1.StaticProvisioning.volume_context:type_name -> csiagent.state.v1.StaticProvisioning.VolumeContextEntry
-	4,  // 17: csiagent.state.v1.Secret.type:type_name -> csiagent.state.v1.Secret.Type
-	18, // 18: csiagent.state.v1.Secret.reference:type_name -> csiagent.state.v1.Secret.Reference
-	19, // 19: csiagent.state.v1.Secret.value:type_name -> csiagent.state.v1.Secret.Value
-	20, // 20: csiagent.state.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	22, // 21: csiagent.state.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	3,  // 22: csiagent.state.v1.Volume.Source.type:type_name -> csiagent.state.v1.Volume.Source.Type
-	9,  // 23: csiagent.state.v1.Volume.Source.csi_volume:type_name -> csiagent.state.v1.CSIVolume
-	11, // 24: csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.state.v1.Secret
-	11, // 25: csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.state.v1.Secret
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	22, // 5: csiagent.state.v1.VolumeCheckpoint.next_key_rotation:type_name -> google.protobuf.Timestamp
+	14, // 6: csiagent.state.v1.VolumeCheckpoint.publish_context:type_name -> csiagent.state.v1.VolumeCheckpoint.PublishContextEntry
+	1,  // 7: csiagent.state.v1.ContainerCheckpoint.phase:type_name -> csiagent.state.v1.ContainerCheckpoint.Phase
+	7,  // 8: csiagent.state.v1.ContainerCheckpoint.request:type_name -> csiagent.state.v1.PrepareRequest
+	12, // 9: csiagent.state.v1.ContainerCheckpoint.mounts:type_name -> csiagent.state.v1.ContainerMount
+	8,  // 10: csiagent.state.v1.PrepareRequest.volumes:type_name -> csiagent.state.v1.Volume
+	2,  // 11: csiagent.state.v1.Volume.mode:type_name -> csiagent.state.v1.Volume.Mode
+	15, // 12: csiagent.state.v1.Volume.source:type_name -> csiagent.state.v1.Volume.Source
+	10, // 13: csiagent.state.v1.CSIVolume.static_provisioning:type_name -> csiagent.state.v1.StaticProvisioning
+	23, // 14: csiagent.state.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	16, // 15: csiagent.state.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry
+	17, // 16: csiagent.state.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry
+	18, // 17: csiagent.state.v1.StaticProvisioning.volume_context:type_name -> csiagent.state.v1.StaticProvisioning.VolumeContextEntry
+	19, // 18: csiagent.state.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.state.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	24, // 19: csiagent.state.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	4,  // 20: csiagent.state.v1.Secret.type:type_name -> csiagent.state.v1.Secret.Type
+	20, // 21: csiagent.state.v1.Secret.reference:type_name -> csiagent.state.v1.Secret.Reference
+	21, // 22: csiagent.state.v1.Secret.value:type_name -> csiagent.state.v1.Secret.Value
+	22, // 23: csiagent.state.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	25, // 24: csiagent.state.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	3,  // 25: csiagent.state.v1.Volume.Source.type:type_name -> csiagent.state.v1.Volume.Source.Type
+	9,  // 26: csiagent.state.v1.Volume.Source.csi_volume:type_name -> csiagent.state.v1.CSIVolume
+	11, // 27: csiagent.state.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.state.v1.Secret
+	11, // 28: csiagent.state.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.state.v1.Secret
+	11, // 29: csiagent.state.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.state.v1.Secret
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_proto_state_v1_state_proto_init() }
@@ -1588,7 +1652,7 @@ func file_proto_state_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_state_v1_state_proto_rawDesc), len(file_proto_state_v1_state_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
