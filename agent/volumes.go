@@ -34,7 +34,21 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 		return isolator.Node{}, err
 	}
 	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
-	return isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage, MaxVolumes: st.MaxVolumesPerNode}, nil
+	n := isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage, MaxVolumes: st.MaxVolumesPerNode, NodeID: st.NodeID, Topology: st.AccessibleTopology}
+	if r := p.a.set.Get(typ); r == nil || !r.Config().Info.Serves(pluginconfig.ControllerService) {
+		return n, nil
+	}
+	// Whether volumes are attached is the controller's to say: its
+	// instance must be ready too (the same one, for most plugins).
+	cst, _, err := p.a.ready(ctx, typ, pluginconfig.ControllerService)
+	if err != nil {
+		return isolator.Node{}, fmt.Errorf("the controller, which may attach its volumes: %w", err)
+	}
+	if slices.Contains(cst.ControllerCapabilities, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME.String()) {
+		n.Controller = p.a.set.Controller(typ)
+		n.PublishReadonly = slices.Contains(cst.ControllerCapabilities, csi.ControllerServiceCapability_RPC_PUBLISH_READONLY.String())
+	}
+	return n, nil
 }
 
 // ready waits until the plugin's instance serving svc is ready (see

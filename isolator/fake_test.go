@@ -60,6 +60,11 @@ type fakeTable struct {
 	devs    map[string]int
 	procs   map[int]uint64 // pid -> mount namespace
 	trees   map[*os.File]*fakeMount
+	// attached: volume id -> the device an attaching plugin's
+	// ControllerPublishVolume made for it (a loop device: gone with a
+	// reboot, another name when attached again).
+	attached   map[string]string
+	nextAttach int
 }
 
 func newFakeTable() *fakeTable {
@@ -77,6 +82,7 @@ func (t *fakeTable) boot() {
 	t.mounts = []*fakeMount{t.newMount(hostNS, "/", 0, "/")}
 	t.procs = map[int]uint64{}
 	t.trees = map[*os.File]*fakeMount{}
+	t.attached = map[string]string{}
 }
 
 func (t *fakeTable) newMount(ns uint64, path string, dev int, root string) *fakeMount {
@@ -462,6 +468,11 @@ type fakeNode struct {
 	targetExists bool
 	// maxVolumes is its NodeGetInfo max_volumes_per_node (0: none).
 	maxVolumes int64
+	// attach: its controller attaches volumes (PUBLISH_UNPUBLISH_VOLUME):
+	// it is the Controller too, node calls need the publish_context.
+	attach bool
+	// topology is its NodeGetInfo accessible_topology.
+	topology map[string]string
 	// targets are the targets of its NodePublishVolume calls that
 	// existed when it was called.
 	existed []string
@@ -528,8 +539,74 @@ func (n *fakeNode) unmountAt(volumeID, path string) {
 	}
 }
 
+// fakeNodeID is the node id of the model's host.
+const fakeNodeID = "node-1"
+
+// ControllerPublishVolume attaches the volume: a device of its own,
+// named in the publish_context; the same answer while attached.
+func (n *fakeNode) ControllerPublishVolume(_ context.Context, in *csi.ControllerPublishVolumeRequest, _ ...grpc.CallOption) (*csi.ControllerPublishVolumeResponse, error) {
+	if err := n.record("ControllerPublishVolume", in.GetVolumeId(), ""); err != nil {
+		return nil, err
+	}
+	if !n.attach || in.GetNodeId() != fakeNodeID {
+		return nil, n.violation("ControllerPublishVolume of %s to node %q: attach %v", in.GetVolumeId(), in.GetNodeId(), n.attach)
+	}
+	n.t.mu.Lock()
+	defer n.t.mu.Unlock()
+	dev, ok := n.t.attached[in.GetVolumeId()]
+	if !ok {
+		n.t.nextAttach++
+		dev = fmt.Sprintf("/dev/fake%d", n.t.nextAttach)
+		n.t.attached[in.GetVolumeId()] = dev
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{"device": dev}}, nil
+}
+
+// ControllerUnpublishVolume detaches the volume; refused (a violation)
+// while its filesystem is mounted anywhere.
+func (n *fakeNode) ControllerUnpublishVolume(_ context.Context, in *csi.ControllerUnpublishVolumeRequest, _ ...grpc.CallOption) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if err := n.record("ControllerUnpublishVolume", in.GetVolumeId(), ""); err != nil {
+		return nil, err
+	}
+	n.t.mu.Lock()
+	dev := n.t.dev(in.GetVolumeId())
+	var busy []string
+	for _, m := range n.t.mounts {
+		if m.dev == dev {
+			busy = append(busy, m.path)
+		}
+	}
+	if len(busy) == 0 {
+		delete(n.t.attached, in.GetVolumeId())
+	}
+	n.t.mu.Unlock()
+	if len(busy) > 0 {
+		return nil, n.violation("ControllerUnpublishVolume of %s while mounted at %v", in.GetVolumeId(), busy)
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}
+
+// checkAttached refuses a node call of an attaching plugin whose
+// publish_context does not name the volume's current device (never
+// attached, detached, or attached again since).
+func (n *fakeNode) checkAttached(rpc, volumeID string, pc map[string]string) error {
+	if !n.attach {
+		return nil
+	}
+	n.t.mu.Lock()
+	dev, ok := n.t.attached[volumeID]
+	n.t.mu.Unlock()
+	if !ok || pc["device"] != dev {
+		return n.violation("%s of %s with publish_context %v: attached %q", rpc, volumeID, pc, dev)
+	}
+	return nil
+}
+
 func (n *fakeNode) NodeStageVolume(_ context.Context, in *csi.NodeStageVolumeRequest, _ ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
 	if err := n.record("NodeStageVolume", in.GetVolumeId(), in.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := n.checkAttached("NodeStageVolume", in.GetVolumeId(), in.GetPublishContext()); err != nil {
 		return nil, err
 	}
 	if !n.stageUnstage {
@@ -543,6 +620,9 @@ func (n *fakeNode) NodeStageVolume(_ context.Context, in *csi.NodeStageVolumeReq
 
 func (n *fakeNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
 	if err := n.record("NodePublishVolume", in.GetVolumeId(), in.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	if err := n.checkAttached("NodePublishVolume", in.GetVolumeId(), in.GetPublishContext()); err != nil {
 		return nil, err
 	}
 	if n.stageUnstage != (in.GetStagingTargetPath() != "") {
@@ -621,8 +701,8 @@ func (n *fakeNode) takeViolations() []string {
 	return v
 }
 
-// nodePlugins has two plugins: "loop" with STAGE_UNSTAGE_VOLUME and
-// "plain" without. A plugin that is down keeps Node waiting until its
+// nodePlugins has three plugins: "loop" with STAGE_UNSTAGE_VOLUME,
+// "plain" without, and "attach" with it whose controller attaches volumes. A plugin that is down keeps Node waiting until its
 // context ends, as the agent's does.
 type nodePlugins struct {
 	nodes map[string]*fakeNode
@@ -632,7 +712,7 @@ type nodePlugins struct {
 
 func newNodePlugins(t *fakeTable) *nodePlugins {
 	return &nodePlugins{
-		nodes: map[string]*fakeNode{"loop": {t: t, stageUnstage: true}, "plain": {t: t}},
+		nodes: map[string]*fakeNode{"loop": {t: t, stageUnstage: true}, "plain": {t: t}, "attach": {t: t, stageUnstage: true, attach: true}},
 		down:  map[string]bool{},
 	}
 }
@@ -656,7 +736,11 @@ func (p *nodePlugins) Node(ctx context.Context, typ string) (Node, error) {
 		<-ctx.Done()
 		return Node{}, fmt.Errorf("plugin %s: %w: not ready: %w", typ, ErrUnavailable, ctx.Err())
 	}
-	return Node{Client: n, StageUnstage: n.stageUnstage, MaxVolumes: n.maxVolumes}, nil
+	node := Node{Client: n, StageUnstage: n.stageUnstage, MaxVolumes: n.maxVolumes, NodeID: fakeNodeID, Topology: n.topology}
+	if n.attach {
+		node.Controller = n
+	}
+	return node, nil
 }
 
 func (p *nodePlugins) setDown(typ string, down bool) {

@@ -59,6 +59,15 @@ type NodeClient interface {
 
 var _ NodeClient = csi.NodeClient(nil)
 
+// ControllerClient is the part of a CSI controller service the isolator
+// calls: attach and detach.
+type ControllerClient interface {
+	ControllerPublishVolume(ctx context.Context, in *csi.ControllerPublishVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerPublishVolumeResponse, error)
+	ControllerUnpublishVolume(ctx context.Context, in *csi.ControllerUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerUnpublishVolumeResponse, error)
+}
+
+var _ ControllerClient = csi.ControllerClient(nil)
+
 // Plugin is what the isolator needs to know of a plugin.
 type Plugin struct {
 	// Type is the plugin's type (volumes' plugin_name); Name its instance
@@ -82,6 +91,21 @@ type Node struct {
 	// limit). A volume that would pass it is refused (ErrLimit) before
 	// any call.
 	MaxVolumes int64
+	// NodeID is NodeGetInfo's node id: the node_id of
+	// ControllerPublishVolume and ControllerUnpublishVolume.
+	NodeID string
+	// Topology is NodeGetInfo's accessible_topology (nil: none reported).
+	// A volume with an accessible_topology none of whose segments this
+	// one has is refused (ErrPrecondition) before any call.
+	Topology map[string]string
+	// Controller, when set, attaches and detaches the plugin's volumes:
+	// its controller has PUBLISH_UNPUBLISH_VOLUME. ControllerPublishVolume
+	// goes before a volume's first node call, ControllerUnpublishVolume
+	// after its last.
+	Controller ControllerClient
+	// PublishReadonly: the controller has PUBLISH_READONLY, so a
+	// read-only volume is attached read-only.
+	PublishReadonly bool
 }
 
 // Plugins is how the isolator finds plugins; the agent implements it.

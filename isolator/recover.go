@@ -244,10 +244,17 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 			// plugin once it has none (NODE_UNPUBLISH), both calls
 			// idempotent. Never a stable state: PUBLISHED would hand
 			// the next user an empty target, NODE_READY would forget
-			// the volume with no call to its plugin.
+			// the volume with no call to its plugin. An attached
+			// volume with users is attached again first
+			// (CONTROLLER_PUBLISH, not attached): an attachment may
+			// not survive a reboot (a loop device does not), and its
+			// publish_context may name what is gone; the attach is
+			// idempotent where it does survive.
 			cp.BootId = iso.bootID
 			switch {
 			case cp.State == stCreated:
+			case len(cp.Users) > 0 && cp.ControllerPublished:
+				cp.State, cp.ControllerPublished, cp.PublishContext = stCtrlPublish, false, nil
 			case len(cp.Users) > 0:
 				cp.State = stNodeStage
 			default:

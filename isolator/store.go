@@ -34,6 +34,9 @@ type volume struct {
 	// pending changes go out with the volume's next checkpoint write
 	// (see acquire and release); the caller holds the volume's lock.
 	pending []func(cp *statev1.VolumeCheckpoint)
+	// publishContext is an attach's publish_context until the checkpoint
+	// that records it (see controllerPublish); nil otherwise.
+	publishContext map[string]string
 }
 
 // container is one container with volumes.

@@ -203,6 +203,9 @@ func (w *world) problems(iso *Isolator) []string {
 		if len(v.Users) == 0 || v.State != statev1.VolumeCheckpoint_PUBLISHED || v.LastError != "" {
 			bad("volume %s: %s with users %v (%s)", k, v.State, v.Users, v.LastError)
 		}
+		if w.node(k.plugin).attach && w.table.attached[k.id] == "" {
+			bad("volume %s: published but not attached", k)
+		}
 		mounted := []string{v.TargetPath}
 		if w.node(k.plugin).stageUnstage {
 			mounted = append(mounted, v.StagingPath)
@@ -218,13 +221,18 @@ func (w *world) problems(iso *Isolator) []string {
 	for k, ids := range named {
 		bad("volume %s: named by %v but not tracked", k, ids)
 	}
+	for id := range w.table.attached {
+		if !slices.ContainsFunc(volumes, func(v VolumeInfo) bool { return v.Plugin == "attach" && v.ID == id }) {
+			bad("volume attach/%s is attached but not tracked", id)
+		}
+	}
 	for _, m := range w.table.mounts {
 		if m.path != "/" && !claimed[m.id] && !(m.ns == hostNS && paths[m.path]) {
 			bad("mount %d at %s (namespace %d) claimed by no record", m.id, m.path, m.ns)
 		}
 	}
 	w.table.mu.Unlock()
-	for _, p := range []string{"loop", "plain"} {
+	for _, p := range []string{"loop", "plain", "attach"} {
 		for _, v := range w.node(p).takeViolations() {
 			bad("plugin %s: %s", p, v)
 		}
@@ -668,12 +676,13 @@ type crashStep struct {
 
 // crashScript: c1 and c2 share vol-1 (a plugin with STAGE_UNSTAGE), c3
 // has vol-2 (one without) in its sandbox, c4 runs in its own mount
-// namespace (pid 4242) with vol-1; all are prepared, then cleaned up in
-// another order. Each Prepare names one volume, so that each runs on the
+// namespace (pid 4242) with vol-1, c5 has vol-3 of a plugin that attaches
+// (ControllerPublishVolume); all are prepared, then cleaned up in another
+// order. Each Prepare names one volume, so that each runs on the
 // calling goroutine only and a crash stops all of the isolator's work.
 var crashScript = []crashStep{
-	{"c1", true}, {"c2", true}, {"c3", true}, {"c4", true},
-	{"c1", false}, {"c4", false}, {"c3", false}, {"c2", false},
+	{"c1", true}, {"c2", true}, {"c3", true}, {"c4", true}, {"c5", true},
+	{"c1", false}, {"c4", false}, {"c5", false}, {"c3", false}, {"c2", false},
 }
 
 const crashPid = 4242
@@ -687,6 +696,7 @@ func crashWorld(t *testing.T) (*world, map[string]*statev1.PrepareRequest) {
 		"c2": w.request("c2", vol{"loop", "vol-1", "/data", false}),
 		"c3": w.request("c3", vol{"plain", "vol-2", "data", false}),
 		"c4": w.request("c4", vol{"loop", "vol-1", "/mnt/data", true}),
+		"c5": w.request("c5", vol{"attach", "vol-3", "/data", false}),
 	}
 	reqs["c4"].Pid = crashPid
 	return w, reqs
@@ -738,7 +748,8 @@ func TestUnitCrashAtEveryPoint(t *testing.T) {
 	}
 	for _, want := range []string{"checkpoint container PREPARING", "checkpoint volume NODE_STAGE", "rpc NodeStageVolume", "rpc NodePublishVolume",
 		"checkpoint volume PUBLISHED", "bind", "checkpoint container PREPARED", "checkpoint container CLEANING", "unbind",
-		"checkpoint volume NODE_UNPUBLISH", "rpc NodeUnpublishVolume", "rpc NodeUnstageVolume", "checkpoint volume removed", "checkpoint container removed"} {
+		"checkpoint volume NODE_UNPUBLISH", "rpc NodeUnpublishVolume", "rpc NodeUnstageVolume", "checkpoint volume removed", "checkpoint container removed",
+		"checkpoint volume CONTROLLER_PUBLISH", "rpc ControllerPublishVolume", "rpc ControllerUnpublishVolume"} {
 		if !names[want] {
 			t.Errorf("the script never reaches crash point %q (points: %v)", want, points)
 		}
@@ -800,7 +811,7 @@ func crashAt(t *testing.T, points []crashPoint, i int, reboot bool) {
 		w.reboot()
 	}
 	iso = w.run(Config{})
-	for _, id := range []string{"c1", "c2", "c3", "c4"} {
+	for _, id := range []string{"c1", "c2", "c3", "c4", "c5"} {
 		// A container prepared into a process's mount namespace is gone
 		// after a reboot (the namespace went): cleaned up at recovery.
 		want := prepared[id] && !(reboot && reqs[id].GetPid() != 0)
@@ -1182,6 +1193,9 @@ func TestUnitFailedCallLeavesTransitionalState(t *testing.T) {
 		{"loop", "NodeUnpublishVolume", false, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
 		{"loop", "NodeUnstageVolume", false, statev1.VolumeCheckpoint_NODE_UNSTAGE},
 		{"plain", "NodeUnpublishVolume", false, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"attach", "ControllerPublishVolume", true, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"attach", "NodeStageVolume", true, statev1.VolumeCheckpoint_NODE_UNPUBLISH},
+		{"attach", "ControllerUnpublishVolume", false, statev1.VolumeCheckpoint_CONTROLLER_UNPUBLISH},
 	} {
 		for _, reboot := range []bool{false, true} {
 			name := fmt.Sprintf("%s/%s/reboot=%v", tc.plugin, tc.rpc, reboot)

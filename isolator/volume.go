@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,8 @@ const (
 	stNodeUnstage = statev1.VolumeCheckpoint_NODE_UNSTAGE
 	stNodePublish = statev1.VolumeCheckpoint_NODE_PUBLISH
 	stNodeUnpub   = statev1.VolumeCheckpoint_NODE_UNPUBLISH
+	stCtrlPublish = statev1.VolumeCheckpoint_CONTROLLER_PUBLISH
+	stCtrlUnpub   = statev1.VolumeCheckpoint_CONTROLLER_UNPUBLISH
 )
 
 // withVolume runs f with the volume's lock held. v is nil when the agent
@@ -219,18 +222,21 @@ func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string,
 // converge drives a volume (lock held) to PUBLISHED or, for CREATED, tears
 // it down and forgets it.
 //
-// One checkpoint goes before the node calls: the first call's transitional
-// state (NODE_STAGE, NODE_PUBLISH, NODE_UNPUBLISH, NODE_UNSTAGE). Recovery
-// reads a transitional state as "anywhere between the stable state before
-// and the one wanted" and redoes the whole way from the far end (stage and
-// publish toward PUBLISHED, unpublish and unstage toward CREATED): CSI node
-// calls are idempotent, so a call that had already happened costs a no-op.
+// One checkpoint goes before the calls: the first call's transitional
+// state (CONTROLLER_PUBLISH, NODE_STAGE, NODE_PUBLISH, NODE_UNPUBLISH,
+// NODE_UNSTAGE, CONTROLLER_UNPUBLISH). Recovery reads a transitional state
+// as "anywhere between the stable state before and the one wanted" and
+// redoes the whole way from the far end (attach, stage and publish toward
+// PUBLISHED; unpublish, unstage and detach toward CREATED): these CSI calls
+// are idempotent, so a call that had already happened costs a no-op. The
+// attach's publish_context goes out with the next checkpoint: a crash
+// before it repeats the attach, which answers the same.
 // The state reached is checkpointed after the calls: PUBLISHED, the
 // checkpoint's removal, or, when a call fails, that call's transitional
 // state (it may have acted), with the error.
 func (iso *Isolator) converge(ctx context.Context, v *volume, want vstate) error {
 	reached, err := iso.convergeSteps(ctx, v, want)
-	if err != nil && (v.cp.LastError != err.Error() || reached != v.cp.State) {
+	if err != nil && (v.cp.LastError != err.Error() || reached != v.cp.State || len(v.pending) > 0) {
 		if serr := iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = reached, err.Error() }); serr != nil {
 			iso.log.Error("checkpointing volume error", "volume", v.key.String(), "error", serr)
 		}
@@ -238,27 +244,45 @@ func (iso *Isolator) converge(ctx context.Context, v *volume, want vstate) error
 	return err
 }
 
-// nodeStep is one node call between stable states.
+// offNode reports whether nothing of the volume is on the node: CREATED,
+// or NODE_READY and not attached.
+func offNode(cp *statev1.VolumeCheckpoint) bool {
+	return cp.GetState() == stCreated || (cp.GetState() == stNodeReady && !cp.GetControllerPublished())
+}
+
+// nodeStep is one call between stable states.
 type nodeStep struct {
 	rpc           func(context.Context, Node, *volume) error
 	during, after vstate
 }
 
-// path lists the node calls from state cur to want (PUBLISHED or CREATED);
-// from a transitional state, the whole way.
-func (iso *Isolator) path(cur, want vstate, stageUnstage bool) []nodeStep {
+// path lists the calls that take volume cp from its state to want
+// (PUBLISHED or CREATED); from a transitional state, the whole way. A
+// plugin that attaches (node.Controller) has the attach first on the way
+// up unless the volume is attached, and the detach last on the way down
+// when it is or may be (a CONTROLLER_ state).
+func (iso *Isolator) path(cp *statev1.VolumeCheckpoint, want vstate, node Node) []nodeStep {
+	cur := cp.GetState()
 	var steps []nodeStep
 	if want == stPublished {
-		if stageUnstage && cur != stVolReady {
+		if node.Controller != nil && (!cp.GetControllerPublished() || cur == stCtrlPublish || cur == stCtrlUnpub) {
+			steps = append(steps, nodeStep{iso.controllerPublish, stCtrlPublish, stNodeReady})
+		}
+		if node.StageUnstage && (cur != stVolReady || len(steps) > 0) {
 			steps = append(steps, nodeStep{iso.stage, stNodeStage, stVolReady})
 		}
 		return append(steps, nodeStep{iso.publish, stNodePublish, stPublished})
 	}
-	if cur != stVolReady || !stageUnstage {
-		steps = append(steps, nodeStep{iso.unpublish, stNodeUnpub, stVolReady})
+	if cur != stNodeReady {
+		if cur != stVolReady || !node.StageUnstage {
+			steps = append(steps, nodeStep{iso.unpublish, stNodeUnpub, stVolReady})
+		}
+		if node.StageUnstage {
+			steps = append(steps, nodeStep{iso.unstage, stNodeUnstage, stNodeReady})
+		}
 	}
-	if stageUnstage {
-		steps = append(steps, nodeStep{iso.unstage, stNodeUnstage, stNodeReady})
+	if node.Controller != nil && (cp.GetControllerPublished() || cur == stCtrlPublish || cur == stCtrlUnpub) {
+		steps = append(steps, nodeStep{iso.controllerUnpublish, stCtrlUnpub, stCreated})
 	}
 	return steps
 }
@@ -274,7 +298,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	switch {
 	case want == stPublished && v.cp.State == stPublished:
 		return stPublished, iso.clearError(v)
-	case want == stCreated && (v.cp.State == stCreated || v.cp.State == stNodeReady):
+	case want == stCreated && offNode(v.cp):
 		return v.cp.State, iso.teardownDirs(v)
 	}
 	if want == stCreated {
@@ -299,7 +323,13 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
 	}
 	before := v.cp.State
-	steps := iso.path(before, want, node.StageUnstage)
+	steps := iso.path(v.cp, want, node)
+	if len(steps) == 0 {
+		// Recorded as attached, by a plugin that no longer attaches
+		// (its config or its capabilities changed): nothing to call.
+		iso.log.Warn("forgetting a volume recorded as attached: its plugin no longer offers PUBLISH_UNPUBLISH_VOLUME", "volume", v.key.String())
+		return before, iso.teardownDirs(v)
+	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
 		if err := iso.enterState(v, before, want, steps[0].during, node); err != nil {
 			return v.cp.State, err
@@ -338,11 +368,18 @@ func (iso *Isolator) refusedUntouched(before vstate, err error, v *volume) bool 
 		return false
 	}
 	code, ok := RPCCode(err)
-	if !ok || (code != codes.InvalidArgument && code != codes.NotFound && code != codes.FailedPrecondition) {
+	if !ok || !slices.Contains(refusals, code) {
 		return false
 	}
 	return !iso.anyMounted(v)
 }
+
+// refusals are the codes with which CSI's error tables say a call did
+// nothing: the request was wrong, or the volume is where the plugin cannot
+// take it (ControllerPublishVolume: AlreadyExists, incompatibly attached;
+// FailedPrecondition, attached to another node; ResourceExhausted, the
+// node's attach limit).
+var refusals = []codes.Code{codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted}
 
 // anyMounted reports whether something is (or may be: the check failed)
 // mounted at the volume's staging or target path.
@@ -428,6 +465,63 @@ func (iso *Isolator) teardownDirs(v *volume) error {
 	return iso.forgetVolume(v)
 }
 
+// controllerPublish attaches the volume to this node. Its publish_context
+// goes out with the volume's next checkpoint and to the node calls that
+// follow.
+func (iso *Isolator) controllerPublish(ctx context.Context, node Node, v *volume) error {
+	static := v.cp.StaticProvisioning
+	secrets, err := iso.resolveSecrets(static.GetControllerPublishSecrets())
+	if err != nil {
+		return fmt.Errorf("volume %s: controller_publish_secrets: %w", v.key, err)
+	}
+	var pc map[string]string
+	err = iso.call(ctx, v, "ControllerPublishVolume", controllerRetry, func(ctx context.Context) error {
+		r, err := node.Controller.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{
+			VolumeId:         v.key.id,
+			NodeId:           node.NodeID,
+			VolumeCapability: static.GetVolumeCapability(),
+			Readonly:         v.cp.Readonly && node.PublishReadonly,
+			Secrets:          secrets,
+			VolumeContext:    static.GetVolumeContext(),
+		})
+		pc = r.GetPublishContext()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	v.publishContext = pc
+	v.pending = append(v.pending, func(cp *statev1.VolumeCheckpoint) { cp.ControllerPublished, cp.PublishContext = true, pc })
+	return nil
+}
+
+// controllerUnpublish detaches the volume from this node; NotFound (no
+// such volume or node) is done.
+func (iso *Isolator) controllerUnpublish(ctx context.Context, node Node, v *volume) error {
+	secrets, err := iso.resolveSecrets(v.cp.StaticProvisioning.GetControllerPublishSecrets())
+	if err != nil {
+		return fmt.Errorf("volume %s: controller_publish_secrets: %w", v.key, err)
+	}
+	if err := iso.call(ctx, v, "ControllerUnpublishVolume", controllerRetry, func(ctx context.Context) error {
+		_, err := node.Controller.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: v.key.id, NodeId: node.NodeID, Secrets: secrets})
+		return notFoundIsDone(err)
+	}); err != nil {
+		return err
+	}
+	v.publishContext = nil
+	v.pending = append(v.pending, func(cp *statev1.VolumeCheckpoint) { cp.ControllerPublished, cp.PublishContext = false, nil })
+	return nil
+}
+
+// attachment is the publish_context for the node calls: the one of an
+// attach not yet checkpointed, or the recorded one.
+func (v *volume) attachment() map[string]string {
+	if v.publishContext != nil {
+		return v.publishContext
+	}
+	return v.cp.GetPublishContext()
+}
+
 func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
 	if err := os.MkdirAll(v.cp.StagingPath, 0o750); err != nil {
 		return fmt.Errorf("volume %s: creating staging path: %w", v.key, err)
@@ -437,9 +531,10 @@ func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
 	if err != nil {
 		return fmt.Errorf("volume %s: node_stage_secrets: %w", v.key, err)
 	}
-	return iso.call(ctx, v, "NodeStageVolume", func(ctx context.Context) error {
+	return iso.call(ctx, v, "NodeStageVolume", nodeRetry, func(ctx context.Context) error {
 		_, err := node.Client.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
 			VolumeId:          v.key.id,
+			PublishContext:    v.attachment(),
 			StagingTargetPath: v.cp.StagingPath,
 			VolumeCapability:  static.GetVolumeCapability(),
 			Secrets:           secrets,
@@ -526,6 +621,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	}
 	req := &csi.NodePublishVolumeRequest{
 		VolumeId:         v.key.id,
+		PublishContext:   v.attachment(),
 		TargetPath:       target,
 		VolumeCapability: static.GetVolumeCapability(),
 		Readonly:         readonly,
@@ -535,7 +631,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	if node.StageUnstage {
 		req.StagingTargetPath = v.cp.StagingPath
 	}
-	if err := iso.call(ctx, v, "NodePublishVolume", func(ctx context.Context) error {
+	if err := iso.call(ctx, v, "NodePublishVolume", nodeRetry, func(ctx context.Context) error {
 		_, err := node.Client.NodePublishVolume(ctx, req)
 		return err
 	}); err != nil {
@@ -566,14 +662,14 @@ func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error 
 }
 
 func (iso *Isolator) unpublishAt(ctx context.Context, node Node, v *volume, target string) error {
-	return iso.call(ctx, v, "NodeUnpublishVolume", func(ctx context.Context) error {
+	return iso.call(ctx, v, "NodeUnpublishVolume", nodeRetry, func(ctx context.Context) error {
 		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: target})
 		return notFoundIsDone(err)
 	})
 }
 
 func (iso *Isolator) unstage(ctx context.Context, node Node, v *volume) error {
-	return iso.call(ctx, v, "NodeUnstageVolume", func(ctx context.Context) error {
+	return iso.call(ctx, v, "NodeUnstageVolume", nodeRetry, func(ctx context.Context) error {
 		_, err := node.Client.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.key.id, StagingTargetPath: v.cp.StagingPath})
 		return notFoundIsDone(err)
 	})
@@ -586,11 +682,20 @@ func notFoundIsDone(err error) error {
 	return err
 }
 
-// call runs one node RPC within the RPC timeout, retrying with jittered
-// exponential backoff on Unavailable, DeadlineExceeded, ResourceExhausted
-// and Aborted; any other code (InvalidArgument, NotFound,
-// FailedPrecondition, Unimplemented, ...) fails at once.
-func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(context.Context) error) error {
+// The codes on which call retries, from CSI's error tables: a node call on
+// Unavailable, DeadlineExceeded, ResourceExhausted and Aborted; an attach
+// or detach on Unavailable, DeadlineExceeded and Aborted (its
+// ResourceExhausted is the node's attach limit: retrying cannot help).
+var (
+	nodeRetry       = []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted}
+	controllerRetry = []codes.Code{codes.Unavailable, codes.DeadlineExceeded, codes.Aborted}
+)
+
+// call runs one RPC within the RPC timeout, retrying with jittered
+// exponential backoff on the codes of retry; any other code
+// (InvalidArgument, NotFound, FailedPrecondition, Unimplemented, ...) fails
+// at once.
+func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, retry []codes.Code, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
@@ -601,7 +706,7 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, f func(con
 			return nil
 		}
 		code := status.Code(err)
-		retryable := code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.ResourceExhausted || code == codes.Aborted
+		retryable := slices.Contains(retry, code)
 		wrapped := &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
 		if !retryable || ctx.Err() != nil {
 			if msg := status.Convert(err).Message(); strings.Contains(strings.TrimSpace(msg), "\n") {
@@ -682,12 +787,18 @@ func RPCCode(err error) (codes.Code, bool) {
 }
 
 // enterState records the first step of v's way from before to want. A
-// volume coming onto the node (from CREATED or NODE_READY, where nothing
-// of it is on the node, up) first checks the plugin's
-// limit of volumes on the node (ErrLimit), under limitMu so that two
-// volumes cannot both take the last place.
+// volume coming onto the node (up from where nothing of it is there, see
+// offNode) is first checked against the node's topology (ErrPrecondition)
+// and the plugin's limit of volumes on the node (ErrLimit), the latter
+// under limitMu so that two volumes cannot both take the last place.
 func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Node) error {
-	if (before != stCreated && before != stNodeReady) || want != stPublished || node.MaxVolumes <= 0 {
+	if !offNode(v.cp) || want != stPublished {
+		return iso.setState(v, during)
+	}
+	if err := accessible(v, node); err != nil {
+		return err
+	}
+	if node.MaxVolumes <= 0 {
 		return iso.setState(v, during)
 	}
 	iso.limitMu.Lock()
@@ -700,15 +811,56 @@ func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Nod
 }
 
 // onNode counts the other volumes of v's plugin that have anything on the
-// node (every state but CREATED and NODE_READY).
+// node (see offNode).
 func (iso *Isolator) onNode(v *volume) int {
 	iso.mu.Lock()
 	defer iso.mu.Unlock()
 	n := 0
 	for k, o := range iso.volumes {
-		if st := o.cp.GetState(); k.plugin == v.key.plugin && o != v && st != stCreated && st != stNodeReady {
+		if k.plugin == v.key.plugin && o != v && !offNode(o.cp) {
 			n++
 		}
 	}
 	return n
+}
+
+// accessible refuses a volume whose accessible_topology (recorded when the
+// agent provisioned it) has no segment this node's plugin topology holds.
+// A volume without one is accessible everywhere; a plugin that reports no
+// topology cannot be checked against one.
+func accessible(v *volume, node Node) error {
+	segs := v.cp.GetStaticProvisioning().GetAccessibleTopology()
+	if len(segs) == 0 || len(node.Topology) == 0 {
+		return nil
+	}
+	for _, t := range segs {
+		if inSegment(t.GetSegments(), node.Topology) {
+			return nil
+		}
+	}
+	var where []string
+	for _, t := range segs {
+		where = append(where, segmentString(t.GetSegments()))
+	}
+	return fmt.Errorf("%w: volume %s is accessible only from %s and this node of plugin %s is at %s (NodeGetInfo accessible_topology)", ErrPrecondition, v.key, strings.Join(where, " or "), v.key.plugin, segmentString(node.Topology))
+}
+
+// inSegment reports whether every key of seg has its value in node.
+func inSegment(seg, node map[string]string) bool {
+	for k, val := range seg {
+		if node[k] != val {
+			return false
+		}
+	}
+	return true
+}
+
+// segmentString is a topology segment as k=v pairs sorted by key.
+func segmentString(seg map[string]string) string {
+	keys := slices.Sorted(maps.Keys(seg))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + seg[k]
+	}
+	return "{" + strings.Join(parts, ",") + "}"
 }

@@ -27,22 +27,54 @@ func (s *Set) Node(typ string) LiveNode { return LiveNode{set: s, typ: typ} }
 // connection serving service (a discovery name) on it; an error is
 // Unavailable (a status error: retry policies read its code).
 func (n LiveNode) Conn(ctx context.Context, service string) (*grpc.ClientConn, error) {
-	_, conn, err := n.set.Ready(ctx, n.typ, pluginconfig.NodeService)
+	return liveConn(ctx, n.set, n.typ, pluginconfig.NodeService, service)
+}
+
+// LiveController is a plugin's controller service for the calls that
+// attach and detach volumes, on the plugin's current connection like
+// LiveNode.
+type LiveController struct {
+	set *Set
+	typ string
+}
+
+// Controller is the live controller service of plugin typ.
+func (s *Set) Controller(typ string) LiveController { return LiveController{set: s, typ: typ} }
+
+func liveConn(ctx context.Context, s *Set, typ string, svc pluginconfig.Service, service string) (*grpc.ClientConn, error) {
+	_, conn, err := s.Ready(ctx, typ, svc)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return n.set.ConnFor(n.typ, pluginconfig.NodeService, service, conn), nil
+	return s.ConnFor(typ, svc, service, conn), nil
 }
 
-// nodeCall makes one node RPC on the current connection.
-func nodeCall[Req, Resp any](ctx context.Context, n LiveNode, rpc func(csi.NodeClient, context.Context, Req, ...grpc.CallOption) (Resp, error), in Req, opts []grpc.CallOption) (Resp, error) {
-	conn, err := n.Conn(ctx, "csi.v1.Node")
+// liveCall makes one RPC of a CSI service (svc's instance, client made by
+// mk) on the current connection.
+func liveCall[C, Req, Resp any](ctx context.Context, s *Set, typ string, svc pluginconfig.Service, service string, mk func(grpc.ClientConnInterface) C,
+	rpc func(C, context.Context, Req, ...grpc.CallOption) (Resp, error), in Req, opts []grpc.CallOption) (Resp, error) {
+	conn, err := liveConn(ctx, s, typ, svc, service)
 	if err != nil {
 		var none Resp
 		return none, err
 	}
-	resp, err := rpc(csi.NewNodeClient(conn), ctx, in, opts...)
+	resp, err := rpc(mk(conn), ctx, in, opts...)
 	return resp, connGone(ctx, err)
+}
+
+// nodeCall makes one node RPC on the current connection.
+func nodeCall[Req, Resp any](ctx context.Context, n LiveNode, rpc func(csi.NodeClient, context.Context, Req, ...grpc.CallOption) (Resp, error), in Req, opts []grpc.CallOption) (Resp, error) {
+	return liveCall(ctx, n.set, n.typ, pluginconfig.NodeService, "csi.v1.Node", csi.NewNodeClient, rpc, in, opts)
+}
+
+// ControllerPublishVolume is the CSI call on the current connection.
+func (c LiveController) ControllerPublishVolume(ctx context.Context, in *csi.ControllerPublishVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerPublishVolumeResponse, error) {
+	return liveCall(ctx, c.set, c.typ, pluginconfig.ControllerService, "csi.v1.Controller", csi.NewControllerClient, csi.ControllerClient.ControllerPublishVolume, in, opts)
+}
+
+// ControllerUnpublishVolume is the CSI call on the current connection.
+func (c LiveController) ControllerUnpublishVolume(ctx context.Context, in *csi.ControllerUnpublishVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerUnpublishVolumeResponse, error) {
+	return liveCall(ctx, c.set, c.typ, pluginconfig.ControllerService, "csi.v1.Controller", csi.NewControllerClient, csi.ControllerClient.ControllerUnpublishVolume, in, opts)
 }
 
 // connGone turns the error of a call cut off by its connection closing
