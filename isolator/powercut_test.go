@@ -21,6 +21,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/internal/testhelp"
@@ -33,12 +35,64 @@ import (
 var powercutMixes = flag.Int("powercut.mixes", 2, "random disk states per cut point in TestPowerCut")
 
 // tmpfsNode is a CSI node service that stages a small tmpfs and publishes
-// it by a bind mount: real mounts, no devices.
-type tmpfsNode struct{}
+// it by a bind mount: real mounts, no devices. With a controller, its
+// volumes must be attached by it (node calls check the publish_context).
+type tmpfsNode struct{ ctrl *tmpfsController }
+
+// tmpfsController attaches volumes: a token per volume, named in the
+// publish_context. Its attachments are outside the host (a cloud disk's):
+// they survive a power cut.
+type tmpfsController struct {
+	mu       sync.Mutex
+	attached map[string]string
+	next     int
+}
+
+func (c *tmpfsController) ControllerPublishVolume(_ context.Context, in *csi.ControllerPublishVolumeRequest, _ ...grpc.CallOption) (*csi.ControllerPublishVolumeResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tok, ok := c.attached[in.GetVolumeId()]
+	if !ok {
+		c.next++
+		tok = fmt.Sprint(c.next)
+		c.attached[in.GetVolumeId()] = tok
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{"token": tok}}, nil
+}
+
+func (c *tmpfsController) ControllerUnpublishVolume(_ context.Context, in *csi.ControllerUnpublishVolumeRequest, _ ...grpc.CallOption) (*csi.ControllerUnpublishVolumeResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.attached, in.GetVolumeId())
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}
+
+// check refuses a node call without the volume's current attachment.
+func (c *tmpfsController) check(volumeID string, pc map[string]string) error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if tok, ok := c.attached[volumeID]; !ok || pc["token"] != tok {
+		return status.Errorf(codes.FailedPrecondition, "volume %s: publish_context %v, attached %q", volumeID, pc, tok)
+	}
+	return nil
+}
+
+// attachedIDs are the volumes attached now, sorted.
+func (c *tmpfsController) attachedIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(maps.Keys(c.attached))
+}
 
 func mountedAt(p string) bool { ok, _ := mount.IsMountPoint(p); return ok }
 
-func (tmpfsNode) NodeStageVolume(_ context.Context, in *csi.NodeStageVolumeRequest, _ ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
+func (n tmpfsNode) NodeStageVolume(_ context.Context, in *csi.NodeStageVolumeRequest, _ ...grpc.CallOption) (*csi.NodeStageVolumeResponse, error) {
+	if err := n.ctrl.check(in.GetVolumeId(), in.GetPublishContext()); err != nil {
+		return nil, err
+	}
 	if !mountedAt(in.StagingTargetPath) {
 		if err := unix.Mount("tmpfs", in.StagingTargetPath, "tmpfs", 0, "size=64k"); err != nil {
 			return nil, err
@@ -56,7 +110,10 @@ func (tmpfsNode) NodeUnstageVolume(_ context.Context, in *csi.NodeUnstageVolumeR
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
-func (tmpfsNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
+func (n tmpfsNode) NodePublishVolume(_ context.Context, in *csi.NodePublishVolumeRequest, _ ...grpc.CallOption) (*csi.NodePublishVolumeResponse, error) {
+	if err := n.ctrl.check(in.GetVolumeId(), in.GetPublishContext()); err != nil {
+		return nil, err
+	}
 	if !mountedAt(in.TargetPath) {
 		// The target is the plugin's to make (CSI).
 		if err := os.Mkdir(in.TargetPath, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
@@ -78,7 +135,9 @@ func (tmpfsNode) NodeUnpublishVolume(_ context.Context, in *csi.NodeUnpublishVol
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-type tmpfsPlugins struct{}
+// tmpfsPlugins has plugin "loop" of tmpfsNode; with ctrl, its
+// controller attaches volumes.
+type tmpfsPlugins struct{ ctrl *tmpfsController }
 
 func (tmpfsPlugins) Lookup(typ string) (Plugin, error) {
 	if typ != "loop" {
@@ -87,8 +146,12 @@ func (tmpfsPlugins) Lookup(typ string) (Plugin, error) {
 	return Plugin{Type: "loop", Name: "default"}, nil
 }
 
-func (tmpfsPlugins) Node(context.Context, string) (Node, error) {
-	return Node{Client: tmpfsNode{}, StageUnstage: true}, nil
+func (p tmpfsPlugins) Node(context.Context, string) (Node, error) {
+	n := Node{Client: tmpfsNode{p.ctrl}, StageUnstage: true, NodeID: "node-1"}
+	if p.ctrl != nil {
+		n.Controller = p.ctrl
+	}
+	return n, nil
 }
 
 // fileState is a record file as a power cut may leave it.
@@ -252,16 +315,25 @@ func (d *diskModel) cut(work string, rng *rand.Rand, mixes int) []map[string]fil
 }
 
 // TestPowerCut cuts power (simulated: see diskModel.cut) at every
-// checkpoint write and node call of a scripted sequence (containers c1
+// checkpoint write and plugin call of a scripted sequence (containers c1
 // and c2 share vol-1, c1 is cleaned up, then c2), reboots (mounts gone,
 // new boot id), recovers on what survived and checks: every container
 // acknowledged prepared (and not being cleaned up) is PREPARED with its
 // mount back; every one acknowledged cleaned up is gone; each volume's
 // users are exactly the containers whose records name it, and it is
 // published iff it has users; nothing is mounted that no record claims; a
-// quarantined record is never one of an acknowledged container.
+// quarantined record is never one of an acknowledged container. It runs
+// twice: with a plugin that stages only, and with one whose controller
+// attaches (its attachments survive the cut, as a cloud disk's do: after
+// recovery exactly the published volumes are attached).
 func TestPowerCut(t *testing.T) {
 	testhelp.NeedRoot(t)
+	for _, attach := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stage", true: "attach"}[attach], func(t *testing.T) { powerCut(t, attach) })
+	}
+}
+
+func powerCut(t *testing.T, attach bool) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	ids := []string{"c1", "c2"}
 	// The sequence's steps: prepare c1, prepare c2, cleanup c1, cleanup c2.
@@ -275,6 +347,10 @@ func TestPowerCut(t *testing.T) {
 		root := t.TempDir()
 		work := filepath.Join(root, "work")
 		model := newDiskModel(work)
+		plugins := tmpfsPlugins{}
+		if attach {
+			plugins.ctrl = &tmpfsController{attached: map[string]string{}}
+		}
 		var (
 			n       int
 			states  []map[string]fileState
@@ -282,12 +358,18 @@ func TestPowerCut(t *testing.T) {
 			acked   []string
 			cutName string
 		)
-		iso, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-1", Fsync: model.fsync,
+		var cutAttached map[string]string
+		iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-1", Fsync: model.fsync,
 			CrashPoint: func(point string) {
 				n++
 				if n == at {
 					states = model.cut(work, rng, *powercutMixes)
 					ackedAt, cutName = slices.Clone(acked), point
+					if attach {
+						plugins.ctrl.mu.Lock()
+						cutAttached = maps.Clone(plugins.ctrl.attached)
+						plugins.ctrl.mu.Unlock()
+					}
 				}
 			}})
 		if err != nil {
@@ -317,7 +399,11 @@ func TestPowerCut(t *testing.T) {
 		}
 		points++
 		for si, st := range states {
-			if msg := recoverFrom(t, root, work, st, ackedAt, ids); msg != "" {
+			if attach {
+				// The controller as the cut left it.
+				plugins.ctrl = &tmpfsController{attached: maps.Clone(cutAttached), next: 1000}
+			}
+			if msg := recoverFrom(t, root, work, plugins, st, ackedAt, ids); msg != "" {
 				violations++
 				t.Errorf("cut %d (%s), disk state %d: %s", at, cutName, si, msg)
 			} else {
@@ -325,7 +411,7 @@ func TestPowerCut(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("power cut: %d cut points, %d disk states recovered, %d violations", points, recovered, violations)
+	t.Logf("power cut (attach %v): %d cut points, %d disk states recovered, %d violations", attach, points, recovered, violations)
 }
 
 func powercutRequest(t *testing.T, id, root string) *statev1.PrepareRequest {
@@ -360,7 +446,7 @@ func unmountUnder(t *testing.T, root string) {
 
 // recoverFrom puts a disk state in place after a reboot, recovers, checks
 // the invariants (returning what broke), then cleans everything up.
-func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked, ids []string) string {
+func recoverFrom(t *testing.T, root, work string, plugins tmpfsPlugins, st map[string]fileState, acked, ids []string) string {
 	t.Helper()
 	// The work dir holds exactly this state: nothing left by the
 	// previous state's recovery (rebuilt or moved records).
@@ -378,7 +464,7 @@ func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked
 		}
 	}
 	defer unmountUnder(t, root)
-	iso, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-2"})
+	iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-2"})
 	if err != nil {
 		return "start: " + err.Error()
 	}
@@ -428,6 +514,18 @@ func recoverFrom(t *testing.T, root, work string, st map[string]fileState, acked
 			problems = append(problems, fmt.Sprintf("%s: state %v with users %v", k, v.cp.GetState(), want))
 		}
 		claimed[v.cp.GetStagingPath()], claimed[v.cp.GetTargetPath()] = true, true
+	}
+	if plugins.ctrl != nil {
+		var published []string
+		for k, v := range iso.volumes {
+			if v.cp.GetState() == stPublished {
+				published = append(published, k.id)
+			}
+		}
+		slices.Sort(published)
+		if got := plugins.ctrl.attachedIDs(); !slices.Equal(got, published) {
+			problems = append(problems, fmt.Sprintf("attached %v, published %v (volumes %v)", got, published, iso.ListVolumes()))
+		}
 	}
 	ms, err := mount.List(nil)
 	if err != nil {

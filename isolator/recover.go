@@ -250,9 +250,11 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 			// not survive a reboot (a loop device does not), and its
 			// publish_context may name what is gone; the attach is
 			// idempotent where it does survive.
+			// An attach or detach under way stays as it is: the
+			// whole way from it includes the attach or detach.
 			cp.BootId = iso.bootID
 			switch {
-			case cp.State == stCreated:
+			case cp.State == stCreated || cp.State == stCtrlPublish || cp.State == stCtrlUnpub:
 			case len(cp.Users) > 0 && cp.ControllerPublished:
 				cp.State, cp.ControllerPublished, cp.PublishContext = stCtrlPublish, false, nil
 			case len(cp.Users) > 0:

@@ -34,6 +34,8 @@ type volume struct {
 	// pending changes go out with the volume's next checkpoint write
 	// (see acquire and release); the caller holds the volume's lock.
 	pending []func(cp *statev1.VolumeCheckpoint)
+	// written is the committer's number for the last write of cp.
+	written uint64
 	// publishContext is an attach's publish_context until the checkpoint
 	// that records it (see controllerPublish); nil otherwise.
 	publishContext map[string]string
@@ -125,10 +127,11 @@ func (iso *Isolator) updateVolume(v *volume, mutate func(cp *statev1.VolumeCheck
 	if cp.State != before {
 		cp.StateSince = timestamppb.Now()
 	}
-	if _, err := iso.writeCheckpoint(v.dir, volumeStateFile, cp); err != nil {
+	n, err := iso.writeCheckpoint(v.dir, volumeStateFile, cp)
+	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	v.pending = nil
+	v.pending, v.written = nil, n
 	iso.mu.Lock()
 	v.cp = cp
 	iso.volumes[v.key] = v

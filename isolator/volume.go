@@ -465,10 +465,16 @@ func (iso *Isolator) teardownDirs(v *volume) error {
 	return iso.forgetVolume(v)
 }
 
-// controllerPublish attaches the volume to this node. Its publish_context
-// goes out with the volume's next checkpoint and to the node calls that
-// follow.
+// controllerPublish attaches the volume to this node. An attachment is
+// outside the host and survives a power cut, so its intent (the
+// CONTROLLER_PUBLISH checkpoint, with the user) is durable before the
+// call: recovery then finds the volume and detaches it, or keeps it for
+// its user. Its publish_context goes out with the volume's next
+// checkpoint and to the node calls that follow.
 func (iso *Isolator) controllerPublish(ctx context.Context, node Node, v *volume) error {
+	if err := iso.commit.Wait(ctx, v.written); err != nil {
+		return fmt.Errorf("volume %s: making its attach intent durable: %w", v.key, err)
+	}
 	static := v.cp.StaticProvisioning
 	secrets, err := iso.resolveSecrets(static.GetControllerPublishSecrets())
 	if err != nil {
