@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -48,14 +49,15 @@ func hostpathArgs(stateDir string) []string {
 }
 
 // startHostpath runs csi-driver-host-path, a third-party plugin, as an
-// unmanaged plugin of type typ on a socket of its own, and returns a client
-// of its controller.
-func (h *harness) startHostpath(typ string) csi.ControllerClient {
+// unmanaged plugin of type typ on a socket of its own (with its flags
+// extra besides), and returns a client of its controller.
+func (h *harness) startHostpath(typ string, extra ...string) csi.ControllerClient {
 	t := h.t
 	t.Helper()
 	dir := h.dir("hostpath-" + typ)
 	sock := filepath.Join(dir, "csi.sock")
-	startUnmanaged(t, hostpathBin(t), append([]string{"--endpoint", "unix://" + sock}, hostpathArgs(filepath.Join(dir, "state"))...)...)
+	args := append([]string{"--endpoint", "unix://" + sock}, hostpathArgs(filepath.Join(dir, "state"))...)
+	startUnmanaged(t, hostpathBin(t), append(args, extra...)...)
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	if err := supervisor.WaitForSocket(ctx, sock, nil); err != nil {
@@ -252,5 +254,82 @@ func TestTargetPathExists(t *testing.T) {
 				t.Fatalf("Prepare without target_path_exists against a plugin that needs it: %v; want its FailedPrecondition", err)
 			}
 		})
+	}
+}
+
+// hostpathAttached reads csi-driver-host-path's state file (the plugin of
+// type typ started by startHostpath) and reports which volumes it holds
+// attached.
+func (h *harness) hostpathAttached(typ string) map[string]bool {
+	h.t.Helper()
+	b, err := os.ReadFile(filepath.Join(h.extra, "hostpath-"+typ, "state", "state.json"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var st struct {
+		Volumes []struct {
+			VolID    string
+			Attached bool
+		}
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		h.t.Fatalf("csi-driver-host-path's state file: %v", err)
+	}
+	out := map[string]bool{}
+	for _, v := range st.Volumes {
+		out[v.VolID] = v.Attached
+	}
+	return out
+}
+
+// TestThirdPartyPluginAttach (issue 28): csi-driver-host-path with
+// --enable-attach refuses to stage a volume not attached first
+// ("ControllerPublishVolume must be called ... before staging on node").
+// Through the agent, a container's volume is attached (ControllerPublishVolume
+// to the plugin's node id), staged, published and written; a second volume
+// beyond the plugin's attach limit (--attach-limit 1, which it also reports
+// as NodeGetInfo max_volumes_per_node) is refused, ResourceExhausted,
+// naming the volume, before any call; the last user's cleanup
+// detaches, and the second volume then gets its place.
+func TestThirdPartyPluginAttach(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	ctrl := h.startHostpath("hostpath", "--enable-attach", "--attach-limit", "1")
+	h.start(fastConfig(h))
+	p := h.waitPlugin("hostpath", "ready", ready)
+	if caps := p.GetInstances()[0].GetControllerCapabilities(); !slices.Contains(caps, "PUBLISH_UNPUBLISH_VOLUME") {
+		t.Fatalf("controller capabilities %v: want PUBLISH_UNPUBLISH_VOLUME", caps)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	a, b := createHostpathVolume(ctx, t, ctrl, "a", false), createHostpathVolume(ctx, t, ctrl, "b", false)
+	sb := h.dir("sandbox")
+	h.mustPrepare("c1", sb, "", volumeSpec{plugin: "hostpath", id: a, path: "data"})
+	if err := os.WriteFile(filepath.Join(sb, "data", "file"), []byte("hello"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.hostpathAttached("hostpath"); !got[a] || got[b] {
+		t.Errorf("attached after the first prepare: %v; want %s only", got, a)
+	}
+	sb2 := h.dir("sandbox2")
+	_, err := h.prepare("c2", sb2, "", volumeSpec{plugin: "hostpath", id: b, path: "data"})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), b) {
+		t.Errorf("a second volume beyond --attach-limit 1: %v; want ResourceExhausted naming %s", err, b)
+	}
+	h.mustCleanup("c1")
+	if got := h.hostpathAttached("hostpath"); got[a] {
+		t.Errorf("still attached after the last user's cleanup: %v", got)
+	}
+	h.mustPrepare("c2", sb2, "", volumeSpec{plugin: "hostpath", id: b, path: "data"})
+	h.mustCleanup("c2")
+	for _, sandbox := range []string{sb, sb2} {
+		if ms := mountsUnder(t, h.work, sandbox); len(ms) > 0 {
+			t.Errorf("leaked mounts: %v", ms)
+		}
+	}
+	for _, id := range []string{a, b} {
+		if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("DeleteVolume %s: %v", id, err)
+		}
 	}
 }

@@ -708,7 +708,7 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, retry []co
 		err := f(ctx)
 		iso.cfg.CrashPoint("rpc " + rpc)
 		if err == nil {
-			iso.log.Debug("node RPC done", "rpc", rpc, "volume", v.key.String(), "attempt", attempt)
+			iso.log.Debug("plugin RPC done", "rpc", rpc, "volume", v.key.String(), "attempt", attempt)
 			return nil
 		}
 		code := status.Code(err)
@@ -716,12 +716,12 @@ func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, retry []co
 		wrapped := &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
 		if !retryable || ctx.Err() != nil {
 			if msg := status.Convert(err).Message(); strings.Contains(strings.TrimSpace(msg), "\n") {
-				iso.log.Warn("node RPC failed", "rpc", rpc, "volume", v.key.String(), "code", code.String(), "message", msg)
+				iso.log.Warn("plugin RPC failed", "rpc", rpc, "volume", v.key.String(), "code", code.String(), "message", msg)
 			}
 			return wrapped
 		}
 		d := retrypolicy.Backoff(retryBase, retryMax, attempt-1, 2)
-		iso.log.Warn("node RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", code.String(), "retry_in", d)
+		iso.log.Warn("plugin RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", code.String(), "retry_in", d)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
