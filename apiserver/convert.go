@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"maps"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -126,6 +127,7 @@ func VolumeStatus(v isolator.VolumeInfo) *agentv1.VolumeStatus {
 		Containers: v.Users, StagingPath: v.StagingPath, TargetPath: v.TargetPath, Block: v.Block, Readonly: v.Readonly,
 		LastError: v.LastError, NextReclaim: timestamp(v.NextReclaim), LastReclaim: ReclaimResult(v.LastReclaim),
 		Reclaiming: v.Reclaiming, NextKeyRotation: timestamp(v.NextKeyRotation), LastRepair: v.LastRepair, Pending: v.Pending,
+		Attached: v.Attached, PublishContext: maps.Clone(v.PublishContext),
 	}
 }
 

@@ -137,6 +137,9 @@ func (e *env) volumesCmd(fs *pflag.FlagSet) runFunc {
 			for _, v := range resp.GetVolumes() {
 				use, cond := statsCells(v.GetStats())
 				state := v.GetState().String()
+				if v.GetAttached() {
+					state += " (attached)"
+				}
 				if v.GetPending() != "" {
 					state += " (pending)"
 				}

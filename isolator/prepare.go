@@ -813,6 +813,7 @@ func (iso *Isolator) listVolumes() []VolumeInfo {
 			Capability:  proto.CloneOf(cp.GetStaticProvisioning().GetVolumeCapability()),
 			NextReclaim: optionalTime(cp.GetNextReclaim()), LastReclaim: cp.GetLastReclaim(), Reclaiming: iso.reclaimActive[v.key],
 			NextKeyRotation: optionalTime(cp.GetNextKeyRotation()), LastRepair: cp.GetLastRepair(),
+			Attached: cp.GetControllerPublished(), PublishContext: maps.Clone(cp.GetPublishContext()),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {

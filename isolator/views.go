@@ -33,6 +33,10 @@ type VolumeInfo struct {
 	// Pending says why nothing is done to the volume for now (its plugin
 	// has no config); "": nothing waits.
 	Pending string
+	// Attached: ControllerPublishVolume attached it to this node, with
+	// PublishContext.
+	Attached       bool
+	PublishContext map[string]string
 }
 
 // ContainerInfo is a container with volumes as ListContainers reports it.

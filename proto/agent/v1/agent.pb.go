@@ -1799,9 +1799,13 @@ type VolumeStatus struct {
 	LastRepair string `protobuf:"bytes,16,opt,name=last_repair,json=lastRepair,proto3" json:"last_repair,omitempty"`
 	// Why nothing is done to the volume for now (its plugin has no config:
 	// it is kept as it is until the config is back); empty: nothing waits.
-	Pending       string `protobuf:"bytes,17,opt,name=pending,proto3" json:"pending,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pending string `protobuf:"bytes,17,opt,name=pending,proto3" json:"pending,omitempty"`
+	// Attached to this node by its plugin's controller
+	// (ControllerPublishVolume), with the publish_context it answered.
+	Attached       bool              `protobuf:"varint,18,opt,name=attached,proto3" json:"attached,omitempty"`
+	PublishContext map[string]string `protobuf:"bytes,19,rep,name=publish_context,json=publishContext,proto3" json:"publish_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *VolumeStatus) Reset() {
@@ -1951,6 +1955,20 @@ func (x *VolumeStatus) GetPending() string {
 		return x.Pending
 	}
 	return ""
+}
+
+func (x *VolumeStatus) GetAttached() bool {
+	if x != nil {
+		return x.Attached
+	}
+	return false
+}
+
+func (x *VolumeStatus) GetPublishContext() map[string]string {
+	if x != nil {
+		return x.PublishContext
+	}
+	return nil
 }
 
 // VolumeStats is one poll of NodeGetVolumeStats and NodeGetVolumeHealth.
@@ -3815,7 +3833,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12ListVolumesRequest\x12#\n" +
 	"\rrefresh_stats\x18\x01 \x01(\bR\frefreshStats\"P\n" +
 	"\x13ListVolumesResponse\x129\n" +
-	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xa4\a\n" +
+	"\avolumes\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.VolumeStatusR\avolumes\"\xe1\b\n" +
 	"\fVolumeStatus\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -3843,7 +3861,12 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x11next_key_rotation\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextKeyRotation\x12\x1f\n" +
 	"\vlast_repair\x18\x10 \x01(\tR\n" +
 	"lastRepair\x12\x18\n" +
-	"\apending\x18\x11 \x01(\tR\apending\"\xc9\x01\n" +
+	"\apending\x18\x11 \x01(\tR\apending\x12\x1a\n" +
+	"\battached\x18\x12 \x01(\bR\battached\x12\\\n" +
+	"\x0fpublish_context\x18\x13 \x03(\v23.csiagent.agent.v1.VolumeStatus.PublishContextEntryR\x0epublishContext\x1aA\n" +
+	"\x13PublishContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x01\n" +
 	"\x05State\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\v\n" +
 	"\aCREATED\x10\x01\x12\x0e\n" +
@@ -4046,7 +4069,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -4107,15 +4130,16 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	nil,                                   // 56: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
 	(*Secret_Reference)(nil),              // 57: csiagent.agent.v1.Secret.Reference
 	(*Secret_Value)(nil),                  // 58: csiagent.agent.v1.Secret.Value
-	nil,                                   // 59: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 60: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 61: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 62: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*csi.VolumeCapability)(nil),          // 63: csi.v1.VolumeCapability
-	(*csi.Topology)(nil),                  // 64: csi.v1.Topology
-	(*timestamppb.Timestamp)(nil),         // 65: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 66: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 67: csiagent.agent.v1.RetryPolicy
+	nil,                                   // 59: csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	nil,                                   // 60: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 61: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 62: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 63: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*csi.VolumeCapability)(nil),          // 64: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),                  // 65: csi.v1.Topology
+	(*timestamppb.Timestamp)(nil),         // 66: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 67: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 68: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	49, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
@@ -4125,12 +4149,12 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
 	52, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
 	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	63, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	64, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
 	53, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
 	54, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
 	55, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
 	56, // 11: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	64, // 12: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	65, // 12: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
 	3,  // 13: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
 	57, // 14: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
 	58, // 15: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
@@ -4139,74 +4163,75 @@ var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	23, // 18: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
 	28, // 19: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
 	4,  // 20: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	65, // 21: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	65, // 22: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	66, // 21: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	66, // 22: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
 	30, // 23: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
 	29, // 24: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	65, // 25: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	65, // 26: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	65, // 27: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	66, // 28: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	32, // 29: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	59, // 30: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	60, // 31: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	67, // 32: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	32, // 33: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	30, // 34: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	34, // 35: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	37, // 36: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 37: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	23, // 38: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	61, // 39: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	45, // 40: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	44, // 41: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	45, // 42: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 43: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	48, // 44: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	47, // 45: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	46, // 46: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
-	0,  // 47: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	65, // 48: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	65, // 49: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	62, // 50: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 51: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 52: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 53: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 54: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 55: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 56: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 57: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 58: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 59: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 60: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 61: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 62: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 63: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 64: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 65: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 66: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 67: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 68: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 69: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 70: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 71: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 72: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 73: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 74: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 75: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 76: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 77: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 78: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 79: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 80: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 81: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 82: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 83: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	70, // [70:84] is the sub-list for method output_type
-	56, // [56:70] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	66, // 25: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	59, // 26: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	66, // 27: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	66, // 28: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	67, // 29: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	32, // 30: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	60, // 31: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	61, // 32: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	68, // 33: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	32, // 34: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	30, // 35: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	34, // 36: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	37, // 37: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 38: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	23, // 39: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	62, // 40: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	45, // 41: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	44, // 42: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	45, // 43: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 44: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	48, // 45: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	47, // 46: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	46, // 47: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 48: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	66, // 49: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	66, // 50: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	63, // 51: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 52: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 53: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 54: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 55: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 56: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 57: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 58: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 59: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 60: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 61: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 62: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 63: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 64: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 65: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 66: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 67: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 68: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 69: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 70: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 71: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 72: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 73: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 74: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 75: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 76: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 77: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 78: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 79: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 80: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 81: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 82: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 83: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 84: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	71, // [71:85] is the sub-list for method output_type
+	57, // [57:71] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4226,7 +4251,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
