@@ -29,7 +29,7 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 	rpc := func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
 		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
 	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: []*csi.ControllerServiceCapability{
+	caps := []*csi.ControllerServiceCapability{
 		rpc(csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME),
 		rpc(csi.ControllerServiceCapability_RPC_LIST_VOLUMES),
 		rpc(csi.ControllerServiceCapability_RPC_GET_CAPACITY),
@@ -38,7 +38,11 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 		rpc(csi.ControllerServiceCapability_RPC_GET_SNAPSHOT),
 		rpc(csi.ControllerServiceCapability_RPC_CLONE_VOLUME),
 		rpc(csi.ControllerServiceCapability_RPC_EXPAND_VOLUME),
-	}}, nil
+	}
+	if !s.p.nodeOnly {
+		caps = append(caps, rpc(csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME), rpc(csi.ControllerServiceCapability_RPC_PUBLISH_READONLY))
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 // volumeSize picks the size of a new volume for a capacity range.

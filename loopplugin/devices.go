@@ -219,11 +219,17 @@ func (h *held) sweep(log *slog.Logger) {
 // from: left over by an unstage, by the unpublish of a read-only block
 // target, or by a crash between attaching and mounting. Callers hold the
 // volume's lock, so no stage of this plugin is between its attach and its
-// mount.
+// mount. The controller's attachment stays (ControllerUnpublishVolume
+// detaches it).
 func (p *Plugin) detachIdle(vol Volume) error {
 	ds, err := devicesOf(vol)
 	if err != nil {
 		return err
+	}
+	if a, ok, err := p.attachmentOf(vol.ID); err != nil {
+		return err
+	} else if ok {
+		ds = slices.DeleteFunc(ds, func(d loopdev.Device) bool { return d.Rdev() == a.rdev() })
 	}
 	byDev, err := ds.mounts()
 	if err != nil {

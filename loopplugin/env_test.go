@@ -46,14 +46,14 @@ func (w tWriter) Write(b []byte) (int, error) {
 // newEnv starts a plugin. When the test ends it stops the plugin and fails
 // the test if a mount below the test's directory or a loop device backed by
 // a pool file is left, removing them so later tests are not affected.
-func newEnv(t *testing.T, logLevel slog.Level) *testEnv {
+func newEnv(t *testing.T, logLevel slog.Level, opts ...func(*Config)) *testEnv {
 	t.Helper()
 	dir := testhelp.LeakCheckedDir(t)
 	pool := filepath.Join(dir, "pool")
 	if err := os.Mkdir(pool, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return startEnv(t, logLevel, dir, pool, "")
+	return startEnv(t, logLevel, dir, pool, "", opts...)
 }
 
 // newReplicaPair starts two plugins in one directory: a serves pool "a"
@@ -73,17 +73,24 @@ func newReplicaPair(t *testing.T, logLevel slog.Level) (a, b *testEnv) {
 
 // startEnv serves a plugin on pool (with an optional replica pool) on a
 // socket in dir.
-func startEnv(t *testing.T, logLevel slog.Level, dir, pool, replica string) *testEnv {
+func startEnv(t *testing.T, logLevel slog.Level, dir, pool, replica string, opts ...func(*Config)) *testEnv {
 	t.Helper()
 	e := &testEnv{dir: dir, pool: pool, sock: filepath.Join(dir, filepath.Base(pool)+".sock")}
-	var err error
-	e.p, err = New(Config{
+	// Node-only unless an option says otherwise: most tests here drive the
+	// node service alone (attach mode: attach_test.go, TestSanity).
+	cfg := Config{
+		NodeOnly:    true,
 		Pool:        e.pool,
 		ReplicaPool: replica,
 		NodeID:      "node-1",
 		Logger: slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: logLevel})).
 			With("plugin", filepath.Base(pool)),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	var err error
+	e.p, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 //	.csi-loop/group-snapshots/<group snapshot id>.json
 //	.csi-loop/replication/<volume id>.json and <volume id>.lock
 //	.csi-loop/volumes/<volume id>.json (content source, if any)
+//	.csi-loop/attachments/<volume id>.json (ControllerPublishVolume's loop device)
 //
 // Every record is written atomically (temporary file, fsync, rename, fsync
 // of the directory): a crash leaves the old record or the new one. A
@@ -36,6 +37,7 @@ const (
 	metaGroupSnapshots = "group-snapshots"
 	metaReplication    = "replication"
 	metaVolumes        = "volumes"
+	metaAttachments    = "attachments"
 )
 
 // metaDir returns the directory of one kind of record.

@@ -47,8 +47,9 @@ func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	}}, nil
 }
 
-// NodeStageVolume attaches the image to a loop device and, for mount
-// access, mounts its filesystem (made first if the volume is blank) at the
+// NodeStageVolume, in attach mode, takes the loop device the
+// publish_context names (see attach.go), in node-only mode attaches the
+// image to one, and, for mount access, mounts its filesystem (made first if the volume is blank) at the
 // staging path; for block access it bind-mounts the device node onto
 // <staging>/device. Staging again with a compatible capability succeeds;
 // an incompatible one is AlreadyExists. A replication secondary cannot be
@@ -66,13 +67,17 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	} else if r != nil && r.Role == roleSecondary {
 		return nil, preconditionf("volume %s is a replication secondary (its primary is in %s): promote it before staging", id, r.Peer)
 	}
+	dev, err := s.p.stageDevice(vol, req.GetPublishContext())
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, fmt.Errorf("create staging path: %w", err)
 	}
 	if acc.block {
-		err = s.p.stageBlock(ctx, vol, staging, acc)
+		err = s.p.stageBlock(ctx, vol, staging, acc, dev)
 	} else {
-		err = s.p.stageMount(ctx, vol, staging, acc)
+		err = s.p.stageMount(ctx, vol, staging, acc, dev)
 	}
 	if err != nil {
 		return nil, err
@@ -81,7 +86,8 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 }
 
 // NodeUnstageVolume undoes NodeStageVolume: it unmounts the staging path (or
-// the device bind inside it) and detaches the loop device. A volume that is
+// the device bind inside it) and detaches the loop device, unless the
+// controller attached it (ControllerUnpublishVolume detaches that one). A volume that is
 // not staged is already unstaged. A volume still published somewhere is
 // FailedPrecondition: unpublish first.
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,10 @@ type Config struct {
 	// MaxVolumesPerNode is what NodeGetInfo reports as
 	// max_volumes_per_node (0: no limit; the CO enforces it).
 	MaxVolumesPerNode int64
+	// NodeOnly turns attach mode off (see attach.go): no
+	// PUBLISH_UNPUBLISH_VOLUME, NodeStageVolume attaches the image itself;
+	// for a CO that never calls ControllerPublishVolume.
+	NodeOnly bool
 	// Name and Version are what GetPluginInfo reports; DefaultName and
 	// Version if empty.
 	Name, Version string
@@ -78,6 +83,8 @@ type Config struct {
 type Plugin struct {
 	name, version, nodeID string
 	maxVolumes            int64
+	nodeOnly              bool
+	attachMu              sync.Mutex // see ControllerPublishVolume
 	pool                  *Pool
 	replica               *Pool // nil without a replica pool
 	log                   *slog.Logger
@@ -136,6 +143,7 @@ func New(cfg Config) (*Plugin, error) {
 		version:         cfg.Version,
 		nodeID:          cfg.NodeID,
 		maxVolumes:      cfg.MaxVolumesPerNode,
+		nodeOnly:        cfg.NodeOnly,
 		pool:            pool,
 		replica:         replica,
 		log:             cfg.Logger,
@@ -313,7 +321,8 @@ func every(ctx context.Context, d time.Duration, f func()) {
 
 // holdAttached reports the volumes found attached at start (the state a
 // previous run left, which this one carries on from) and holds the devices
-// whose node is bind-mounted (block access given out; see held), clearing
+// whose node is bind-mounted (block access given out; see held) and the
+// controller's attachments (attach.go), clearing
 // an autoclear mark someone set meanwhile. Others are left as they are: a
 // filesystem's device is held by its mount, and one being detached (an
 // unstage's LOOP_CLR_FD waiting for a last opener) must stay so.
@@ -329,7 +338,11 @@ func (p *Plugin) holdAttached() error {
 	for _, a := range attached {
 		id := strings.TrimSuffix(filepath.Base(a.BackingFile), imageSuffix)
 		p.log.Info("found attached volume", "volume", id, "device", a.Path)
-		if !handedOut[a.Rdev()] {
+		rec, recorded, err := p.attachmentOf(id)
+		if err != nil {
+			return err
+		}
+		if !handedOut[a.Rdev()] && (!recorded || rec.rdev() != a.Rdev()) {
 			continue
 		}
 		f, err := loopdev.Hold(a.Device, a.BackingFile)

@@ -190,7 +190,7 @@ func (p *Pool) Delete(id string) error {
 func (p *Pool) remove(id string) error {
 	v, err := p.Get(id)
 	if errors.Is(err, ErrNotFound) {
-		return errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id))
+		return errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id), p.removeRecord(metaAttachments, id))
 	}
 	if err != nil {
 		return err
@@ -206,7 +206,8 @@ func (p *Pool) remove(id string) error {
 	if err := syncDir(p.dir); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
-	if err := errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id)); err != nil {
+	// An attachment record left by a reboot (its device gone) goes too.
+	if err := errors.Join(p.removeRecord(metaVolumes, id), p.removeRecord(formattingKind, id), p.removeRecord(metaAttachments, id)); err != nil {
 		return fmt.Errorf("delete volume %s: %w", id, err)
 	}
 	return nil

@@ -18,7 +18,9 @@ import (
 
 // The node operations proper; node.go validates, locks and calls them.
 
-func (p *Plugin) stageMount(ctx context.Context, vol Volume, staging string, acc access) error {
+// stageMount and stageBlock stage from attached, the controller's device
+// (attach mode), or, when nil, a device of their own.
+func (p *Plugin) stageMount(ctx context.Context, vol Volume, staging string, acc access, attached *loopdev.Device) error {
 	ds, err := devicesOf(vol)
 	if err != nil {
 		return err
@@ -54,7 +56,10 @@ func (p *Plugin) stageMount(ctx context.Context, vol Volume, staging string, acc
 	// in use elsewhere (staged at another path): share it.
 	var dev loopdev.Device
 	var f *os.File
-	if i := slices.IndexFunc(ds, func(d loopdev.Device) bool { return !d.ReadOnly }); i >= 0 {
+	if attached != nil {
+		dev = *attached
+		f, err = os.OpenFile(dev.Path, map[bool]int{false: os.O_RDWR, true: os.O_RDONLY}[dev.ReadOnly]|unix.O_CLOEXEC, 0)
+	} else if i := slices.IndexFunc(ds, func(d loopdev.Device) bool { return !d.ReadOnly }); i >= 0 {
 		dev = ds[i]
 		f, err = os.OpenFile(dev.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	} else {
@@ -74,7 +79,7 @@ func (p *Plugin) stageMount(ctx context.Context, vol Volume, staging string, acc
 	return nil
 }
 
-func (p *Plugin) stageBlock(ctx context.Context, vol Volume, staging string, acc access) error {
+func (p *Plugin) stageBlock(ctx context.Context, vol Volume, staging string, acc access, attached *loopdev.Device) error {
 	if m, mounted, err := mount.Lookup(staging); err != nil {
 		return err
 	} else if mounted {
@@ -105,12 +110,22 @@ func (p *Plugin) stageBlock(ctx context.Context, vol Volume, staging string, acc
 	}
 	// No autoclear: only the plugin's hold keeps the device open while it
 	// is bind-mounted. Unstage detaches it; after a crash before the bind,
-	// the next stage or unstage finds it idle and detaches it.
-	dev, f, err := loopdev.Attach(ctx, vol.Path, loopdev.Options{ReadOnly: readOnly})
-	if err != nil {
-		return fmt.Errorf("stage volume %s: %w", vol.ID, err)
+	// the next stage or unstage finds it idle and detaches it. The
+	// controller's device is held from its attach to its detach.
+	var dev loopdev.Device
+	if attached != nil {
+		if attached.ReadOnly != readOnly {
+			return incompatiblef("volume %s is attached with readonly=%v, staged for read-only=%v", vol.ID, attached.ReadOnly, readOnly)
+		}
+		dev = *attached
+	} else {
+		d, f, err := loopdev.Attach(ctx, vol.Path, loopdev.Options{ReadOnly: readOnly})
+		if err != nil {
+			return fmt.Errorf("stage volume %s: %w", vol.ID, err)
+		}
+		p.held.keep(d.Name, f)
+		dev = d
 	}
-	p.held.keep(dev.Name, f)
 	if err := createFile(file); err != nil {
 		return errors.Join(err, p.detachIdle(vol))
 	}

@@ -47,6 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		endpoint := fs.String("endpoint", os.Getenv("CSI_ENDPOINT"), "unix socket to serve on: unix:///path or a path (default $CSI_ENDPOINT)")
 		fs.StringVar(&cfg.NodeID, "node-id", "", "node id for NodeGetInfo (default $MESOS_AGENT_ID, else the host name)")
 		fs.StringVar(&cfg.Name, "name", loopplugin.DefaultName, "plugin name for GetPluginInfo")
+		fs.BoolVar(&cfg.NodeOnly, "node-only", false, "node-only mode: no PUBLISH_UNPUBLISH_VOLUME, NodeStageVolume attaches the image itself (for a CO that never calls ControllerPublishVolume); default: ControllerPublishVolume attaches it and hands the device over in the publish_context")
 		fs.Int64Var(&cfg.MaxVolumesPerNode, "max-volumes-per-node", 0, "NodeGetInfo's max_volumes_per_node: how many of its volumes the CO may have staged on this node (0: no limit)")
 		fs.StringVar(&cfg.ReplicaPool, "replica-pool", "", "pool directory replicated volumes are copied to (csi-addons replication; optional)")
 		addons := fs.String("csi-addons-endpoint", "", "also serve csi-addons (with its identity service) on this unix socket, as ceph-csi does (e.g. $CSIADDONS_ENDPOINT, which csi-agent sets for managed plugins)")
