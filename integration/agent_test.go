@@ -99,7 +99,9 @@ func TestManagedLoopPlugin(t *testing.T) {
 
 // TestMesosExamples runs the two examples of the Mesos CSI doc, adapted to
 // the loop plugin: a managed plugin whose shell command uses
-// $CSI_ENDPOINT, and an unmanaged plugin with a target_path_root.
+// $CSI_ENDPOINT, and an unmanaged plugin with a target_path_root. Both
+// declare NODE_SERVICE only, as Mesos (which cannot attach) has them: the
+// loop plugin runs --node-only.
 func TestMesosExamples(t *testing.T) {
 	h := newHarness(t)
 	pool := mkPool(t, filepath.Join(h.extra, "pool"))
@@ -107,14 +109,14 @@ func TestMesosExamples(t *testing.T) {
 "type": "org.apache.mesos.csi.managed-plugin",
 "containers": [{
   "services": ["NODE_SERVICE"],
-  "command": {"value": "`+bins.loop+` --endpoint=$CSI_ENDPOINT --pool=`+pool+`"},
+  "command": {"value": "`+bins.loop+` --endpoint=$CSI_ENDPOINT --pool=`+pool+` --node-only"},
   "resources": [
     {"name": "cpus", "type": "SCALAR", "scalar": {"value": 0.1}},
     {"name": "mem", "type": "SCALAR", "scalar": {"value": 1024}}
   ]
 }]}`)
 	sock := filepath.Join(h.run, "unmanaged.sock")
-	startLoopPlugin(t, sock, mkPool(t, filepath.Join(h.extra, "pool2")))
+	startLoopPlugin(t, sock, mkPool(t, filepath.Join(h.extra, "pool2")), "--node-only")
 	h.writeConfig("unmanaged.json", `{
 "type": "org.apache.mesos.csi.unmanaged-plugin",
 "endpoints": [{"csi_service": "NODE_SERVICE", "endpoint": "`+sock+`"}],

@@ -295,7 +295,9 @@ func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 	if err := plugin.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// Both services: its controller attaches the volumes.
 	cfg, _ := json.Marshal(map[string]any{"type": "loop.test", "endpoints": []any{
+		map[string]string{"csi_service": "CONTROLLER_SERVICE", "endpoint": plugSock},
 		map[string]string{"csi_service": "NODE_SERVICE", "endpoint": plugSock},
 	}})
 	if err := os.WriteFile(filepath.Join(e.conf, "loop.json"), cfg, 0o644); err != nil {

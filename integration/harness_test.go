@@ -298,10 +298,12 @@ func mkPool(t *testing.T, dir string) string {
 	return dir
 }
 
-// startLoopPlugin runs csi-loop-plugin as an unmanaged plugin on socket.
-func startLoopPlugin(t *testing.T, socket, pool string) *exec.Cmd {
+// startLoopPlugin runs csi-loop-plugin as an unmanaged plugin on socket
+// (with its flags extra besides). Its controller attaches the volumes
+// unless extra has --node-only: its config declares CONTROLLER_SERVICE.
+func startLoopPlugin(t *testing.T, socket, pool string, extra ...string) *exec.Cmd {
 	t.Helper()
-	return startUnmanaged(t, bins.loop, "--endpoint", "unix://"+socket, "--pool", pool, "--node-id", "node-1")
+	return startUnmanaged(t, bins.loop, append([]string{"--endpoint", "unix://" + socket, "--pool", pool, "--node-id", "node-1"}, extra...)...)
 }
 
 // startUnmanaged runs a plugin process the agent does not manage (its

@@ -111,7 +111,7 @@ func TestPluginAddedLive(t *testing.T) {
 	createVolume(t, upool, "u")
 	sock := filepath.Join(h.run, "unmanaged.sock")
 	startLoopPlugin(t, sock, upool)
-	h.writeConfig("u.json", `{"type":"unmanaged","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"`+sock+`"}]}`)
+	h.writeConfig("u.json", `{"type":"unmanaged","endpoints":[{"csi_service":"CONTROLLER_SERVICE","endpoint":"`+sock+`"},{"csi_service":"NODE_SERVICE","endpoint":"`+sock+`"}]}`)
 	// Known once the watcher has read the file; Prepare then waits for
 	// readiness itself.
 	h.waitPlugin("unmanaged", "loaded", func(p *agentv1.Plugin) bool { return p != nil })

@@ -259,13 +259,13 @@ type nodeStep struct {
 // path lists the calls that take volume cp from its state to want
 // (PUBLISHED or CREATED); from a transitional state, the whole way. A
 // plugin that attaches (node.Controller) has the attach first on the way
-// up unless the volume is attached, and the detach last on the way down
-// when it is or may be (a CONTROLLER_ state).
+// up unless the volume is attached with a publish_context known, and the
+// detach last on the way down when it is or may be (a CONTROLLER_ state).
 func (iso *Isolator) path(cp *statev1.VolumeCheckpoint, want vstate, node Node) []nodeStep {
 	cur := cp.GetState()
 	var steps []nodeStep
 	if want == stPublished {
-		if node.Controller != nil && (!cp.GetControllerPublished() || cur == stCtrlPublish || cur == stCtrlUnpub) {
+		if node.Controller != nil && (!cp.GetControllerPublished() || len(cp.GetPublishContext()) == 0 || cur == stCtrlPublish || cur == stCtrlUnpub) {
 			steps = append(steps, nodeStep{iso.controllerPublish, stCtrlPublish, stNodeReady})
 		}
 		if node.StageUnstage && (cur != stVolReady || len(steps) > 0) {
@@ -325,9 +325,8 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	before := v.cp.State
 	steps := iso.path(v.cp, want, node)
 	if len(steps) == 0 {
-		// Recorded as attached, by a plugin that no longer attaches
-		// (its config or its capabilities changed): nothing to call.
-		iso.log.Warn("forgetting a volume recorded as attached: its plugin no longer offers PUBLISH_UNPUBLISH_VOLUME", "volume", v.key.String())
+		// Taken as attached (see readState), or recorded so by a
+		// plugin that no longer attaches: nothing to call.
 		return before, iso.teardownDirs(v)
 	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
@@ -438,6 +437,9 @@ func (e *heldError) Error() string {
 }
 
 // readState finds out a reconstructed volume's state from the mount table.
+// Whether its plugin's controller attached it is not known: it is taken as
+// attached, with no publish_context, so that its teardown detaches it and
+// its way up attaches it again (both idempotent; see path).
 func (iso *Isolator) readState(v *volume) error {
 	state := stNodeReady
 	if ok, _ := iso.mounts.IsMountPoint(v.cp.StagingPath); ok {
@@ -446,7 +448,7 @@ func (iso *Isolator) readState(v *volume) error {
 	if ok, _ := iso.mounts.IsMountPoint(v.cp.TargetPath); ok {
 		state = stPublished
 	}
-	return iso.setState(v, state)
+	return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.ControllerPublished = state, true })
 }
 
 func (iso *Isolator) clearError(v *volume) error {
