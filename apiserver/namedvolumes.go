@@ -14,10 +14,12 @@ import (
 // NamedVolumes is the agent's named volumes with their engine mounts, as
 // the API uses them (dockerplugin.Server).
 type NamedVolumes interface {
-	// Define defines a volume from engine options; Undefine removes one
-	// nothing uses (namedvol.ErrInUse).
-	Define(ctx context.Context, name string, options map[string]string) error
-	Undefine(ctx context.Context, name string) error
+	// Define defines a volume from engine options (with size, creates its
+	// backend volume, with secrets for CreateVolume); Undefine removes one
+	// nothing uses (namedvol.ErrInUse), with del its backend volume too
+	// (DeleteVolume, with secrets).
+	Define(ctx context.Context, name string, options, secrets map[string]string) error
+	Undefine(ctx context.Context, name string, del bool, secrets map[string]string) error
 	Status(name string) (namedvol.Status, error)
 	// Page lists the volumes after a name, at most max (0: no bound), and
 	// the after of the next page ("" after the last).
@@ -39,7 +41,7 @@ func (s *Server) CreateNamedVolume(ctx context.Context, req *agentv1.CreateNamed
 	if err := rootOnly(ctx, "CreateNamedVolume defines what containers given the name get (its volume, secrets, annotation policy, owner)"); err != nil {
 		return nil, err
 	}
-	if err := s.cfg.Named.Define(ctx, req.GetName(), req.GetOptions()); err != nil {
+	if err := s.cfg.Named.Define(ctx, req.GetName(), req.GetOptions(), req.GetSecrets()); err != nil {
 		return nil, Status(err)
 	}
 	return &agentv1.CreateNamedVolumeResponse{}, nil
@@ -50,7 +52,7 @@ func (s *Server) RemoveNamedVolume(ctx context.Context, req *agentv1.RemoveNamed
 	if err := rootOnly(ctx, "RemoveNamedVolume frees the name for another definition"); err != nil {
 		return nil, err
 	}
-	if err := s.cfg.Named.Undefine(ctx, req.GetName()); err != nil {
+	if err := s.cfg.Named.Undefine(ctx, req.GetName(), req.GetDeleteVolume(), req.GetSecrets()); err != nil {
 		return nil, Status(err)
 	}
 	return &agentv1.RemoveNamedVolumeResponse{}, nil

@@ -20,8 +20,10 @@ import (
 // failingNamed fails every call with err; Page returns one volume.
 type failingNamed struct{ err error }
 
-func (f failingNamed) Define(context.Context, string, map[string]string) error { return f.err }
-func (f failingNamed) Undefine(context.Context, string) error                  { return f.err }
+func (f failingNamed) Define(context.Context, string, map[string]string, map[string]string) error {
+	return f.err
+}
+func (f failingNamed) Undefine(context.Context, string, bool, map[string]string) error { return f.err }
 func (f failingNamed) Status(string) (namedvol.Status, error)                  { return namedvol.Status{}, f.err }
 func (f failingNamed) Page(after string, max int) ([]namedvol.Status, string, error) {
 	d := &namedvol.Definition{Name: "data", Plugin: "loop", VolumeID: "vol1", AllowAnnotations: true}

@@ -21,14 +21,18 @@ import (
 )
 
 // Status chooses the status code of an isolator error: a plugin's own
-// code is kept; the isolator's classes map to theirs; anything else is
-// Internal (never Unknown).
+// code is kept (the isolator's plugin errors, and status errors wrapped
+// in err, such as the agent's controller calls); the isolator's classes
+// map to theirs; anything else is Internal (never Unknown).
 func Status(err error) error {
 	if err == nil {
 		return nil
 	}
 	if code, ok := isolator.RPCCode(err); ok {
 		return status.Error(code, err.Error())
+	}
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		return status.Error(s.Code(), err.Error())
 	}
 	return statuscode.Error(err,
 		statuscode.Class{Err: isolator.ErrInvalid, Code: codes.InvalidArgument},
@@ -39,6 +43,7 @@ func Status(err error) error {
 		statuscode.Class{Err: namedvol.ErrNotFound, Code: codes.NotFound},
 		statuscode.Class{Err: namedvol.ErrExists, Code: codes.AlreadyExists},
 		statuscode.Class{Err: namedvol.ErrInUse, Code: codes.FailedPrecondition},
+		statuscode.Class{Err: namedvol.ErrCreating, Code: codes.FailedPrecondition},
 		statuscode.Class{Err: namedvol.ErrAnnotationRefused, Code: codes.PermissionDenied},
 		// The work dir is full: a checkpoint could not be written.
 		statuscode.Class{Err: isolator.ErrLimit, Code: codes.ResourceExhausted},

@@ -21,11 +21,8 @@ const volumeCallTimeout = 30 * time.Second
 func (e *env) volumeCmd() *cobra.Command {
 	return e.group("volume", "named CSI volumes for container engines: create, rm, inspect, ls, reconcile",
 		"Named CSI volumes, as container engines use them (docker volume create -d csi-agent), the csi.csiagent.io/mounts\nannotation and prepare --mounts name them.",
-		command("create NAME [flags]", "define a named volume", cobra.ExactArgs(1), e.volumeCreateCmd),
-		command("rm NAME", "remove a named volume (refused while an engine or a container uses it)", cobra.ExactArgs(1), e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
-			resp, err := c.RemoveNamedVolume(ctx, &agentv1.RemoveNamedVolumeRequest{Name: args[0]})
-			return printReply(e.stdout, output, resp, err, func() error { fmt.Fprintln(e.stdout, args[0]); return nil })
-		})),
+		command("create NAME [flags]", "define a named volume: a pre-provisioned one (--volume-id), or a new one the plugin creates (--size)", cobra.ExactArgs(1), e.volumeCreateCmd),
+		command("rm NAME [--delete]", "remove a named volume (refused while an engine or a container uses it); --delete deletes its backend volume too", cobra.ExactArgs(1), e.volumeRemoveCmd),
 		command("inspect NAME", "show a named volume: its options, its state in the agent, the engines' mounts", cobra.ExactArgs(1), e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, _ string, args []string) error {
 			v, err := c.GetNamedVolume(ctx, &agentv1.GetNamedVolumeRequest{Name: args[0]})
 			if err != nil {
@@ -57,13 +54,62 @@ func (e *env) withVolumes(call func(ctx context.Context, c agentv1.AgentClient, 
 	}
 }
 
+// provisionTimeout bounds volume create and volume rm: CreateVolume and
+// DeleteVolume may take minutes (a cloud disk, a copy from a snapshot).
+const provisionTimeout = 5 * time.Minute
+
+// withProvisioning is withAgent with each call bounded by --timeout.
+func (e *env) withProvisioning(fs *pflag.FlagSet, call func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error) runFunc {
+	timeout := fs.Duration("timeout", provisionTimeout, "how long to wait for the agent (and the plugin's CreateVolume or DeleteVolume)")
+	return e.withAgent(fs, func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		return call(ctx, c, output, args)
+	})
+}
+
+func (e *env) volumeRemoveCmd(fs *pflag.FlagSet) runFunc {
+	del := fs.Bool("delete", false, "delete the backend volume too (the plugin's DeleteVolume; refused while a container uses it); without it the backend volume is kept")
+	secretsFile := fs.String("secrets-file", "", "with --delete: JSON file with an object of strings passed as DeleteVolume's secrets (never stored or logged)")
+	return e.withProvisioning(fs, func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+		req := &agentv1.RemoveNamedVolumeRequest{Name: args[0], DeleteVolume: *del}
+		if *secretsFile != "" {
+			if !*del {
+				return usageError("--secrets-file is for --delete (DeleteVolume's secrets)")
+			}
+			s, err := readSecrets(*secretsFile)
+			if err != nil {
+				return err
+			}
+			req.Secrets = s
+		}
+		resp, err := c.RemoveNamedVolume(ctx, req)
+		return printReply(e.stdout, output, resp, err, func() error {
+			if *del {
+				fmt.Fprintf(e.stdout, "%s (backend volume deleted)\n", args[0])
+			} else {
+				fmt.Fprintf(e.stdout, "%s (backend volume kept: --delete deletes it)\n", args[0])
+			}
+			return nil
+		})
+	})
+}
+
 func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	opts := map[string]string{}
 	str := func(key, usage string) {
 		fs.Func(strings.ReplaceAll(key, "_", "-"), usage, func(v string) error { opts[key] = v; return nil })
 	}
 	str(namedvol.KeyPlugin, "the CSI plugin's type (required)")
-	str(namedvol.KeyVolumeID, "the pre-provisioned volume's id (required)")
+	str(namedvol.KeyVolumeID, "a pre-provisioned volume's id (or --size: create one)")
+	str(namedvol.KeySize, "create the volume (the plugin's CreateVolume, named csiagent-NAME: a repeated create finds it again) with this capacity, e.g. 10GiB")
+	str(namedvol.KeyFromSnapshot, "with --size: the new volume's content is this snapshot's (the plugin's snapshot id)")
+	str(namedvol.KeyFromVolume, "with --size: the new volume is a clone of this volume (the plugin's volume id)")
+	str(namedvol.KeyControllerPublishSecret, "ControllerPublish secret reference NAME/KEY in the agent's --secrets-dir (a plugin that attaches)")
+	params := paramsFlag{}
+	fs.Var(params, "param", "with --size: a CreateVolume parameter (KEY=VALUE, repeatable)")
+	deleteOnRemove := fs.Bool("delete-on-remove", false, "with --size: an engine's removal (docker volume rm) deletes the backend volume too")
+	secretsFile := fs.String("secrets-file", "", "with --size: JSON file with an object of strings passed as CreateVolume's secrets (never stored or logged)")
 	str(namedvol.KeyFSType, "filesystem type of the mount capability")
 	str(namedvol.KeyAccessMode, "CSI access mode (default SINGLE_NODE_WRITER; a READER_ONLY mode mounts read-only)")
 	str(namedvol.KeyStageSecret, "NodeStage secret reference NAME/KEY in the agent's --secrets-dir")
@@ -75,7 +121,21 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	shareEngineMounts := fs.Bool("share-engine-mounts", false, "with --allow-annotations: let annotation users have the volume while engine mounts (docker run -v) hold it (default: refused)")
 	flags := fs.StringArray("mount-flag", nil, "a mount flag (repeatable)")
 	contextKV := fs.StringArray("context", nil, "a volume_context entry KEY=VALUE (repeatable)")
-	return e.withVolumes(func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+	return e.withProvisioning(fs, func(ctx context.Context, c agentv1.AgentClient, output string, args []string) error {
+		for k, v := range params {
+			opts[namedvol.ParamPrefix+k] = v
+		}
+		if *deleteOnRemove {
+			opts[namedvol.KeyDeleteOnRemove] = "true"
+		}
+		var secrets map[string]string
+		if *secretsFile != "" {
+			s, err := readSecrets(*secretsFile)
+			if err != nil {
+				return err
+			}
+			secrets = s
+		}
 		if *block {
 			opts[namedvol.KeyBlock] = "true"
 		}
@@ -95,9 +155,9 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 			}
 			opts[namedvol.ContextPrefix+k] = v
 		}
-		resp, err := c.CreateNamedVolume(ctx, &agentv1.CreateNamedVolumeRequest{Name: args[0], Options: opts})
+		resp, err := c.CreateNamedVolume(ctx, &agentv1.CreateNamedVolumeRequest{Name: args[0], Options: opts, Secrets: secrets})
 		return printReply(e.stdout, output, resp, err, func() error { fmt.Fprintln(e.stdout, args[0]); return nil })
-	})(fs)
+	})
 }
 
 // volumeList lists every named volume, a page at a time.

@@ -34,6 +34,12 @@ func (noBackend) Cleanup(context.Context, string) error    { return nil }
 func (noBackend) ListContainers() []isolator.ContainerInfo { return nil }
 func (noBackend) ListVolumes() []isolator.VolumeInfo       { return nil }
 func (noBackend) CheckPlugin(string) error                 { return nil }
+func (noBackend) CreateVolume(context.Context, *namedvol.Definition, map[string]string) error {
+	return errors.New("not in this test")
+}
+func (noBackend) DeleteVolume(context.Context, string, string, map[string]string) error {
+	return errors.New("not in this test")
+}
 
 // serveNamed serves the agent API's named volume calls over a real
 // dockerplugin.Server with backend, on a socket of its own, and returns

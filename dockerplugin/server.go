@@ -52,6 +52,11 @@ type Backend interface {
 	ListVolumes() []isolator.VolumeInfo
 	// CheckPlugin says why a plugin type cannot be used (not configured).
 	CheckPlugin(pluginType string) error
+	// CreateVolume creates a definition's backend volume (CSI CreateVolume
+	// with its CSIName, capability and Provision, and secrets) and records
+	// the answer in it (Definition.Created); DeleteVolume deletes one.
+	CreateVolume(ctx context.Context, d *namedvol.Definition, secrets map[string]string) error
+	DeleteVolume(ctx context.Context, pluginType, volumeID string, secrets map[string]string) error
 }
 
 // Config configures a Server.
@@ -234,11 +239,12 @@ func (s *Server) usersOf(name string) []*user {
 
 // Create is Docker's Create: Define.
 func (s *Server) Create(ctx context.Context, req *volume.CreateRequest) error {
-	return s.Define(ctx, req.Name, req.Options)
+	return s.Define(ctx, req.Name, req.Options, nil)
 }
 
-// Define defines a named volume from engine options.
-func (s *Server) Define(ctx context.Context, name string, options map[string]string) error {
+// Define defines a named volume from engine options; with size it creates
+// the backend volume (see provision).
+func (s *Server) Define(ctx context.Context, name string, options map[string]string, secrets map[string]string) error {
 	if err := namedvol.ValidateName(name); err != nil {
 		return err
 	}
@@ -255,6 +261,9 @@ func (s *Server) Define(ctx context.Context, name string, options map[string]str
 		return err
 	}
 	defer unlock()
+	if d.Provision != nil {
+		return s.provision(ctx, d, secrets)
+	}
 	if err := s.cfg.Store.Create(ctx, d); err != nil {
 		return err
 	}
@@ -263,14 +272,35 @@ func (s *Server) Define(ctx context.Context, name string, options map[string]str
 }
 
 // Remove is Docker's Remove: Undefine.
+// An engine's removal deletes the backend volume of a definition created
+// with delete_on_remove=true.
 func (s *Server) Remove(ctx context.Context, req *volume.RemoveRequest) error {
-	return s.Undefine(ctx, req.Name)
+	return s.undefine(ctx, req.Name, deleteOnRemove, nil)
 }
+
+// deletion is what undefine does to the backend volume.
+type deletion int
+
+const (
+	keepVolume deletion = iota
+	// deleteVolume deletes it (DeleteVolume) before the definition goes.
+	deleteVolume
+	// deleteOnRemove deletes it when the definition says so
+	// (delete_on_remove=true): an engine's removal.
+	deleteOnRemove
+)
 
 // Undefine deletes a named volume that no engine mount and no container
 // uses (namedvol.ErrInUse); an engine (WithEngine) only one it created
-// (namedvol.Definition.CheckRemove), the API any.
-func (s *Server) Undefine(ctx context.Context, name string) error {
+// (namedvol.Definition.CheckRemove), the API any. With del, the backend
+// volume is deleted first (secrets for DeleteVolume); a crash between the
+// two leaves the definition, and removing it again deletes again (a
+// volume already gone counts as deleted).
+func (s *Server) Undefine(ctx context.Context, name string, del bool, secrets map[string]string) error {
+	return s.undefine(ctx, name, map[bool]deletion{false: keepVolume, true: deleteVolume}[del], secrets)
+}
+
+func (s *Server) undefine(ctx context.Context, name string, deletion deletion, secrets map[string]string) error {
 	if err := namedvol.ValidateName(name); err != nil {
 		return err
 	}
@@ -302,10 +332,20 @@ func (s *Server) Undefine(ctx context.Context, name string) error {
 			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first: %w", name, len(cs), shown, namedvol.ErrInUse)
 		}
 	}
+	remove := deletion == deleteVolume || (deletion == deleteOnRemove && d.Provision != nil && d.Provision.DeleteOnRemove)
+	if remove && d.VolumeID == "" {
+		// Its creation never finished: the plugin's id is not known.
+		return fmt.Errorf("volume %s: %w; create it again with the same options to finish it, then remove it", name, namedvol.ErrCreating)
+	}
+	if remove {
+		if err := s.cfg.Backend.DeleteVolume(ctx, d.Plugin, d.VolumeID, secrets); err != nil {
+			return fmt.Errorf("volume %s: deleting its backend volume %s: %w", name, d.VolumeID, err)
+		}
+	}
 	if err := s.cfg.Store.Remove(ctx, name); err != nil {
 		return err
 	}
-	s.log.Info("named volume removed", "name", name)
+	s.log.Info("named volume removed", "name", name, "backend_volume_deleted", remove)
 	return nil
 }
 
@@ -319,6 +359,9 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 	defer unlock()
 	d, err := s.cfg.Store.Get(req.Name)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.CheckUsable(); err != nil {
 		return nil, err
 	}
 	if d.Block {
@@ -602,6 +645,9 @@ func (s *Server) Page(after string, max int) ([]namedvol.Status, string, error) 
 // status is a named volume's definition and use.
 func (s *Server) status(d *namedvol.Definition, vols []isolator.VolumeInfo) namedvol.Status {
 	st := namedvol.Status{Definition: d, State: namedvol.NotPublished, EngineMounts: []string{}, Mountpoint: s.mountpoint(d.Name)}
+	if d.Creating() {
+		st.State = namedvol.Creating
+	}
 	for _, v := range vols {
 		if v.Plugin == d.Plugin && v.ID == d.VolumeID {
 			st.State = v.State.String()
@@ -654,6 +700,9 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 	vols := make([]*statev1.Volume, 0, len(mounts))
 	for i, m := range mounts {
 		st, err := s.Status(m.Name)
+		if err == nil {
+			err = st.CheckUsable()
+		}
 		if err == nil && annotation {
 			err = st.CheckAnnotationUse()
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"time"
 
 	"github.com/docker/go-plugins-helpers/volume"
@@ -28,6 +30,46 @@ type fakeBackend struct {
 	prepare    func(ctx context.Context) error
 	// volumes is what ListVolumes reports.
 	volumes []isolator.VolumeInfo
+	// backend is the plugin's volumes by CSI name (CreateVolume finds
+	// one again by its name), creates counts the volumes made, deleted
+	// the ids deleted; createFails, when set, is the error CreateVolume
+	// answers after making the volume (a crash before its answer).
+	backend     map[string]string
+	creates     int
+	deleted     []string
+	createFails error
+}
+
+func (f *fakeBackend) CreateVolume(_ context.Context, d *namedvol.Definition, _ map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	name := namedvol.CSIName(d.Name)
+	id, ok := f.backend[name]
+	if !ok {
+		if f.backend == nil {
+			f.backend = map[string]string{}
+		}
+		f.creates++
+		id = fmt.Sprintf("vol-%d", f.creates)
+		f.backend[name] = id
+	}
+	if f.createFails != nil {
+		return f.createFails
+	}
+	d.Created(id, map[string]string{"made-by": "fake"}, []*csi.Topology{{Segments: map[string]string{"zone": "a"}}})
+	return nil
+}
+
+func (f *fakeBackend) DeleteVolume(_ context.Context, _, id string, _ map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, id)
+	for name, v := range f.backend {
+		if v == id {
+			delete(f.backend, name)
+		}
+	}
+	return nil
 }
 
 func (f *fakeBackend) Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
@@ -430,7 +472,7 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 		for k, v := range opts {
 			all[k] = v
 		}
-		if err := s.Define(ctx, name, all); err != nil {
+		if err := s.Define(ctx, name, all, nil); err != nil {
 			t.Fatalf("define %s: %v", name, err)
 		}
 	}
@@ -515,7 +557,7 @@ func TestReleaseUnused(t *testing.T) {
 	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, _ := newTestServer(t, b)
 	for _, name := range []string{"held", "forgotten"} {
-		if err := s.Define(ctx, name, map[string]string{"plugin": "p", "volume_id": name}); err != nil {
+		if err := s.Define(ctx, name, map[string]string{"plugin": "p", "volume_id": name}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -53,11 +53,17 @@ const (
 	// or neither.
 	KeyUID = "uid"
 	KeyGID = "gid"
+	// KeyControllerPublishSecret is the secret reference of
+	// ControllerPublishVolume and ControllerUnpublishVolume (a plugin that
+	// attaches).
+	KeyControllerPublishSecret = "controller_publish_secret"
 	// ContextPrefix starts the keys of volume_context entries.
 	ContextPrefix = "context."
 )
 
-var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, KeyAllowAnnotations, KeyShareEngineMounts, KeyUID, KeyGID, ContextPrefix + "KEY"}
+var knownKeys = []string{KeyPlugin, KeyVolumeID, KeyFSType, KeyBlock, KeyAccessMode, KeyMountFlags, KeyStageSecret, KeyPublishSecret, KeyControllerPublishSecret,
+	KeyAllowAnnotations, KeyShareEngineMounts, KeyUID, KeyGID, ContextPrefix + "KEY",
+	KeySize, KeyFromSnapshot, KeyFromVolume, KeyDeleteOnRemove, ParamPrefix + "KEY"}
 
 // Definition is a named volume.
 type Definition struct {
@@ -77,6 +83,8 @@ type Definition struct {
 	// never stored here.
 	StageSecret   string `json:"stage_secret,omitempty"`
 	PublishSecret string `json:"publish_secret,omitempty"`
+	// ControllerPublishSecret likewise, for ControllerPublishVolume.
+	ControllerPublishSecret string `json:"controller_publish_secret,omitempty"`
 	// AllowAnnotations lets containers name the volume in the
 	// csi.csiagent.io/mounts annotation, which whoever creates a container
 	// (with CRI-O, a pod) may set: the operator's choice per volume.
@@ -97,6 +105,10 @@ type Definition struct {
 	// lack it: any may remove them, as then. Not an option: the agent sets
 	// it.
 	Creator string `json:"creator,omitempty"`
+	// Provision is set when the agent creates the backend volume
+	// (CreateVolume) instead of naming a pre-provisioned one: see
+	// provision.go.
+	Provision *Provision `json:"provision,omitempty"`
 }
 
 // The engines the agent tells apart by the peer of its volume plugin
@@ -192,6 +204,12 @@ func ParseOptions(name string, opts map[string]string) (*Definition, error) {
 			d.StageSecret = v
 		case k == KeyPublishSecret:
 			d.PublishSecret = v
+		case k == KeyControllerPublishSecret:
+			d.ControllerPublishSecret = v
+		case isProvisionKey(k):
+			if err := d.parseProvisionOption(k, v); err != nil {
+				return nil, err
+			}
 		case strings.HasPrefix(k, ContextPrefix) && len(k) > len(ContextPrefix):
 			if d.VolumeContext == nil {
 				d.VolumeContext = map[string]string{}
@@ -241,6 +259,8 @@ func (d *Definition) Options() map[string]string {
 	set(KeyMountFlags, strings.Join(d.MountFlags, ","))
 	set(KeyStageSecret, d.StageSecret)
 	set(KeyPublishSecret, d.PublishSecret)
+	set(KeyControllerPublishSecret, d.ControllerPublishSecret)
+	d.Provision.options(set)
 	set(KeyUID, d.UID)
 	set(KeyGID, d.GID)
 	for k, v := range d.VolumeContext {
@@ -283,8 +303,8 @@ func (d *Definition) Validate() error {
 	if d.Plugin == "" {
 		return fmt.Errorf("%w: option %s is required (the CSI plugin's type)", ErrInvalid, KeyPlugin)
 	}
-	if d.VolumeID == "" {
-		return fmt.Errorf("%w: option %s is required (the pre-provisioned volume's id)", ErrInvalid, KeyVolumeID)
+	if err := d.validateProvision(); err != nil {
+		return err
 	}
 	check := func(key, v string) error {
 		if len(v) > MaxValue {
@@ -327,7 +347,7 @@ func (d *Definition) Validate() error {
 	if d.UID != "" && (d.Block || d.ReadOnly()) {
 		return fmt.Errorf("%w: options %s and %s are for read-write filesystem volumes (a fresh root is given to that user)", ErrInvalid, KeyUID, KeyGID)
 	}
-	for key, ref := range map[string]string{KeyStageSecret: d.StageSecret, KeyPublishSecret: d.PublishSecret} {
+	for key, ref := range map[string]string{KeyStageSecret: d.StageSecret, KeyPublishSecret: d.PublishSecret, KeyControllerPublishSecret: d.ControllerPublishSecret} {
 		if ref == "" {
 			continue
 		}
@@ -373,22 +393,32 @@ func (d *Definition) EngineUser() string {
 	return d.UID + ":" + d.GID
 }
 
-// Volume is the definition as the isolator's (Mesos's) CSI volume at
-// containerPath; a read-only definition is always mounted read-only.
-func (d *Definition) Volume(containerPath string, readonly bool) *statev1.Volume {
+// Capability is the volume's capability: its access mode, and block or
+// mount with the filesystem type and flags.
+func (d *Definition) Capability() *csi.VolumeCapability {
 	capability := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: d.accessMode()}}
 	if d.Block {
 		capability.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	} else {
 		capability.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: d.FSType, MountFlags: d.MountFlags}}
 	}
-	static := &statev1.StaticProvisioning{VolumeId: d.VolumeID, VolumeCapability: capability, VolumeContext: d.VolumeContext}
+	return capability
+}
+
+// Volume is the definition as the isolator's (Mesos's) CSI volume at
+// containerPath; a read-only definition is always mounted read-only.
+func (d *Definition) Volume(containerPath string, readonly bool) *statev1.Volume {
+	static := &statev1.StaticProvisioning{VolumeId: d.VolumeID, VolumeCapability: d.Capability(), VolumeContext: d.VolumeContext}
 	if d.StageSecret != "" {
 		static.NodeStageSecrets = secretRef(d.StageSecret)
 	}
 	if d.PublishSecret != "" {
 		static.NodePublishSecrets = secretRef(d.PublishSecret)
 	}
+	if d.ControllerPublishSecret != "" {
+		static.ControllerPublishSecrets = secretRef(d.ControllerPublishSecret)
+	}
+	static.AccessibleTopology = d.Provision.topology()
 	mode := statev1.Volume_RW
 	if readonly || d.ReadOnly() {
 		mode = statev1.Volume_RO

@@ -38,6 +38,10 @@ type Status struct {
 // does not track.
 const NotPublished = "NOT_PUBLISHED"
 
+// Creating is the State of a named volume whose backend volume is not
+// created yet (Definition.Creating).
+const Creating = "CREATING"
+
 // Mount is a named volume asked for at a container path.
 type Mount struct {
 	Name, ContainerPath string

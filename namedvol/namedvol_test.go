@@ -18,7 +18,13 @@ func TestParseOptionsErrorsNameTheKey(t *testing.T) {
 	}{
 		{"v", map[string]string{"volume_id": "a"}, "option plugin is required"},
 		{"v", map[string]string{"plugin": "p"}, "option volume_id is required"},
-		{"v", map[string]string{"plugin": "p", "volume_id": "a", "size": "1G"}, `unknown option "size"`},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "size": "1G"}, "options volume_id (an existing volume) and size (create one) exclude each other"},
+		{"v", map[string]string{"plugin": "p", "size": "lots"}, `option size="lots": expected a size`},
+		{"v", map[string]string{"plugin": "p", "size": "0"}, `option size="0": expected a size`},
+		{"v", map[string]string{"plugin": "p", "param.x": "y"}, "option size is required to create a volume"},
+		{"v", map[string]string{"plugin": "p", "size": "1G", "from_snapshot": "s", "from_volume": "v"}, "options from_snapshot and from_volume exclude each other"},
+		{"v", map[string]string{"plugin": "p", "size": "1G", "delete_on_remove": "yes"}, `option delete_on_remove="yes": expected true or false`},
+		{"v", map[string]string{"plugin": "p", "volume_id": "a", "controller_publish_secret": "x"}, "option controller_publish_secret: expected a secret reference NAME/KEY"},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "access_mode": "RW"}, `option access_mode="RW" is not a CSI access mode`},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "block": "yes"}, "option block="},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "block": "true", "fs_type": "ext4"}, "exclude each other"},
@@ -114,5 +120,17 @@ func TestEngineUser(t *testing.T) {
 	}
 	if d, _ := ParseOptions("v", map[string]string{"plugin": "p", "volume_id": "a"}); d.EngineUser() != "" {
 		t.Errorf("no uid: user %q", d.EngineUser())
+	}
+}
+
+// TestCSIName: the name CreateVolume gets is the same for the same name,
+// within CSI's 128 bytes, and long names that share a prefix differ.
+func TestCSIName(t *testing.T) {
+	if got := CSIName("web"); got != "csiagent-web" {
+		t.Errorf("CSIName(web) = %q", got)
+	}
+	a, b := CSIName(strings.Repeat("a", 128)), CSIName(strings.Repeat("a", 127)+"b")
+	if len(a) > 128 || len(b) > 128 || a == b || a != CSIName(strings.Repeat("a", 128)) {
+		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
 	}
 }

@@ -60,6 +60,19 @@ func (s *Store) Create(ctx context.Context, d *Definition) error {
 	case !errors.Is(err, ErrNotFound):
 		return err
 	}
+	return s.put(ctx, d)
+}
+
+// Replace stores d over the definition of its name, durably: a
+// provisioned volume's intent completed with CreateVolume's answer.
+func (s *Store) Replace(ctx context.Context, d *Definition) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	return s.put(ctx, d)
+}
+
+func (s *Store) put(ctx context.Context, d *Definition) error {
 	data, err := json.MarshalIndent(d, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", d.Name, err)

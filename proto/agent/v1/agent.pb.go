@@ -447,7 +447,12 @@ type CreateNamedVolumeRequest struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Engine options, as docker volume create --opt gives them (plugin,
 	// volume_id, fs_type, access_mode, ...; secrets only as references).
-	Options       map[string]string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// With size (and no volume_id) the agent creates the backend volume
+	// (CreateVolume, named from name: a repeated create finds it again),
+	// with from_snapshot, from_volume, param.KEY and delete_on_remove.
+	Options map[string]string `protobuf:"bytes,2,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// CreateVolume's secrets: passed on, never stored.
+	Secrets       map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -496,6 +501,13 @@ func (x *CreateNamedVolumeRequest) GetOptions() map[string]string {
 	return nil
 }
 
+func (x *CreateNamedVolumeRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
 type CreateNamedVolumeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -533,8 +545,13 @@ func (*CreateNamedVolumeResponse) Descriptor() ([]byte, []int) {
 }
 
 type RemoveNamedVolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Delete the backend volume too (DeleteVolume), before the definition;
+	// without it the backend volume is kept.
+	DeleteVolume bool `protobuf:"varint,2,opt,name=delete_volume,json=deleteVolume,proto3" json:"delete_volume,omitempty"`
+	// DeleteVolume's secrets: passed on, never stored.
+	Secrets       map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -574,6 +591,20 @@ func (x *RemoveNamedVolumeRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *RemoveNamedVolumeRequest) GetDeleteVolume() bool {
+	if x != nil {
+		return x.DeleteVolume
+	}
+	return false
+}
+
+func (x *RemoveNamedVolumeRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
 }
 
 type RemoveNamedVolumeResponse struct {
@@ -3548,7 +3579,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3591,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3631,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3643,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3682,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3694,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3695,16 +3726,25 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"NamedMount\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0econtainer_path\x18\x02 \x01(\tR\rcontainerPath\x12\x1a\n" +
-	"\breadonly\x18\x03 \x01(\bR\breadonly\"\xbe\x01\n" +
+	"\breadonly\x18\x03 \x01(\bR\breadonly\"\xd3\x02\n" +
 	"\x18CreateNamedVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12R\n" +
-	"\aoptions\x18\x02 \x03(\v28.csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntryR\aoptions\x1a:\n" +
+	"\aoptions\x18\x02 \x03(\v28.csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntryR\aoptions\x12W\n" +
+	"\asecrets\x18\x03 \x03(\v28.csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x1a:\n" +
 	"\fOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1b\n" +
-	"\x19CreateNamedVolumeResponse\".\n" +
+	"\x19CreateNamedVolumeResponse\"\xe8\x01\n" +
 	"\x18RemoveNamedVolumeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x1b\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rdelete_volume\x18\x02 \x01(\bR\fdeleteVolume\x12W\n" +
+	"\asecrets\x18\x03 \x03(\v28.csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1b\n" +
 	"\x19RemoveNamedVolumeResponse\"+\n" +
 	"\x15GetNamedVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xbe\x02\n" +
@@ -4069,7 +4109,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -4121,117 +4161,121 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(*ReclaimTotals)(nil),                 // 47: csiagent.agent.v1.ReclaimTotals
 	(*PluginInstance)(nil),                // 48: csiagent.agent.v1.PluginInstance
 	nil,                                   // 49: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	nil,                                   // 50: csiagent.agent.v1.NamedVolume.OptionsEntry
-	nil,                                   // 51: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	(*Volume_Source)(nil),                 // 52: csiagent.agent.v1.Volume.Source
-	nil,                                   // 53: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                                   // 54: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                                   // 55: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	nil,                                   // 56: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	(*Secret_Reference)(nil),              // 57: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),                  // 58: csiagent.agent.v1.Secret.Value
-	nil,                                   // 59: csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	nil,                                   // 60: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 61: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 62: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 63: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*csi.VolumeCapability)(nil),          // 64: csi.v1.VolumeCapability
-	(*csi.Topology)(nil),                  // 65: csi.v1.Topology
-	(*timestamppb.Timestamp)(nil),         // 66: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 67: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 68: csiagent.agent.v1.RetryPolicy
+	nil,                                   // 50: csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	nil,                                   // 51: csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	nil,                                   // 52: csiagent.agent.v1.NamedVolume.OptionsEntry
+	nil,                                   // 53: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	(*Volume_Source)(nil),                 // 54: csiagent.agent.v1.Volume.Source
+	nil,                                   // 55: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                                   // 56: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                                   // 57: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	nil,                                   // 58: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	(*Secret_Reference)(nil),              // 59: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 60: csiagent.agent.v1.Secret.Value
+	nil,                                   // 61: csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	nil,                                   // 62: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 63: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 64: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 65: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*csi.VolumeCapability)(nil),          // 66: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),                  // 67: csi.v1.Topology
+	(*timestamppb.Timestamp)(nil),         // 68: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 69: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 70: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
 	49, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	50, // 1: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
-	12, // 2: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
-	51, // 3: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	1,  // 4: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	52, // 5: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
-	19, // 6: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	64, // 7: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	53, // 8: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	54, // 9: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	55, // 10: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	56, // 11: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	65, // 12: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
-	3,  // 13: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	57, // 14: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	58, // 15: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
-	17, // 16: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
-	6,  // 17: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
-	23, // 18: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	28, // 19: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
-	4,  // 20: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	66, // 21: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	66, // 22: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	30, // 23: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	29, // 24: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	66, // 25: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	59, // 26: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	66, // 27: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	66, // 28: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	67, // 29: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	32, // 30: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	60, // 31: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	61, // 32: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	68, // 33: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	32, // 34: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	30, // 35: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	34, // 36: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	37, // 37: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 38: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	23, // 39: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	62, // 40: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	45, // 41: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	44, // 42: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	45, // 43: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 44: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	48, // 45: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	47, // 46: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	46, // 47: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
-	0,  // 48: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	66, // 49: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	66, // 50: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	63, // 51: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 52: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 53: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 54: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 55: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 56: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 57: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 58: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 59: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 60: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 61: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 62: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 63: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 64: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 65: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 66: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 67: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 68: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 69: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 70: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 71: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 72: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 73: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 74: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 75: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 76: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 77: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 78: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 79: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 80: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 81: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 82: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 83: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 84: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	71, // [71:85] is the sub-list for method output_type
-	57, // [57:71] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	50, // 1: csiagent.agent.v1.CreateNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	51, // 2: csiagent.agent.v1.RemoveNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	52, // 3: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
+	12, // 4: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
+	53, // 5: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	1,  // 6: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
+	54, // 7: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	19, // 8: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
+	66, // 9: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	55, // 10: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	56, // 11: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	57, // 12: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	58, // 13: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	67, // 14: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	3,  // 15: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	59, // 16: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	60, // 17: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	17, // 18: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	6,  // 19: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
+	23, // 20: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	28, // 21: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 22: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	68, // 23: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	68, // 24: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	30, // 25: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	29, // 26: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	68, // 27: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	61, // 28: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	68, // 29: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	68, // 30: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	69, // 31: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	32, // 32: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	62, // 33: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	63, // 34: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	70, // 35: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	32, // 36: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	30, // 37: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	34, // 38: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	37, // 39: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 40: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	23, // 41: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	64, // 42: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	45, // 43: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	44, // 44: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	45, // 45: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 46: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	48, // 47: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	47, // 48: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	46, // 49: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 50: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	68, // 51: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	68, // 52: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	65, // 53: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 54: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	18, // 55: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	20, // 56: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 57: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	20, // 58: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	40, // 59: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	42, // 60: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	40, // 61: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	21, // 62: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	24, // 63: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	26, // 64: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	35, // 65: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	38, // 66: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	31, // 67: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	7,  // 68: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	9,  // 69: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	11, // 70: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	13, // 71: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	15, // 72: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	41, // 73: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	43, // 74: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	41, // 75: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	22, // 76: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	25, // 77: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	27, // 78: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	36, // 79: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	39, // 80: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	33, // 81: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	8,  // 82: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	10, // 83: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	12, // 84: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	14, // 85: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	16, // 86: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	73, // [73:87] is the sub-list for method output_type
+	59, // [59:73] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4251,7 +4295,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   58,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,49 @@
+package dockerplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/csiagent/csiagent/namedvol"
+)
+
+// provision defines d and creates its backend volume (name lock held):
+//
+//  1. the intent: d in state creating, durable, before any call;
+//  2. Backend.CreateVolume with d's CSI name (namedvol.CSIName): the plugin
+//     finds a volume it made under that name again, so a crash anywhere
+//     here, and the repeated create that follows, never makes a second;
+//  3. the answer (id, context, topology) recorded, durable.
+//
+// The same request for a name already created is no change; another one
+// is namedvol.ErrExists. A failed CreateVolume leaves the intent, for a
+// repeated create to finish (or a removal to drop).
+func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets map[string]string) error {
+	old, err := s.cfg.Store.Get(d.Name)
+	switch {
+	case err == nil && !old.SameRequest(d):
+		return fmt.Errorf("%w: %s (remove it first)", namedvol.ErrExists, d.Name)
+	case err == nil && !old.Creating():
+		return nil
+	case err == nil:
+		d.Creator = old.Creator
+	case !errors.Is(err, namedvol.ErrNotFound):
+		return err
+	default:
+		d.Provision.State = namedvol.ProvisionCreating
+		if err := s.cfg.Store.Create(ctx, d); err != nil {
+			return err
+		}
+	}
+	d.Provision.State = namedvol.ProvisionCreating
+	s.log.Info("creating volume", "name", d.Name, "plugin", d.Plugin, "csi_name", namedvol.CSIName(d.Name), "size", d.Provision.Size)
+	if err := s.cfg.Backend.CreateVolume(ctx, d, secrets); err != nil {
+		return fmt.Errorf("volume %s: %w", d.Name, err)
+	}
+	if err := s.cfg.Store.Replace(ctx, d); err != nil {
+		return err
+	}
+	s.log.Info("named volume created", "name", d.Name, "plugin", d.Plugin, "volume_id", d.VolumeID, "creator", d.Creator)
+	return nil
+}
