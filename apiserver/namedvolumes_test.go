@@ -24,7 +24,7 @@ func (f failingNamed) Define(context.Context, string, map[string]string, map[str
 	return f.err
 }
 func (f failingNamed) Undefine(context.Context, string, bool, map[string]string) error { return f.err }
-func (f failingNamed) Status(string) (namedvol.Status, error)                  { return namedvol.Status{}, f.err }
+func (f failingNamed) Status(string) (namedvol.Status, error)                          { return namedvol.Status{}, f.err }
 func (f failingNamed) Page(after string, max int) ([]namedvol.Status, string, error) {
 	d := &namedvol.Definition{Name: "data", Plugin: "loop", VolumeID: "vol1", AllowAnnotations: true}
 	return []namedvol.Status{{Definition: d, State: "PUBLISHED", Containers: 2, EngineMounts: []string{"m1"}, Mountpoint: "/x"}}, fmt.Sprint(after, max), f.err

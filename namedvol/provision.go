@@ -154,7 +154,9 @@ func (p *Provision) topology() []*csi.Topology {
 }
 
 // Creating reports whether the backend volume is not created yet.
-func (d *Definition) Creating() bool { return d.Provision != nil && d.Provision.State != ProvisionCreated }
+func (d *Definition) Creating() bool {
+	return d.Provision != nil && d.Provision.State != ProvisionCreated
+}
 
 // CheckUsable refuses a definition whose backend volume is not created
 // (ErrCreating).
