@@ -35,15 +35,24 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 		if err := s.cfg.Store.Create(ctx, d); err != nil {
 			return err
 		}
+		s.crashPoint("named volume creating")
 	}
 	d.Provision.State = namedvol.ProvisionCreating
 	s.log.Info("creating volume", "name", d.Name, "plugin", d.Plugin, "csi_name", namedvol.CSIName(d.Name), "size", d.Provision.Size)
 	if err := s.cfg.Backend.CreateVolume(ctx, d, secrets); err != nil {
 		return fmt.Errorf("volume %s: %w", d.Name, err)
 	}
+	s.crashPoint("rpc CreateVolume")
 	if err := s.cfg.Store.Replace(ctx, d); err != nil {
 		return err
 	}
+	s.crashPoint("named volume created")
 	s.log.Info("named volume created", "name", d.Name, "plugin", d.Plugin, "volume_id", d.VolumeID, "creator", d.Creator)
 	return nil
+}
+
+func (s *Server) crashPoint(point string) {
+	if s.cfg.CrashPoint != nil {
+		s.cfg.CrashPoint(point)
+	}
 }

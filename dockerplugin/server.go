@@ -69,6 +69,10 @@ type Config struct {
 	// Dir is in.
 	Commit *atomicfile.Committer
 	Logger *slog.Logger
+	// CrashPoint, for crash tests only, is called after each step of a
+	// volume's creation with a name for the point; it may kill the
+	// process.
+	CrashPoint func(point string)
 }
 
 // Server is the volume plugin endpoint.

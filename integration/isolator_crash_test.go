@@ -450,7 +450,8 @@ func indexes(trace []string, point string) []int {
 
 // TestCrashAtEveryStep kills the agent (SIGKILL, from its test hook) at
 // every crash point of preparing, then of cleaning up, two containers
-// sharing a loop volume: after every checkpoint write, every node RPC,
+// sharing a loop volume: after every checkpoint write, every plugin RPC
+// (the attach and the detach included),
 // every bind and unbind. The next agent must recover to a consistent
 // state: a container whose prepare was interrupted is rolled back (absent)
 // and can be prepared again, one whose PREPARED checkpoint was written
@@ -489,6 +490,16 @@ func TestCrashAtEveryStep(t *testing.T) {
 	if len(prep) <= 5 || len(clean) <= 5 || len(preparedAt) != 2 || len(cleaningAt) != 2 {
 		t.Fatalf("trace has %d prepare and %d cleanup points, %d PREPARED and %d CLEANING checkpoints; want > 5, > 5, 2, 2",
 			len(prep), len(clean), len(preparedAt), len(cleaningAt))
+	}
+	// csi-loop-plugin attaches: the attach and the detach are crash
+	// points too.
+	for _, p := range []struct {
+		points []string
+		want   string
+	}{{prep, "checkpoint volume CONTROLLER_PUBLISH"}, {prep, "rpc ControllerPublishVolume"}, {clean, "rpc ControllerUnpublishVolume"}} {
+		if !slices.Contains(p.points, p.want) {
+			t.Errorf("no crash point %q in %q", p.want, p.points)
+		}
 	}
 
 	crashRun := func(n int, what string, before func(*crashAgent), crashing func(*crashAgent) error) {
