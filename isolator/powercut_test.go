@@ -147,7 +147,7 @@ func (tmpfsPlugins) Lookup(typ string) (Plugin, error) {
 }
 
 func (p tmpfsPlugins) Node(context.Context, string) (Node, error) {
-	n := Node{Client: tmpfsNode{p.ctrl}, StageUnstage: true, NodeID: "node-1"}
+	n := Node{Client: tmpfsNode(p), StageUnstage: true, NodeID: "node-1"}
 	if p.ctrl != nil {
 		n.Controller = p.ctrl
 	}
