@@ -1,10 +1,12 @@
 // Package isolator owns the volume lifecycle, as the Mesos volume/csi
-// isolator does: Prepare gives a container its pre-provisioned CSI volumes
-// (NodeStageVolume once per volume, NodePublishVolume, then a bind mount at
+// isolator does: Prepare gives a container its CSI volumes
+// (ControllerPublishVolume once per volume when the plugin's controller
+// attaches, its publish_context recorded and passed on; NodeStageVolume once
+// per volume, NodePublishVolume, then a bind mount at
 // the container path resolved inside its rootfs or sandbox, or, for a
 // container with a pid, a clone of the published mount moved into its
 // mount namespace), and Cleanup takes them away, the last user of a volume
-// unpublishing and unstaging it. Prepare is all or nothing. A volume
+// unpublishing, unstaging and detaching it. Prepare is all or nothing. A volume
 // whose filesystem is still mounted elsewhere when its last user goes (in
 // another mount namespace than the agent's, a container's: a former
 // user's bind the agent did not make; see mount.ForeignMounts) is not torn
@@ -15,7 +17,8 @@
 // with a multi-writer or read-only access mode share it.
 //
 // Every transition is checkpointed under the work directory before the
-// node call that may act, and a volume's users are persisted with it, so a
+// call that may act (the attach's durably first: an attachment outlives a
+// power cut), and a volume's users are persisted with it, so a
 // crash or a reboot never loses track of a mount: Run recovers first
 // (redoing a transitional state the whole way, republishing after a
 // reboot what has users and tearing down through the plugin what has
@@ -46,6 +49,7 @@
 // package mount by default; the package's unit tests put an in-memory
 // model of the mount table and a fake node service in their place, so the
 // state machine, recovery and reference counting are tested without root.
-// Not for: provisioning volumes (CSI controller calls) or deciding when to
-// reclaim or rotate keys (packages reclaim and pervolume).
+// Not for: creating or deleting volumes (the agent's named volumes) or
+// deciding when to reclaim or rotate keys (packages reclaim and
+// pervolume).
 package isolator

@@ -1,5 +1,8 @@
 // Package namedvol holds named CSI volumes: a name bound to a plugin, a
-// volume id, a capability, a volume context and secret references, as
+// volume id (pre-provisioned, or created by the agent: Provision, with its
+// intent recorded before the plugin's CreateVolume and a name, CSIName,
+// that finds the volume again after a crash), a capability, a volume
+// context and secret references, as
 // container engines name volumes (docker volume create NAME, the
 // csi.csiagent.io/mounts annotation). Definitions are parsed from the
 // engines' flat key=value options (ParseOptions), one JSON file per name in
