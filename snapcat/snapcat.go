@@ -61,8 +61,14 @@ type Entry struct {
 
 // CSIName is the name the plugin's create call is given: derived from the
 // entry's name, so that repeating the create (after a crash, or by
-// running the command again) is idempotent.
-func (e *Entry) CSIName() string { return "csi-agent-" + e.Name }
+// running the command again) is idempotent. A group snapshot's is its
+// name, as the agent gave it before it kept a catalogue.
+func (e *Entry) CSIName() string {
+	if e.Kind == KindGroup {
+		return e.Name
+	}
+	return "csi-agent-" + e.Name
+}
 
 // SnapshotIDs are the group's snapshot ids, in the order of SourceVolumes.
 func (e *Entry) SnapshotIDs() []string {
@@ -89,8 +95,8 @@ func ValidateName(name string) error {
 // Catalogue is the directory of entries, read once at Open and kept in
 // memory; every change is written through before it returns.
 type Catalogue struct {
-	dir string
-	mu  sync.Mutex
+	dir  string
+	mu   sync.Mutex
 	ents map[string]*Entry
 }
 
