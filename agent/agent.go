@@ -187,9 +187,9 @@ type Agent struct {
 	metrics *metrics
 	// commit writes every record under the work dir (see
 	// atomicfile.Committer); unlockWork releases the work dir's lock.
-	commit     *atomicfile.Committer
+	commit *atomicfile.Committer
 	// snapshots is the snapshot catalogue (WORK_DIR/snapshots).
-	snapshots *snapcat.Catalogue
+	snapshots  *snapcat.Catalogue
 	unlockWork func()
 }
 

@@ -366,9 +366,14 @@ func TestControllerCLIUsage(t *testing.T) {
 		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--group", "g"}, "exactly one of --volume and --group"},
 		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--force"}, "unknown flag: --force"},
 		{[]string{"replication", "info", "--plugin", "p", "--volume", "v", "--param", "a=b"}, "unknown flag: --param"},
-		{[]string{"group-snapshot", "create", "--plugin", "p", "--name", "n"}, "--name and --volumes are required"},
-		{[]string{"group-snapshot", "get", "--plugin", "p", "--id", "g"}, "--id and --snapshot-ids are required"},
-		{[]string{"group-snapshot", "delete", "--plugin", "p", "--snapshot-ids", "a"}, "--id and --snapshot-ids are required"},
+		{[]string{"group-snapshot", "create", "--plugin", "p", "--name", "n"}, "--name and one of --volumes and --container are required"},
+		{[]string{"group-snapshot", "create", "--name", "n", "--volumes", "a"}, "--plugin is required with --volumes"},
+		{[]string{"group-snapshot", "create", "--name", "n", "--volumes", "a", "--container", "c"}, "one of --volumes and --container"},
+		{[]string{"group-snapshot", "get", "--plugin", "p", "--id", "g"}, "--plugin, --id and --snapshot-ids, are required"},
+		{[]string{"group-snapshot", "get", "--name", "g", "--id", "g"}, "--name takes no --id"},
+		{[]string{"group-snapshot", "delete", "--plugin", "p", "--snapshot-ids", "a"}, "--plugin, --id and --snapshot-ids, are required"},
+		{[]string{"snapshot", "create", "--name", "s"}, "--name and --volume are required"},
+		{[]string{"snapshot", "rm"}, "accepts 1 arg"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			args := tc.args
