@@ -58,6 +58,12 @@ func TestGroupSnapshotOfContainerKilledWhileFrozen(t *testing.T) {
 		t.Errorf("snapshot ls after create:\n%s", out)
 	}
 	cli(true, "snapshot", "rm", "s1")
+	cli(true, "volume", "create", "named-b", "--plugin", typ, "--volume-id", "vol-b")
+	cli(true, "snapshot", "create", "--volume", "named-b", "--name", "s2")
+	if out := cli(true, "snapshot", "ls"); !strings.Contains(out, "named-b (vol-b)") || strings.Contains(out, "s1") {
+		t.Errorf("snapshot ls after a named volume's snapshot:\n%s", out)
+	}
+	cli(true, "snapshot", "rm", "s2")
 	created := cli(true, "group-snapshot", "create", "--container", container, "--name", "g1")
 	if out := cli(true, "snapshot", "ls"); !strings.Contains(out, "g1") || !strings.Contains(out, "vol-a=") || !strings.Contains(out, "vol-b=") || strings.Contains(out, "s1") {
 		t.Errorf("snapshot ls after the group snapshot (create said %s):\n%s", created, out)
@@ -135,4 +141,5 @@ func TestGroupSnapshotOfContainerKilledWhileFrozen(t *testing.T) {
 	if err != nil || len(resp.GetContainers()) != 0 {
 		t.Errorf("containers after runc delete: %v, %v", resp, err)
 	}
+	cli(true, "volume", "rm", "named-b")
 }
