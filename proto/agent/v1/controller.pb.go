@@ -1,9 +1,9 @@
 // The csiagent controller API: the csi-addons controller operations
-// (volume groups, replication) and CSI group snapshots, run by the agent on
+// (volume groups, replication) and CSI snapshots and group snapshots, run by the agent on
 // a plugin's CONTROLLER_SERVICE for hosts without Kubernetes. Served on the
 // same socket, with the same access rules, as the Agent service
-// (agent.proto); the csi-agent CLI's group, replication and group-snapshot
-// commands use it.
+// (agent.proto); the csi-agent CLI's group, replication, snapshot and
+// group-snapshot commands use it.
 //
 // The agent acts as the CO of the specs (seeds 000 volumegroup, 003
 // replication; CSI spec GroupController): it serialises the calls it makes

@@ -1,9 +1,9 @@
 // The csiagent controller API: the csi-addons controller operations
-// (volume groups, replication) and CSI group snapshots, run by the agent on
+// (volume groups, replication) and CSI snapshots and group snapshots, run by the agent on
 // a plugin's CONTROLLER_SERVICE for hosts without Kubernetes. Served on the
 // same socket, with the same access rules, as the Agent service
-// (agent.proto); the csi-agent CLI's group, replication and group-snapshot
-// commands use it.
+// (agent.proto); the csi-agent CLI's group, replication, snapshot and
+// group-snapshot commands use it.
 //
 // The agent acts as the CO of the specs (seeds 000 volumegroup, 003
 // replication; CSI spec GroupController): it serialises the calls it makes
@@ -125,12 +125,17 @@ type ControllerClient interface {
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
 	// name. Unless no_wait, it calls again with the same arguments until the
-	// group snapshot is ready_to_use, as the CSI spec says a CO should.
+	// group snapshot is ready_to_use, as the CSI spec says a CO should. It
+	// is recorded in the agent's catalogue under name (see CreateSnapshot).
+	// With container_id, the container's mounted filesystems are frozen
+	// around the first call (see CreateGroupSnapshotRequest).
 	CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error)
-	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked).
+	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked),
+	// by ids or by the catalogue name.
 	GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error)
 	// DeleteGroupSnapshot calls DeleteVolumeGroupSnapshot with the group
-	// snapshot's snapshot ids (capability checked).
+	// snapshot's snapshot ids (capability checked), by ids or by the
+	// catalogue name, and removes it from the catalogue.
 	DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
 	// CreateSnapshot calls csi.v1.Controller/CreateSnapshot of one volume
 	// (a named volume, or a volume id of plugin_name) after checking
@@ -647,12 +652,17 @@ type ControllerServer interface {
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
 	// name. Unless no_wait, it calls again with the same arguments until the
-	// group snapshot is ready_to_use, as the CSI spec says a CO should.
+	// group snapshot is ready_to_use, as the CSI spec says a CO should. It
+	// is recorded in the agent's catalogue under name (see CreateSnapshot).
+	// With container_id, the container's mounted filesystems are frozen
+	// around the first call (see CreateGroupSnapshotRequest).
 	CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error
-	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked).
+	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked),
+	// by ids or by the catalogue name.
 	GetGroupSnapshot(*GetGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error
 	// DeleteGroupSnapshot calls DeleteVolumeGroupSnapshot with the group
-	// snapshot's snapshot ids (capability checked).
+	// snapshot's snapshot ids (capability checked), by ids or by the
+	// catalogue name, and removes it from the catalogue.
 	DeleteGroupSnapshot(*DeleteGroupSnapshotRequest, grpc.ServerStreamingServer[OperationReply]) error
 	// CreateSnapshot calls csi.v1.Controller/CreateSnapshot of one volume
 	// (a named volume, or a volume id of plugin_name) after checking
