@@ -115,7 +115,9 @@ func (s *Server) whileContainerFrozen(ctx context.Context, o *op, req *agentv1.C
 	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
+	var shared []string
 	err := mount.WhileAllFrozen(fctx, paths, func(path string) {
+		shared = append(shared, path)
 		s.log.Warn("filesystem already frozen by someone else: snapshotting it frozen, leaving its thaw to them", "path", path)
 	}, func(ctx context.Context) error {
 		s.crash(CrashFrozen)
@@ -126,8 +128,16 @@ func (s *Server) whileContainerFrozen(ctx context.Context, o *op, req *agentv1.C
 		err = status.Errorf(codes.DeadlineExceeded, "container %s: the freeze timeout (%v) passed before the plugin cut the group snapshot; the filesystems are thawed: raise the freeze timeout or find why the plugin is slow: %v",
 			req.GetContainerId(), timeout, err)
 	}
-	if derr := s.cat.FreezeDone(req.GetName()); derr != nil {
-		return errors.Join(err, derr)
+	// The record goes only once every filesystem this call froze is
+	// thawed (FITHAW of a thawed one is done): a thaw that fails keeps it
+	// for the next start's recovery.
+	for _, p := range paths {
+		if slices.Contains(shared, p) {
+			continue
+		}
+		if terr := mount.Thaw(p); terr != nil {
+			return errors.Join(err, fmt.Errorf("container %s: %w (its freeze record is kept: the agent's next start thaws it)", req.GetContainerId(), terr))
+		}
 	}
-	return err
+	return errors.Join(err, s.cat.FreezeDone(req.GetName()))
 }

@@ -86,36 +86,35 @@ func (s *Server) CreateGroupSnapshot(req *agentv1.CreateGroupSnapshotRequest, st
 			return err
 		}
 		return o.withLock(ctx, "group snapshot name", req.GetName(), func() error {
-			e, err := s.startEntry(&snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindGroup, Plugin: o.plugin,
-				SourceVolumes: req.GetSourceVolumeIds(), Container: req.GetContainerId()})
-			if err != nil {
-				return err
-			}
-			spec := createGroupSnapshotSpec()
-			preq := &csi.CreateVolumeGroupSnapshotRequest{Name: e.CSIName(), SourceVolumeIds: req.GetSourceVolumeIds(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
-			var snap *csi.VolumeGroupSnapshot
-			call := func(ctx context.Context) error {
-				resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.CreateVolumeGroupSnapshot, preq)
-				snap = resp.GetGroupSnapshot()
-				return err
-			}
-			cut := call
-			if req.GetContainerId() != "" && e.Intent {
-				cut = func(ctx context.Context) error { return s.whileContainerFrozen(ctx, o, req, call) }
-			}
-			_, err = o.untilReady(ctx, spec, req.GetNoWait(), "group snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
-				err := cut(ctx)
-				cut = call
-				if err != nil {
-					return false, err
+			want := &snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindGroup, Plugin: o.plugin,
+				SourceVolumes: req.GetSourceVolumeIds(), Container: req.GetContainerId()}
+			return s.recordCreate(want, func(e *snapcat.Entry) error {
+				spec := createGroupSnapshotSpec()
+				preq := &csi.CreateVolumeGroupSnapshotRequest{Name: e.CSIName(), SourceVolumeIds: req.GetSourceVolumeIds(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
+				var snap *csi.VolumeGroupSnapshot
+				call := func(ctx context.Context) error {
+					resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.CreateVolumeGroupSnapshot, preq)
+					snap = resp.GetGroupSnapshot()
+					return err
 				}
-				recordGroup(e, snap)
-				return e.Ready, s.cat.Put(e)
+				cut := call
+				if req.GetContainerId() != "" && e.Intent {
+					cut = func(ctx context.Context) error { return s.whileContainerFrozen(ctx, o, req, call) }
+				}
+				_, err := o.untilReady(ctx, spec, req.GetNoWait(), "group snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
+					err := cut(ctx)
+					cut = call
+					if err != nil {
+						return false, err
+					}
+					recordGroup(e, snap)
+					return e.Ready, s.cat.Put(e)
+				})
+				if err != nil {
+					return err
+				}
+				return stream.Send(&agentv1.GroupSnapshotReply{GroupSnapshot: snap})
 			})
-			if err != nil {
-				return err
-			}
-			return stream.Send(&agentv1.GroupSnapshotReply{GroupSnapshot: snap})
 		})
 	})
 }

@@ -68,23 +68,44 @@ func catalogueName(name string) error {
 	return nil
 }
 
-// startEntry is the first step of a create recorded as want: a new name is
-// recorded as an intent (durably) before the plugin is called; the entry
-// of a create that ran before (done or interrupted) is returned if it is
-// of the same source; another one of that name is AlreadyExists.
-func (s *Server) startEntry(want *snapcat.Entry) (*snapcat.Entry, error) {
+// recordCreate runs create, the plugin's create call(s) for the entry
+// want, recorded in the catalogue: a new name is recorded as an intent
+// (durably) before create runs, and create records the result; the entry
+// of a create that ran before (done, or interrupted by a crash) is given
+// to create as it is, if it is of the same source; another one of that
+// name is AlreadyExists. An intent this call made whose create ends with
+// a code that says nothing was made is removed again.
+func (s *Server) recordCreate(want *snapcat.Entry, create func(e *snapcat.Entry) error) error {
 	e, err := s.cat.Get(want.Name)
+	fresh := errors.Is(err, snapcat.ErrNotFound)
 	switch {
-	case errors.Is(err, snapcat.ErrNotFound):
-		want.Intent = true
-		return want, s.cat.Put(want)
+	case fresh:
+		e, want.Intent = want, true
+		if err := s.cat.Put(e); err != nil {
+			return err
+		}
 	case err != nil:
-		return nil, err
+		return err
 	case e.Kind != want.Kind || e.Plugin != want.Plugin || !slices.Equal(e.SourceVolumes, want.SourceVolumes):
-		return nil, status.Errorf(codes.AlreadyExists, "the catalogue has a %s named %s of plugin %s, volumes %s: use another name, or remove it first",
+		return status.Errorf(codes.AlreadyExists, "the catalogue has a %s named %s of plugin %s, volumes %s: use another name, or remove it first",
 			e.Kind, e.Name, e.Plugin, strings.Join(e.SourceVolumes, ","))
 	}
-	return e, nil
+	err = create(e)
+	if err != nil && fresh && e.Intent && nothingMade(status.Code(err)) {
+		return errors.Join(err, s.cat.Remove(e.Name))
+	}
+	return err
+}
+
+// nothingMade reports whether a create that failed with code made
+// nothing: the plugin (or the agent, before calling it) refused it.
+func nothingMade(code codes.Code) bool {
+	switch code {
+	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.ResourceExhausted,
+		codes.OutOfRange, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
 }
 
 // CreateSnapshot snapshots one volume and records it in the catalogue.
@@ -101,30 +122,29 @@ func (s *Server) CreateSnapshot(req *agentv1.CreateSnapshotRequest, stream grpc.
 			return err
 		}
 		return o.withLock(ctx, "snapshot name", req.GetName(), func() error {
-			e, err := s.startEntry(&snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindSnapshot, Plugin: o.plugin,
-				SourceVolumes: []string{req.GetSourceVolumeId()}, NamedVolume: req.GetNamedVolume()})
-			if err != nil {
-				return err
-			}
-			if !e.Intent && e.Ready {
-				return stream.Send(&agentv1.SnapshotReply{Snapshot: entryProto(e)})
-			}
-			spec := createSnapshotSpec()
-			preq := &csi.CreateSnapshotRequest{SourceVolumeId: req.GetSourceVolumeId(), Name: e.CSIName(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
-			_, err = o.untilReady(ctx, spec, req.GetNoWait(), "snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
-				resp, err := callPlugin(ctx, o, spec, csi.NewControllerClient, csi.ControllerClient.CreateSnapshot, preq)
-				if err != nil {
-					return false, err
+			want := &snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindSnapshot, Plugin: o.plugin,
+				SourceVolumes: []string{req.GetSourceVolumeId()}, NamedVolume: req.GetNamedVolume()}
+			return s.recordCreate(want, func(e *snapcat.Entry) error {
+				if !e.Intent && e.Ready {
+					return stream.Send(&agentv1.SnapshotReply{Snapshot: entryProto(e)})
 				}
-				snap := resp.GetSnapshot()
-				e.Intent, e.SnapshotID, e.SizeBytes, e.Ready = false, snap.GetSnapshotId(), snap.GetSizeBytes(), snap.GetReadyToUse()
-				e.Created = created(snap.GetCreationTime())
-				return e.Ready, s.cat.Put(e)
+				spec := createSnapshotSpec()
+				preq := &csi.CreateSnapshotRequest{SourceVolumeId: req.GetSourceVolumeId(), Name: e.CSIName(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
+				_, err := o.untilReady(ctx, spec, req.GetNoWait(), "snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
+					resp, err := callPlugin(ctx, o, spec, csi.NewControllerClient, csi.ControllerClient.CreateSnapshot, preq)
+					if err != nil {
+						return false, err
+					}
+					snap := resp.GetSnapshot()
+					e.Intent, e.SnapshotID, e.SizeBytes, e.Ready = false, snap.GetSnapshotId(), snap.GetSizeBytes(), snap.GetReadyToUse()
+					e.Created = created(snap.GetCreationTime())
+					return e.Ready, s.cat.Put(e)
+				})
+				if err != nil {
+					return err
+				}
+				return stream.Send(&agentv1.SnapshotReply{Snapshot: entryProto(e)})
 			})
-			if err != nil {
-				return err
-			}
-			return stream.Send(&agentv1.SnapshotReply{Snapshot: entryProto(e)})
 		})
 	})
 }

@@ -40,6 +40,9 @@ func (f *fakeSnapshotter) ControllerGetCapabilities(context.Context, *csi.Contro
 func (f *fakeSnapshotter) CreateSnapshot(_ context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if req.GetName() == "csi-agent-taken" {
+		return nil, status.Error(codes.AlreadyExists, "another volume's snapshot has that name")
+	}
 	f.creates[req.GetName()]++
 	return &csi.CreateSnapshotResponse{Snapshot: &csi.Snapshot{SnapshotId: "id-" + req.GetName(), SourceVolumeId: req.GetSourceVolumeId(),
 		SizeBytes: 1 << 20, ReadyToUse: f.creates[req.GetName()] > 1}}, nil
@@ -168,7 +171,8 @@ func (st *snapTest) ctx() context.Context {
 // TestCreateSnapshotRecordsAndWaits: a named volume's snapshot is cut
 // under the derived name, waited for until ready, and in the catalogue;
 // the same create again is no new snapshot; another volume under that
-// name is AlreadyExists; rm deletes it at the plugin and in the catalogue.
+// name is AlreadyExists; one the plugin refuses leaves no intent; rm
+// deletes it at the plugin and in the catalogue.
 func TestCreateSnapshotRecordsAndWaits(t *testing.T) {
 	st := newSnapTest(t)
 	kinds, last, err := drain(st.api.CreateSnapshot(st.ctx(), &agentv1.CreateSnapshotRequest{Name: "s1", NamedVolume: "data", Retry: fastRetry}))
@@ -189,6 +193,10 @@ func TestCreateSnapshotRecordsAndWaits(t *testing.T) {
 	_, _, err = drain(st.api.CreateSnapshot(st.ctx(), &agentv1.CreateSnapshotRequest{Name: "s1", PluginName: "p", SourceVolumeId: "v2", Retry: fastRetry}))
 	if status.Code(err) != codes.AlreadyExists {
 		t.Errorf("same name, another volume: %v, want AlreadyExists", err)
+	}
+	_, _, err = drain(st.api.CreateSnapshot(st.ctx(), &agentv1.CreateSnapshotRequest{Name: "taken", PluginName: "p", SourceVolumeId: "v2", Retry: fastRetry}))
+	if _, gerr := st.cat.Get("taken"); status.Code(err) != codes.AlreadyExists || !errors.Is(gerr, snapcat.ErrNotFound) {
+		t.Errorf("a create the plugin refuses: %v; its intent: %v (want removed)", err, gerr)
 	}
 	list, err := st.api.ListSnapshots(st.ctx(), &agentv1.ListSnapshotsRequest{})
 	if err != nil || len(list.GetSnapshots()) != 1 {
@@ -256,8 +264,10 @@ func TestContainerGroupSnapshot(t *testing.T) {
 			t.Errorf("container %s: %v, want %v", c, err, want)
 		}
 	}
-	if _, err := st.cat.Get("xc3"); err != nil {
-		t.Errorf("a refused create of a container whose volume is gone should leave its intent to re-run: %v", err)
+	for _, name := range []string{"xc2", "xc3", "xc4"} {
+		if _, err := st.cat.Get(name); !errors.Is(err, snapcat.ErrNotFound) {
+			t.Errorf("a refused create (nothing made) left %s in the catalogue: %v", name, err)
+		}
 	}
 	if _, _, err := drain(st.api.DeleteGroupSnapshot(st.ctx(), &agentv1.DeleteGroupSnapshotRequest{Name: "nightly", Retry: fastRetry})); err != nil {
 		t.Fatal(err)
