@@ -637,7 +637,7 @@ func (c *ctrlCall) printGroupSnapshot(res *agentv1.GroupSnapshotReply) error {
 		return err
 	}
 	if len(ids) > 0 {
-		fmt.Fprintf(c.e.stdout, "\nget or delete it with: --id %s --snapshot-ids %s\n", gs.GetGroupSnapshotId(), strings.Join(ids, ","))
+		fmt.Fprintf(c.e.stdout, "\nget or delete it with --name (the name it was created with), or with --plugin and: --id %s --snapshot-ids %s\n", gs.GetGroupSnapshotId(), strings.Join(ids, ","))
 	}
 	return nil
 }
