@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -108,6 +109,24 @@ func (f *fakeAgent) GetGroupSnapshot(r *agentv1.GetGroupSnapshotRequest, s grpc.
 
 func (f *fakeAgent) DeleteGroupSnapshot(r *agentv1.DeleteGroupSnapshotRequest, s grpc.ServerStreamingServer[agentv1.OperationReply]) error {
 	return serve(f, "DeleteGroupSnapshot", r, s)
+}
+
+func (f *fakeAgent) CreateSnapshot(r *agentv1.CreateSnapshotRequest, s grpc.ServerStreamingServer[agentv1.SnapshotReply]) error {
+	return serve(f, "CreateSnapshot", r, s)
+}
+
+func (f *fakeAgent) DeleteSnapshot(r *agentv1.DeleteSnapshotRequest, s grpc.ServerStreamingServer[agentv1.OperationReply]) error {
+	return serve(f, "DeleteSnapshot", r, s)
+}
+
+func (f *fakeAgent) ListSnapshots(_ context.Context, r *agentv1.ListSnapshotsRequest) (*agentv1.ListSnapshotsReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.method, f.req = "ListSnapshots", r
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.replies[0].(*agentv1.ListSnapshotsReply), nil
 }
 
 // startFakeAgent serves a fakeAgent on a socket; it returns the socket.
@@ -337,6 +356,60 @@ func TestControllerCLIGroupSnapshots(t *testing.T) {
 	code, out, _ = run(t, "group-snapshot", "delete", "--api-socket", socket, "--plugin", "loop", "--id", "gs-1", "--snapshot-ids", "s-a,s-b")
 	if code != ExitOK || out != "group snapshot gs-1 deleted\n" {
 		t.Errorf("exit %d: %q", code, out)
+	}
+}
+
+// TestControllerCLISnapshots: --volume is a named volume, or with --plugin
+// a volume id; ls shows a group's members and an interrupted create; rm
+// and group-snapshot get/delete take the catalogue name; --container sends
+// the freeze timeout.
+func TestControllerCLISnapshots(t *testing.T) {
+	f, socket := startFakeAgent(t)
+	entry := &agentv1.SnapshotEntry{Name: "s1", Kind: "snapshot", PluginName: "loop", SourceVolumeIds: []string{"v1"}, NamedVolume: "data", SnapshotId: "id-1", ReadyToUse: true, SizeBytes: 1 << 20}
+	for _, tc := range []struct {
+		args       []string
+		named, id  string
+		wantPlugin string
+	}{
+		{args: []string{"--volume", "data"}, named: "data"},
+		{args: []string{"--volume", "v1", "--plugin", "loop"}, id: "v1", wantPlugin: "loop"},
+	} {
+		f.set(nil, &agentv1.SnapshotReply{Snapshot: entry})
+		code, out, errOut := run(t, append([]string{"snapshot", "create", "--api-socket", socket, "--name", "s1"}, tc.args...)...)
+		_, req := f.last()
+		r := req.(*agentv1.CreateSnapshotRequest)
+		if code != ExitOK || r.GetNamedVolume() != tc.named || r.GetSourceVolumeId() != tc.id || r.GetPluginName() != tc.wantPlugin || !strings.Contains(out, "data (v1)") {
+			t.Errorf("create %v: exit %d, request %v\n%s%s", tc.args, code, r, out, errOut)
+		}
+	}
+	f.set(nil, &agentv1.ListSnapshotsReply{Snapshots: []*agentv1.SnapshotEntry{
+		entry,
+		{Name: "g1", Kind: "group", PluginName: "loop", SourceVolumeIds: []string{"a", "b"}, ContainerId: "c1", GroupSnapshotId: "gs", Members: map[string]string{"b": "sb", "a": "sa"}, ReadyToUse: true},
+		{Name: "g2", Kind: "group", PluginName: "loop", SourceVolumeIds: []string{"a"}, Interrupted: true},
+	}})
+	code, out, _ := run(t, "snapshot", "ls", "--api-socket", socket)
+	for _, w := range []string{"container c1", "gs [a=sa b=sb]", "interrupted: run create again", "1.0 MiB"} {
+		if code != ExitOK || !strings.Contains(out, w) {
+			t.Errorf("ls: exit %d, stdout lacks %q:\n%s", code, w, out)
+		}
+	}
+	f.set(nil, &agentv1.OperationReply{Done: true})
+	if code, out, _ := run(t, "snapshot", "rm", "s1", "--api-socket", socket); code != ExitOK || out != "snapshot s1 deleted\n" {
+		t.Errorf("rm: exit %d: %q", code, out)
+	}
+	if _, req := f.last(); req.(*agentv1.DeleteSnapshotRequest).GetName() != "s1" {
+		t.Errorf("rm request %v", req)
+	}
+	f.set(nil, &agentv1.OperationReply{Done: true})
+	if code, out, _ := run(t, "group-snapshot", "delete", "--name", "g1", "--api-socket", socket); code != ExitOK || out != "group snapshot g1 deleted\n" {
+		t.Errorf("group-snapshot delete --name: exit %d: %q", code, out)
+	}
+	f.set(nil, &agentv1.GroupSnapshotReply{GroupSnapshot: &csi.VolumeGroupSnapshot{GroupSnapshotId: "gs"}})
+	if code, _, errOut := run(t, "group-snapshot", "create", "--container", "c1", "--name", "g3", "--freeze-timeout", "3s", "--api-socket", socket); code != ExitOK {
+		t.Fatalf("group-snapshot create --container: exit %d: %s", code, errOut)
+	}
+	if _, req := f.last(); req.(*agentv1.CreateGroupSnapshotRequest).GetContainerId() != "c1" || req.(*agentv1.CreateGroupSnapshotRequest).GetFreezeTimeout().AsDuration() != 3*time.Second {
+		t.Errorf("create --container request %v", req)
 	}
 }
 
