@@ -127,10 +127,11 @@ func (a *Agent) startDirs(context.Context) (stop func(), err error) {
 
 // thawAfterCrash thaws the filesystems a group snapshot of a container
 // froze when the agent stopped before thawing them (see package snapcat),
-// before anything else runs.
+// before anything else runs. One that cannot be thawed is logged, its
+// record kept for the next start: the agent still serves the rest.
 func (a *Agent) thawAfterCrash(context.Context) (stop func(), err error) {
 	if err := a.snapshots.ThawRecorded(a.log); err != nil {
-		return nil, fmt.Errorf("thawing the filesystems a crash left frozen: %w", err)
+		a.log.Error("thawing the filesystems a crash left frozen failed: their writers stay blocked until they are thawed (fsfreeze -u PATH); the next start tries again", "error", err)
 	}
 	return func() {}, nil
 }

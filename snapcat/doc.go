@@ -26,7 +26,8 @@
 // is written durably before the first FIFREEZE and removed after the
 // thaw; ThawRecorded, which the agent runs at start before it reports
 // ready, thaws every filesystem of any record left by a crash (one whose
-// mount id or device no longer match is left alone) and removes it.
+// mount id or device no longer match is left alone) and removes it; a
+// record with a thaw that failed is kept for the next start.
 //
 // Lookup gives `volume create --from-snapshot` the plugin and snapshot id
 // of a catalogue name (NAME, or GROUP/SOURCE_VOLUME_ID for a member of a
