@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/csiagent/csiagent/internal/testhelp"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -136,6 +138,7 @@ func TestLookup(t *testing.T) {
 // filesystem that is not frozen, which FITHAW reports as EINVAL, is
 // done) and removed; a path that is now another mount is left alone.
 func TestThawRecorded(t *testing.T) {
+	testhelp.NeedRoot(t) // FITHAW needs CAP_SYS_ADMIN
 	dir := t.TempDir()
 	c := mustOpen(t, dir)
 	here, err := Identify(dir)
