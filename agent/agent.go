@@ -27,6 +27,7 @@ import (
 	"github.com/csiagent/csiagent/pluginconfig"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	"github.com/csiagent/csiagent/reclaim"
+	"github.com/csiagent/csiagent/snapcat"
 	"github.com/csiagent/csiagent/supervisor"
 	"github.com/csiagent/csiagent/volumestats"
 )
@@ -186,7 +187,9 @@ type Agent struct {
 	metrics *metrics
 	// commit writes every record under the work dir (see
 	// atomicfile.Committer); unlockWork releases the work dir's lock.
-	commit     *atomicfile.Committer
+	commit *atomicfile.Committer
+	// snapshots is the snapshot catalogue (WORK_DIR/snapshots).
+	snapshots  *snapcat.Catalogue
 	unlockWork func()
 }
 
@@ -270,7 +273,12 @@ func newAgent(cfg Config) (*Agent, error) {
 		Name: keyRotationJobName, Job: keyRotationJob{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.KeyRotationMaxConcurrent,
 		Logger: cfg.Logger,
 	})
-	a.ctrlops = controllerops.New(controllerPlugins{a}, a.log)
+	cat, err := snapcat.Open(filepath.Join(cfg.WorkDir, snapshotsDir), a.log)
+	if err != nil {
+		return nil, err
+	}
+	a.snapshots = cat
+	a.ctrlops = controllerops.New(controllerops.Config{Plugins: controllerPlugins{a}, Catalogue: cat, Log: a.log, CrashPoint: cfg.CrashPoint})
 	return a, nil
 }
 
@@ -280,6 +288,9 @@ func (a *Agent) Rescan() {
 		a.watcher.Rescan()
 	}
 }
+
+// snapshotsDir is the snapshot catalogue's directory in the work dir.
+const snapshotsDir = "snapshots"
 
 // Names of the sockets in Config.Activated.
 const (

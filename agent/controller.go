@@ -61,6 +61,33 @@ func (p controllerPlugins) NodeCapabilities(plugin string) []string {
 	return p.a.set.NodeCapabilities(plugin)
 }
 
+// NamedVolume is the plugin and volume id of a named volume (available
+// once the engine endpoint has started, before the API).
+func (p controllerPlugins) NamedVolume(name string) (string, string, error) {
+	st, err := p.a.named.Status(name)
+	if err != nil {
+		return "", "", err
+	}
+	return st.Plugin, st.VolumeID, nil
+}
+
+func (p controllerPlugins) ContainerVolumes(containerID string) ([]controllerops.VolumeRef, bool) {
+	for _, c := range p.a.iso.ListContainers() {
+		if c.ID != containerID {
+			continue
+		}
+		var out []controllerops.VolumeRef
+		for _, m := range c.Mounts {
+			v := controllerops.VolumeRef{Plugin: m.GetPluginName(), ID: m.GetVolumeId()}
+			if !slices.Contains(out, v) {
+				out = append(out, v)
+			}
+		}
+		return out, true
+	}
+	return nil, false
+}
+
 // controllerConn waits for the plugin's controller service to be ready
 // and returns the connection that serves service there; errors are status
 // errors.

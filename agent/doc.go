@@ -1,6 +1,8 @@
 // Package agent is the csiagent daemon's wiring: New checks a Config,
-// loads the volume checkpoints and builds the parts; Run takes the runtime
-// directory's lock, follows the plugin config directory
+// loads the volume checkpoints and the snapshot catalogue (package
+// snapcat) and builds the parts; Run takes the runtime directory's lock,
+// thaws the filesystems a group snapshot left frozen when an agent died
+// (before anything else starts), follows the plugin config directory
 // (pluginconfig.Watch) into the supervised plugin set (supervisor.Set),
 // serves the Agent API (package apiserver) and the Controller API
 // (package controllerops) on a unix socket and the Docker volume plugin

@@ -42,6 +42,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	for _, c := range []component{
 		{"directories", a.startDirs},
+		{"thaw after crash", a.thawAfterCrash},
 		{"metrics endpoint", a.startMetrics},
 		{"debug endpoint", a.startDebug},
 		{"plugins", a.startPlugins},
@@ -122,6 +123,17 @@ func (a *Agent) startDirs(context.Context) (stop func(), err error) {
 		return nil, err
 	}
 	return lockDir(a.cfg.RuntimeDir, "--runtime-dir")
+}
+
+// thawAfterCrash thaws the filesystems a group snapshot of a container
+// froze when the agent stopped before thawing them (see package snapcat),
+// before anything else runs. One that cannot be thawed is logged, its
+// record kept for the next start: the agent still serves the rest.
+func (a *Agent) thawAfterCrash(context.Context) (stop func(), err error) {
+	if err := a.snapshots.ThawRecorded(a.log); err != nil {
+		a.log.Error("thawing the filesystems a crash left frozen failed: their writers stay blocked until they are thawed (fsfreeze -u PATH); the next start tries again", "error", err)
+	}
+	return func() {}, nil
 }
 
 // startPlugins starts nothing (the first config update does) but stops

@@ -97,6 +97,7 @@ func (e *env) newRoot() *cobra.Command {
 		e.groupCmd(),
 		e.replicationCmd(),
 		e.groupSnapshotCmd(),
+		e.snapshotCmd(),
 		command("fence [flags]", "csi-addons network fencing: cut networks off a plugin's storage (--list: the fenced ones)", noArgs, e.fenceCmd),
 		command("unfence [flags]", "csi-addons network fencing: give fenced networks their access back", noArgs, e.unfenceCmd),
 		command("keyrotate [flags]", "csi-addons encryption key rotation of a volume published here", noArgs, e.keyRotateCmd),

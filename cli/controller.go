@@ -526,7 +526,7 @@ func (c *ctrlCall) printReplication(v replicationVerb, what string, res *agentv1
 func (e *env) groupSnapshotCmd() *cobra.Command {
 	return e.group("group-snapshot", "CSI group snapshots: create, get, delete",
 		"Take CSI group snapshots on a plugin's controller (csi.v1.GroupController): crash-consistent snapshots of several volumes at once.",
-		command("create [flags]", "snapshot volumes together (idempotent by --name), waiting until ready unless --no-wait", noArgs, e.groupSnapshotCreateCmd),
+		command("create [flags]", "snapshot volumes, or a container's volumes frozen (--container), together (idempotent by --name), waiting until ready unless --no-wait", noArgs, e.groupSnapshotCreateCmd),
 		command("get [flags]", "show a group snapshot", noArgs, e.groupSnapshotGetCmd),
 		command("delete [flags]", "delete a group snapshot and its snapshots", noArgs, e.groupSnapshotDeleteCmd),
 	)
@@ -535,7 +535,9 @@ func (e *env) groupSnapshotCmd() *cobra.Command {
 // groupSnapshotCreateCmd is csi-agent group-snapshot create.
 func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
 	snapName := nameFlag(fs, "group snapshot")
-	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (required)")
+	volumes := fs.String("volumes", "", "comma-separated ids of the volumes to snapshot together (this or --container)")
+	container := fs.String("container", "", "snapshot every volume the agent gave this container, its filesystems frozen meanwhile (this or --volumes; --plugin is then the volumes')")
+	freeze := freezeTimeoutFlag(fs)
 	noWait := fs.Bool("no-wait", false, "return once the snapshot is cut, even if not ready to use yet")
 	params := paramFlag(fs, "plugin parameter")
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
@@ -543,56 +545,71 @@ func (e *env) groupSnapshotCreateCmd(fs *pflag.FlagSet) runFunc {
 		switch {
 		case err != nil:
 			return err
-		case *snapName == "" || len(ids) == 0:
-			return usageError("--name and --volumes are required")
+		case *snapName == "" || (len(ids) == 0) == (*container == ""):
+			return usageError("--name and one of --volumes and --container are required")
+		case c.plugin == "" && *container == "":
+			return usageError("--plugin is required with --volumes")
 		}
 		return runOp(ctx, c, client.CreateGroupSnapshot, &agentv1.CreateGroupSnapshotRequest{
 			PluginName: c.plugin, Name: *snapName, SourceVolumeIds: ids, Parameters: params.params(), Secrets: c.secrets, Retry: c.retry, NoWait: *noWait,
+			ContainerId: *container, FreezeTimeout: freezeTimeout(*container, *freeze),
 		}, c.printGroupSnapshot)
-	})
+	}, pluginOptional)
 }
 
-// snapshotRefFlags are get's and delete's flags.
-func snapshotRefFlags(fs *pflag.FlagSet) (id, snapshotIDs *string) {
-	return fs.String("id", "", "the group snapshot id (required)"),
-		fs.String("snapshot-ids", "", "comma-separated ids of the group's snapshots, as create printed them (required by CSI)")
+// groupSnapshotRef is get's and delete's flags: the name it was created
+// with, or the plugin's ids.
+type groupSnapshotRef struct{ name, id, snapshotIDs *string }
+
+func groupSnapshotRefFlags(fs *pflag.FlagSet) groupSnapshotRef {
+	return groupSnapshotRef{
+		name:        fs.String("name", "", "the name it was created with (the agent's catalogue has its plugin and ids)"),
+		id:          fs.String("id", "", "the group snapshot id (without --name; needs --plugin)"),
+		snapshotIDs: fs.String("snapshot-ids", "", "comma-separated ids of the group's snapshots, as create printed them (with --id)"),
+	}
 }
 
-func checkSnapshotRef(id, snapshotIDs string) ([]string, error) {
-	ids, err := splitIDs("snapshot-ids", snapshotIDs)
+// check returns the snapshot ids of an --id reference.
+func (r groupSnapshotRef) check(plugin string) ([]string, error) {
+	ids, err := splitIDs("snapshot-ids", *r.snapshotIDs)
 	switch {
 	case err != nil:
 		return nil, err
-	case id == "" || len(ids) == 0:
-		return nil, usageError("--id and --snapshot-ids are required")
+	case *r.name != "" && (*r.id != "" || len(ids) > 0 || plugin != ""):
+		return nil, usageError("--name takes no --id, --snapshot-ids or --plugin: the catalogue has them")
+	case *r.name == "" && (*r.id == "" || len(ids) == 0 || plugin == ""):
+		return nil, usageError("--name, or --plugin, --id and --snapshot-ids, are required")
 	}
 	return ids, nil
 }
 
+// what names the reference in messages.
+func (r groupSnapshotRef) what() string { return cmp.Or(*r.name, *r.id) }
+
 // groupSnapshotGetCmd is csi-agent group-snapshot get.
 func (e *env) groupSnapshotGetCmd(fs *pflag.FlagSet) runFunc {
-	id, snapshotIDs := snapshotRefFlags(fs)
+	ref := groupSnapshotRefFlags(fs)
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
-		ids, err := checkSnapshotRef(*id, *snapshotIDs)
+		ids, err := ref.check(c.plugin)
 		if err != nil {
 			return err
 		}
-		return runOp(ctx, c, client.GetGroupSnapshot, &agentv1.GetGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
+		return runOp(ctx, c, client.GetGroupSnapshot, &agentv1.GetGroupSnapshotRequest{PluginName: c.plugin, Name: *ref.name, GroupSnapshotId: *ref.id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
 			c.printGroupSnapshot)
-	})
+	}, pluginOptional)
 }
 
 // groupSnapshotDeleteCmd is csi-agent group-snapshot delete.
 func (e *env) groupSnapshotDeleteCmd(fs *pflag.FlagSet) runFunc {
-	id, snapshotIDs := snapshotRefFlags(fs)
+	ref := groupSnapshotRefFlags(fs)
 	return e.withController(fs, func(ctx context.Context, client agentv1.ControllerClient, c *ctrlCall) error {
-		ids, err := checkSnapshotRef(*id, *snapshotIDs)
+		ids, err := ref.check(c.plugin)
 		if err != nil {
 			return err
 		}
-		return runOp(ctx, c, client.DeleteGroupSnapshot, &agentv1.DeleteGroupSnapshotRequest{PluginName: c.plugin, GroupSnapshotId: *id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
-			c.printDone("group snapshot %s deleted", *id))
-	})
+		return runOp(ctx, c, client.DeleteGroupSnapshot, &agentv1.DeleteGroupSnapshotRequest{PluginName: c.plugin, Name: *ref.name, GroupSnapshotId: *ref.id, SnapshotIds: ids, Secrets: c.secrets, Retry: c.retry},
+			c.printDone("group snapshot %s deleted", ref.what()))
+	}, pluginOptional)
 }
 
 // printGroupSnapshot prints a reply's group snapshot and its snapshots as
@@ -620,7 +637,7 @@ func (c *ctrlCall) printGroupSnapshot(res *agentv1.GroupSnapshotReply) error {
 		return err
 	}
 	if len(ids) > 0 {
-		fmt.Fprintf(c.e.stdout, "\nget or delete it with: --id %s --snapshot-ids %s\n", gs.GetGroupSnapshotId(), strings.Join(ids, ","))
+		fmt.Fprintf(c.e.stdout, "\nget or delete it with --name (the name it was created with), or with --plugin and: --id %s --snapshot-ids %s\n", gs.GetGroupSnapshotId(), strings.Join(ids, ","))
 	}
 	return nil
 }

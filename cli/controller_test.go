@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -108,6 +109,24 @@ func (f *fakeAgent) GetGroupSnapshot(r *agentv1.GetGroupSnapshotRequest, s grpc.
 
 func (f *fakeAgent) DeleteGroupSnapshot(r *agentv1.DeleteGroupSnapshotRequest, s grpc.ServerStreamingServer[agentv1.OperationReply]) error {
 	return serve(f, "DeleteGroupSnapshot", r, s)
+}
+
+func (f *fakeAgent) CreateSnapshot(r *agentv1.CreateSnapshotRequest, s grpc.ServerStreamingServer[agentv1.SnapshotReply]) error {
+	return serve(f, "CreateSnapshot", r, s)
+}
+
+func (f *fakeAgent) DeleteSnapshot(r *agentv1.DeleteSnapshotRequest, s grpc.ServerStreamingServer[agentv1.OperationReply]) error {
+	return serve(f, "DeleteSnapshot", r, s)
+}
+
+func (f *fakeAgent) ListSnapshots(_ context.Context, r *agentv1.ListSnapshotsRequest) (*agentv1.ListSnapshotsReply, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.method, f.req = "ListSnapshots", r
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.replies[0].(*agentv1.ListSnapshotsReply), nil
 }
 
 // startFakeAgent serves a fakeAgent on a socket; it returns the socket.
@@ -340,6 +359,60 @@ func TestControllerCLIGroupSnapshots(t *testing.T) {
 	}
 }
 
+// TestControllerCLISnapshots: --volume is a named volume, or with --plugin
+// a volume id; ls shows a group's members and an interrupted create; rm
+// and group-snapshot get/delete take the catalogue name; --container sends
+// the freeze timeout.
+func TestControllerCLISnapshots(t *testing.T) {
+	f, socket := startFakeAgent(t)
+	entry := &agentv1.SnapshotEntry{Name: "s1", Kind: "snapshot", PluginName: "loop", SourceVolumeIds: []string{"v1"}, NamedVolume: "data", SnapshotId: "id-1", ReadyToUse: true, SizeBytes: 1 << 20}
+	for _, tc := range []struct {
+		args       []string
+		named, id  string
+		wantPlugin string
+	}{
+		{args: []string{"--volume", "data"}, named: "data"},
+		{args: []string{"--volume", "v1", "--plugin", "loop"}, id: "v1", wantPlugin: "loop"},
+	} {
+		f.set(nil, &agentv1.SnapshotReply{Snapshot: entry})
+		code, out, errOut := run(t, append([]string{"snapshot", "create", "--api-socket", socket, "--name", "s1"}, tc.args...)...)
+		_, req := f.last()
+		r := req.(*agentv1.CreateSnapshotRequest)
+		if code != ExitOK || r.GetNamedVolume() != tc.named || r.GetSourceVolumeId() != tc.id || r.GetPluginName() != tc.wantPlugin || !strings.Contains(out, "data (v1)") {
+			t.Errorf("create %v: exit %d, request %v\n%s%s", tc.args, code, r, out, errOut)
+		}
+	}
+	f.set(nil, &agentv1.ListSnapshotsReply{Snapshots: []*agentv1.SnapshotEntry{
+		entry,
+		{Name: "g1", Kind: "group", PluginName: "loop", SourceVolumeIds: []string{"a", "b"}, ContainerId: "c1", GroupSnapshotId: "gs", Members: map[string]string{"b": "sb", "a": "sa"}, ReadyToUse: true},
+		{Name: "g2", Kind: "group", PluginName: "loop", SourceVolumeIds: []string{"a"}, Interrupted: true},
+	}})
+	code, out, _ := run(t, "snapshot", "ls", "--api-socket", socket)
+	for _, w := range []string{"container c1", "gs [a=sa b=sb]", "interrupted: run create again", "1.0 MiB"} {
+		if code != ExitOK || !strings.Contains(out, w) {
+			t.Errorf("ls: exit %d, stdout lacks %q:\n%s", code, w, out)
+		}
+	}
+	f.set(nil, &agentv1.OperationReply{Done: true})
+	if code, out, _ := run(t, "snapshot", "rm", "s1", "--api-socket", socket); code != ExitOK || out != "snapshot s1 deleted\n" {
+		t.Errorf("rm: exit %d: %q", code, out)
+	}
+	if _, req := f.last(); req.(*agentv1.DeleteSnapshotRequest).GetName() != "s1" {
+		t.Errorf("rm request %v", req)
+	}
+	f.set(nil, &agentv1.OperationReply{Done: true})
+	if code, out, _ := run(t, "group-snapshot", "delete", "--name", "g1", "--api-socket", socket); code != ExitOK || out != "group snapshot g1 deleted\n" {
+		t.Errorf("group-snapshot delete --name: exit %d: %q", code, out)
+	}
+	f.set(nil, &agentv1.GroupSnapshotReply{GroupSnapshot: &csi.VolumeGroupSnapshot{GroupSnapshotId: "gs"}})
+	if code, _, errOut := run(t, "group-snapshot", "create", "--container", "c1", "--name", "g3", "--freeze-timeout", "3s", "--api-socket", socket); code != ExitOK {
+		t.Fatalf("group-snapshot create --container: exit %d: %s", code, errOut)
+	}
+	if _, req := f.last(); req.(*agentv1.CreateGroupSnapshotRequest).GetContainerId() != "c1" || req.(*agentv1.CreateGroupSnapshotRequest).GetFreezeTimeout().AsDuration() != 3*time.Second {
+		t.Errorf("create --container request %v", req)
+	}
+}
+
 // TestControllerCLIUsage: mistakes are caught before the agent is asked,
 // with exit 2 and a message that says what to give.
 func TestControllerCLIUsage(t *testing.T) {
@@ -366,9 +439,14 @@ func TestControllerCLIUsage(t *testing.T) {
 		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--group", "g"}, "exactly one of --volume and --group"},
 		{[]string{"replication", "enable", "--plugin", "p", "--volume", "v", "--force"}, "unknown flag: --force"},
 		{[]string{"replication", "info", "--plugin", "p", "--volume", "v", "--param", "a=b"}, "unknown flag: --param"},
-		{[]string{"group-snapshot", "create", "--plugin", "p", "--name", "n"}, "--name and --volumes are required"},
-		{[]string{"group-snapshot", "get", "--plugin", "p", "--id", "g"}, "--id and --snapshot-ids are required"},
-		{[]string{"group-snapshot", "delete", "--plugin", "p", "--snapshot-ids", "a"}, "--id and --snapshot-ids are required"},
+		{[]string{"group-snapshot", "create", "--plugin", "p", "--name", "n"}, "--name and one of --volumes and --container are required"},
+		{[]string{"group-snapshot", "create", "--name", "n", "--volumes", "a"}, "--plugin is required with --volumes"},
+		{[]string{"group-snapshot", "create", "--name", "n", "--volumes", "a", "--container", "c"}, "one of --volumes and --container"},
+		{[]string{"group-snapshot", "get", "--plugin", "p", "--id", "g"}, "--plugin, --id and --snapshot-ids, are required"},
+		{[]string{"group-snapshot", "get", "--name", "g", "--id", "g"}, "--name takes no --id"},
+		{[]string{"group-snapshot", "delete", "--plugin", "p", "--snapshot-ids", "a"}, "--plugin, --id and --snapshot-ids, are required"},
+		{[]string{"snapshot", "create", "--name", "s"}, "--name and --volume are required"},
+		{[]string{"snapshot", "rm"}, "accepts 1 arg"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			args := tc.args

@@ -179,11 +179,12 @@ func lookupGroup(s string) (int, error) {
 
 // crashPointFromEnv makes the crash-test hook, for tests only:
 // CSIAGENT_TEST_CRASH_TRACE=FILE appends each crash point's name to FILE;
-// CSIAGENT_TEST_CRASH_AT=N kills the agent with SIGKILL at the N-th point.
-// Neither set (production): nil.
+// CSIAGENT_TEST_CRASH_AT=N kills the agent with SIGKILL at the N-th point;
+// CSIAGENT_TEST_CRASH_ON=POINT at the first point of that name (e.g.
+// "group snapshot frozen"). None set (production): nil.
 func crashPointFromEnv() (func(string), error) {
-	trace, at := os.Getenv("CSIAGENT_TEST_CRASH_TRACE"), os.Getenv("CSIAGENT_TEST_CRASH_AT")
-	if trace == "" && at == "" {
+	trace, at, on := os.Getenv("CSIAGENT_TEST_CRASH_TRACE"), os.Getenv("CSIAGENT_TEST_CRASH_AT"), os.Getenv("CSIAGENT_TEST_CRASH_ON")
+	if trace == "" && at == "" && on == "" {
 		return nil, nil
 	}
 	n := 0
@@ -205,7 +206,7 @@ func crashPointFromEnv() (func(string), error) {
 				f.Close()
 			}
 		}
-		if count == n {
+		if count == n || point == on {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
 		}

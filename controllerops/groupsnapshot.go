@@ -8,8 +8,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/snapcat"
 )
 
 func groupControllerSpec(method string, table map[codes.Code]recovery) rpcSpec {
@@ -66,12 +68,16 @@ func (o *op) requireGroupSnapshots(ctx context.Context) error {
 }
 
 func (s *Server) CreateGroupSnapshot(req *agentv1.CreateGroupSnapshotRequest, stream grpc.ServerStreamingServer[agentv1.GroupSnapshotReply]) error {
+	req, err := s.containerVolumes(req)
+	if err != nil {
+		return err
+	}
 	return serve(s, "CreateGroupSnapshot", req, stream, groupSnapshotProgress, func(ctx context.Context, o *op) error {
-		switch {
-		case req.GetName() == "":
-			return invalid("name is required: it makes the create idempotent")
-		case len(req.GetSourceVolumeIds()) == 0:
-			return invalid("source_volume_ids is required: the volumes to snapshot together")
+		if err := catalogueName(req.GetName()); err != nil {
+			return err
+		}
+		if len(req.GetSourceVolumeIds()) == 0 {
+			return invalid("source_volume_ids (or container_id) is required: the volumes to snapshot together")
 		}
 		if err := noEmpty("source_volume_ids", req.GetSourceVolumeIds()); err != nil {
 			return err
@@ -80,20 +86,68 @@ func (s *Server) CreateGroupSnapshot(req *agentv1.CreateGroupSnapshotRequest, st
 			return err
 		}
 		return o.withLock(ctx, "group snapshot name", req.GetName(), func() error {
-			spec := createGroupSnapshotSpec()
-			preq := &csi.CreateVolumeGroupSnapshotRequest{Name: req.GetName(), SourceVolumeIds: req.GetSourceVolumeIds(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
-			var snap *csi.VolumeGroupSnapshot
-			_, err := o.untilReady(ctx, spec, req.GetNoWait(), "group snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
-				resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.CreateVolumeGroupSnapshot, preq)
-				snap = resp.GetGroupSnapshot()
-				return snap.GetReadyToUse(), err
+			want := &snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindGroup, Plugin: o.plugin,
+				SourceVolumes: req.GetSourceVolumeIds(), Container: req.GetContainerId()}
+			return s.recordCreate(want, func(e *snapcat.Entry) error {
+				spec := createGroupSnapshotSpec()
+				preq := &csi.CreateVolumeGroupSnapshotRequest{Name: e.CSIName(), SourceVolumeIds: req.GetSourceVolumeIds(), Secrets: req.GetSecrets(), Parameters: req.GetParameters()}
+				var snap *csi.VolumeGroupSnapshot
+				call := func(ctx context.Context) error {
+					resp, err := callPlugin(ctx, o, spec, csi.NewGroupControllerClient, csi.GroupControllerClient.CreateVolumeGroupSnapshot, preq)
+					snap = resp.GetGroupSnapshot()
+					return err
+				}
+				cut := call
+				if req.GetContainerId() != "" && e.Intent {
+					cut = func(ctx context.Context) error { return s.whileContainerFrozen(ctx, o, req, call) }
+				}
+				_, err := o.untilReady(ctx, spec, req.GetNoWait(), "group snapshot "+req.GetName(), func(ctx context.Context) (bool, error) {
+					err := cut(ctx)
+					cut = call
+					if err != nil {
+						return false, err
+					}
+					recordGroup(e, snap)
+					return e.Ready, s.cat.Put(e)
+				})
+				if err != nil {
+					return err
+				}
+				return stream.Send(&agentv1.GroupSnapshotReply{GroupSnapshot: snap})
 			})
-			if err != nil {
-				return err
-			}
-			return stream.Send(&agentv1.GroupSnapshotReply{GroupSnapshot: snap})
 		})
 	})
+}
+
+// recordGroup sets e from the plugin's group snapshot.
+func recordGroup(e *snapcat.Entry, snap *csi.VolumeGroupSnapshot) {
+	e.Intent, e.GroupSnapshotID, e.Ready, e.Created = false, snap.GetGroupSnapshotId(), snap.GetReadyToUse(), created(snap.GetCreationTime())
+	e.Members, e.SizeBytes = map[string]string{}, 0
+	for _, m := range snap.GetSnapshots() {
+		e.Members[m.GetSourceVolumeId()] = m.GetSnapshotId()
+		e.SizeBytes += m.GetSizeBytes()
+	}
+}
+
+// catalogueGroup fills a get or delete request by name from the
+// catalogue: its plugin, group snapshot id and snapshot ids.
+func (s *Server) catalogueGroup(name, plugin, id string, snapshotIDs []string) (*snapcat.Entry, error) {
+	if name == "" {
+		return nil, nil
+	}
+	if plugin != "" || id != "" || len(snapshotIDs) > 0 {
+		return nil, invalid("give either name or plugin_name, group_snapshot_id and snapshot_ids")
+	}
+	e, err := s.cat.Get(name)
+	switch {
+	case err != nil:
+		return nil, status.Error(codes.NotFound, err.Error())
+	case e.Kind != snapcat.KindGroup:
+		return nil, status.Errorf(codes.FailedPrecondition, "%s is a snapshot, not a group snapshot: 'csi-agent snapshot rm %s' removes it", name, name)
+	case e.Intent:
+		return nil, status.Errorf(codes.FailedPrecondition, "group snapshot %s: its create was interrupted before the plugin gave ids: run the same 'csi-agent group-snapshot create' again first", name)
+	}
+	return e, nil
 }
 
 // groupSnapshotRef checks the fields get and delete need.
@@ -108,6 +162,14 @@ func groupSnapshotRef(id string, snapshotIDs []string) error {
 }
 
 func (s *Server) GetGroupSnapshot(req *agentv1.GetGroupSnapshotRequest, stream grpc.ServerStreamingServer[agentv1.GroupSnapshotReply]) error {
+	e, err := s.catalogueGroup(req.GetName(), req.GetPluginName(), req.GetGroupSnapshotId(), req.GetSnapshotIds())
+	if err != nil {
+		return err
+	}
+	if e != nil {
+		req = proto.CloneOf(req)
+		req.PluginName, req.GroupSnapshotId, req.SnapshotIds = e.Plugin, e.GroupSnapshotID, e.SnapshotIDs()
+	}
 	return serve(s, "GetGroupSnapshot", req, stream, groupSnapshotProgress, func(ctx context.Context, o *op) error {
 		if err := groupSnapshotRef(req.GetGroupSnapshotId(), req.GetSnapshotIds()); err != nil {
 			return err
@@ -125,6 +187,14 @@ func (s *Server) GetGroupSnapshot(req *agentv1.GetGroupSnapshotRequest, stream g
 }
 
 func (s *Server) DeleteGroupSnapshot(req *agentv1.DeleteGroupSnapshotRequest, stream grpc.ServerStreamingServer[agentv1.OperationReply]) error {
+	e, err := s.catalogueGroup(req.GetName(), req.GetPluginName(), req.GetGroupSnapshotId(), req.GetSnapshotIds())
+	if err != nil {
+		return err
+	}
+	if e != nil {
+		req = proto.CloneOf(req)
+		req.PluginName, req.GroupSnapshotId, req.SnapshotIds = e.Plugin, e.GroupSnapshotID, e.SnapshotIDs()
+	}
 	return serve(s, "DeleteGroupSnapshot", req, stream, operationProgress, func(ctx context.Context, o *op) error {
 		if err := groupSnapshotRef(req.GetGroupSnapshotId(), req.GetSnapshotIds()); err != nil {
 			return err
@@ -137,7 +207,22 @@ func (s *Server) DeleteGroupSnapshot(req *agentv1.DeleteGroupSnapshotRequest, st
 			if _, err := callPlugin(ctx, o, deleteGroupSnapshotSpec(), csi.NewGroupControllerClient, csi.GroupControllerClient.DeleteVolumeGroupSnapshot, preq); err != nil {
 				return err
 			}
+			if err := s.forgetGroup(o.plugin, req.GetGroupSnapshotId()); err != nil {
+				return err
+			}
 			return stream.Send(&agentv1.OperationReply{Done: true})
 		})
 	})
+}
+
+// forgetGroup removes the catalogue's entries of a deleted group snapshot.
+func (s *Server) forgetGroup(plugin, id string) error {
+	for _, e := range s.cat.List() {
+		if e.Kind == snapcat.KindGroup && e.Plugin == plugin && e.GroupSnapshotID == id {
+			if err := s.cat.Remove(e.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -58,6 +58,10 @@ func (p fakePlugins) Published(plugin, id string) (PublishedVolume, bool) {
 	return PublishedVolume{TargetPath: "/var/lib/target/" + id}, plugin == "p" && id == "v1"
 }
 func (p fakePlugins) NodeCapabilities(string) []string { return []string{"EXPAND_VOLUME"} }
+func (p fakePlugins) NamedVolume(string) (string, string, error) {
+	return "", "", errors.New("no named volumes")
+}
+func (p fakePlugins) ContainerVolumes(string) ([]VolumeRef, bool) { return nil, false }
 func (p fakePlugins) Publishing(id string) []string {
 	if id == "v1" {
 		return []string{"p"}
@@ -91,7 +95,7 @@ func TestRotateKey(t *testing.T) {
 	rot := &fakeRotator{script: []codes.Code{codes.Aborted}}
 	node := serveUnix(t, func(s *grpc.Server) { ekr.RegisterEncryptionKeyRotationControllerServer(s, rot) })
 	api := agentv1.NewControllerClient(serveUnix(t, func(s *grpc.Server) {
-		agentv1.RegisterControllerServer(s, New(fakePlugins{node}, slog.New(slog.DiscardHandler)))
+		agentv1.RegisterControllerServer(s, New(Config{Plugins: fakePlugins{node}, Log: slog.New(slog.DiscardHandler)}))
 	}))
 	retry := &agentv1.RetryPolicy{InitialBackoff: durationpb.New(10 * time.Millisecond)}
 	run := func(req *agentv1.RotateKeyRequest) (progress int, err error) {

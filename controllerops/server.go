@@ -14,6 +14,7 @@ import (
 	"github.com/csiagent/csiagent/internal/redact"
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/snapcat"
 )
 
 // The csi-addons and CSI services the controller operations call, as
@@ -48,7 +49,15 @@ type Plugins interface {
 	// NodeCapabilities are the node capabilities discovery found, e.g.
 	// EXPAND_VOLUME.
 	NodeCapabilities(plugin string) []string
+	// NamedVolume is the plugin and volume id of a named volume.
+	NamedVolume(name string) (plugin, volumeID string, err error)
+	// ContainerVolumes are the volumes the agent gave a container, each
+	// once; false when it knows no such container.
+	ContainerVolumes(containerID string) ([]VolumeRef, bool)
 }
+
+// VolumeRef names one volume of one plugin.
+type VolumeRef struct{ Plugin, ID string }
 
 // PublishedVolume is where a volume is published on this host.
 type PublishedVolume struct {
@@ -62,16 +71,34 @@ type PublishedVolume struct {
 type Server struct {
 	agentv1.UnimplementedControllerServer
 	plugins Plugins
+	cat     *snapcat.Catalogue
 	log     *slog.Logger
+	crash   func(point string)
 	// locks keeps one operation in flight per plugin object.
 	locks keyedlock.Map
 }
 
 var _ agentv1.ControllerServer = (*Server)(nil)
 
-// New returns the Controller API service over plugins, logging to log.
-func New(plugins Plugins, log *slog.Logger) *Server {
-	return &Server{plugins: plugins, log: log}
+// Config is what the service needs.
+type Config struct {
+	Plugins Plugins
+	// Catalogue records the snapshots and group snapshots, and the
+	// filesystems frozen for them.
+	Catalogue *snapcat.Catalogue
+	Log       *slog.Logger
+	// CrashPoint is for crash tests only (nil: none): it is called with
+	// "group snapshot frozen" once a container's filesystems are frozen.
+	CrashPoint func(point string)
+}
+
+// New returns the Controller API service.
+func New(cfg Config) *Server {
+	crash := cfg.CrashPoint
+	if crash == nil {
+		crash = func(string) {}
+	}
+	return &Server{plugins: cfg.Plugins, cat: cfg.Catalogue, log: cfg.Log, crash: crash}
 }
 
 // request is what every Controller API request carries.

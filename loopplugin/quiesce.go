@@ -25,6 +25,11 @@ import (
 // never depends on the copy finishing: mount.WhileFrozen thaws from its own
 // goroutine when the work returns or when the freeze deadline passes,
 // whichever comes first.
+//
+// A filesystem frozen already (FIFREEZE fails with EBUSY: the agent froze
+// a container's volumes for a group snapshot and called
+// CreateVolumeGroupSnapshot) is consistent as it is: the copy goes on and
+// the plugin leaves the thaw to whoever froze it.
 
 const (
 	// DefaultFreezeTimeout bounds how long filesystems stay frozen for a
@@ -112,19 +117,12 @@ func (p *Plugin) whileFrozen(ctx context.Context, points []string, timeout time.
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	err := freezeAll(ctx, points, fn)
+	err := mount.WhileAllFrozen(ctx, points, func(point string) {
+		p.log.Info("filesystem already frozen by someone else (the agent freezing a container for a group snapshot): copying it frozen, leaving its thaw to them", "filesystem", point)
+	}, fn)
 	p.log.Info("thawed", "filesystems", strings.Join(points, ","), "frozen_for", time.Since(start).Round(time.Microsecond))
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("freeze deadline %s passed, filesystems thawed, copy abandoned: %w", timeout, err)
 	}
 	return err
-}
-
-func freezeAll(ctx context.Context, points []string, fn func(context.Context) error) error {
-	if len(points) == 0 {
-		return fn(ctx)
-	}
-	return mount.WhileFrozen(ctx, points[0], func(ctx context.Context) error {
-		return freezeAll(ctx, points[1:], fn)
-	})
 }

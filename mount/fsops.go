@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"time"
 	"unsafe"
 
@@ -48,21 +49,40 @@ func Trim(path string) (uint64, error) {
 	return r.len, nil
 }
 
+// ErrAlreadyFrozen is Freeze's error when the filesystem is frozen
+// already (FIFREEZE's EBUSY): by someone else, who will thaw it.
+var ErrAlreadyFrozen = errors.New("filesystem already frozen")
+
 // Freeze suspends writes to the filesystem that holds path and flushes it to
 // a consistent state (FIFREEZE). Until Thaw, every writer blocks,
-// uninterruptibly. Prefer WhileFrozen.
+// uninterruptibly. A filesystem frozen already is ErrAlreadyFrozen.
+// Prefer WhileFrozen.
 func Freeze(path string) error {
-	return fsIoctl(path, ioctlFIFREEZE, "FIFREEZE")
+	err := fsIoctl(path, ioctlFIFREEZE, "FIFREEZE")
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%w: %w", ErrAlreadyFrozen, err)
+	}
+	return err
 }
 
 // Thaw resumes a filesystem frozen by Freeze (FITHAW). Thawing a filesystem
 // that is not frozen is not an error (EINVAL counts as done).
 func Thaw(path string) error {
-	err := fsIoctl(path, ioctlFITHAW, "FITHAW")
-	if errors.Is(err, unix.EINVAL) {
+	f, err := os.OpenFile(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("FITHAW %s: open: %w", path, err)
+	}
+	defer f.Close()
+	return ThawFile(f)
+}
+
+// ThawFile is Thaw of the filesystem f (opened, not O_PATH) is on.
+func ThawFile(f *os.File) error {
+	err := unix.IoctlSetInt(int(f.Fd()), ioctlFITHAW, 0)
+	if err == nil || errors.Is(err, unix.EINVAL) {
 		return nil
 	}
-	return err
+	return fmt.Errorf("FITHAW %s: %w", f.Name(), err)
 }
 
 func fsIoctl(path string, req uint, name string) error {
@@ -101,4 +121,27 @@ func WhileFrozen(ctx context.Context, path string, fn func(context.Context) erro
 	err := fn(ctx)
 	cancel()
 	return errors.Join(err, <-thawed)
+}
+
+// WhileAllFrozen freezes the filesystems at paths, in order, runs fn and
+// thaws them, in reverse order, each as WhileFrozen does (so all are
+// thawed when fn returns or when ctx ends, whichever is first). A
+// filesystem frozen already by someone else (ErrAlreadyFrozen) is left
+// to them: it stays frozen while fn runs and is not thawed here; shared
+// is called with its path. With no paths, fn just runs.
+func WhileAllFrozen(ctx context.Context, paths []string, shared func(path string), fn func(context.Context) error) error {
+	if len(paths) == 0 {
+		return fn(ctx)
+	}
+	rest := func(ctx context.Context) error { return WhileAllFrozen(ctx, paths[1:], shared, fn) }
+	ran := false
+	err := WhileFrozen(ctx, paths[0], func(ctx context.Context) error {
+		ran = true
+		return rest(ctx)
+	})
+	if !ran && errors.Is(err, ErrAlreadyFrozen) {
+		shared(paths[0])
+		return rest(ctx)
+	}
+	return err
 }

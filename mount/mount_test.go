@@ -328,6 +328,26 @@ func TestTrimAndFreeze(t *testing.T) {
 		}
 	})
 
+	t.Run("WhileAllFrozen leaves a filesystem frozen by someone else to them", func(t *testing.T) {
+		if err := mount.Freeze(mnt); err != nil {
+			t.Fatal(err)
+		}
+		defer mount.Thaw(mnt)
+		var shared []string
+		ran := false
+		err := mount.WhileAllFrozen(context.Background(), []string{mnt}, func(p string) { shared = append(shared, p) }, func(context.Context) error {
+			ran = true
+			return nil
+		})
+		if err != nil || !ran || len(shared) != 1 || shared[0] != mnt {
+			t.Fatalf("WhileAllFrozen on a frozen filesystem: %v, ran %t, shared %v", err, ran, shared)
+		}
+		// Still frozen: the one who froze it thaws it.
+		if err := mount.Freeze(mnt); !errors.Is(err, mount.ErrAlreadyFrozen) {
+			t.Errorf("after WhileAllFrozen: FIFREEZE gave %v, want it still frozen (ErrAlreadyFrozen)", err)
+		}
+	})
+
 	t.Run("thaw is idempotent", func(t *testing.T) {
 		if err := mount.Thaw(mnt); err != nil {
 			t.Fatal(err)

@@ -1,9 +1,9 @@
 // The csiagent controller API: the csi-addons controller operations
-// (volume groups, replication) and CSI group snapshots, run by the agent on
+// (volume groups, replication) and CSI snapshots and group snapshots, run by the agent on
 // a plugin's CONTROLLER_SERVICE for hosts without Kubernetes. Served on the
 // same socket, with the same access rules, as the Agent service
-// (agent.proto); the csi-agent CLI's group, replication and group-snapshot
-// commands use it.
+// (agent.proto); the csi-agent CLI's group, replication, snapshot and
+// group-snapshot commands use it.
 //
 // The agent acts as the CO of the specs (seeds 000 volumegroup, 003
 // replication; CSI spec GroupController): it serialises the calls it makes
@@ -61,6 +61,9 @@ const (
 	// Another operation on the same object is running through this agent
 	// (the specs want one call in flight per object); waiting for it.
 	Progress_WAITING Progress_Kind = 4
+	// Something the caller should know, nothing to wait for (a group
+	// snapshot of a container: a block volume is not frozen).
+	Progress_NOTE Progress_Kind = 5
 )
 
 // Enum value maps for Progress_Kind.
@@ -71,6 +74,7 @@ var (
 		2: "NOT_READY",
 		3: "RESTART",
 		4: "WAITING",
+		5: "NOTE",
 	}
 	Progress_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -78,6 +82,7 @@ var (
 		"NOT_READY":        2,
 		"RESTART":          3,
 		"WAITING":          4,
+		"NOTE":             5,
 	}
 )
 
@@ -1265,7 +1270,15 @@ type CreateGroupSnapshotRequest struct {
 	Secrets         map[string]string `protobuf:"bytes,5,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Retry           *RetryPolicy      `protobuf:"bytes,6,opt,name=retry,proto3" json:"retry,omitempty"`
 	// Return once the group snapshot is cut, even if not ready_to_use.
-	NoWait        bool `protobuf:"varint,7,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
+	NoWait bool `protobuf:"varint,7,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
+	// Snapshot the volumes published to this container instead of
+	// source_volume_ids (which must then be empty; plugin_name may be empty:
+	// the volumes' plugin): every mounted filesystem among them is frozen
+	// (FIFREEZE on the agent's target path) around the plugin call, for
+	// freeze_timeout at most (default 10s): a consistent point in time of
+	// the whole container.
+	ContainerId   string               `protobuf:"bytes,8,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	FreezeTimeout *durationpb.Duration `protobuf:"bytes,9,opt,name=freeze_timeout,json=freezeTimeout,proto3" json:"freeze_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1349,14 +1362,31 @@ func (x *CreateGroupSnapshotRequest) GetNoWait() bool {
 	return false
 }
 
+func (x *CreateGroupSnapshotRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *CreateGroupSnapshotRequest) GetFreezeTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.FreezeTimeout
+	}
+	return nil
+}
+
 type GetGroupSnapshotRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	PluginName      string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
 	GroupSnapshotId string                 `protobuf:"bytes,2,opt,name=group_snapshot_id,json=groupSnapshotId,proto3" json:"group_snapshot_id,omitempty"`
 	// The group's snapshot ids, as create returned them (required by CSI).
-	SnapshotIds   []string          `protobuf:"bytes,3,rep,name=snapshot_ids,json=snapshotIds,proto3" json:"snapshot_ids,omitempty"`
-	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	SnapshotIds []string          `protobuf:"bytes,3,rep,name=snapshot_ids,json=snapshotIds,proto3" json:"snapshot_ids,omitempty"`
+	Secrets     map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry       *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	// The name it was created with: the plugin and ids are then the
+	// catalogue's (plugin_name, group_snapshot_id and snapshot_ids empty).
+	Name          string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1426,14 +1456,24 @@ func (x *GetGroupSnapshotRequest) GetRetry() *RetryPolicy {
 	return nil
 }
 
+func (x *GetGroupSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type DeleteGroupSnapshotRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	PluginName      string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
 	GroupSnapshotId string                 `protobuf:"bytes,2,opt,name=group_snapshot_id,json=groupSnapshotId,proto3" json:"group_snapshot_id,omitempty"`
 	// The group's snapshot ids, as create returned them (required by CSI).
-	SnapshotIds   []string          `protobuf:"bytes,3,rep,name=snapshot_ids,json=snapshotIds,proto3" json:"snapshot_ids,omitempty"`
-	Secrets       map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Retry         *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	SnapshotIds []string          `protobuf:"bytes,3,rep,name=snapshot_ids,json=snapshotIds,proto3" json:"snapshot_ids,omitempty"`
+	Secrets     map[string]string `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry       *RetryPolicy      `protobuf:"bytes,5,opt,name=retry,proto3" json:"retry,omitempty"`
+	// As in GetGroupSnapshotRequest; the entry is removed from the
+	// catalogue once deleted.
+	Name          string `protobuf:"bytes,6,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1503,6 +1543,13 @@ func (x *DeleteGroupSnapshotRequest) GetRetry() *RetryPolicy {
 	return nil
 }
 
+func (x *DeleteGroupSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type GroupSnapshotReply struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
@@ -1556,6 +1603,458 @@ func (x *GroupSnapshotReply) GetGroupSnapshot() *csi.VolumeGroupSnapshot {
 	return nil
 }
 
+type CreateSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The volume's plugin; empty with named_volume.
+	PluginName string `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// Required: the catalogue name and idempotency key.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Exactly one of: a volume id of plugin_name, or a named volume
+	// ('csi-agent volume ls').
+	SourceVolumeId string            `protobuf:"bytes,3,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
+	NamedVolume    string            `protobuf:"bytes,4,opt,name=named_volume,json=namedVolume,proto3" json:"named_volume,omitempty"`
+	Parameters     map[string]string `protobuf:"bytes,5,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Secrets        map[string]string `protobuf:"bytes,6,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry          *RetryPolicy      `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
+	// Return once the snapshot is cut, even if not ready_to_use.
+	NoWait        bool `protobuf:"varint,8,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSnapshotRequest) Reset() {
+	*x = CreateSnapshotRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSnapshotRequest) ProtoMessage() {}
+
+func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CreateSnapshotRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *CreateSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
+	if x != nil {
+		return x.SourceVolumeId
+	}
+	return ""
+}
+
+func (x *CreateSnapshotRequest) GetNamedVolume() string {
+	if x != nil {
+		return x.NamedVolume
+	}
+	return ""
+}
+
+func (x *CreateSnapshotRequest) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *CreateSnapshotRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *CreateSnapshotRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *CreateSnapshotRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
+type SnapshotReply struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Progress *Progress              `protobuf:"bytes,1,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Set on the last message: the catalogue's entry.
+	Snapshot      *SnapshotEntry `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotReply) Reset() {
+	*x = SnapshotReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotReply) ProtoMessage() {}
+
+func (x *SnapshotReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotReply.ProtoReflect.Descriptor instead.
+func (*SnapshotReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SnapshotReply) GetProgress() *Progress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *SnapshotReply) GetSnapshot() *SnapshotEntry {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+type DeleteSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the catalogue's (set: must match it).
+	PluginName string `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	// Required: the catalogue name.
+	Name          string            `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Secrets       map[string]string `protobuf:"bytes,3,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Retry         *RetryPolicy      `protobuf:"bytes,4,opt,name=retry,proto3" json:"retry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteSnapshotRequest) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *DeleteSnapshotRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteSnapshotRequest) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *DeleteSnapshotRequest) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+type ListSnapshotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{21}
+}
+
+type ListSnapshotsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*SnapshotEntry       `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsReply) Reset() {
+	*x = ListSnapshotsReply{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsReply) ProtoMessage() {}
+
+func (x *ListSnapshotsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsReply.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsReply) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListSnapshotsReply) GetSnapshots() []*SnapshotEntry {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+// SnapshotEntry is one entry of the agent's snapshot catalogue.
+type SnapshotEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "snapshot" or "group".
+	Kind            string   `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	PluginName      string   `protobuf:"bytes,3,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	SourceVolumeIds []string `protobuf:"bytes,4,rep,name=source_volume_ids,json=sourceVolumeIds,proto3" json:"source_volume_ids,omitempty"`
+	NamedVolume     string   `protobuf:"bytes,5,opt,name=named_volume,json=namedVolume,proto3" json:"named_volume,omitempty"`
+	ContainerId     string   `protobuf:"bytes,6,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	SnapshotId      string   `protobuf:"bytes,7,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	GroupSnapshotId string   `protobuf:"bytes,8,opt,name=group_snapshot_id,json=groupSnapshotId,proto3" json:"group_snapshot_id,omitempty"`
+	// A group's members: source volume id → snapshot id.
+	Members      map[string]string      `protobuf:"bytes,9,rep,name=members,proto3" json:"members,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CreationTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
+	SizeBytes    int64                  `protobuf:"varint,11,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	ReadyToUse   bool                   `protobuf:"varint,12,opt,name=ready_to_use,json=readyToUse,proto3" json:"ready_to_use,omitempty"`
+	// The create was interrupted before the plugin answered: run it again.
+	Interrupted   bool `protobuf:"varint,13,opt,name=interrupted,proto3" json:"interrupted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotEntry) Reset() {
+	*x = SnapshotEntry{}
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotEntry) ProtoMessage() {}
+
+func (x *SnapshotEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotEntry.ProtoReflect.Descriptor instead.
+func (*SnapshotEntry) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SnapshotEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetSourceVolumeIds() []string {
+	if x != nil {
+		return x.SourceVolumeIds
+	}
+	return nil
+}
+
+func (x *SnapshotEntry) GetNamedVolume() string {
+	if x != nil {
+		return x.NamedVolume
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetGroupSnapshotId() string {
+	if x != nil {
+		return x.GroupSnapshotId
+	}
+	return ""
+}
+
+func (x *SnapshotEntry) GetMembers() map[string]string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *SnapshotEntry) GetCreationTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreationTime
+	}
+	return nil
+}
+
+func (x *SnapshotEntry) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *SnapshotEntry) GetReadyToUse() bool {
+	if x != nil {
+		return x.ReadyToUse
+	}
+	return false
+}
+
+func (x *SnapshotEntry) GetInterrupted() bool {
+	if x != nil {
+		return x.Interrupted
+	}
+	return false
+}
+
 // FenceRequest is the request of the network fencing operations.
 type FenceRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -1572,7 +2071,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +2083,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +2096,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FenceRequest) GetPluginName() string {
@@ -1648,7 +2147,7 @@ type FenceReply struct {
 
 func (x *FenceReply) Reset() {
 	*x = FenceReply{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +2159,7 @@ func (x *FenceReply) String() string {
 func (*FenceReply) ProtoMessage() {}
 
 func (x *FenceReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +2172,7 @@ func (x *FenceReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceReply.ProtoReflect.Descriptor instead.
 func (*FenceReply) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FenceReply) GetProgress() *Progress {
@@ -1712,7 +2211,7 @@ type RotateKeyRequest struct {
 
 func (x *RotateKeyRequest) Reset() {
 	*x = RotateKeyRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +2223,7 @@ func (x *RotateKeyRequest) String() string {
 func (*RotateKeyRequest) ProtoMessage() {}
 
 func (x *RotateKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +2236,7 @@ func (x *RotateKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateKeyRequest.ProtoReflect.Descriptor instead.
 func (*RotateKeyRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RotateKeyRequest) GetPluginName() string {
@@ -1790,7 +2289,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2301,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2314,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExpandVolumeRequest) GetPluginName() string {
@@ -1866,7 +2365,7 @@ type ExpandVolumeReply struct {
 
 func (x *ExpandVolumeReply) Reset() {
 	*x = ExpandVolumeReply{}
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2377,7 @@ func (x *ExpandVolumeReply) String() string {
 func (*ExpandVolumeReply) ProtoMessage() {}
 
 func (x *ExpandVolumeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_controller_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_controller_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2390,7 @@ func (x *ExpandVolumeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeReply.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeReply) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_controller_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExpandVolumeReply) GetProgress() *Progress {
@@ -1925,7 +2424,7 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
 	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"maxBackoff\x123\n" +
-	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xd9\x02\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xe3\x02\n" +
 	"\bProgress\x124\n" +
 	"\x04kind\x18\x01 \x01(\x0e2 .csiagent.agent.v1.Progress.KindR\x04kind\x12\x10\n" +
 	"\x03rpc\x18\x02 \x01(\tR\x03rpc\x12\x18\n" +
@@ -1934,13 +2433,14 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x04code\x18\x05 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12\x12\n" +
 	"\x04hint\x18\a \x01(\tR\x04hint\x124\n" +
-	"\bretry_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\aretryIn\"P\n" +
+	"\bretry_in\x18\b \x01(\v2\x19.google.protobuf.DurationR\aretryIn\"Z\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\t\n" +
 	"\x05RETRY\x10\x01\x12\r\n" +
 	"\tNOT_READY\x10\x02\x12\v\n" +
 	"\aRESTART\x10\x03\x12\v\n" +
-	"\aWAITING\x10\x04\"]\n" +
+	"\aWAITING\x10\x04\x12\b\n" +
+	"\x04NOTE\x10\x05\"]\n" +
 	"\x0eOperationReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\"\xd5\x03\n" +
@@ -2058,7 +2558,7 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x12last_sync_duration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10lastSyncDuration\x12&\n" +
 	"\x0flast_sync_bytes\x18\x03 \x01(\x03R\rlastSyncBytes\x12\x16\n" +
 	"\x06status\x18\x04 \x01(\tR\x06status\x12%\n" +
-	"\x0estatus_message\x18\x05 \x01(\tR\rstatusMessage\"\x81\x04\n" +
+	"\x0estatus_message\x18\x05 \x01(\tR\rstatusMessage\"\xe6\x04\n" +
 	"\x1aCreateGroupSnapshotRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x12\n" +
@@ -2069,36 +2569,95 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"parameters\x12Y\n" +
 	"\asecrets\x18\x05 \x03(\v2:.csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
 	"\x05retry\x18\x06 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x12\x17\n" +
-	"\ano_wait\x18\a \x01(\bR\x06noWait\x1a=\n" +
+	"\ano_wait\x18\a \x01(\bR\x06noWait\x12!\n" +
+	"\fcontainer_id\x18\b \x01(\tR\vcontainerId\x12@\n" +
+	"\x0efreeze_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\rfreezeTimeout\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x02\n" +
 	"\x17GetGroupSnapshotRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12*\n" +
 	"\x11group_snapshot_id\x18\x02 \x01(\tR\x0fgroupSnapshotId\x12!\n" +
 	"\fsnapshot_ids\x18\x03 \x03(\tR\vsnapshotIds\x12V\n" +
 	"\asecrets\x18\x04 \x03(\v27.csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
-	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x12\x12\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xed\x02\n" +
 	"\x1aDeleteGroupSnapshotRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12*\n" +
 	"\x11group_snapshot_id\x18\x02 \x01(\tR\x0fgroupSnapshotId\x12!\n" +
 	"\fsnapshot_ids\x18\x03 \x03(\tR\vsnapshotIds\x12Y\n" +
 	"\asecrets\x18\x04 \x03(\v2:.csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
-	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\x05retry\x18\x05 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x12\x12\n" +
+	"\x04name\x18\x06 \x01(\tR\x04name\x1a:\n" +
 	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x12GroupSnapshotReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12B\n" +
-	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot\"\x94\x03\n" +
+	"\x0egroup_snapshot\x18\x02 \x01(\v2\x1b.csi.v1.VolumeGroupSnapshotR\rgroupSnapshot\"\x93\x04\n" +
+	"\x15CreateSnapshotRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12(\n" +
+	"\x10source_volume_id\x18\x03 \x01(\tR\x0esourceVolumeId\x12!\n" +
+	"\fnamed_volume\x18\x04 \x01(\tR\vnamedVolume\x12X\n" +
+	"\n" +
+	"parameters\x18\x05 \x03(\v28.csiagent.agent.v1.CreateSnapshotRequest.ParametersEntryR\n" +
+	"parameters\x12T\n" +
+	"\asecrets\x18\x06 \x03(\v25.csiagent.agent.v1.CreateSnapshotRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\a \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x12\x17\n" +
+	"\ano_wait\x18\b \x01(\bR\x06noWait\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x01\n" +
+	"\rSnapshotReply\x127\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12<\n" +
+	"\bsnapshot\x18\x02 \x01(\v2 .csiagent.agent.v1.SnapshotEntryR\bsnapshot\"\x94\x02\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12T\n" +
+	"\asecrets\x18\x03 \x03(\v25.csiagent.agent.v1.DeleteSnapshotRequest.SecretsEntryB\x03\x98B\x01R\asecrets\x124\n" +
+	"\x05retry\x18\x04 \x01(\v2\x1e.csiagent.agent.v1.RetryPolicyR\x05retry\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
+	"\x14ListSnapshotsRequest\"T\n" +
+	"\x12ListSnapshotsReply\x12>\n" +
+	"\tsnapshots\x18\x01 \x03(\v2 .csiagent.agent.v1.SnapshotEntryR\tsnapshots\"\xc0\x04\n" +
+	"\rSnapshotEntry\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1f\n" +
+	"\vplugin_name\x18\x03 \x01(\tR\n" +
+	"pluginName\x12*\n" +
+	"\x11source_volume_ids\x18\x04 \x03(\tR\x0fsourceVolumeIds\x12!\n" +
+	"\fnamed_volume\x18\x05 \x01(\tR\vnamedVolume\x12!\n" +
+	"\fcontainer_id\x18\x06 \x01(\tR\vcontainerId\x12\x1f\n" +
+	"\vsnapshot_id\x18\a \x01(\tR\n" +
+	"snapshotId\x12*\n" +
+	"\x11group_snapshot_id\x18\b \x01(\tR\x0fgroupSnapshotId\x12G\n" +
+	"\amembers\x18\t \x03(\v2-.csiagent.agent.v1.SnapshotEntry.MembersEntryR\amembers\x12?\n" +
+	"\rcreation_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\v \x01(\x03R\tsizeBytes\x12 \n" +
+	"\fready_to_use\x18\f \x01(\bR\n" +
+	"readyToUse\x12 \n" +
+	"\vinterrupted\x18\r \x01(\bR\vinterrupted\x1a:\n" +
+	"\fMembersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x94\x03\n" +
 	"\fFenceRequest\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x14\n" +
@@ -2147,7 +2706,7 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\x11ExpandVolumeReply\x127\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1b.csiagent.agent.v1.ProgressR\bprogress\x12\x12\n" +
 	"\x04done\x18\x02 \x01(\bR\x04done\x12%\n" +
-	"\x0ecapacity_bytes\x18\x03 \x01(\x03R\rcapacityBytes2\xdd\x0f\n" +
+	"\x0ecapacity_bytes\x18\x03 \x01(\x03R\rcapacityBytes2\x85\x12\n" +
 	"\n" +
 	"Controller\x12i\n" +
 	"\x11CreateVolumeGroup\x12+.csiagent.agent.v1.CreateVolumeGroupRequest\x1a#.csiagent.agent.v1.VolumeGroupReply\"\x000\x01\x12i\n" +
@@ -2170,7 +2729,10 @@ const file_proto_agent_v1_controller_proto_rawDesc = "" +
 	"\fExpandVolume\x12&.csiagent.agent.v1.ExpandVolumeRequest\x1a$.csiagent.agent.v1.ExpandVolumeReply\"\x000\x01\x12o\n" +
 	"\x13CreateGroupSnapshot\x12-.csiagent.agent.v1.CreateGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12i\n" +
 	"\x10GetGroupSnapshot\x12*.csiagent.agent.v1.GetGroupSnapshotRequest\x1a%.csiagent.agent.v1.GroupSnapshotReply\"\x000\x01\x12k\n" +
-	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\x13DeleteGroupSnapshot\x12-.csiagent.agent.v1.DeleteGroupSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12`\n" +
+	"\x0eCreateSnapshot\x12(.csiagent.agent.v1.CreateSnapshotRequest\x1a .csiagent.agent.v1.SnapshotReply\"\x000\x01\x12a\n" +
+	"\x0eDeleteSnapshot\x12(.csiagent.agent.v1.DeleteSnapshotRequest\x1a!.csiagent.agent.v1.OperationReply\"\x000\x01\x12a\n" +
+	"\rListSnapshots\x12'.csiagent.agent.v1.ListSnapshotsRequest\x1a%.csiagent.agent.v1.ListSnapshotsReply\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_controller_proto_rawDescOnce sync.Once
@@ -2185,7 +2747,7 @@ func file_proto_agent_v1_controller_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_controller_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_proto_agent_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(Progress_Kind)(0),                 // 0: csiagent.agent.v1.Progress.Kind
 	(*RetryPolicy)(nil),                // 1: csiagent.agent.v1.RetryPolicy
@@ -2206,131 +2768,158 @@ var file_proto_agent_v1_controller_proto_goTypes = []any{
 	(*GetGroupSnapshotRequest)(nil),    // 16: csiagent.agent.v1.GetGroupSnapshotRequest
 	(*DeleteGroupSnapshotRequest)(nil), // 17: csiagent.agent.v1.DeleteGroupSnapshotRequest
 	(*GroupSnapshotReply)(nil),         // 18: csiagent.agent.v1.GroupSnapshotReply
-	(*FenceRequest)(nil),               // 19: csiagent.agent.v1.FenceRequest
-	(*FenceReply)(nil),                 // 20: csiagent.agent.v1.FenceReply
-	(*RotateKeyRequest)(nil),           // 21: csiagent.agent.v1.RotateKeyRequest
-	(*ExpandVolumeRequest)(nil),        // 22: csiagent.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeReply)(nil),          // 23: csiagent.agent.v1.ExpandVolumeReply
-	nil,                                // 24: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	nil,                                // 25: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
-	nil,                                // 26: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	nil,                                // 27: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
-	nil,                                // 28: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
-	nil,                                // 29: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
-	nil,                                // 30: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
-	nil,                                // 31: csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	nil,                                // 32: csiagent.agent.v1.ReplicationRequest.SecretsEntry
-	nil,                                // 33: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	nil,                                // 34: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	nil,                                // 35: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
-	nil,                                // 36: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	nil,                                // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	nil,                                // 38: csiagent.agent.v1.FenceRequest.ParametersEntry
-	nil,                                // 39: csiagent.agent.v1.FenceRequest.SecretsEntry
-	nil,                                // 40: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
-	nil,                                // 41: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
-	nil,                                // 42: csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
-	(*durationpb.Duration)(nil),        // 43: google.protobuf.Duration
-	(*volumegroup.VolumeGroup)(nil),    // 44: volumegroup.VolumeGroup
-	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
-	(*csi.VolumeGroupSnapshot)(nil),    // 46: csi.v1.VolumeGroupSnapshot
+	(*CreateSnapshotRequest)(nil),      // 19: csiagent.agent.v1.CreateSnapshotRequest
+	(*SnapshotReply)(nil),              // 20: csiagent.agent.v1.SnapshotReply
+	(*DeleteSnapshotRequest)(nil),      // 21: csiagent.agent.v1.DeleteSnapshotRequest
+	(*ListSnapshotsRequest)(nil),       // 22: csiagent.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsReply)(nil),         // 23: csiagent.agent.v1.ListSnapshotsReply
+	(*SnapshotEntry)(nil),              // 24: csiagent.agent.v1.SnapshotEntry
+	(*FenceRequest)(nil),               // 25: csiagent.agent.v1.FenceRequest
+	(*FenceReply)(nil),                 // 26: csiagent.agent.v1.FenceReply
+	(*RotateKeyRequest)(nil),           // 27: csiagent.agent.v1.RotateKeyRequest
+	(*ExpandVolumeRequest)(nil),        // 28: csiagent.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeReply)(nil),          // 29: csiagent.agent.v1.ExpandVolumeReply
+	nil,                                // 30: csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	nil,                                // 31: csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	nil,                                // 32: csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	nil,                                // 33: csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	nil,                                // 34: csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	nil,                                // 35: csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	nil,                                // 36: csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	nil,                                // 37: csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	nil,                                // 38: csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	nil,                                // 39: csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	nil,                                // 40: csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	nil,                                // 41: csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	nil,                                // 42: csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	nil,                                // 43: csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	nil,                                // 44: csiagent.agent.v1.CreateSnapshotRequest.ParametersEntry
+	nil,                                // 45: csiagent.agent.v1.CreateSnapshotRequest.SecretsEntry
+	nil,                                // 46: csiagent.agent.v1.DeleteSnapshotRequest.SecretsEntry
+	nil,                                // 47: csiagent.agent.v1.SnapshotEntry.MembersEntry
+	nil,                                // 48: csiagent.agent.v1.FenceRequest.ParametersEntry
+	nil,                                // 49: csiagent.agent.v1.FenceRequest.SecretsEntry
+	nil,                                // 50: csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	nil,                                // 51: csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	nil,                                // 52: csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	(*durationpb.Duration)(nil),        // 53: google.protobuf.Duration
+	(*volumegroup.VolumeGroup)(nil),    // 54: volumegroup.VolumeGroup
+	(*timestamppb.Timestamp)(nil),      // 55: google.protobuf.Timestamp
+	(*csi.VolumeGroupSnapshot)(nil),    // 56: csi.v1.VolumeGroupSnapshot
 }
 var file_proto_agent_v1_controller_proto_depIdxs = []int32{
-	43, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	43, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	43, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
+	53, // 0: csiagent.agent.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	53, // 1: csiagent.agent.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	53, // 2: csiagent.agent.v1.RetryPolicy.timeout:type_name -> google.protobuf.Duration
 	0,  // 3: csiagent.agent.v1.Progress.kind:type_name -> csiagent.agent.v1.Progress.Kind
-	43, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
+	53, // 4: csiagent.agent.v1.Progress.retry_in:type_name -> google.protobuf.Duration
 	2,  // 5: csiagent.agent.v1.OperationReply.progress:type_name -> csiagent.agent.v1.Progress
-	24, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
-	25, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
+	30, // 6: csiagent.agent.v1.CreateVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.ParametersEntry
+	31, // 7: csiagent.agent.v1.CreateVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.CreateVolumeGroupRequest.SecretsEntry
 	1,  // 8: csiagent.agent.v1.CreateVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	26, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
-	27, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
+	32, // 9: csiagent.agent.v1.ModifyVolumeGroupRequest.parameters:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.ParametersEntry
+	33, // 10: csiagent.agent.v1.ModifyVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.ModifyVolumeGroupRequest.SecretsEntry
 	1,  // 11: csiagent.agent.v1.ModifyVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	28, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
+	34, // 12: csiagent.agent.v1.DeleteVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.DeleteVolumeGroupRequest.SecretsEntry
 	1,  // 13: csiagent.agent.v1.DeleteVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	29, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
+	35, // 14: csiagent.agent.v1.GetVolumeGroupRequest.secrets:type_name -> csiagent.agent.v1.GetVolumeGroupRequest.SecretsEntry
 	1,  // 15: csiagent.agent.v1.GetVolumeGroupRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 16: csiagent.agent.v1.VolumeGroupReply.progress:type_name -> csiagent.agent.v1.Progress
-	44, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
-	30, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
+	54, // 17: csiagent.agent.v1.VolumeGroupReply.volume_group:type_name -> volumegroup.VolumeGroup
+	36, // 18: csiagent.agent.v1.ListVolumeGroupsRequest.secrets:type_name -> csiagent.agent.v1.ListVolumeGroupsRequest.SecretsEntry
 	1,  // 19: csiagent.agent.v1.ListVolumeGroupsRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 20: csiagent.agent.v1.ListVolumeGroupsReply.progress:type_name -> csiagent.agent.v1.Progress
-	44, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
-	31, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
-	32, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
+	54, // 21: csiagent.agent.v1.ListVolumeGroupsReply.volume_groups:type_name -> volumegroup.VolumeGroup
+	37, // 22: csiagent.agent.v1.ReplicationRequest.parameters:type_name -> csiagent.agent.v1.ReplicationRequest.ParametersEntry
+	38, // 23: csiagent.agent.v1.ReplicationRequest.secrets:type_name -> csiagent.agent.v1.ReplicationRequest.SecretsEntry
 	1,  // 24: csiagent.agent.v1.ReplicationRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
 	2,  // 25: csiagent.agent.v1.ReplicationReply.progress:type_name -> csiagent.agent.v1.Progress
 	14, // 26: csiagent.agent.v1.ReplicationReply.info:type_name -> csiagent.agent.v1.ReplicationInfo
 	13, // 27: csiagent.agent.v1.ReplicationReply.destination:type_name -> csiagent.agent.v1.ReplicationDestination
-	33, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
-	45, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
-	43, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
-	34, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
-	35, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
+	39, // 28: csiagent.agent.v1.ReplicationDestination.volume_ids:type_name -> csiagent.agent.v1.ReplicationDestination.VolumeIdsEntry
+	55, // 29: csiagent.agent.v1.ReplicationInfo.last_sync_time:type_name -> google.protobuf.Timestamp
+	53, // 30: csiagent.agent.v1.ReplicationInfo.last_sync_duration:type_name -> google.protobuf.Duration
+	40, // 31: csiagent.agent.v1.CreateGroupSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.ParametersEntry
+	41, // 32: csiagent.agent.v1.CreateGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateGroupSnapshotRequest.SecretsEntry
 	1,  // 33: csiagent.agent.v1.CreateGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	36, // 34: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
-	1,  // 35: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	37, // 36: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
-	1,  // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	2,  // 38: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
-	46, // 39: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
-	38, // 40: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
-	39, // 41: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
-	1,  // 42: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	2,  // 43: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
-	40, // 44: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
-	41, // 45: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
-	1,  // 46: csiagent.agent.v1.RotateKeyRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	42, // 47: csiagent.agent.v1.ExpandVolumeRequest.secrets:type_name -> csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
-	1,  // 48: csiagent.agent.v1.ExpandVolumeRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	2,  // 49: csiagent.agent.v1.ExpandVolumeReply.progress:type_name -> csiagent.agent.v1.Progress
-	4,  // 50: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
-	5,  // 51: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
-	6,  // 52: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
-	7,  // 53: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
-	9,  // 54: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
-	11, // 55: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 56: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 57: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 58: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 59: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 60: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
-	11, // 61: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
-	19, // 62: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 63: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
-	19, // 64: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
-	21, // 65: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
-	22, // 66: csiagent.agent.v1.Controller.ExpandVolume:input_type -> csiagent.agent.v1.ExpandVolumeRequest
-	15, // 67: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
-	16, // 68: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
-	17, // 69: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
-	8,  // 70: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	8,  // 71: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	3,  // 72: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
-	8,  // 73: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
-	10, // 74: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
-	12, // 75: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 76: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 77: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 78: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 79: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 80: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
-	12, // 81: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
-	20, // 82: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 83: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
-	20, // 84: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
-	3,  // 85: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
-	23, // 86: csiagent.agent.v1.Controller.ExpandVolume:output_type -> csiagent.agent.v1.ExpandVolumeReply
-	18, // 87: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	18, // 88: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
-	3,  // 89: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
-	70, // [70:90] is the sub-list for method output_type
-	50, // [50:70] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	53, // 34: csiagent.agent.v1.CreateGroupSnapshotRequest.freeze_timeout:type_name -> google.protobuf.Duration
+	42, // 35: csiagent.agent.v1.GetGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.GetGroupSnapshotRequest.SecretsEntry
+	1,  // 36: csiagent.agent.v1.GetGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	43, // 37: csiagent.agent.v1.DeleteGroupSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteGroupSnapshotRequest.SecretsEntry
+	1,  // 38: csiagent.agent.v1.DeleteGroupSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 39: csiagent.agent.v1.GroupSnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
+	56, // 40: csiagent.agent.v1.GroupSnapshotReply.group_snapshot:type_name -> csi.v1.VolumeGroupSnapshot
+	44, // 41: csiagent.agent.v1.CreateSnapshotRequest.parameters:type_name -> csiagent.agent.v1.CreateSnapshotRequest.ParametersEntry
+	45, // 42: csiagent.agent.v1.CreateSnapshotRequest.secrets:type_name -> csiagent.agent.v1.CreateSnapshotRequest.SecretsEntry
+	1,  // 43: csiagent.agent.v1.CreateSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 44: csiagent.agent.v1.SnapshotReply.progress:type_name -> csiagent.agent.v1.Progress
+	24, // 45: csiagent.agent.v1.SnapshotReply.snapshot:type_name -> csiagent.agent.v1.SnapshotEntry
+	46, // 46: csiagent.agent.v1.DeleteSnapshotRequest.secrets:type_name -> csiagent.agent.v1.DeleteSnapshotRequest.SecretsEntry
+	1,  // 47: csiagent.agent.v1.DeleteSnapshotRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	24, // 48: csiagent.agent.v1.ListSnapshotsReply.snapshots:type_name -> csiagent.agent.v1.SnapshotEntry
+	47, // 49: csiagent.agent.v1.SnapshotEntry.members:type_name -> csiagent.agent.v1.SnapshotEntry.MembersEntry
+	55, // 50: csiagent.agent.v1.SnapshotEntry.creation_time:type_name -> google.protobuf.Timestamp
+	48, // 51: csiagent.agent.v1.FenceRequest.parameters:type_name -> csiagent.agent.v1.FenceRequest.ParametersEntry
+	49, // 52: csiagent.agent.v1.FenceRequest.secrets:type_name -> csiagent.agent.v1.FenceRequest.SecretsEntry
+	1,  // 53: csiagent.agent.v1.FenceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 54: csiagent.agent.v1.FenceReply.progress:type_name -> csiagent.agent.v1.Progress
+	50, // 55: csiagent.agent.v1.RotateKeyRequest.parameters:type_name -> csiagent.agent.v1.RotateKeyRequest.ParametersEntry
+	51, // 56: csiagent.agent.v1.RotateKeyRequest.secrets:type_name -> csiagent.agent.v1.RotateKeyRequest.SecretsEntry
+	1,  // 57: csiagent.agent.v1.RotateKeyRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	52, // 58: csiagent.agent.v1.ExpandVolumeRequest.secrets:type_name -> csiagent.agent.v1.ExpandVolumeRequest.SecretsEntry
+	1,  // 59: csiagent.agent.v1.ExpandVolumeRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	2,  // 60: csiagent.agent.v1.ExpandVolumeReply.progress:type_name -> csiagent.agent.v1.Progress
+	4,  // 61: csiagent.agent.v1.Controller.CreateVolumeGroup:input_type -> csiagent.agent.v1.CreateVolumeGroupRequest
+	5,  // 62: csiagent.agent.v1.Controller.ModifyVolumeGroup:input_type -> csiagent.agent.v1.ModifyVolumeGroupRequest
+	6,  // 63: csiagent.agent.v1.Controller.DeleteVolumeGroup:input_type -> csiagent.agent.v1.DeleteVolumeGroupRequest
+	7,  // 64: csiagent.agent.v1.Controller.GetVolumeGroup:input_type -> csiagent.agent.v1.GetVolumeGroupRequest
+	9,  // 65: csiagent.agent.v1.Controller.ListVolumeGroups:input_type -> csiagent.agent.v1.ListVolumeGroupsRequest
+	11, // 66: csiagent.agent.v1.Controller.EnableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 67: csiagent.agent.v1.Controller.DisableReplication:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 68: csiagent.agent.v1.Controller.PromoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 69: csiagent.agent.v1.Controller.DemoteVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 70: csiagent.agent.v1.Controller.ResyncVolume:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 71: csiagent.agent.v1.Controller.GetReplicationInfo:input_type -> csiagent.agent.v1.ReplicationRequest
+	11, // 72: csiagent.agent.v1.Controller.GetReplicationDestination:input_type -> csiagent.agent.v1.ReplicationRequest
+	25, // 73: csiagent.agent.v1.Controller.FenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	25, // 74: csiagent.agent.v1.Controller.UnfenceNetwork:input_type -> csiagent.agent.v1.FenceRequest
+	25, // 75: csiagent.agent.v1.Controller.ListFences:input_type -> csiagent.agent.v1.FenceRequest
+	27, // 76: csiagent.agent.v1.Controller.RotateKey:input_type -> csiagent.agent.v1.RotateKeyRequest
+	28, // 77: csiagent.agent.v1.Controller.ExpandVolume:input_type -> csiagent.agent.v1.ExpandVolumeRequest
+	15, // 78: csiagent.agent.v1.Controller.CreateGroupSnapshot:input_type -> csiagent.agent.v1.CreateGroupSnapshotRequest
+	16, // 79: csiagent.agent.v1.Controller.GetGroupSnapshot:input_type -> csiagent.agent.v1.GetGroupSnapshotRequest
+	17, // 80: csiagent.agent.v1.Controller.DeleteGroupSnapshot:input_type -> csiagent.agent.v1.DeleteGroupSnapshotRequest
+	19, // 81: csiagent.agent.v1.Controller.CreateSnapshot:input_type -> csiagent.agent.v1.CreateSnapshotRequest
+	21, // 82: csiagent.agent.v1.Controller.DeleteSnapshot:input_type -> csiagent.agent.v1.DeleteSnapshotRequest
+	22, // 83: csiagent.agent.v1.Controller.ListSnapshots:input_type -> csiagent.agent.v1.ListSnapshotsRequest
+	8,  // 84: csiagent.agent.v1.Controller.CreateVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	8,  // 85: csiagent.agent.v1.Controller.ModifyVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	3,  // 86: csiagent.agent.v1.Controller.DeleteVolumeGroup:output_type -> csiagent.agent.v1.OperationReply
+	8,  // 87: csiagent.agent.v1.Controller.GetVolumeGroup:output_type -> csiagent.agent.v1.VolumeGroupReply
+	10, // 88: csiagent.agent.v1.Controller.ListVolumeGroups:output_type -> csiagent.agent.v1.ListVolumeGroupsReply
+	12, // 89: csiagent.agent.v1.Controller.EnableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 90: csiagent.agent.v1.Controller.DisableReplication:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 91: csiagent.agent.v1.Controller.PromoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 92: csiagent.agent.v1.Controller.DemoteVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 93: csiagent.agent.v1.Controller.ResyncVolume:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 94: csiagent.agent.v1.Controller.GetReplicationInfo:output_type -> csiagent.agent.v1.ReplicationReply
+	12, // 95: csiagent.agent.v1.Controller.GetReplicationDestination:output_type -> csiagent.agent.v1.ReplicationReply
+	26, // 96: csiagent.agent.v1.Controller.FenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	26, // 97: csiagent.agent.v1.Controller.UnfenceNetwork:output_type -> csiagent.agent.v1.FenceReply
+	26, // 98: csiagent.agent.v1.Controller.ListFences:output_type -> csiagent.agent.v1.FenceReply
+	3,  // 99: csiagent.agent.v1.Controller.RotateKey:output_type -> csiagent.agent.v1.OperationReply
+	29, // 100: csiagent.agent.v1.Controller.ExpandVolume:output_type -> csiagent.agent.v1.ExpandVolumeReply
+	18, // 101: csiagent.agent.v1.Controller.CreateGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	18, // 102: csiagent.agent.v1.Controller.GetGroupSnapshot:output_type -> csiagent.agent.v1.GroupSnapshotReply
+	3,  // 103: csiagent.agent.v1.Controller.DeleteGroupSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	20, // 104: csiagent.agent.v1.Controller.CreateSnapshot:output_type -> csiagent.agent.v1.SnapshotReply
+	3,  // 105: csiagent.agent.v1.Controller.DeleteSnapshot:output_type -> csiagent.agent.v1.OperationReply
+	23, // 106: csiagent.agent.v1.Controller.ListSnapshots:output_type -> csiagent.agent.v1.ListSnapshotsReply
+	84, // [84:107] is the sub-list for method output_type
+	61, // [61:84] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_controller_proto_init() }
@@ -2348,7 +2937,7 @@ func file_proto_agent_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_controller_proto_rawDesc), len(file_proto_agent_v1_controller_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,9 +1,9 @@
 // The csiagent controller API: the csi-addons controller operations
-// (volume groups, replication) and CSI group snapshots, run by the agent on
+// (volume groups, replication) and CSI snapshots and group snapshots, run by the agent on
 // a plugin's CONTROLLER_SERVICE for hosts without Kubernetes. Served on the
 // same socket, with the same access rules, as the Agent service
-// (agent.proto); the csi-agent CLI's group, replication and group-snapshot
-// commands use it.
+// (agent.proto); the csi-agent CLI's group, replication, snapshot and
+// group-snapshot commands use it.
 //
 // The agent acts as the CO of the specs (seeds 000 volumegroup, 003
 // replication; CSI spec GroupController): it serialises the calls it makes
@@ -57,6 +57,9 @@ const (
 	Controller_CreateGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/CreateGroupSnapshot"
 	Controller_GetGroupSnapshot_FullMethodName          = "/csiagent.agent.v1.Controller/GetGroupSnapshot"
 	Controller_DeleteGroupSnapshot_FullMethodName       = "/csiagent.agent.v1.Controller/DeleteGroupSnapshot"
+	Controller_CreateSnapshot_FullMethodName            = "/csiagent.agent.v1.Controller/CreateSnapshot"
+	Controller_DeleteSnapshot_FullMethodName            = "/csiagent.agent.v1.Controller/DeleteSnapshot"
+	Controller_ListSnapshots_FullMethodName             = "/csiagent.agent.v1.Controller/ListSnapshots"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -122,13 +125,32 @@ type ControllerClient interface {
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
 	// name. Unless no_wait, it calls again with the same arguments until the
-	// group snapshot is ready_to_use, as the CSI spec says a CO should.
+	// group snapshot is ready_to_use, as the CSI spec says a CO should. It
+	// is recorded in the agent's catalogue under name (see CreateSnapshot).
+	// With container_id, the container's mounted filesystems are frozen
+	// around the first call (see CreateGroupSnapshotRequest).
 	CreateGroupSnapshot(ctx context.Context, in *CreateGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error)
-	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked).
+	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked),
+	// by ids or by the catalogue name.
 	GetGroupSnapshot(ctx context.Context, in *GetGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GroupSnapshotReply], error)
 	// DeleteGroupSnapshot calls DeleteVolumeGroupSnapshot with the group
-	// snapshot's snapshot ids (capability checked).
+	// snapshot's snapshot ids (capability checked), by ids or by the
+	// catalogue name, and removes it from the catalogue.
 	DeleteGroupSnapshot(ctx context.Context, in *DeleteGroupSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
+	// CreateSnapshot calls csi.v1.Controller/CreateSnapshot of one volume
+	// (a named volume, or a volume id of plugin_name) after checking
+	// ControllerGetCapabilities (FailedPrecondition without
+	// CREATE_DELETE_SNAPSHOT). The snapshot is recorded in the agent's
+	// catalogue under name: an intent before the plugin call, the result
+	// before the reply. Idempotent by name (the plugin is given a name
+	// derived from it). Unless no_wait, it calls again until the snapshot
+	// is ready_to_use, as the CSI spec says a CO should.
+	CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotReply], error)
+	// DeleteSnapshot calls DeleteSnapshot for the catalogue's snapshot of
+	// that name and removes it from the catalogue.
+	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error)
+	// ListSnapshots lists the catalogue: snapshots and group snapshots.
+	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsReply, error)
 }
 
 type controllerClient struct {
@@ -519,6 +541,54 @@ func (c *controllerClient) DeleteGroupSnapshot(ctx context.Context, in *DeleteGr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_DeleteGroupSnapshotClient = grpc.ServerStreamingClient[OperationReply]
 
+func (c *controllerClient) CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[20], Controller_CreateSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CreateSnapshotRequest, SnapshotReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_CreateSnapshotClient = grpc.ServerStreamingClient[SnapshotReply]
+
+func (c *controllerClient) DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[OperationReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Controller_ServiceDesc.Streams[21], Controller_DeleteSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DeleteSnapshotRequest, OperationReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_DeleteSnapshotClient = grpc.ServerStreamingClient[OperationReply]
+
+func (c *controllerClient) ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSnapshotsReply)
+	err := c.cc.Invoke(ctx, Controller_ListSnapshots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -582,13 +652,32 @@ type ControllerServer interface {
 	// after checking GroupControllerGetCapabilities (FailedPrecondition when
 	// the plugin lacks CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT). Idempotent by
 	// name. Unless no_wait, it calls again with the same arguments until the
-	// group snapshot is ready_to_use, as the CSI spec says a CO should.
+	// group snapshot is ready_to_use, as the CSI spec says a CO should. It
+	// is recorded in the agent's catalogue under name (see CreateSnapshot).
+	// With container_id, the container's mounted filesystems are frozen
+	// around the first call (see CreateGroupSnapshotRequest).
 	CreateGroupSnapshot(*CreateGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error
-	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked).
+	// GetGroupSnapshot calls GetVolumeGroupSnapshot (capability checked),
+	// by ids or by the catalogue name.
 	GetGroupSnapshot(*GetGroupSnapshotRequest, grpc.ServerStreamingServer[GroupSnapshotReply]) error
 	// DeleteGroupSnapshot calls DeleteVolumeGroupSnapshot with the group
-	// snapshot's snapshot ids (capability checked).
+	// snapshot's snapshot ids (capability checked), by ids or by the
+	// catalogue name, and removes it from the catalogue.
 	DeleteGroupSnapshot(*DeleteGroupSnapshotRequest, grpc.ServerStreamingServer[OperationReply]) error
+	// CreateSnapshot calls csi.v1.Controller/CreateSnapshot of one volume
+	// (a named volume, or a volume id of plugin_name) after checking
+	// ControllerGetCapabilities (FailedPrecondition without
+	// CREATE_DELETE_SNAPSHOT). The snapshot is recorded in the agent's
+	// catalogue under name: an intent before the plugin call, the result
+	// before the reply. Idempotent by name (the plugin is given a name
+	// derived from it). Unless no_wait, it calls again until the snapshot
+	// is ready_to_use, as the CSI spec says a CO should.
+	CreateSnapshot(*CreateSnapshotRequest, grpc.ServerStreamingServer[SnapshotReply]) error
+	// DeleteSnapshot calls DeleteSnapshot for the catalogue's snapshot of
+	// that name and removes it from the catalogue.
+	DeleteSnapshot(*DeleteSnapshotRequest, grpc.ServerStreamingServer[OperationReply]) error
+	// ListSnapshots lists the catalogue: snapshots and group snapshots.
+	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsReply, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -658,6 +747,15 @@ func (UnimplementedControllerServer) GetGroupSnapshot(*GetGroupSnapshotRequest, 
 }
 func (UnimplementedControllerServer) DeleteGroupSnapshot(*DeleteGroupSnapshotRequest, grpc.ServerStreamingServer[OperationReply]) error {
 	return status.Error(codes.Unimplemented, "method DeleteGroupSnapshot not implemented")
+}
+func (UnimplementedControllerServer) CreateSnapshot(*CreateSnapshotRequest, grpc.ServerStreamingServer[SnapshotReply]) error {
+	return status.Error(codes.Unimplemented, "method CreateSnapshot not implemented")
+}
+func (UnimplementedControllerServer) DeleteSnapshot(*DeleteSnapshotRequest, grpc.ServerStreamingServer[OperationReply]) error {
+	return status.Error(codes.Unimplemented, "method DeleteSnapshot not implemented")
+}
+func (UnimplementedControllerServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -900,13 +998,58 @@ func _Controller_DeleteGroupSnapshot_Handler(srv interface{}, stream grpc.Server
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Controller_DeleteGroupSnapshotServer = grpc.ServerStreamingServer[OperationReply]
 
+func _Controller_CreateSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(CreateSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).CreateSnapshot(m, &grpc.GenericServerStream[CreateSnapshotRequest, SnapshotReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_CreateSnapshotServer = grpc.ServerStreamingServer[SnapshotReply]
+
+func _Controller_DeleteSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DeleteSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ControllerServer).DeleteSnapshot(m, &grpc.GenericServerStream[DeleteSnapshotRequest, OperationReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Controller_DeleteSnapshotServer = grpc.ServerStreamingServer[OperationReply]
+
+func _Controller_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSnapshotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).ListSnapshots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_ListSnapshots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).ListSnapshots(ctx, req.(*ListSnapshotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Controller_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "csiagent.agent.v1.Controller",
 	HandlerType: (*ControllerServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListSnapshots",
+			Handler:    _Controller_ListSnapshots_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "CreateVolumeGroup",
@@ -1006,6 +1149,16 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "DeleteGroupSnapshot",
 			Handler:       _Controller_DeleteGroupSnapshot_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "CreateSnapshot",
+			Handler:       _Controller_CreateSnapshot_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "DeleteSnapshot",
+			Handler:       _Controller_DeleteSnapshot_Handler,
 			ServerStreams: true,
 		},
 	},
