@@ -71,7 +71,7 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	}
 	srv, err := dockerplugin.New(dockerplugin.Config{
 		Store: store, Backend: engineBackend{a}, Dir: filepath.Join(a.cfg.WorkDir, engineMountsDir), Commit: a.commit,
-		Logger: a.log.With("component", "docker-plugin"), CrashPoint: a.cfg.CrashPoint,
+		Logger: a.log.With("component", "docker-plugin"), NodeID: a.cfg.NodeID, CrashPoint: a.cfg.CrashPoint,
 	})
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	"github.com/csiagent/csiagent/pluginconfig"
+	"github.com/csiagent/csiagent/snapcat"
 )
 
 // Provisioning: the engine endpoint's CreateVolume and DeleteVolume
@@ -39,7 +41,7 @@ func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition,
 	}
 	p := d.Provision
 	req := &csi.CreateVolumeRequest{
-		Name:               namedvol.CSIName(d.Name),
+		Name:               p.CSIName,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: p.Size},
 		VolumeCapabilities: []*csi.VolumeCapability{d.Capability()},
 		Parameters:         p.Parameters,
@@ -47,7 +49,11 @@ func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition,
 	}
 	switch {
 	case p.FromSnapshot != "":
-		req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: p.FromSnapshot}}}
+		id, err := b.a.snapshotID(d.Plugin, p.FromSnapshot)
+		if err != nil {
+			return err
+		}
+		req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
 	case p.FromVolume != "":
 		req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: p.FromVolume}}}
 	}
@@ -86,6 +92,25 @@ func (b engineBackend) DeleteVolume(ctx context.Context, typ, volumeID string, s
 		}
 		return err
 	})
+}
+
+// snapshotID is the plugin's id of the snapshot a restore names: an entry
+// of the snapshot catalogue (S, or GROUP/VOLUME_ID for a member of a group
+// snapshot), which must be of plugin typ; a name whose entry the
+// catalogue does not have is the plugin's own id.
+func (a *Agent) snapshotID(typ, name string) (string, error) {
+	entry, _, _ := strings.Cut(name, "/")
+	if _, err := a.snapshots.Get(entry); errors.Is(err, snapcat.ErrNotFound) {
+		return name, nil
+	}
+	plugin, id, err := a.snapshots.Lookup(name)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%w: option %s=%s: %w", isolator.ErrPrecondition, namedvol.KeyFromSnapshot, name, err)
+	case plugin != typ:
+		return "", fmt.Errorf("%w: option %s=%s: snapshot of plugin %s, not %s", isolator.ErrPrecondition, namedvol.KeyFromSnapshot, name, plugin, typ)
+	}
+	return id, nil
 }
 
 // provisionerClient is a plugin's controller that creates volumes, with

@@ -102,7 +102,7 @@ func (e *env) volumeCreateCmd(fs *pflag.FlagSet) runFunc {
 	}
 	str(namedvol.KeyPlugin, "the CSI plugin's type (required)")
 	str(namedvol.KeyVolumeID, "a pre-provisioned volume's id (or --size: create one)")
-	str(namedvol.KeySize, "create the volume (the plugin's CreateVolume, named csiagent-NAME: a repeated create finds it again) with this capacity, e.g. 10GiB")
+	str(namedvol.KeySize, "create the volume (the plugin's CreateVolume, named csi-agent-NAME-HASH: a repeated create finds it again) with this capacity, e.g. 10GiB")
 	str(namedvol.KeyFromSnapshot, "with --size: the new volume's content is this snapshot's (the plugin's snapshot id)")
 	str(namedvol.KeyFromVolume, "with --size: the new volume is a clone of this volume (the plugin's volume id)")
 	str(namedvol.KeyControllerPublishSecret, "ControllerPublish secret reference NAME/KEY in the agent's --secrets-dir (a plugin that attaches)")

@@ -11,7 +11,8 @@ import (
 // provision defines d and creates its backend volume (name lock held):
 //
 //  1. the intent: d in state creating, durable, before any call;
-//  2. Backend.CreateVolume with d's CSI name (namedvol.CSIName): the plugin
+//  2. Backend.CreateVolume with d's CSI name (namedvol.CSIName, fixed with
+//     the intent): the plugin
 //     finds a volume it made under that name again, so a crash anywhere
 //     here, and the repeated create that follows, never makes a second;
 //  3. the answer (id, context, topology) recorded, durable.
@@ -27,18 +28,18 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 	case err == nil && !old.Creating():
 		return nil
 	case err == nil:
-		d.Creator = old.Creator
+		d.Creator, d.Provision.CSIName = old.Creator, old.Provision.CSIName
 	case !errors.Is(err, namedvol.ErrNotFound):
 		return err
 	default:
-		d.Provision.State = namedvol.ProvisionCreating
+		d.Provision.State, d.Provision.CSIName = namedvol.ProvisionCreating, namedvol.CSIName(d.Name, s.cfg.NodeID)
 		if err := s.cfg.Store.Create(ctx, d); err != nil {
 			return err
 		}
 		s.crashPoint("named volume creating")
 	}
 	d.Provision.State = namedvol.ProvisionCreating
-	s.log.Info("creating volume", "name", d.Name, "plugin", d.Plugin, "csi_name", namedvol.CSIName(d.Name), "size", d.Provision.Size)
+	s.log.Info("creating volume", "name", d.Name, "plugin", d.Plugin, "csi_name", d.Provision.CSIName, "size", d.Provision.Size)
 	if err := s.cfg.Backend.CreateVolume(ctx, d, secrets); err != nil {
 		return fmt.Errorf("volume %s: %w", d.Name, err)
 	}

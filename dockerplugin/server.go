@@ -53,7 +53,7 @@ type Backend interface {
 	// CheckPlugin says why a plugin type cannot be used (not configured).
 	CheckPlugin(pluginType string) error
 	// CreateVolume creates a definition's backend volume (CSI CreateVolume
-	// with its CSIName, capability and Provision, and secrets) and records
+	// with its Provision's CSIName, its capability, and secrets) and records
 	// the answer in it (Definition.Created); DeleteVolume deletes one.
 	CreateVolume(ctx context.Context, d *namedvol.Definition, secrets map[string]string) error
 	DeleteVolume(ctx context.Context, pluginType, volumeID string, secrets map[string]string) error
@@ -69,6 +69,9 @@ type Config struct {
 	// Dir is in.
 	Commit *atomicfile.Committer
 	Logger *slog.Logger
+	// NodeID is the agent's node id: the names of the volumes it creates
+	// are made from it (namedvol.CSIName).
+	NodeID string
 	// CrashPoint, for crash tests only, is called after each step of a
 	// volume's creation with a name for the point; it may kill the
 	// process.

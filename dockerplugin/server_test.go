@@ -43,7 +43,7 @@ type fakeBackend struct {
 func (f *fakeBackend) CreateVolume(_ context.Context, d *namedvol.Definition, _ map[string]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	name := namedvol.CSIName(d.Name)
+	name := d.Provision.CSIName
 	id, ok := f.backend[name]
 	if !ok {
 		if f.backend == nil {

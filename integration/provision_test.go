@@ -12,6 +12,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
+	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -22,6 +23,10 @@ func volumeCLI(socket string, args ...string) (string, error) {
 	out, err := exec.Command(bins.agent, full...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
+
+// createdImage is the image csi-loop-plugin makes for the named volume
+// name the agent of node node-1 creates (csi-agent-NAME-HASH).
+func createdImage(name string) string { return namedvol.CSIName(name, "node-1") + ".img" }
 
 // poolImages lists the images in a csi-loop-plugin pool.
 func poolImages(t *testing.T, pool string) []string {
@@ -37,7 +42,8 @@ func poolImages(t *testing.T, pool string) []string {
 }
 
 // TestProvisionCrashAtEveryPoint (issue 28): csi-agent volume create
-// --size creates the backend volume (CreateVolume named csiagent-NAME).
+// --size creates the backend volume (CreateVolume named
+// csi-agent-NAME-HASH).
 // The agent is killed at each point of the creation (its intent
 // recorded, CreateVolume answered, the answer recorded); the next agent
 // shows the volume CREATING (not mountable) until the create is run
@@ -92,7 +98,7 @@ func TestProvisionCrashAtEveryPoint(t *testing.T) {
 		if out, err := create(); err != nil {
 			t.Fatalf("point %d (%s): the repeated create: %v\n%s", n+1, points[n], err, out)
 		}
-		if imgs := poolImages(t, pool); !slices.Equal(imgs, []string{"csiagent-web.img"}) {
+		if imgs := poolImages(t, pool); !slices.Equal(imgs, []string{createdImage("web")}) {
 			t.Fatalf("point %d (%s): pool holds %v, want the one volume", n+1, points[n], imgs)
 		}
 		if out, err := volumeCLI(socket, "rm", "web", "--delete"); err != nil {
@@ -110,7 +116,9 @@ func TestProvisionCrashAtEveryPoint(t *testing.T) {
 // of csi-loop-plugin's own, named in the publish_context the agent
 // records and shows), staged from that device and published for a real
 // runc container that writes it; the last user's cleanup detaches it; a
-// second container reads the data back; rm --delete deletes the image.
+// second container reads the data back; a snapshot of it, restored into a
+// new volume by the snapshot's name, has the data; rm --delete deletes
+// the images.
 func TestProvisionAttachWithRunc(t *testing.T) {
 	runc, busybox := needRunc(t)
 	h := newHarness(t)
@@ -121,7 +129,7 @@ func TestProvisionAttachWithRunc(t *testing.T) {
 	if out, err := volumeCLI(h.cfg.APISocket, "create", "web", "--plugin", "loop", "--size", "64MiB", "--fs-type", "ext4", "--allow-annotations"); err != nil {
 		t.Fatalf("volume create: %v\n%s", err, out)
 	}
-	img := filepath.Join(pool, "csiagent-web.img")
+	img := filepath.Join(pool, createdImage("web"))
 	if _, err := os.Stat(img); err != nil {
 		t.Fatalf("the created volume's image: %v (pool: %v)", err, poolImages(t, pool))
 	}
@@ -130,7 +138,7 @@ func TestProvisionAttachWithRunc(t *testing.T) {
 	var attached *agentv1.VolumeStatus
 	runDetached(t, runc, writer, "writer", "the volume attached and published", func() bool {
 		for _, v := range h.volumes() {
-			if v.GetVolumeId() == "csiagent-web" && v.GetState() == agentv1.VolumeStatus_PUBLISHED && v.GetAttached() {
+			if v.GetVolumeId()+".img" == createdImage("web") && v.GetState() == agentv1.VolumeStatus_PUBLISHED && v.GetAttached() {
 				attached = v
 				return true
 			}
@@ -158,14 +166,36 @@ func TestProvisionAttachWithRunc(t *testing.T) {
 		t.Errorf("after the last user's cleanup: loop devices %+v, %v; want detached", devs, err)
 	}
 
-	reader := h.mountsBundle(busybox, "reader", "cat /data/f", "web:/data")
-	out, errOut, err := runContainer(t, runc, reader, "reader")
-	if err != nil || !strings.Contains(out, "written") {
-		t.Fatalf("reader: %v\nstdout: %s\nstderr: %s", err, out, errOut)
+	read := func(id, name string) {
+		t.Helper()
+		reader := h.mountsBundle(busybox, id, "cat /data/f", name+":/data")
+		out, errOut, err := runContainer(t, runc, reader, id)
+		if err != nil || !strings.Contains(out, "written") {
+			t.Fatalf("%s reading %s: %v\nstdout: %s\nstderr: %s", id, name, err, out, errOut)
+		}
 	}
-	if out, err := volumeCLI(h.cfg.APISocket, "rm", "web", "--delete"); err != nil {
-		t.Fatalf("volume rm --delete: %v\n%s", err, out)
+	read("reader", "web")
+
+	// A snapshot of the named volume, restored into a new one by the
+	// snapshot's name (the catalogue knows its id).
+	agentCLI := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command(bins.agent, append(args, "--api-socket", h.cfg.APISocket)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("csi-agent %q: %v\n%s", args, err, out)
+		}
 	}
+	agentCLI("snapshot", "create", "--volume", "web", "--name", "nightly")
+	if out, err := volumeCLI(h.cfg.APISocket, "create", "restored", "--plugin", "loop", "--size", "64MiB", "--fs-type", "ext4", "--from-snapshot", "nightly", "--allow-annotations"); err != nil {
+		t.Fatalf("volume create --from-snapshot: %v\n%s", err, out)
+	}
+	read("restorer", "restored")
+	for _, name := range []string{"restored", "web"} {
+		if out, err := volumeCLI(h.cfg.APISocket, "rm", name, "--delete"); err != nil {
+			t.Fatalf("volume rm %s --delete: %v\n%s", name, err, out)
+		}
+	}
+	agentCLI("snapshot", "rm", "nightly")
 	if imgs := poolImages(t, pool); len(imgs) > 0 {
 		t.Errorf("after rm --delete the pool holds %v", imgs)
 	}
@@ -189,7 +219,8 @@ func TestDockerProvisionedVolume(t *testing.T) {
 		if out := docker(t, append(args, tc.name)...); out != tc.name {
 			t.Fatalf("docker volume create said %q", out)
 		}
-		img := filepath.Join(e.pool, "csiagent-"+tc.name+".img")
+		id := e.inspect(tc.name).GetOptions()["volume_id"]
+		img := filepath.Join(e.pool, id+".img")
 		if st, err := os.Stat(img); err != nil || st.Size() != 1<<30 {
 			t.Fatalf("the created image: %v, %v; want 1 GiB", st, err)
 		}
@@ -201,7 +232,11 @@ func TestDockerProvisionedVolume(t *testing.T) {
 			t.Errorf("%s (delete_on_remove=%v) after docker volume rm: %v", tc.name, tc.delete, err)
 		}
 	}
-	if out, err := exec.Command(bins.loop, "delete-volume", "--pool", e.pool, "--name", "csiagent-kept").CombinedOutput(); err != nil {
+	kept, err := filepath.Glob(filepath.Join(e.pool, "csi-agent-kept-*.img"))
+	if err != nil || len(kept) != 1 {
+		t.Fatalf("the kept volume: %v, %v", kept, err)
+	}
+	if out, err := exec.Command(bins.loop, "delete-volume", "--pool", e.pool, "--name", strings.TrimSuffix(filepath.Base(kept[0]), ".img")).CombinedOutput(); err != nil {
 		t.Fatalf("deleting the kept volume: %v\n%s", err, out)
 	}
 }

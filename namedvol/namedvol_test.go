@@ -123,14 +123,16 @@ func TestEngineUser(t *testing.T) {
 	}
 }
 
-// TestCSIName: the name CreateVolume gets is the same for the same name,
-// within CSI's 128 bytes, and long names that share a prefix differ.
+// TestCSIName: the name CreateVolume gets is the same for the same name
+// and node, another for another node, within CSI's 128 bytes, and long
+// names that share a prefix differ.
 func TestCSIName(t *testing.T) {
-	if got := CSIName("web"); got != "csiagent-web" {
-		t.Errorf("CSIName(web) = %q", got)
+	web := CSIName("web", "node-1")
+	if !strings.HasPrefix(web, "csi-agent-web-") || web != CSIName("web", "node-1") || web == CSIName("web", "node-2") {
+		t.Errorf("CSIName(web) = %q, on node-2 %q", web, CSIName("web", "node-2"))
 	}
-	a, b := CSIName(strings.Repeat("a", 128)), CSIName(strings.Repeat("a", 127)+"b")
-	if len(a) > 128 || len(b) > 128 || a == b || a != CSIName(strings.Repeat("a", 128)) {
+	a, b := CSIName(strings.Repeat("a", 128), "n"), CSIName(strings.Repeat("a", 127)+"b", "n")
+	if len(a) > 128 || len(b) > 128 || a == b {
 		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
 	}
 }

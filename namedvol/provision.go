@@ -51,6 +51,9 @@ var ErrCreating = errors.New("volume is being created")
 type Provision struct {
 	// State is ProvisionCreating or ProvisionCreated.
 	State string `json:"state"`
+	// CSIName is CreateVolume's name (see CSIName), fixed with the
+	// intent.
+	CSIName string `json:"csi_name"`
 	// Size is the capacity asked for, in bytes.
 	Size int64 `json:"size"`
 	// Parameters are CreateVolume's parameters.
@@ -179,6 +182,7 @@ func (d *Definition) SameRequest(other *Definition) bool {
 	}
 	pa, pb := *a.Provision, *b.Provision
 	pa.State, pb.State = "", ""
+	pa.CSIName, pb.CSIName = "", ""
 	pa.AccessibleTopology, pb.AccessibleTopology = nil, nil
 	a.Provision, b.Provision = &pa, &pb
 	return sameDefinition(&a, &b)
@@ -205,16 +209,19 @@ func (d *Definition) Created(id string, volumeContext map[string]string, topolog
 // on a name is 128 bytes.
 const maxCSIName = 128
 
-// CSIName is the name CreateVolume is given for the named volume: the
-// same for the same name, so that a creation repeated after a crash finds
-// the volume it made ("csiagent-NAME"; a name too long for CSI's 128 bytes
-// is cut and ends with a hash of the whole).
-func CSIName(name string) string {
-	const prefix = "csiagent-"
-	if len(prefix)+len(name) <= maxCSIName {
-		return prefix + name
-	}
-	sum := sha256.Sum256([]byte(name))
+// CSIName is the name CreateVolume is given for the named volume name of
+// node nodeID: the same for the same name on the same node, so that a
+// creation repeated after a crash finds the volume it made, and another
+// for another node, so that two hosts' definitions of one name on shared
+// storage never get one volume without knowing: "csi-agent-NAME-HASH",
+// HASH the first 8 bytes of SHA-256(node id, NUL, name) in hex, NAME cut
+// to keep within CSI's 128 bytes.
+func CSIName(name, nodeID string) string {
+	const prefix = "csi-agent-"
+	sum := sha256.Sum256([]byte(nodeID + "\x00" + name))
 	h := hex.EncodeToString(sum[:8])
-	return prefix + name[:maxCSIName-len(prefix)-len(h)-1] + "-" + h
+	if room := maxCSIName - len(prefix) - len(h) - 1; len(name) > room {
+		name = name[:room]
+	}
+	return prefix + name + "-" + h
 }
