@@ -202,7 +202,13 @@ func seedPrepared(t *testing.T) string {
 	}); err != nil {
 		t.Fatal(err)
 	}
-
+	// The seed's commit round (which renames new records into place) ends
+	// before the test's isolator loads the work dir: under load it could
+	// still be under way, and the test's isolator then found no container
+	// (TestCleanupWaitsForItsIntentToBeDurable failed once so in CI).
+	if err := seed.commit.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	return work
 }
 

@@ -109,12 +109,25 @@ func (p *plugin) stop(sig syscall.Signal) error {
 
 func connect(t *testing.T, sock string) (csi.NodeClient, csi.IdentityClient) {
 	t.Helper()
+	conn := dial(t, sock)
+	return csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
+}
+
+// dial is a connection to the plugin on sock, closed with the test.
+func dial(t *testing.T, sock string) *grpc.ClientConn {
+	t.Helper()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return csi.NewNodeClient(conn), csi.NewIdentityClient(conn)
+	return conn
+}
+
+// controllerOf is a controller client of the plugin on sock.
+func controllerOf(t *testing.T, sock string) csi.ControllerClient {
+	t.Helper()
+	return csi.NewControllerClient(dial(t, sock))
 }
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -213,11 +226,11 @@ func TestServeLifecycle(t *testing.T) {
 	}
 }
 
-// TestKillBetweenStageAndPublish stages a volume, SIGKILLs the plugin,
-// starts a new process on the same (now stale) socket and finishes the
-// sequence: publish, write, unpublish, unstage, and again stage, publish,
-// read the same data. Nothing of the volume's state lived only in the dead
-// process.
+// TestKillBetweenStageAndPublish attaches (ControllerPublishVolume) and
+// stages a volume, SIGKILLs the plugin, starts a new process on the same
+// (now stale) socket and finishes the sequence: publish, write, unpublish,
+// unstage, and again stage, publish, read the same data, then detach.
+// Nothing of the volume's state lived only in the dead process.
 func TestKillBetweenStageAndPublish(t *testing.T) {
 	testhelp.NeedRoot(t)
 	for _, tc := range []struct {
@@ -253,6 +266,11 @@ func TestKillBetweenStageAndPublish(t *testing.T) {
 
 			first := startPlugin(t, args...)
 			node, _ := connect(t, sock)
+			attach, err := controllerOf(t, sock).ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: "vol", NodeId: "n1", VolumeCapability: tc.cap})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stageReq.PublishContext = attach.GetPublishContext()
 			if _, err := node.NodeStageVolume(ctx, stageReq); err != nil {
 				t.Fatal(err)
 			}
@@ -298,6 +316,9 @@ func TestKillBetweenStageAndPublish(t *testing.T) {
 				t.Fatal(err)
 			}
 			if _, err := node.NodeUnstageVolume(ctx, unstageReq); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := controllerOf(t, sock).ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: "vol", NodeId: "n1"}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := runCLI(t, "delete-volume", "--pool", pool, "--name", "vol"); err != nil {
