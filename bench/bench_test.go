@@ -88,7 +88,9 @@ func TestOverhead(t *testing.T) {
 		t.Fatalf("create-volume: %v\n%s", err, out)
 	}
 	sock := filepath.Join(base, "loop.sock")
-	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1")
+	// Node-only: its config declares NODE_SERVICE, and this is the path
+	// of a plugin without attach (the figures stay comparable).
+	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1", "--node-only")
 	ap := startAgent(t, agentOpts{work: filepath.Join(base, "work"), configs: map[string]string{"loop.json": unmanagedConfig(loopType, sock, "")}})
 	waitPluginReady(t, ap, loopType)
 	node := csi.NewNodeClient(dial(t, sock))
@@ -513,7 +515,9 @@ func TestReclaim(t *testing.T) {
 		t.Fatalf("create-volume: %v\n%s", err, out)
 	}
 	sock := filepath.Join(base, "loop.sock")
-	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1")
+	// Node-only: its config declares NODE_SERVICE, and this is the path
+	// of a plugin without attach (the figures stay comparable).
+	startPlugin(t, sock, bins.loop, "--pool", pool, "--node-id", "node-1", "--node-only")
 	ap := startAgent(t, agentOpts{work: filepath.Join(base, "work"), configs: map[string]string{"loop.json": unmanagedConfig(loopType, sock, "")}})
 	waitPluginReady(t, ap, loopType)
 	ctx := ctxT(t)

@@ -579,7 +579,8 @@ func TestDockerBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "size=1G", "bad"}, `unknown option "size"`},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "colour=blue", "bad"}, `unknown option "colour"`},
+		{[]string{"--opt", "plugin=loop.test", "--opt", "volume_id=v", "--opt", "size=1G", "bad"}, "options volume_id (an existing volume) and size (create one) exclude each other"},
 		{[]string{"--opt", "volume_id=v", "bad"}, "option plugin is required"},
 		{[]string{"--opt", "plugin=loop.test", "bad"}, "option volume_id is required"},
 		{[]string{"--opt", "plugin=nope", "--opt", "volume_id=v", "bad"}, "option plugin=nope"},
@@ -773,7 +774,7 @@ func needPodman(t *testing.T) {
 func TestPodmanNamedVolume(t *testing.T) {
 	e := newPodmanEnv(t)
 	img := e.loopVolume("vol1")
-	if out, err := e.podman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "-o", "size=1G", "bad"); err == nil || !strings.Contains(out, `unknown option "size"`) {
+	if out, err := e.podman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "-o", "colour=blue", "bad"); err == nil || !strings.Contains(out, `unknown option "colour"`) {
 		t.Errorf("podman volume create with an unknown option: %v %s", err, out)
 	}
 	e.mustPodman("volume", "create", "--driver", e.driver, "-o", "plugin=loop.test", "-o", "volume_id=vol1", "data")
