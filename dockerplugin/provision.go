@@ -2,6 +2,8 @@ package dockerplugin
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -32,7 +34,11 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 	case !errors.Is(err, namedvol.ErrNotFound):
 		return err
 	default:
-		d.Provision.State, d.Provision.CSIName = namedvol.ProvisionCreating, namedvol.CSIName(d.Name, s.cfg.NodeID)
+		nonce := make([]byte, 8)
+		if _, err := rand.Read(nonce); err != nil {
+			return fmt.Errorf("volume %s: %w", d.Name, err)
+		}
+		d.Provision.State, d.Provision.CSIName = namedvol.ProvisionCreating, namedvol.CSIName(d.Name, s.cfg.NodeID, hex.EncodeToString(nonce))
 		if err := s.cfg.Store.Create(ctx, d); err != nil {
 			return err
 		}

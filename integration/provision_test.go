@@ -12,7 +12,6 @@ import (
 
 	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
-	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 )
 
@@ -24,9 +23,16 @@ func volumeCLI(socket string, args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// createdImage is the image csi-loop-plugin makes for the named volume
-// name the agent of node node-1 creates (csi-agent-NAME-HASH).
-func createdImage(name string) string { return namedvol.CSIName(name, "node-1") + ".img" }
+// createdImage is the image of the volume the agent created for named
+// volume name (csi-agent-NAME-HASH, in its definition).
+func createdImage(t *testing.T, c agentv1.AgentClient, name string) string {
+	t.Helper()
+	v, err := c.GetNamedVolume(context.Background(), &agentv1.GetNamedVolumeRequest{Name: name})
+	if err != nil || v.GetOptions()["volume_id"] == "" {
+		t.Fatalf("named volume %s: %v, %v", name, v, err)
+	}
+	return v.GetOptions()["volume_id"] + ".img"
+}
 
 // poolImages lists the images in a csi-loop-plugin pool.
 func poolImages(t *testing.T, pool string) []string {
@@ -98,7 +104,7 @@ func TestProvisionCrashAtEveryPoint(t *testing.T) {
 		if out, err := create(); err != nil {
 			t.Fatalf("point %d (%s): the repeated create: %v\n%s", n+1, points[n], err, out)
 		}
-		if imgs := poolImages(t, pool); !slices.Equal(imgs, []string{createdImage("web")}) {
+		if imgs := poolImages(t, pool); !slices.Equal(imgs, []string{createdImage(t, ca.client, "web")}) {
 			t.Fatalf("point %d (%s): pool holds %v, want the one volume", n+1, points[n], imgs)
 		}
 		if out, err := volumeCLI(socket, "rm", "web", "--delete"); err != nil {
@@ -129,7 +135,7 @@ func TestProvisionAttachWithRunc(t *testing.T) {
 	if out, err := volumeCLI(h.cfg.APISocket, "create", "web", "--plugin", "loop", "--size", "64MiB", "--fs-type", "ext4", "--allow-annotations"); err != nil {
 		t.Fatalf("volume create: %v\n%s", err, out)
 	}
-	img := filepath.Join(pool, createdImage("web"))
+	img := filepath.Join(pool, createdImage(t, h.api(), "web"))
 	if _, err := os.Stat(img); err != nil {
 		t.Fatalf("the created volume's image: %v (pool: %v)", err, poolImages(t, pool))
 	}
@@ -138,7 +144,7 @@ func TestProvisionAttachWithRunc(t *testing.T) {
 	var attached *agentv1.VolumeStatus
 	runDetached(t, runc, writer, "writer", "the volume attached and published", func() bool {
 		for _, v := range h.volumes() {
-			if v.GetVolumeId()+".img" == createdImage("web") && v.GetState() == agentv1.VolumeStatus_PUBLISHED && v.GetAttached() {
+			if filepath.Join(pool, v.GetVolumeId()+".img") == img && v.GetState() == agentv1.VolumeStatus_PUBLISHED && v.GetAttached() {
 				attached = v
 				return true
 			}

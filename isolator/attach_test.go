@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -129,5 +130,52 @@ func TestUnitTopology(t *testing.T) {
 	w.prepare(iso, in("vol-any"))
 	w.cleanup(iso, "c-vol-a")
 	w.cleanup(iso, "c-vol-any")
+	w.checkEmpty(iso)
+}
+
+// TestUnitRebootForgetsPublishContext (review finding): after a reboot a
+// volume left without users (its container's record lost) keeps its
+// attach for its teardown, but not its publish_context, which may name a
+// device the reboot took: a new user, arriving before the teardown (its
+// plugin was down at recovery), is attached again before the stage. Before,
+// the stage was sent the dead device.
+func TestUnitRebootForgetsPublishContext(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	w.prepare(iso, w.request("c1", vol{"attach", "vol-1", "/data", false}))
+	w.loseRecordAndReboot(iso, "c1")
+	w.plugins.setDown("attach", true)
+	iso = w.run(Config{RPCTimeout: 50 * time.Millisecond})
+	w.plugins.setDown("attach", false)
+	w.calls("attach")
+	w.prepare(iso, w.request("c2", vol{"attach", "vol-1", "/data", false}))
+	if got := w.calls("attach"); len(got) == 0 || got[0] != "ControllerPublishVolume vol-1" {
+		t.Errorf("calls for the new user: %v; want the attach first", got)
+	}
+	w.check(iso)
+	w.cleanup(iso, "c2")
+	w.checkEmpty(iso)
+}
+
+// TestUnitAttachedKeptWithoutController (review finding): a volume
+// attached by a controller the agent no longer has (its config lost
+// CONTROLLER_SERVICE) is not forgotten by its last user's cleanup, which
+// would leave it attached with no record to detach it: the cleanup fails
+// naming the cause, and once the controller is back the volume is
+// detached.
+func TestUnitAttachedKeptWithoutController(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	w.prepare(iso, w.request("c1", vol{"attach", "vol-1", "/data", false}))
+	w.node("attach").attach = false
+	err := iso.Cleanup(context.Background(), "c1", false)
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "CONTROLLER_SERVICE") {
+		t.Fatalf("cleanup without the controller: %v; want ErrPrecondition saying why", err)
+	}
+	if v := volumeOf(iso, "attach", "vol-1"); v == nil || !v.Attached {
+		t.Fatalf("the attached volume was forgotten: %v", v)
+	}
+	w.node("attach").attach = true
+	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }

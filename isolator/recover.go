@@ -251,12 +251,15 @@ func (iso *Isolator) recoverVolume(v *volume, namedBy []string) {
 			// publish_context may name what is gone; the attach is
 			// idempotent where it does survive.
 			// An attach or detach under way stays as it is: the
-			// whole way from it includes the attach or detach.
-			cp.BootId = iso.bootID
+			// whole way from it includes the attach or detach. An
+			// attached volume keeps its attach (for its detach) but
+			// not its publish_context, which may name what the reboot
+			// took: its way up attaches again (see path).
+			cp.BootId, cp.PublishContext = iso.bootID, nil
 			switch {
 			case cp.State == stCreated || cp.State == stCtrlPublish || cp.State == stCtrlUnpub:
 			case len(cp.Users) > 0 && cp.ControllerPublished:
-				cp.State, cp.ControllerPublished, cp.PublishContext = stCtrlPublish, false, nil
+				cp.State, cp.ControllerPublished = stCtrlPublish, false
 			case len(cp.Users) > 0:
 				cp.State = stNodeStage
 			default:

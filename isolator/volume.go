@@ -324,9 +324,14 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	}
 	before := v.cp.State
 	steps := iso.path(v.cp, want, node)
+	if want == stCreated && node.Controller == nil && v.cp.ControllerPublished && len(v.cp.PublishContext) > 0 {
+		// Attached by a controller the agent no longer has: kept as it
+		// is, so that it is detached once the controller is back.
+		return before, fmt.Errorf("%w: volume %s was attached by plugin %s's controller, which is no longer configured or no longer offers PUBLISH_UNPUBLISH_VOLUME: kept until it is back (declare CONTROLLER_SERVICE in the plugin's config)", ErrPrecondition, v.key, v.key.plugin)
+	}
 	if len(steps) == 0 {
-		// Taken as attached (see readState), or recorded so by a
-		// plugin that no longer attaches: nothing to call.
+		// Taken as attached (see readState) by a plugin that does not
+		// attach: nothing to call.
 		return before, iso.teardownDirs(v)
 	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {

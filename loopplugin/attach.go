@@ -189,7 +189,7 @@ func (p *Plugin) stageDevice(vol Volume, pc map[string]string) (*loopdev.Device,
 	}
 	path, number := pc[ContextDevice], pc[ContextDeviceNumber]
 	if path == "" || number == "" {
-		return nil, preconditionf("volume %s is not attached: publish_context has no %s and %s (ControllerPublishVolume must be called before NodeStageVolume)", vol.ID, ContextDevice, ContextDeviceNumber)
+		return nil, preconditionf("volume %s is not attached: publish_context has no %s and %s (ControllerPublishVolume must be called before NodeStageVolume: declare CONTROLLER_SERVICE in the plugin's config, so that the CO attaches it, or run csi-loop-plugin --node-only for a CO that never attaches)", vol.ID, ContextDevice, ContextDeviceNumber)
 	}
 	rdev, err := parseDeviceNumber(number)
 	if err != nil {

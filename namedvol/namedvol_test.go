@@ -24,6 +24,7 @@ func TestParseOptionsErrorsNameTheKey(t *testing.T) {
 		{"v", map[string]string{"plugin": "p", "param.x": "y"}, "option size is required to create a volume"},
 		{"v", map[string]string{"plugin": "p", "size": "1G", "from_snapshot": "s", "from_volume": "v"}, "options from_snapshot and from_volume exclude each other"},
 		{"v", map[string]string{"plugin": "p", "size": "1G", "delete_on_remove": "yes"}, `option delete_on_remove="yes": expected true or false`},
+		{"v", map[string]string{"plugin": "p", "size": "1G", "context.k": "v"}, "options context.KEY are for an existing volume"},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "controller_publish_secret": "x"}, "option controller_publish_secret: expected a secret reference NAME/KEY"},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "access_mode": "RW"}, `option access_mode="RW" is not a CSI access mode`},
 		{"v", map[string]string{"plugin": "p", "volume_id": "a", "block": "yes"}, "option block="},
@@ -123,15 +124,15 @@ func TestEngineUser(t *testing.T) {
 	}
 }
 
-// TestCSIName: the name CreateVolume gets is the same for the same name
-// and node, another for another node, within CSI's 128 bytes, and long
-// names that share a prefix differ.
+// TestCSIName: the name CreateVolume gets is the same for the same name,
+// node and nonce, another for another node or nonce, within CSI's 128
+// bytes, and long names that share a prefix differ.
 func TestCSIName(t *testing.T) {
-	web := CSIName("web", "node-1")
-	if !strings.HasPrefix(web, "csi-agent-web-") || web != CSIName("web", "node-1") || web == CSIName("web", "node-2") {
-		t.Errorf("CSIName(web) = %q, on node-2 %q", web, CSIName("web", "node-2"))
+	web := CSIName("web", "node-1", "x")
+	if !strings.HasPrefix(web, "csi-agent-web-") || web != CSIName("web", "node-1", "x") || web == CSIName("web", "node-2", "x") || web == CSIName("web", "node-1", "y") {
+		t.Errorf("CSIName(web) = %q, on node-2 %q, another nonce %q", web, CSIName("web", "node-2", "x"), CSIName("web", "node-1", "y"))
 	}
-	a, b := CSIName(strings.Repeat("a", 128), "n"), CSIName(strings.Repeat("a", 127)+"b", "n")
+	a, b := CSIName(strings.Repeat("a", 128), "n", "x"), CSIName(strings.Repeat("a", 127)+"b", "n", "x")
 	if len(a) > 128 || len(b) > 128 || a == b {
 		t.Errorf("long names: %q (%d), %q (%d)", a, len(a), b, len(b))
 	}

@@ -122,6 +122,8 @@ func (d *Definition) validateProvision() error {
 		return fmt.Errorf("%w: options %s and %s exclude each other (one content source)", ErrInvalid, KeyFromSnapshot, KeyFromVolume)
 	case p.State == "" && d.VolumeID != "":
 		return fmt.Errorf("%w: options %s (an existing volume) and %s (create one) exclude each other", ErrInvalid, KeyVolumeID, KeySize)
+	case p.State == "" && len(d.VolumeContext) > 0:
+		return fmt.Errorf("%w: options %s are for an existing volume: a created volume's context is the plugin's answer (use %s for CreateVolume)", ErrInvalid, ContextPrefix+"KEY", ParamPrefix+"KEY")
 	case p.State == ProvisionCreated && d.VolumeID == "":
 		return fmt.Errorf("%w: %s: created, but no volume id recorded", ErrInvalid, d.Name)
 	}
@@ -210,15 +212,17 @@ func (d *Definition) Created(id string, volumeContext map[string]string, topolog
 const maxCSIName = 128
 
 // CSIName is the name CreateVolume is given for the named volume name of
-// node nodeID: the same for the same name on the same node, so that a
-// creation repeated after a crash finds the volume it made, and another
-// for another node, so that two hosts' definitions of one name on shared
-// storage never get one volume without knowing: "csi-agent-NAME-HASH",
-// HASH the first 8 bytes of SHA-256(node id, NUL, name) in hex, NAME cut
-// to keep within CSI's 128 bytes.
-func CSIName(name, nodeID string) string {
+// node nodeID, made once with the creation's intent (nonce: random, drawn
+// then) and recorded with it: the creation repeated after a crash finds
+// the volume it made; another node's volume of the same name on shared
+// storage, or a later creation under a name whose volume was kept (volume
+// rm without --delete), is another volume, never one with someone else's
+// data. "csi-agent-NAME-HASH", HASH the first 8 bytes of SHA-256(node id,
+// name, nonce, NUL-separated) in hex, NAME cut to keep within CSI's 128
+// bytes.
+func CSIName(name, nodeID, nonce string) string {
 	const prefix = "csi-agent-"
-	sum := sha256.Sum256([]byte(nodeID + "\x00" + name))
+	sum := sha256.Sum256([]byte(nodeID + "\x00" + name + "\x00" + nonce))
 	h := hex.EncodeToString(sum[:8])
 	if room := maxCSIName - len(prefix) - len(h) - 1; len(name) > room {
 		name = name[:room]
