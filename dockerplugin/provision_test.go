@@ -17,7 +17,7 @@ import (
 // context, topology); the same request again is no change and makes
 // nothing; another one under the name is ErrExists. A creation cut after
 // the plugin made the volume (its answer lost) leaves the intent: the
-// volume cannot be mounted (ErrCreating, state CREATING), and the create
+// volume cannot be mounted or removed (ErrCreating, state CREATING), and the create
 // repeated finds the volume the plugin made, never a second. Removal keeps
 // the backend volume unless asked (--delete) or the definition says so
 // for engines (delete_on_remove).
@@ -54,6 +54,9 @@ func TestProvision(t *testing.T) {
 	}
 	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "cut", ID: "m1"}); !errors.Is(err, namedvol.ErrCreating) {
 		t.Errorf("mounting the cut creation: %v, want ErrCreating", err)
+	}
+	if err := s.Undefine(ctx, "cut", false, nil); !errors.Is(err, namedvol.ErrCreating) {
+		t.Errorf("removing the cut creation (its volume made, its name only in the intent): %v, want ErrCreating", err)
 	}
 	b.createFails = nil
 	if err := s.Define(ctx, "cut", map[string]string{"plugin": "p", "size": "64MiB", "delete_on_remove": "true"}, nil); err != nil {

@@ -339,11 +339,12 @@ func (s *Server) undefine(ctx context.Context, name string, deletion deletion, s
 			return fmt.Errorf("volume %s is in use by %d container(s): %s; clean them up first: %w", name, len(cs), shown, namedvol.ErrInUse)
 		}
 	}
-	remove := deletion == deleteVolume || (deletion == deleteOnRemove && d.Provision != nil && d.Provision.DeleteOnRemove)
-	if remove && d.VolumeID == "" {
-		// Its creation never finished: the plugin's id is not known.
-		return fmt.Errorf("volume %s: %w; create it again with the same options to finish it, then remove it", name, namedvol.ErrCreating)
+	if d.Creating() {
+		// The plugin may have made the volume, under the name only
+		// this intent records: removing it would lose the volume.
+		return fmt.Errorf("volume %s: %w: the plugin may have made its volume already; create it again with the same options to finish it, then remove it", name, namedvol.ErrCreating)
 	}
+	remove := deletion == deleteVolume || (deletion == deleteOnRemove && d.Provision != nil && d.Provision.DeleteOnRemove)
 	if remove {
 		if err := s.cfg.Backend.DeleteVolume(ctx, d.Plugin, d.VolumeID, secrets); err != nil {
 			return fmt.Errorf("volume %s: deleting its backend volume %s: %w", name, d.VolumeID, err)
