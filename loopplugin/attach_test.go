@@ -161,3 +161,35 @@ func TestNodeOnlyMode(t *testing.T) {
 	_, err = e.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: "v", NodeId: "node-1", VolumeCapability: mountCap("", snw)})
 	wantCode(t, err, codes.Unimplemented)
 }
+
+// TestAttachedIdleVolumeSnapshots: a volume attached by the controller
+// but not staged (nothing mounted from its device) has nothing to
+// quiesce: a group snapshot of it is taken, not refused as if it were
+// staged for block access.
+func TestAttachedIdleVolumeSnapshots(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelInfo, attachMode)
+	ctx := context.Background()
+	a, b := e.createVolume(t, "ga", 16<<20), e.createVolume(t, "gb", 16<<20)
+	for _, id := range []string{a, b} {
+		if _, err := e.ctrl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-1", VolumeCapability: mountCap("", snw)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := e.group.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{a, b}})
+	if err != nil {
+		t.Fatalf("group snapshot of attached, unstaged volumes: %v", err)
+	}
+	var ids []string
+	for _, s := range r.GetGroupSnapshot().GetSnapshots() {
+		ids = append(ids, s.GetSnapshotId())
+	}
+	if _, err := e.group.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: r.GetGroupSnapshot().GetGroupSnapshotId(), SnapshotIds: ids}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{a, b} {
+		if _, err := e.ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -81,9 +81,11 @@ func checkParams(params map[string]string, known ...string) error {
 
 // quiescePoint returns a mount point of the filesystem on the image at
 // path, if the image is attached to a loop device whose filesystem is
-// mounted (a staged volume with mount access). An image attached with no
-// filesystem mounted (block access) has no quiesce point: blocked = true.
-// A detached image needs no quiescing: "", false.
+// mounted (a staged volume with mount access). An image whose device node
+// is bound somewhere (block access) has no quiesce point: blocked = true.
+// A detached image, or one attached with nothing mounted from it (the
+// controller's attachment before a stage or after an unstage), needs no
+// quiescing: "", false.
 func quiescePoint(path string) (point string, blocked bool, err error) {
 	ds, err := loopdev.FindAll(path)
 	if err != nil {
@@ -100,7 +102,8 @@ func quiescePoint(path string) (point string, blocked bool, err error) {
 		return "", false, err
 	}
 	if len(ms) == 0 {
-		return "", true, nil
+		at, err := devices(ds).allMounts()
+		return "", len(at) > 0, err
 	}
 	return ms[0].Mountpoint, false, nil
 }
