@@ -35,14 +35,21 @@ func (p plugins) Node(ctx context.Context, typ string) (isolator.Node, error) {
 	}
 	stage := slices.Contains(st.NodeCapabilities, csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME.String())
 	n := isolator.Node{Client: p.a.set.Node(typ), StageUnstage: stage, MaxVolumes: st.MaxVolumesPerNode, NodeID: st.NodeID, Topology: st.AccessibleTopology}
-	if r := p.a.set.Get(typ); r == nil || !r.Config().Info.Serves(pluginconfig.ControllerService) {
+	r := p.a.set.Get(typ)
+	if r == nil || !r.Config().Info.Serves(pluginconfig.ControllerService) {
 		return n, nil
 	}
-	// Whether volumes are attached is the controller's to say: its
-	// instance must be ready too (the same one, for most plugins).
-	cst, _, err := p.a.ready(ctx, typ, pluginconfig.ControllerService)
-	if err != nil {
-		return isolator.Node{}, fmt.Errorf("the controller, which may attach its volumes: %w", err)
+	// Whether volumes are attached is the controller's to say: what its
+	// discovery found, once it has run (a controller down since then
+	// holds up only the attach and detach calls, on their deadline, not
+	// the node calls of a plugin that does not attach); before, its
+	// readiness is waited for (the same instance, for most plugins).
+	cst, _, _ := r.Instance(pluginconfig.ControllerService)
+	if cst == nil || cst.PluginName == "" {
+		var err error
+		if cst, _, err = p.a.ready(ctx, typ, pluginconfig.ControllerService); err != nil {
+			return isolator.Node{}, fmt.Errorf("the controller, which may attach its volumes: %w", err)
+		}
 	}
 	if slices.Contains(cst.ControllerCapabilities, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME.String()) {
 		n.Controller = p.a.set.Controller(typ)
