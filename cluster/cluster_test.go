@@ -219,8 +219,7 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := a.Claim(ctx, "loop", "released", rwo); err != nil {
 		t.Fatal(err)
 	}
-	ec.members[1].stop()
-	ec.members[2].stop()
+	stopAll(ec.members[1:]...)
 
 	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
 		t.Fatalf("a held claim without quorum: %v", err)

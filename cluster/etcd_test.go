@@ -91,9 +91,7 @@ func startEtcd(t *testing.T) *etcdCluster {
 		}
 	}
 	t.Cleanup(func() {
-		for _, m := range ec.members {
-			m.stop()
-		}
+		stopAll(ec.members...)
 	})
 	return ec
 }
@@ -159,8 +157,21 @@ func (m *etcdMember) stop() {
 	m.e = nil
 	m.mu.Unlock()
 	if e != nil {
+		// As a kill would: raft stops at once, with no leadership
+		// transfer, so the client streams end and Close need not wait
+		// for them.
+		e.Server.HardStop()
 		e.Close()
 	}
+}
+
+// stopAll stops members at once.
+func stopAll(ms ...*etcdMember) {
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(m.stop)
+	}
+	wg.Wait()
 }
 
 // leader is the member that leads now, waiting for one until timeout.
