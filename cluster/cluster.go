@@ -104,7 +104,8 @@ type Config struct {
 	// InUse reports whether a volume is on this node (staged, published
 	// or being prepared). The reconciler releases a claim etcd holds for
 	// this node, which the node has no record of, only once InUse says
-	// false. Required.
+	// false. Required; called under the claim's lock, so it must not call
+	// back into the Cluster.
 	InUse func(plugin, volumeID string) bool
 	// LeaseTTL is the node's lease: it is listed as down this long after
 	// it stops. DefaultLeaseTTL when 0; whole seconds, rounded up.

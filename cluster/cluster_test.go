@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.uber.org/zap"
 )
 
 func capOf(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
@@ -473,5 +476,35 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	}
 	if a.Stats().LocksHeld != 0 || b.Stats().LocksHeld != 0 {
 		t.Errorf("locks held after unlocking: %d, %d", a.Stats().LocksHeld, b.Stats().LocksHeld)
+	}
+}
+
+// Members that serve clients over TLS and want a client certificate: a
+// node with the CA, its certificate and key joins; one without its
+// certificate never registers and cannot claim.
+func TestTLS(t *testing.T) {
+	certs, err := transport.SelfCert(zap.NewNop(), t.TempDir(), []string{"127.0.0.1:0"}, 1, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs.TrustedCAFile = certs.CertFile
+	certs.ClientCertAuth = true
+	ec := startEtcdTLS(t, &certs)
+	tlsFiles := TLSFiles{CACert: certs.CertFile, Cert: certs.CertFile, Key: certs.KeyFile}
+	ctx := testCtx(t, 20*time.Second)
+
+	a := newNodeTLS(t, ec.endpoints, "node-a", tlsFiles, true)
+	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	b := newNodeTLS(t, ec.endpoints, "node-b", TLSFiles{CACert: certs.CertFile}, false)
+	if err := b.Claim(ctx, "loop", "v2", rwo); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a claim without a client certificate: %v, want ErrUnavailable", err)
+	}
+	if b.Stats().Connected {
+		t.Fatal("a node without a client certificate registered")
+	}
+	if _, err := Join(ctx, Config{Endpoints: ec.endpoints, NodeID: "node-c", StateDir: t.TempDir(), InUse: a.cfg.InUse, TLS: TLSFiles{Cert: certs.CertFile}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a certificate without its key: %v, want ErrInvalid", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -26,6 +28,7 @@ type etcdMember struct {
 	peerURL, cliURL url.URL
 	initialCluster  string
 	token           string
+	tls             *transport.TLSInfo // clients over TLS when set
 	mu              sync.Mutex
 	e               *embed.Etcd
 }
@@ -61,8 +64,16 @@ func freePorts(t *testing.T, n int) []int {
 
 // startEtcd starts a 3-member cluster and waits until each member is
 // ready; t.Cleanup stops it.
-func startEtcd(t *testing.T) *etcdCluster {
+func startEtcd(t *testing.T) *etcdCluster { return startEtcdTLS(t, nil) }
+
+// startEtcdTLS is startEtcd whose members serve clients over TLS (when
+// tlsInfo is set) and ask for their certificates.
+func startEtcdTLS(t *testing.T, tlsInfo *transport.TLSInfo) *etcdCluster {
 	t.Helper()
+	scheme := "http"
+	if tlsInfo != nil {
+		scheme = "https"
+	}
 	ports := freePorts(t, 6)
 	ec := &etcdCluster{t: t}
 	var initial []string
@@ -71,8 +82,9 @@ func startEtcd(t *testing.T) *etcdCluster {
 			name:    fmt.Sprintf("m%d", i),
 			dir:     filepath.Join(t.TempDir(), fmt.Sprintf("m%d", i)),
 			peerURL: url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i])},
-			cliURL:  url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
+			cliURL:  url.URL{Scheme: scheme, Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])},
 			token:   fmt.Sprintf("%s-%d", t.Name(), ports[0]),
+			tls:     tlsInfo,
 		}
 		initial = append(initial, m.name+"="+m.peerURL.String())
 		ec.members = append(ec.members, m)
@@ -106,6 +118,9 @@ func (m *etcdMember) config() *embed.Config {
 	cfg.AdvertiseClientUrls = []url.URL{m.cliURL}
 	cfg.InitialCluster = m.initialCluster
 	cfg.InitialClusterToken = m.token
+	if m.tls != nil {
+		cfg.ClientTLSInfo = *m.tls
+	}
 	// Short ticks keep elections and the minimum lease TTL (1.5
 	// election timeouts: 2 s here) short; generous enough for -race on
 	// a shared machine.
@@ -231,9 +246,20 @@ func (n *testNode) setInUse(plugin, volume string, used bool) {
 // waits until it is registered when wait is set; t.Cleanup closes it.
 func newNode(t *testing.T, endpoints []string, id, dir string, wait bool) *testNode {
 	t.Helper()
+	return joinNode(t, endpoints, id, dir, TLSFiles{}, wait)
+}
+
+// newNodeTLS is newNode with TLS files and a state dir of its own.
+func newNodeTLS(t *testing.T, endpoints []string, id string, tlsFiles TLSFiles, wait bool) *testNode {
+	t.Helper()
+	return joinNode(t, endpoints, id, t.TempDir(), tlsFiles, wait)
+}
+
+func joinNode(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFiles, wait bool) *testNode {
+	t.Helper()
 	n := &testNode{inUse: map[string]bool{}}
 	n.cfg = Config{
-		Endpoints: endpoints, Prefix: "/test", NodeID: id, StateDir: dir,
+		Endpoints: endpoints, TLS: tlsFiles, Prefix: "/test", NodeID: id, StateDir: dir,
 		Info: NodeInfo{AgentVersion: "test", FenceAddresses: []string{"192.0.2.1/32"},
 			Plugins: []PluginInfo{{Type: "loop", Topology: map[string]string{"zone": "a"}, MaxVolumes: 8}}},
 		InUse: func(plugin, volume string) bool {
@@ -242,6 +268,7 @@ func newNode(t *testing.T, endpoints []string, id, dir string, wait bool) *testN
 			return n.inUse[plugin+"/"+volume]
 		},
 		LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -6,20 +6,10 @@ import (
 	"strings"
 )
 
-// The key layout under Config.Prefix (P below). Each name taken from a
-// caller (node id, plugin, volume id, lock kind and id) is one path
-// segment, escaped with url.PathEscape, so that a volume id holding "/"
-// cannot reach another key:
-//
-//	P/nodes/<node>/info              NodeRecord (JSON), no lease: the
-//	                                 node stays listed when it dies
-//	P/nodes/<node>/alive             aliveRecord (JSON), bound to the
-//	                                 node's lease: present while it lives
-//	P/claims/<plugin>/<volume>       claimRecord (JSON), no lease: a dead
-//	                                 node keeps its claims
-//	P/locks/<kind>/<id>/<lease hex>  concurrency.Mutex keys, bound to the
-//	                                 lease of the holder's session (the
-//	                                 node's lease: its alive key names it)
+// keys builds and parses the keys under the prefix (the layout is in
+// the package doc). Each name taken from a caller is one path segment,
+// escaped with url.PathEscape, so that a volume id holding "/" cannot
+// reach another key.
 type keys struct{ prefix string }
 
 func seg(s string) string { return url.PathEscape(s) }
