@@ -118,7 +118,7 @@ func (c *Cluster) openState(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		c.commit, c.ownCommit = cm, true
+		c.commit = cm
 	} else {
 		if err := c.commit.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("creating the cluster state directory: %w", err)

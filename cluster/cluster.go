@@ -127,12 +127,13 @@ type Cluster struct {
 	client *clientv3.Client
 	log    *slog.Logger
 
-	commit    *atomicfile.Committer
-	ownCommit bool
-	path      string // the claims file
+	commit *atomicfile.Committer
+	path   string // the claims file
 
 	// volumes serialises Claim, Release and the reconciler per claim key.
 	volumes keyedlock.Map
+	// objects serialises this node's Lock callers per lock key.
+	objects keyedlock.Map
 
 	mu      sync.Mutex
 	local   map[string]*LocalClaim // by claim key
@@ -341,9 +342,13 @@ func (c *Cluster) run(ctx context.Context) {
 			c.log.Warn("cluster: the node's lease was lost (etcd unreachable for its TTL, or revoked); registering again; locks held are lost")
 			retry.Reset(0)
 		case <-reconcile.C:
-			c.reconcile(ctx)
+			if lost != nil { // registering reconciles first
+				c.reconcile(ctx)
+			}
 		case <-c.poke:
-			c.reconcile(ctx)
+			if lost != nil {
+				c.reconcile(ctx)
+			}
 		}
 	}
 }
@@ -371,7 +376,9 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 		return nil, c.etcdErr(ctx, "granting the node's lease", err)
 	}
 	now := time.Now().UTC()
+	c.mu.Lock()
 	info, err := json.Marshal(NodeRecord{ID: c.cfg.NodeID, Info: c.cfg.Info, Registered: now})
+	c.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node record: %w", err)
 	}
@@ -397,6 +404,34 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	c.connected.Store(true)
 	c.log.Info("cluster: node registered", "lease", fmt.Sprintf("%x", int64(lease.ID)), "ttl", c.ttlSeconds())
 	return s, nil
+}
+
+// SetInfo replaces what the node registers (a plugin came or went, its
+// capacity was polled): written now when the node is registered, else at
+// its next registration (then SetInfo's error says so; the new info is
+// kept).
+func (c *Cluster) SetInfo(ctx context.Context, info NodeInfo) error {
+	c.mu.Lock()
+	c.cfg.Info = info
+	var rec []byte
+	var err error
+	registered := c.session != nil
+	if registered {
+		rec, err = json.Marshal(NodeRecord{ID: c.cfg.NodeID, Info: info, Registered: time.Now().UTC()})
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("encoding the node record: %w", err)
+	}
+	if !registered {
+		return fmt.Errorf("%w: node %s is not registered; its info is written when it registers", ErrUnavailable, c.cfg.NodeID)
+	}
+	pctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	if _, err := c.client.Put(pctx, c.keys.nodeInfo(c.cfg.NodeID), string(rec)); err != nil {
+		return c.etcdErr(ctx, "writing the node's record", err)
+	}
+	return nil
 }
 
 // NodeStatus is a node of the fleet.

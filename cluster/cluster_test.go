@@ -159,6 +159,12 @@ func TestSharedReadersAndModes(t *testing.T) {
 	if st := a.Stats(); !st.Connected || st.ClaimsHeld != 1 || st.Conflicts != 1 {
 		t.Fatalf("stats of node-a: %+v", st)
 	}
+	if err := a.SetInfo(ctx, NodeInfo{AgentVersion: "test-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, err = a.Nodes(ctx); err != nil || nodes[0].Info.AgentVersion != "test-2" || !nodes[0].Alive {
+		t.Fatalf("nodes after SetInfo: %+v, %v", nodes, err)
+	}
 }
 
 func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
@@ -471,6 +477,18 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	if overlaps.Load() != 0 || runs.Load() != 20 {
 		t.Fatalf("%d of %d critical sections overlapped", overlaps.Load(), runs.Load())
 	}
+	// Two callers on one node share its session: they are serialised too.
+	unlock, err = a.Lock(ctx, "volume", "z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = a.Lock(short, "volume", "z")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second Lock on the same node: %v, want DeadlineExceeded", err)
+	}
+	unlock()
 	if a.Stats().LockWaits+b.Stats().LockWaits == 0 {
 		t.Errorf("no Lock waited")
 	}

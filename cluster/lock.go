@@ -44,15 +44,26 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string) (unlock func(), err
 		return nil, fmt.Errorf("%w: locking %s %s: this node is not registered in etcd (etcd unreachable or no quorum)", ErrUnavailable, kind, id)
 	}
 	prefix := c.keys.lock(kind, id)
+	// Callers on this node first take a local lock: the node's callers
+	// share its session, so its etcd mutex alone would let them all in.
+	waited := false
+	unlockLocal, err := c.objects.LockWaiting(ctx, prefix, func() { waited = true })
+	if err != nil {
+		return nil, fmt.Errorf("locking %s %s (held by another call on this node): %w", kind, id, err)
+	}
 	m := concurrency.NewMutex(s, prefix)
 	tctx, cancel := c.callCtx(ctx)
 	err = m.TryLock(tctx)
 	cancel()
 	if errors.Is(err, concurrency.ErrLocked) {
-		c.lockWaits.Add(1)
+		waited = true
 		err = m.Lock(ctx)
 	}
+	if waited {
+		c.lockWaits.Add(1)
+	}
 	if err != nil {
+		unlockLocal()
 		what := fmt.Sprintf("locking %s %s", kind, id)
 		if ctx.Err() != nil {
 			hctx, cancel := c.callCtx(context.WithoutCancel(ctx))
@@ -72,6 +83,7 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string) (unlock func(), err
 			c.mu.Lock()
 			delete(c.held, m.Key())
 			c.mu.Unlock()
+			defer unlockLocal()
 			uctx, cancel := c.callCtx(context.Background())
 			defer cancel()
 			if err := m.Unlock(uctx); err != nil {
