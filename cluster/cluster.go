@@ -17,6 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/keyedlock"
@@ -181,7 +183,13 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		TLS:                  tlsCfg,
 		DialKeepAliveTime:    cfg.CallTimeout,
 		DialKeepAliveTimeout: cfg.CallTimeout,
-		Logger:               zap.NewNop(),
+		// grpc's reconnect backoff grows to 2 minutes by default: a member
+		// back after an outage would wait that long for this node.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: cfg.CallTimeout},
+			MinConnectTimeout: cfg.CallTimeout,
+		})},
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: etcd client for %s: %w", ErrInvalid, strings.Join(cfg.Endpoints, ","), err)
