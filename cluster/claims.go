@@ -424,8 +424,13 @@ func grant(rec *claimRecord, plugin, volumeID, node string, want Mode) (next *cl
 		ErrConflict, volumeID, plugin, rec.Mode, strings.Join(others, ", "), rec.Holders[others[0]].Format(time.RFC3339), want)
 }
 
-// undo removes this node from a claim it just took but could not record.
+// undo drops a claim this node just took but could not record durably:
+// from the claims file (the record may be written, not durable) and from
+// etcd; what etcd keeps, the reconciler releases as an orphan.
 func (c *Cluster) undo(ctx context.Context, key, plugin, volumeID string) {
+	if err := c.setLocal(ctx, key, nil, false); err != nil {
+		c.log.Error("cluster: dropping a claim this node could not record", "plugin", plugin, "volume", volumeID, "error", err)
+	}
 	if err := c.removeHolder(ctx, key); err != nil {
 		c.log.Error("cluster: undoing a claim this node could not record; the reconciler releases it", "plugin", plugin, "volume", volumeID, "error", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.uber.org/zap"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
 )
 
 func capOf(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
@@ -524,5 +527,51 @@ func TestTLS(t *testing.T) {
 	}
 	if _, err := Join(ctx, Config{Endpoints: ec.endpoints, NodeID: "node-c", StateDir: t.TempDir(), InUse: a.cfg.InUse, TLS: TLSFiles{Cert: certs.CertFile}}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a certificate without its key: %v, want ErrInvalid", err)
+	}
+}
+
+// A claim is durable in the claims file before Claim returns: when the
+// file cannot be made durable, the claim fails and is undone in etcd.
+func TestClaimNotDurableIsUndone(t *testing.T) {
+	ec := startEtcd(t)
+	root := t.TempDir()
+	commit, err := atomicfile.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	commit.Fsync = func(string) error {
+		if failing.Load() {
+			return errors.New("injected fsync failure")
+		}
+		return nil
+	}
+	ctx := testCtx(t, 20*time.Second)
+	c, err := Join(ctx, Config{Endpoints: ec.endpoints, Prefix: "/test", NodeID: "node-a", StateDir: filepath.Join(root, "cluster"), Commit: commit,
+		InUse: func(string, string) bool { return false }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &testNode{Cluster: c}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Close(cctx); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+			t.Errorf("Close should report the failed commit: %v", err)
+		}
+	})
+	waitFor(t, 10*time.Second, "node-a registered", func() bool { return c.Stats().Connected })
+	if err := c.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(true)
+	if err := c.Claim(ctx, "loop", "v2", rwo); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+		t.Fatalf("a claim whose record cannot be made durable: %v", err)
+	}
+	if h := holders(t, n, "loop", "v2"); h != nil {
+		t.Fatalf("etcd keeps the claim that failed: %v", h)
+	}
+	if l := c.Local(); len(l) != 1 || l[0].Volume != "v1" {
+		t.Fatalf("local claims: %+v", l)
 	}
 }
