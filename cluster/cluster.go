@@ -148,10 +148,10 @@ type Cluster struct {
 	// reconciles counts reconcile rounds (tests wait on it).
 	reconciles atomic.Uint64
 
-	poke   chan struct{}
-	stop   context.CancelFunc
-	closed chan struct{}
-	wg     sync.WaitGroup
+	poke    chan struct{}
+	stop    context.CancelFunc
+	closing atomic.Bool
+	wg      sync.WaitGroup
 }
 
 // Join checks cfg, loads the node's claims file and starts registering
@@ -167,13 +167,12 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg:    cfg,
-		keys:   keys{prefix: cfg.Prefix},
-		log:    cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
-		local:  map[string]*LocalClaim{},
-		held:   map[string]lockHeld{},
-		poke:   make(chan struct{}, 1),
-		closed: make(chan struct{}),
+		cfg:   cfg,
+		keys:  keys{prefix: cfg.Prefix},
+		log:   cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
+		local: map[string]*LocalClaim{},
+		held:  map[string]lockHeld{},
+		poke:  make(chan struct{}, 1),
 	}
 	if err := c.openState(ctx); err != nil {
 		return nil, err
@@ -264,12 +263,9 @@ func (c *Cluster) Close(ctx context.Context) error {
 // shutdown stops; revoke false leaves the lease to expire, as a crash
 // would (tests).
 func (c *Cluster) shutdown(ctx context.Context, revoke bool) error {
-	select {
-	case <-c.closed:
+	if !c.closing.CompareAndSwap(false, true) {
 		return nil
-	default:
 	}
-	close(c.closed)
 	c.stop()
 	c.wg.Wait()
 	var errs []error
@@ -310,8 +306,11 @@ func (c *Cluster) etcdErr(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 	c.connected.Store(false)
-	return fmt.Errorf("%w: %s: etcd at %s did not answer within %s (no quorum or unreachable): %w",
-		ErrUnavailable, what, strings.Join(c.cfg.Endpoints, ","), c.cfg.CallTimeout, err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %s: etcd at %s did not answer within %s (no quorum, or unreachable): %w",
+			ErrUnavailable, what, strings.Join(c.cfg.Endpoints, ","), c.cfg.CallTimeout, err)
+	}
+	return fmt.Errorf("%w: %s: etcd at %s: %w", ErrUnavailable, what, strings.Join(c.cfg.Endpoints, ","), err)
 }
 
 // ttlSeconds is the lease TTL in whole seconds, rounded up.
