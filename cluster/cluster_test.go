@@ -33,6 +33,14 @@ var (
 	rwx = capOf(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
 )
 
+// skipShort skips a test that starts etcd beside the three a -short run
+// keeps (make unit); make test runs them all.
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("another 3-member etcd cluster (seconds); make test runs it")
+	}
+}
+
 func testCtx(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -171,6 +179,7 @@ func TestSharedReadersAndModes(t *testing.T) {
 }
 
 func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	dir := t.TempDir()
 	a := newNode(t, ec.endpoints, "node-a", dir, true)
@@ -221,6 +230,7 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 }
 
 func TestQuorumLossFailsClosed(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
 	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
@@ -273,6 +283,7 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 }
 
 func TestLeaderKilledDuringClaims(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
 	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
@@ -335,6 +346,7 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 }
 
 func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	dirA := t.TempDir()
 	a := newNode(t, ec.endpoints, "node-a", dirA, true)
@@ -408,6 +420,7 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 // A claim etcd holds for this node without a record here (a crash
 // between etcd's commit and the claims file's) is released once unused.
 func TestOrphanClaimReleasedWhenUnused(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
 	ctx := testCtx(t, 20*time.Second)
@@ -504,6 +517,7 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 // node with the CA, its certificate and key joins; one without its
 // certificate never registers and cannot claim.
 func TestTLS(t *testing.T) {
+	skipShort(t)
 	certs, err := transport.SelfCert(zap.NewNop(), t.TempDir(), []string{"127.0.0.1:0"}, 1, x509.ExtKeyUsageClientAuth)
 	if err != nil {
 		t.Fatal(err)
@@ -533,6 +547,7 @@ func TestTLS(t *testing.T) {
 // A claim is durable in the claims file before Claim returns: when the
 // file cannot be made durable, the claim fails and is undone in etcd.
 func TestClaimNotDurableIsUndone(t *testing.T) {
+	skipShort(t)
 	ec := startEtcd(t)
 	root := t.TempDir()
 	commit, err := atomicfile.New(root)
