@@ -106,8 +106,10 @@ type Config struct {
 	// InUse reports whether a volume is on this node (staged, published
 	// or being prepared). The reconciler releases a claim etcd holds for
 	// this node, which the node has no record of, only once InUse says
-	// false. Required; called under the claim's lock, so it must not call
-	// back into the Cluster.
+	// false. Required. It is called under the claim's lock, which Claim
+	// and Release hold while the caller may hold its own per-volume lock:
+	// it must neither call back into the Cluster nor wait for that lock
+	// (read a snapshot of the volumes instead).
 	InUse func(plugin, volumeID string) bool
 	// LeaseTTL is the node's lease: it is listed as down this long after
 	// it stops. DefaultLeaseTTL when 0; whole seconds, rounded up.
