@@ -1,0 +1,660 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+)
+
+// Mode is how a claim is held.
+type Mode string
+
+const (
+	// Exclusive: one node (single-node access modes,
+	// MULTI_NODE_SINGLE_WRITER).
+	Exclusive Mode = "exclusive"
+	// Shared: any number of nodes (MULTI_NODE_READER_ONLY).
+	Shared Mode = "shared"
+)
+
+// ModeOf is the claim an access mode needs; ok false: none
+// (MULTI_NODE_MULTI_WRITER). An unknown or missing mode is ErrInvalid.
+func ModeOf(volCap *csi.VolumeCapability) (m Mode, ok bool, err error) {
+	switch mode := volCap.GetAccessMode().GetMode(); mode {
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
+		return "", false, nil
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return Shared, true, nil
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
+		return Exclusive, true, nil
+	default:
+		return "", false, fmt.Errorf("%w: access mode %s needs a claim the cluster does not know", ErrInvalid, mode)
+	}
+}
+
+// covers reports whether holding m is enough for a request of want.
+func (m Mode) covers(want Mode) bool { return m == Exclusive || m == want }
+
+// claimRecord is a claim key's value in etcd.
+type claimRecord struct {
+	Plugin string `json:"plugin"`
+	Volume string `json:"volume"`
+	Mode   Mode   `json:"mode"`
+	// Holders maps each holding node to when it claimed.
+	Holders map[string]time.Time `json:"holders"`
+}
+
+func (r *claimRecord) holderList() []string { return slices.Sorted(maps.Keys(r.Holders)) }
+
+// State of a claim in this node's claims file.
+type State string
+
+const (
+	// StateHeld: this node holds the claim.
+	StateHeld State = "held"
+	// StateReleasing: released by the node; etcd not told yet (a
+	// pending release the reconciler finishes).
+	StateReleasing State = "releasing"
+	// StateRevoked: held here, but released in etcd (ReleaseNode while
+	// this node was away): new Claims are refused until Release.
+	StateRevoked State = "revoked"
+)
+
+// LocalClaim is a claim in this node's claims file.
+type LocalClaim struct {
+	Plugin string    `json:"plugin"`
+	Volume string    `json:"volume"`
+	Mode   Mode      `json:"mode"`
+	State  State     `json:"state"`
+	Since  time.Time `json:"since"`
+	// Note says why a claim was revoked.
+	Note string `json:"note,omitempty"`
+}
+
+// claimsFile is the claims file's name in Config.StateDir.
+const claimsFile = "cluster-claims"
+
+// stateFile is the claims file's payload (an atomicfile record).
+type stateFile struct {
+	Version int          `json:"version"`
+	Node    string       `json:"node"`
+	Claims  []LocalClaim `json:"claims"`
+}
+
+const stateVersion = 1
+
+// openState sets up the Committer and loads the claims file.
+func (c *Cluster) openState(ctx context.Context) error {
+	dir := filepath.Clean(c.cfg.StateDir)
+	c.path = filepath.Join(dir, claimsFile)
+	c.commit = c.cfg.Commit
+	if c.commit == nil {
+		if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("creating the cluster state directory: %w", err)
+		}
+		if err := syncfs(dir); err != nil {
+			return err
+		}
+		cm, err := atomicfile.New(dir)
+		if err != nil {
+			return err
+		}
+		c.commit = cm
+	} else {
+		if err := c.commit.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("creating the cluster state directory: %w", err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		err := c.commit.Sync(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("making the cluster state directory durable: %w", err)
+		}
+	}
+	b, _, err := atomicfile.ReadRecord(c.commit.Root(), c.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the claims file: %w", err)
+	}
+	var st stateFile
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("decoding the claims file %s: %w", c.path, err)
+	}
+	if st.Version != stateVersion {
+		return fmt.Errorf("the claims file %s has version %d; this agent reads version %d", c.path, st.Version, stateVersion)
+	}
+	if st.Node != c.cfg.NodeID {
+		return fmt.Errorf("%w: the claims file %s holds the claims of node %q, not %q: a node id must stay the same across restarts (release node %q's claims, or restore its id)",
+			ErrInvalid, c.path, st.Node, c.cfg.NodeID, st.Node)
+	}
+	for _, l := range st.Claims {
+		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
+	}
+	return nil
+}
+
+// syncfs commits dir's filesystem before its records are read (a crashed
+// predecessor's changes may be visible but not durable; see atomicfile).
+func syncfs(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing the cluster state directory: %w", err)
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncing the cluster state directory's filesystem (%s): %w", dir, err)
+	}
+	return nil
+}
+
+// persist writes the claims file (c.mu held) and returns the change to
+// wait for.
+func (c *Cluster) persistLocked() (uint64, error) {
+	st := stateFile{Version: stateVersion, Node: c.cfg.NodeID, Claims: make([]LocalClaim, 0, len(c.local))}
+	for _, k := range slices.Sorted(maps.Keys(c.local)) {
+		st.Claims = append(st.Claims, *c.local[k])
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		return 0, fmt.Errorf("encoding the claims file: %w", err)
+	}
+	n, err := c.commit.Put(c.path, b, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("writing the claims file: %w", err)
+	}
+	return n, nil
+}
+
+// setLocal changes (nil: removes) the local claim of key and writes the
+// claims file; durable waits until the change is durable.
+func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durable bool) error {
+	c.mu.Lock()
+	old, had := c.local[key]
+	if l == nil {
+		delete(c.local, key)
+	} else {
+		c.local[key] = l
+	}
+	n, err := c.persistLocked()
+	if err != nil {
+		if had {
+			c.local[key] = old
+		} else {
+			delete(c.local, key)
+		}
+	}
+	c.mu.Unlock()
+	if err != nil || !durable {
+		return err
+	}
+	if err := c.commit.Wait(ctx, n); err != nil {
+		return fmt.Errorf("making the claims file durable: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) getLocal(key string) (LocalClaim, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.local[key]
+	if !ok {
+		return LocalClaim{}, false
+	}
+	return *l, true
+}
+
+// maxCASAttempts bounds a claim's compare-and-put retries (other nodes
+// changing the same key meanwhile).
+const maxCASAttempts = 16
+
+// Claim takes this node's claim on a volume before the volume comes onto
+// the node (see the package doc for where). It returns nil at once when
+// the access mode needs no claim, and when this node holds the claim
+// already (etcd is asked when connected; unreachable, the claims file
+// answers). A claim held by another node: ErrConflict, naming it. A new
+// claim with etcd unreachable: ErrUnavailable. A revoked claim:
+// ErrRevoked until Release. The claim is in the claims file, durably,
+// before Claim returns nil.
+func (c *Cluster) Claim(ctx context.Context, plugin, volumeID string, volCap *csi.VolumeCapability) error {
+	want, needed, err := ModeOf(volCap)
+	if err != nil || !needed {
+		return err
+	}
+	if plugin == "" || volumeID == "" {
+		return fmt.Errorf("%w: a claim needs a plugin and a volume id (got %q, %q)", ErrInvalid, plugin, volumeID)
+	}
+	key := c.keys.claim(plugin, volumeID)
+	unlock, err := c.volumes.Lock(ctx, key)
+	if err != nil {
+		return fmt.Errorf("claiming volume %s of plugin %s: %w", volumeID, plugin, err)
+	}
+	defer unlock()
+	if l, ok := c.getLocal(key); ok {
+		switch {
+		case l.State == StateRevoked:
+			return c.revokedErr(l)
+		case l.State == StateHeld && l.Mode.covers(want):
+			return c.confirm(ctx, key, l)
+		}
+	}
+	return c.take(ctx, key, plugin, volumeID, want)
+}
+
+func (c *Cluster) revokedErr(l LocalClaim) error {
+	return fmt.Errorf("%w: this node's claim on volume %s of plugin %s was released in the cluster while the node was away (%s); it must not be used by new containers here: move its remaining containers off, and once the volume has left this node its claim can be taken again",
+		ErrRevoked, l.Volume, l.Plugin, l.Note)
+}
+
+// confirm checks a claim held locally against etcd when connected: still
+// ours, nil; gone or another node's, revoked. etcd not answering: the
+// local record stands (fail closed keeps what this node holds).
+func (c *Cluster) confirm(ctx context.Context, key string, l LocalClaim) error {
+	if !c.connected.Load() {
+		return nil
+	}
+	rec, _, err := c.read(ctx, key)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		c.log.Warn("cluster: etcd did not confirm a claim this node holds; using its claims file", "plugin", l.Plugin, "volume", l.Volume, "error", err)
+		return nil
+	}
+	if why := lostReason(rec, c.cfg.NodeID); why != "" {
+		l = c.revoke(ctx, key, l, why)
+		return c.revokedErr(l)
+	}
+	return nil
+}
+
+// lostReason says why etcd's record shows node not holding the claim,
+// "" when it does.
+func lostReason(rec *claimRecord, node string) string {
+	switch {
+	case rec == nil:
+		return "its claim key is gone"
+	case rec.Holders[node].IsZero():
+		return fmt.Sprintf("etcd shows it held %s by %s", rec.Mode, strings.Join(rec.holderList(), ", "))
+	}
+	return ""
+}
+
+// revoke marks a local claim revoked, loudly.
+func (c *Cluster) revoke(ctx context.Context, key string, l LocalClaim, why string) LocalClaim {
+	l.State, l.Note = StateRevoked, why
+	c.log.Error("cluster: a claim this node holds was released in the cluster (ReleaseNode while the node was away); new containers are refused the volume, existing ones are left alone",
+		"plugin", l.Plugin, "volume", l.Volume, "why", why)
+	if err := c.setLocal(ctx, key, &l, false); err != nil {
+		c.log.Error("cluster: recording a revoked claim", "plugin", l.Plugin, "volume", l.Volume, "error", err)
+	}
+	return l
+}
+
+// read gets a claim key: nil when absent, with its mod revision.
+func (c *Cluster) read(ctx context.Context, key string) (*claimRecord, int64, error) {
+	gctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	resp, err := c.client.Get(gctx, key)
+	if err != nil {
+		return nil, 0, c.etcdErr(ctx, "reading claim "+key, err)
+	}
+	c.connected.Store(true)
+	if len(resp.Kvs) == 0 {
+		return nil, 0, nil
+	}
+	rec, err := decodeClaim(resp.Kvs[0].Key, resp.Kvs[0].Value)
+	return rec, resp.Kvs[0].ModRevision, err
+}
+
+func decodeClaim(key, value []byte) (*claimRecord, error) {
+	var rec claimRecord
+	if err := json.Unmarshal(value, &rec); err != nil {
+		return nil, fmt.Errorf("decoding claim %s: %w", key, err)
+	}
+	return &rec, nil
+}
+
+// cas replaces key's value if its mod revision is still rev (0: if it is
+// absent); next (nil: delete). ok false: it changed; then the current
+// record and revision are returned.
+func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRecord, what string, extra ...clientv3.Cmp) (ok bool, cur *claimRecord, curRev int64, err error) {
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
+	op := clientv3.OpDelete(key)
+	if next != nil {
+		b, err := json.Marshal(next)
+		if err != nil {
+			return false, nil, 0, fmt.Errorf("encoding claim %s: %w", key, err)
+		}
+		op = clientv3.OpPut(key, string(b))
+	}
+	tctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	resp, err := c.client.Txn(tctx).If(append([]clientv3.Cmp{cmp}, extra...)...).Then(op).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return false, nil, 0, c.etcdErr(ctx, what, err)
+	}
+	c.connected.Store(true)
+	if resp.Succeeded {
+		return true, nil, 0, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return false, nil, 0, nil
+	}
+	cur, err = decodeClaim(kvs[0].Key, kvs[0].Value)
+	return false, cur, kvs[0].ModRevision, err
+}
+
+// take takes (or upgrades to) a claim in etcd, then records it locally.
+func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want Mode) error {
+	what := fmt.Sprintf("claiming volume %s of plugin %s", volumeID, plugin)
+	rec, rev, err := c.read(ctx, key)
+	if err != nil {
+		return fmt.Errorf("%w; this node does not hold the claim, so the volume cannot come onto it until etcd answers", err)
+	}
+	node := c.cfg.NodeID
+	for range maxCASAttempts {
+		next, mode, cerr := grant(rec, plugin, volumeID, node, want)
+		if cerr != nil {
+			c.conflicts.Add(1)
+			return fmt.Errorf("%s: %w", what, cerr)
+		}
+		ok := next == nil // held in etcd already as needed
+		if !ok {
+			ok, rec, rev, err = c.cas(ctx, key, rev, next, what)
+			if err != nil {
+				return fmt.Errorf("%w; this node does not hold the claim, so the volume cannot come onto it until etcd answers", err)
+			}
+		}
+		if ok {
+			l := &LocalClaim{Plugin: plugin, Volume: volumeID, Mode: mode, State: StateHeld, Since: time.Now().UTC()}
+			if err := c.setLocal(ctx, key, l, true); err != nil {
+				c.undo(ctx, key, plugin, volumeID)
+				return fmt.Errorf("%s: recording the claim on this node: %w", what, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s: the claim key changed on each of %d attempts (other nodes claiming and releasing it); retry", ErrUnavailable, what, maxCASAttempts)
+}
+
+// grant computes the claim record after node takes want: nil when the
+// record already gives it, with the mode held; a conflict names the
+// holders.
+func grant(rec *claimRecord, plugin, volumeID, node string, want Mode) (next *claimRecord, held Mode, err error) {
+	now := time.Now().UTC()
+	if rec == nil || len(rec.Holders) == 0 {
+		return &claimRecord{Plugin: plugin, Volume: volumeID, Mode: want, Holders: map[string]time.Time{node: now}}, want, nil
+	}
+	_, mine := rec.Holders[node]
+	switch {
+	case mine && rec.Mode.covers(want):
+		return nil, rec.Mode, nil
+	case rec.Mode == Shared && want == Shared:
+		next := *rec
+		next.Holders = maps.Clone(rec.Holders)
+		next.Holders[node] = now
+		return &next, Shared, nil
+	case mine && len(rec.Holders) == 1: // shared by this node alone: upgrade
+		return &claimRecord{Plugin: plugin, Volume: volumeID, Mode: want, Holders: map[string]time.Time{node: now}}, want, nil
+	}
+	others := slices.DeleteFunc(rec.holderList(), func(h string) bool { return h == node })
+	return nil, "", fmt.Errorf("%w: volume %s of plugin %s is held %s by node %s (since %s); a %s claim needs it released there first",
+		ErrConflict, volumeID, plugin, rec.Mode, strings.Join(others, ", "), rec.Holders[others[0]].Format(time.RFC3339), want)
+}
+
+// undo drops a claim this node just took but could not record durably:
+// from the claims file (the record may be written, not durable) and from
+// etcd; what etcd keeps, the reconciler releases as an orphan.
+func (c *Cluster) undo(ctx context.Context, key, plugin, volumeID string) {
+	if err := c.setLocal(ctx, key, nil, false); err != nil {
+		c.log.Error("cluster: dropping a claim this node could not record", "plugin", plugin, "volume", volumeID, "error", err)
+	}
+	if err := c.removeHolder(ctx, key); err != nil {
+		c.log.Error("cluster: undoing a claim this node could not record; the reconciler releases it", "plugin", plugin, "volume", volumeID, "error", err)
+	}
+}
+
+// removeHolder removes this node from key's holders (the key when it was
+// the last); nothing when it does not hold it.
+func (c *Cluster) removeHolder(ctx context.Context, key string) error {
+	return c.removeNode(ctx, key, c.cfg.NodeID, nil)
+}
+
+// removeNode removes node from key's holders, under the extra
+// comparisons (false: the release is refused with errCmp).
+func (c *Cluster) removeNode(ctx context.Context, key, node string, extra []clientv3.Cmp) error {
+	rec, rev, err := c.read(ctx, key)
+	for range maxCASAttempts {
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.Holders[node].IsZero() {
+			return nil
+		}
+		var next *claimRecord
+		if len(rec.Holders) > 1 {
+			n := *rec
+			n.Holders = maps.Clone(rec.Holders)
+			delete(n.Holders, node)
+			next = &n
+		}
+		prevRev := rev
+		var ok bool
+		ok, rec, rev, err = c.cas(ctx, key, rev, next, "releasing claim "+key+" of node "+node, extra...)
+		if ok {
+			return nil
+		}
+		if err == nil && len(extra) > 0 && rev == prevRev {
+			return errCmp // the claim is unchanged: the extra comparisons failed
+		}
+	}
+	return fmt.Errorf("%w: releasing claim %s of node %s: the key changed on each of %d attempts; retry", ErrUnavailable, key, node, maxCASAttempts)
+}
+
+// errCmp: a release's extra comparison failed.
+var errCmp = errors.New("release condition failed")
+
+// Release gives up this node's claim after the volume left the node (see
+// the package doc for where). It always returns nil unless ctx ends
+// before the release is recorded: the release is in the claims file,
+// durably, first; etcd not answering leaves it pending, and the
+// reconciler finishes it. A claim this node does not hold: nil, no call.
+func (c *Cluster) Release(ctx context.Context, plugin, volumeID string) error {
+	key := c.keys.claim(plugin, volumeID)
+	unlock, err := c.volumes.Lock(ctx, key)
+	if err != nil {
+		return fmt.Errorf("releasing volume %s of plugin %s: %w", volumeID, plugin, err)
+	}
+	defer unlock()
+	l, ok := c.getLocal(key)
+	if !ok {
+		return nil
+	}
+	if l.State == StateRevoked { // another node's now: nothing of ours in etcd
+		return c.setLocal(ctx, key, nil, false)
+	}
+	if l.State != StateReleasing {
+		l.State = StateReleasing
+		if err := c.setLocal(ctx, key, &l, true); err != nil {
+			return fmt.Errorf("releasing volume %s of plugin %s: %w", volumeID, plugin, err)
+		}
+	}
+	if !c.connected.Load() {
+		c.pokeReconciler()
+		return nil
+	}
+	if err := c.removeHolder(ctx, key); err != nil {
+		c.log.Warn("cluster: release pending until etcd answers", "plugin", plugin, "volume", volumeID, "error", err)
+		c.pokeReconciler()
+		return nil
+	}
+	if err := c.setLocal(ctx, key, nil, false); err != nil {
+		c.log.Error("cluster: removing a released claim from the claims file; the reconciler retries", "plugin", plugin, "volume", volumeID, "error", err)
+	}
+	return nil
+}
+
+func (c *Cluster) pokeReconciler() {
+	select {
+	case c.poke <- struct{}{}:
+	default:
+	}
+}
+
+// reconcile brings the claims file and etcd together: pending releases
+// are finished; a claim held here but not in etcd is revoked; a claim
+// etcd holds for this node that the file does not know is released once
+// InUse says false. Stops at the first etcd error (the next round
+// retries).
+func (c *Cluster) reconcile(ctx context.Context) {
+	defer c.reconciles.Add(1)
+	if err := c.reconcileOnce(ctx); err != nil && ctx.Err() == nil {
+		c.log.Warn("cluster: reconciling claims with etcd; retrying later", "error", err)
+	}
+}
+
+func (c *Cluster) reconcileOnce(ctx context.Context) error {
+	gctx, cancel := c.callCtx(ctx)
+	resp, err := c.client.Get(gctx, c.keys.claims(), clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return c.etcdErr(ctx, "listing claims", err)
+	}
+	c.connected.Store(true)
+	inEtcd := map[string]bool{} // claim keys etcd shows this node holding
+	for _, kv := range resp.Kvs {
+		rec, err := decodeClaim(kv.Key, kv.Value)
+		if err != nil {
+			c.log.Error("cluster: skipping a claim key", "error", err)
+			continue
+		}
+		if !rec.Holders[c.cfg.NodeID].IsZero() {
+			inEtcd[string(kv.Key)] = true
+		}
+	}
+	c.mu.Lock()
+	localKeys := slices.Collect(maps.Keys(c.local))
+	c.mu.Unlock()
+	var errs []error
+	for _, key := range localKeys {
+		if err := c.reconcileLocal(ctx, key, inEtcd[key]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	orphans := slices.Sorted(maps.Keys(inEtcd))
+	for _, key := range orphans {
+		if err := c.reconcileOrphan(ctx, key); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// reconcileLocal reconciles one claim of the claims file; listed: the
+// listing showed this node holding it.
+func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) error {
+	unlock, err := c.volumes.Lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	l, ok := c.getLocal(key)
+	if !ok {
+		return nil
+	}
+	switch l.State {
+	case StateReleasing:
+		if err := c.removeHolder(ctx, key); err != nil {
+			return err
+		}
+		c.log.Info("cluster: pending release finished", "plugin", l.Plugin, "volume", l.Volume)
+		return c.setLocal(ctx, key, nil, false)
+	case StateHeld:
+		if listed {
+			return nil
+		}
+		// The listing may predate a claim taken since: ask again, under
+		// the key's lock.
+		rec, _, err := c.read(ctx, key)
+		if err != nil {
+			return err
+		}
+		if why := lostReason(rec, c.cfg.NodeID); why != "" {
+			c.revoke(ctx, key, l, why)
+		}
+	}
+	return nil
+}
+
+// reconcileOrphan releases a claim etcd holds for this node that the
+// claims file does not know (a crash between etcd's commit and the
+// file's), once nothing uses the volume.
+func (c *Cluster) reconcileOrphan(ctx context.Context, key string) error {
+	unlock, err := c.volumes.Lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, ok := c.getLocal(key); ok {
+		return nil
+	}
+	rec, _, err := c.read(ctx, key)
+	if err != nil || rec == nil || rec.Holders[c.cfg.NodeID].IsZero() {
+		return err
+	}
+	if c.cfg.InUse(rec.Plugin, rec.Volume) {
+		c.log.Warn("cluster: etcd holds a claim for this node that its claims file does not know, and the volume is in use here; kept", "plugin", rec.Plugin, "volume", rec.Volume)
+		return nil
+	}
+	if err := c.removeHolder(ctx, key); err != nil {
+		return err
+	}
+	c.log.Info("cluster: released a claim etcd held for this node without a record here (unused)", "plugin", rec.Plugin, "volume", rec.Volume)
+	return nil
+}
+
+// Local lists the claims file, sorted by plugin and volume; it never
+// calls etcd.
+func (c *Cluster) Local() []LocalClaim {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]LocalClaim, 0, len(c.local))
+	for _, l := range c.local {
+		out = append(out, *l)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Plugin != out[j].Plugin {
+			return out[i].Plugin < out[j].Plugin
+		}
+		return out[i].Volume < out[j].Volume
+	})
+	return out
+}
+
+// Revoked lists the claims revoked (StateRevoked) for the agent to
+// report.
+func (c *Cluster) Revoked() []LocalClaim {
+	return slices.DeleteFunc(c.Local(), func(l LocalClaim) bool { return l.State != StateRevoked })
+}

@@ -1,0 +1,592 @@
+package cluster
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.uber.org/zap"
+
+	"github.com/csiagent/csiagent/internal/atomicfile"
+)
+
+func capOf(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+var (
+	rwo = capOf(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	rox = capOf(csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY)
+	rwx = capOf(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)
+)
+
+// skipShort skips a test that starts etcd beside the three a -short run
+// keeps (make unit); make test runs them all.
+func skipShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("another 3-member etcd cluster (seconds); make test runs it")
+	}
+}
+
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// holders is what etcd shows holding plugin/volume.
+func holders(t *testing.T, n *testNode, plugin, volume string) []string {
+	t.Helper()
+	st, err := n.Claims(testCtx(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, c := range st.Claims {
+		if c.Plugin == plugin && c.Volume == volume {
+			for _, h := range c.Holders {
+				out = append(out, h.Node)
+			}
+		}
+	}
+	return out
+}
+
+func TestClaimRace(t *testing.T) {
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	nodes := []*testNode{a, b}
+	wins := map[string]int{}
+	for i := range 50 {
+		ctx := testCtx(t, 10*time.Second)
+		vol := fmt.Sprintf("vol/%d", i%3) // a "/" in an id stays one key segment
+		var errs [2]error
+		var wg sync.WaitGroup
+		for j, n := range nodes {
+			wg.Go(func() { errs[j] = n.Claim(ctx, "loop", vol, rwo) })
+		}
+		wg.Wait()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("race %d: want exactly one winner, got errors %v and %v", i, errs[0], errs[1])
+		}
+		win, lose := 0, 1
+		if errs[0] != nil {
+			win, lose = 1, 0
+		}
+		winner := nodes[win].cfg.NodeID
+		wins[winner]++
+		if !errors.Is(errs[lose], ErrConflict) || !strings.Contains(errs[lose].Error(), winner) {
+			t.Fatalf("race %d: the loser's error should be ErrConflict naming %s: %v", i, winner, errs[lose])
+		}
+		if h := holders(t, a, "loop", vol); !slices.Equal(h, []string{winner}) {
+			t.Fatalf("race %d: etcd shows holders %v, want [%s]", i, h, winner)
+		}
+		if err := nodes[win].Release(ctx, "loop", vol); err != nil {
+			t.Fatal(err)
+		}
+		if len(nodes[win].Local()) != 0 {
+			t.Fatalf("race %d: the winner still records %v after Release", i, nodes[win].Local())
+		}
+	}
+	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 50 {
+		t.Errorf("conflicts counted: %d, want 50", st)
+	}
+	t.Logf("wins: %v", wins)
+}
+
+func TestSharedReadersAndModes(t *testing.T) {
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 20*time.Second)
+
+	if err := a.Claim(ctx, "loop", "rwx", rwx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Claim(ctx, "loop", "rwx", rwx); err != nil {
+		t.Fatal(err)
+	}
+	if h := holders(t, a, "loop", "rwx"); h != nil || len(a.Local()) != 0 {
+		t.Fatalf("MULTI_NODE_MULTI_WRITER took a claim: etcd %v, local %v", h, a.Local())
+	}
+	if err := a.Claim(ctx, "loop", "v", &csi.VolumeCapability{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a capability without an access mode: %v, want ErrInvalid", err)
+	}
+
+	for _, n := range []*testNode{a, b} {
+		if err := n.Claim(ctx, "loop", "ro", rox); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := holders(t, a, "loop", "ro"); !slices.Equal(h, []string{"node-a", "node-b"}) {
+		t.Fatalf("shared readers: etcd shows %v", h)
+	}
+	c := newNode(t, ec.endpoints, "node-c", t.TempDir(), true)
+	err := c.Claim(ctx, "loop", "ro", rwo)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a, node-b") {
+		t.Fatalf("an exclusive claim on a shared one: %v, want ErrConflict naming node-a, node-b", err)
+	}
+	// An upgrade needs the node to be the only reader.
+	if err := a.Claim(ctx, "loop", "ro", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-b") || strings.Contains(err.Error(), "node-a,") {
+		t.Fatalf("upgrade beside another reader: %v", err)
+	}
+	if err := b.Release(ctx, "loop", "ro"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(ctx, "loop", "ro", rwo); err != nil {
+		t.Fatalf("upgrade as the only reader: %v", err)
+	}
+	if err := b.Claim(ctx, "loop", "ro", rox); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("a reader on an exclusive claim: %v", err)
+	}
+	// The exclusive holder covers its own readers.
+	if err := a.Claim(ctx, "loop", "ro", rox); err != nil {
+		t.Fatal(err)
+	}
+	if l := a.Local(); len(l) != 1 || l[0].Mode != Exclusive || l[0].State != StateHeld {
+		t.Fatalf("local claims: %+v", l)
+	}
+	nodes, err := a.Nodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 3 || !nodes[0].Alive || nodes[0].ID != "node-a" || nodes[0].Info.Plugins[0].Topology["zone"] != "a" || nodes[0].Info.AgentVersion != "test" {
+		t.Fatalf("nodes: %+v", nodes)
+	}
+	if st := a.Stats(); !st.Connected || st.ClaimsHeld != 1 || st.Conflicts != 1 {
+		t.Fatalf("stats of node-a: %+v", st)
+	}
+	if err := a.SetInfo(ctx, NodeInfo{AgentVersion: "test-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, err = a.Nodes(ctx); err != nil || nodes[0].Info.AgentVersion != "test-2" || !nodes[0].Alive {
+		t.Fatalf("nodes after SetInfo: %+v, %v", nodes, err)
+	}
+}
+
+func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	dir := t.TempDir()
+	a := newNode(t, ec.endpoints, "node-a", dir, true)
+	ctx := testCtx(t, 30*time.Second)
+	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	a.crash(t)
+
+	// Restarted with etcd unreachable (nothing listens there).
+	dead := []string{fmt.Sprintf("http://127.0.0.1:%d", freePorts(t, 1)[0])}
+	a2 := newNode(t, dead, "node-a", dir, false)
+	if err := a2.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatalf("a claim held in the claims file, etcd down: %v", err)
+	}
+	start := time.Now()
+	err := a2.Claim(ctx, "loop", "v2", rwo)
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "v2") {
+		t.Fatalf("a new claim, etcd down: %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(start); d > 3*testCall {
+		t.Errorf("the refused claim took %s (call timeout %s)", d, testCall)
+	}
+	if err := a2.Release(ctx, "loop", "v1"); err != nil {
+		t.Fatalf("Release with etcd down: %v", err)
+	}
+	if l := a2.Local(); len(l) != 1 || l[0].State != StateReleasing {
+		t.Fatalf("a release with etcd down should be pending: %+v", l)
+	}
+	// A pending release is not a held claim: a new container needs etcd.
+	if err := a2.Claim(ctx, "loop", "v1", rwo); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("claiming a claim pending release, etcd down: %v", err)
+	}
+	a2.close(t)
+
+	// Back with etcd: the reconciler finishes the pending release.
+	a3 := newNode(t, ec.endpoints, "node-a", dir, true)
+	waitFor(t, 10*time.Second, "the pending release finished", func() bool { return len(a3.Local()) == 0 })
+	if h := holders(t, a3, "loop", "v1"); h != nil {
+		t.Fatalf("etcd still shows %v holding v1", h)
+	}
+
+	// Another node id on the same claims file is refused.
+	_, err = Join(ctx, Config{Endpoints: dead, NodeID: "node-x", StateDir: dir, InUse: func(string, string) bool { return false }})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("a claims file of another node: %v", err)
+	}
+}
+
+func TestQuorumLossFailsClosed(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 45*time.Second)
+	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Claim(ctx, "loop", "released", rwo); err != nil {
+		t.Fatal(err)
+	}
+	stopAll(ec.members[1:]...)
+
+	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
+		t.Fatalf("a held claim without quorum: %v", err)
+	}
+	if err := b.Claim(ctx, "loop", "new", rwo); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a new claim without quorum: %v, want ErrUnavailable", err)
+	}
+	if err := a.Release(ctx, "loop", "released"); err != nil {
+		t.Fatalf("a release without quorum: %v", err)
+	}
+	if _, err := a.Lock(ctx, "volume", "x"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a lock without quorum: %v", err)
+	}
+	if st := a.Stats(); st.Connected || st.PendingReleases != 1 || st.ClaimsHeld != 1 {
+		t.Fatalf("stats without quorum: %+v", st)
+	}
+
+	errs := make(chan error, 2)
+	for _, m := range ec.members[1:] {
+		go func() { errs <- m.startNoWait() }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ec.leader(20 * time.Second)
+	waitFor(t, 20*time.Second, "the pending release finished", func() bool { return a.Stats().PendingReleases == 0 })
+	waitFor(t, 20*time.Second, "both nodes registered again", func() bool { return a.Stats().Connected && b.Stats().Connected })
+	if err := b.Claim(ctx, "loop", "released", rwo); err != nil {
+		t.Fatalf("claiming what node-a released without quorum: %v", err)
+	}
+	if err := b.Claim(ctx, "loop", "held", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("node-a's claim after the quorum came back: %v", err)
+	}
+	if l := a.Local(); len(l) != 1 || l[0].Volume != "held" || l[0].State != StateHeld {
+		t.Fatalf("node-a's claims after the quorum came back: %+v", l)
+	}
+}
+
+func TestLeaderKilledDuringClaims(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 45*time.Second)
+	const vols = 20
+	// Both nodes claim the same volumes at once while the leader is
+	// killed; a claim refused for unavailability is retried.
+	claim := func(n *testNode, won map[string]bool) error {
+		for i := range vols {
+			vol := fmt.Sprintf("v%d", i)
+			for {
+				err := n.Claim(ctx, "loop", vol, rwo)
+				if errors.Is(err, ErrUnavailable) {
+					continue // bounded by ctx: each try by the call timeout
+				}
+				if err == nil {
+					won[vol] = true
+				} else if !errors.Is(err, ErrConflict) {
+					return err
+				}
+				break
+			}
+		}
+		return nil
+	}
+	wonA, wonB := map[string]bool{}, map[string]bool{}
+	var wg sync.WaitGroup
+	var errA, errB error
+	wg.Go(func() { errA = claim(a, wonA) })
+	wg.Go(func() { errB = claim(b, wonB) })
+	waitFor(t, 20*time.Second, "some claims", func() bool {
+		return a.Stats().ClaimsHeld+b.Stats().ClaimsHeld+int(a.Stats().Conflicts+b.Stats().Conflicts) >= 4
+	})
+	leader := ec.leader(10 * time.Second)
+	leader.stop()
+	t.Logf("killed leader %s", leader.name)
+	wg.Wait()
+	if errA != nil || errB != nil {
+		t.Fatalf("claims: %v, %v", errA, errB)
+	}
+	for i := range vols {
+		vol := fmt.Sprintf("v%d", i)
+		if wonA[vol] == wonB[vol] {
+			t.Fatalf("%s: won by node-a %v, node-b %v: want exactly one", vol, wonA[vol], wonB[vol])
+		}
+		want := "node-a"
+		if wonB[vol] {
+			want = "node-b"
+		}
+		if h := holders(t, a, "loop", vol); !slices.Equal(h, []string{want}) {
+			t.Fatalf("%s: etcd shows %v, want [%s]", vol, h, want)
+		}
+	}
+	if len(a.Local())+len(b.Local()) != vols {
+		t.Fatalf("local claims: %d + %d, want %d", len(a.Local()), len(b.Local()), vols)
+	}
+	if err := leader.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	dirA := t.TempDir()
+	a := newNode(t, ec.endpoints, "node-a", dirA, true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 45*time.Second)
+	for _, v := range []string{"v1", "v2"} {
+		if err := a.Claim(ctx, "loop", v, rwo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.ReleaseNode(ctx, "node-a", "", true, nil); !errors.Is(err, ErrNodeAlive) {
+		t.Fatalf("ReleaseNode of a live node: %v, want ErrNodeAlive", err)
+	}
+	if _, err := b.ReleaseNode(ctx, "node-z", "", true, nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ReleaseNode of an unknown node: %v, want ErrNotFound", err)
+	}
+	a.crash(t)
+	if _, err := b.ReleaseNode(ctx, "node-a", "", true, nil); !errors.Is(err, ErrNodeAlive) {
+		t.Fatalf("ReleaseNode while the crashed node's lease lives: %v, want ErrNodeAlive", err)
+	}
+	waitFor(t, 3*testTTL, "node-a's lease expired", func() bool {
+		nodes, err := b.Nodes(ctx)
+		return err == nil && len(nodes) == 2 && nodes[0].ID == "node-a" && !nodes[0].Alive && nodes[1].Alive
+	})
+	if _, err := b.ReleaseNode(ctx, "node-a", "", false, nil); !errors.Is(err, ErrNotFenced) {
+		t.Fatalf("ReleaseNode without fencing or nodeIsDown: %v, want ErrNotFenced", err)
+	}
+	fenceErr := errors.New("fence refused")
+	if _, err := b.ReleaseNode(ctx, "node-a", "", false, func(context.Context, []string) error { return fenceErr }); !errors.Is(err, ErrNotFenced) || !errors.Is(err, fenceErr) {
+		t.Fatalf("ReleaseNode with fencing failed: %v", err)
+	}
+	released, err := b.ReleaseNode(ctx, "node-a", "v1", true, nil)
+	if err != nil || len(released) != 1 || released[0].Volume != "v1" {
+		t.Fatalf("ReleaseNode v1 with nodeIsDown: %+v, %v", released, err)
+	}
+	if err := b.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatalf("claiming the released v1: %v", err)
+	}
+	if err := b.Claim(ctx, "loop", "v2", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("v2, still node-a's: %v", err)
+	}
+	var fencedWith []string
+	released, err = b.ReleaseNode(ctx, "node-a", "", false, func(_ context.Context, addrs []string) error { fencedWith = addrs; return nil })
+	if err != nil || len(released) != 1 || released[0].Volume != "v2" || !slices.Equal(fencedWith, []string{"192.0.2.1/32"}) {
+		t.Fatalf("ReleaseNode fenced: %+v, %v, fenced with %v", released, err, fencedWith)
+	}
+
+	// node-a comes back: both claims are revoked, loudly, and refused.
+	a2 := newNode(t, ec.endpoints, "node-a", dirA, true)
+	waitFor(t, 10*time.Second, "node-a's claims revoked", func() bool { return len(a2.Revoked()) == 2 })
+	err = a2.Claim(ctx, "loop", "v1", rwo)
+	if !errors.Is(err, ErrRevoked) || !strings.Contains(err.Error(), "v1") {
+		t.Fatalf("claiming a revoked claim: %v, want ErrRevoked", err)
+	}
+	if st := a2.Stats(); st.Revoked != 2 || st.ClaimsHeld != 0 {
+		t.Fatalf("stats of node-a: %+v", st)
+	}
+	// Once the volume left node-a, Release forgets the revoked claim and
+	// leaves node-b's alone.
+	if err := a2.Release(ctx, "loop", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if h := holders(t, b, "loop", "v1"); !slices.Equal(h, []string{"node-b"}) {
+		t.Fatalf("v1 after node-a's release of its revoked claim: %v", h)
+	}
+	if err := a2.Claim(ctx, "loop", "v1", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-b") {
+		t.Fatalf("claiming v1 again: %v, want ErrConflict naming node-b", err)
+	}
+}
+
+// A claim etcd holds for this node without a record here (a crash
+// between etcd's commit and the claims file's) is released once unused.
+func TestOrphanClaimReleasedWhenUnused(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	ctx := testCtx(t, 20*time.Second)
+	a.setInUse("loop", "orphan", true)
+	rec := &claimRecord{Plugin: "loop", Volume: "orphan", Mode: Exclusive, Holders: map[string]time.Time{"node-a": time.Now()}}
+	if ok, _, _, err := a.cas(ctx, a.keys.claim("loop", "orphan"), 0, rec, "test"); !ok || err != nil {
+		t.Fatalf("writing an orphan claim: %v %v", ok, err)
+	}
+	rounds := a.reconciles.Load()
+	waitFor(t, 10*time.Second, "two reconcile rounds", func() bool { return a.reconciles.Load() >= rounds+2 })
+	if h := holders(t, a, "loop", "orphan"); !slices.Equal(h, []string{"node-a"}) {
+		t.Fatalf("an orphan claim in use was touched: %v", h)
+	}
+	a.setInUse("loop", "orphan", false)
+	waitFor(t, 10*time.Second, "the unused orphan claim released", func() bool { return holders(t, a, "loop", "orphan") == nil })
+}
+
+func TestLockSerialisesAcrossNodes(t *testing.T) {
+	ec := startEtcd(t)
+	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 30*time.Second)
+
+	if _, err := a.Lock(context.Background(), "volume", "x"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Lock without a deadline: %v, want ErrInvalid", err)
+	}
+	unlock, err := a.Lock(ctx, "volume", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Claims(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Locks) != 1 || st.Locks[0].Holder != "node-a" || st.Locks[0].Kind != "volume" || st.Locks[0].ID != "x" {
+		t.Fatalf("locks: %+v", st.Locks)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = b.Lock(short, "volume", "x")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("Lock of a held lock past its deadline: %v, want DeadlineExceeded naming node-a", err)
+	}
+	unlock()
+
+	var inside, overlaps, runs atomic.Int32
+	var wg sync.WaitGroup
+	for _, n := range []*testNode{a, b} {
+		wg.Go(func() {
+			for range 10 {
+				unlock, err := n.Lock(ctx, "volume", "y")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				runs.Add(1)
+				// Hold it across a round trip so that the other node waits.
+				if _, err := n.Nodes(ctx); err != nil {
+					t.Error(err)
+				}
+				inside.Add(-1)
+				unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if overlaps.Load() != 0 || runs.Load() != 20 {
+		t.Fatalf("%d of %d critical sections overlapped", overlaps.Load(), runs.Load())
+	}
+	// Two callers on one node share its session: they are serialised too.
+	unlock, err = a.Lock(ctx, "volume", "z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = a.Lock(short, "volume", "z")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a second Lock on the same node: %v, want DeadlineExceeded", err)
+	}
+	unlock()
+	if a.Stats().LockWaits+b.Stats().LockWaits == 0 {
+		t.Errorf("no Lock waited")
+	}
+	if a.Stats().LocksHeld != 0 || b.Stats().LocksHeld != 0 {
+		t.Errorf("locks held after unlocking: %d, %d", a.Stats().LocksHeld, b.Stats().LocksHeld)
+	}
+}
+
+// Members that serve clients over TLS and want a client certificate: a
+// node with the CA, its certificate and key joins; one without its
+// certificate never registers and cannot claim.
+func TestTLS(t *testing.T) {
+	skipShort(t)
+	certs, err := transport.SelfCert(zap.NewNop(), t.TempDir(), []string{"127.0.0.1:0"}, 1, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs.TrustedCAFile = certs.CertFile
+	certs.ClientCertAuth = true
+	ec := startEtcdTLS(t, &certs)
+	tlsFiles := TLSFiles{CACert: certs.CertFile, Cert: certs.CertFile, Key: certs.KeyFile}
+	ctx := testCtx(t, 20*time.Second)
+
+	a := newNodeTLS(t, ec.endpoints, "node-a", tlsFiles, true)
+	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	b := newNodeTLS(t, ec.endpoints, "node-b", TLSFiles{CACert: certs.CertFile}, false)
+	if err := b.Claim(ctx, "loop", "v2", rwo); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a claim without a client certificate: %v, want ErrUnavailable", err)
+	}
+	if b.Stats().Connected {
+		t.Fatal("a node without a client certificate registered")
+	}
+	if _, err := Join(ctx, Config{Endpoints: ec.endpoints, NodeID: "node-c", StateDir: t.TempDir(), InUse: a.cfg.InUse, TLS: TLSFiles{Cert: certs.CertFile}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a certificate without its key: %v, want ErrInvalid", err)
+	}
+}
+
+// A claim is durable in the claims file before Claim returns: when the
+// file cannot be made durable, the claim fails and is undone in etcd.
+func TestClaimNotDurableIsUndone(t *testing.T) {
+	skipShort(t)
+	ec := startEtcd(t)
+	root := t.TempDir()
+	commit, err := atomicfile.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	commit.Fsync = func(string) error {
+		if failing.Load() {
+			return errors.New("injected fsync failure")
+		}
+		return nil
+	}
+	ctx := testCtx(t, 20*time.Second)
+	c, err := Join(ctx, Config{Endpoints: ec.endpoints, Prefix: "/test", NodeID: "node-a", StateDir: filepath.Join(root, "cluster"), Commit: commit,
+		InUse: func(string, string) bool { return false }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &testNode{Cluster: c}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Close(cctx); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+			t.Errorf("Close should report the failed commit: %v", err)
+		}
+	})
+	waitFor(t, 10*time.Second, "node-a registered", func() bool { return c.Stats().Connected })
+	if err := c.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(true)
+	if err := c.Claim(ctx, "loop", "v2", rwo); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+		t.Fatalf("a claim whose record cannot be made durable: %v", err)
+	}
+	if h := holders(t, n, "loop", "v2"); h != nil {
+		t.Fatalf("etcd keeps the claim that failed: %v", h)
+	}
+	if l := c.Local(); len(l) != 1 || l[0].Volume != "v1" {
+		t.Fatalf("local claims: %+v", l)
+	}
+}

@@ -1,0 +1,115 @@
+// Package cluster is the agent's multi-host layer on etcd: the node's
+// membership in the fleet, its claims on volumes that only one host may
+// use at a time, the release of a dead host's claims, and cluster-wide
+// locks for operations that must have one call in flight per object. One
+// host with no etcd does not use it.
+//
+// Join registers the node under a lease (NodeInfo, which the caller
+// fills: plugins with topology, capacity and max volumes, agent version,
+// fencing addresses) and keeps the lease alive, registering again under a
+// new lease when it is lost; Nodes lists every node that ever registered,
+// with its liveness. The package knows the agent only through
+// Config.InUse (is a volume on this node?); it calls no plugin and
+// unmounts nothing.
+//
+// # Claims
+//
+// Claim takes a claim key per plugin and volume id, in one etcd
+// compare-and-put transaction: exclusive for the single-node access modes
+// and MULTI_NODE_SINGLE_WRITER, shared by the MULTI_NODE_READER_ONLY
+// readers, none for MULTI_NODE_MULTI_WRITER (ModeOf). A claim is never
+// bound to a lease: a host that dies keeps its claims (partitioned, it may
+// still be writing) until ReleaseNode. The node records its claims in its
+// claims file (Config.StateDir/cluster-claims, an atomicfile record;
+// durable before Claim returns), so it restarts knowing them without
+// etcd.
+//
+// The isolator calls Claim before the first node call of a volume that is
+// not yet on the node (before ControllerPublishVolume where the plugin
+// attaches, else before NodeStageVolume, else NodePublishVolume), and
+// Release after the last call that takes it off the node
+// (ControllerUnpublishVolume, else NodeUnstageVolume, else
+// NodeUnpublishVolume) is durable in its checkpoint. A volume already on
+// the node needs no Claim for another container; calling it again is
+// idempotent (a round trip to etcd when connected).
+//
+// Fail closed: when etcd does not answer (no quorum, unreachable; every
+// call is bounded by Config.CallTimeout), a Claim this node holds
+// succeeds from its claims file, a new one fails ErrUnavailable, and
+// Release records a pending release (durably) and returns nil; the
+// reconciler finishes it when etcd is back. The reconciler (after each
+// registration, each pending release and every Config.ReconcileInterval)
+// works both ways: a claim the file holds but etcd shows gone or another
+// node's is marked revoked (logged as an error, listed by Revoked and
+// counted in Stats; new Claims refused with ErrRevoked until Release;
+// nothing is unmounted), and a claim etcd holds for this node that the
+// file does not know (a crash between the two writes) is released once
+// Config.InUse says the volume is not on the node.
+//
+// ReleaseNode hands a dead node's claims over: refused while the node's
+// lease lives, accepted once it is gone and either the caller's fencing
+// (csi-addons FenceClusterNetwork with the addresses the node registered)
+// succeeded or the operator asserted the node down. Each release
+// re-checks in its transaction that the node has not come back.
+//
+// Lock takes an etcd mutex (concurrency.Mutex) per object kind and id on
+// the node's session, bounded by the caller's deadline. Claims reads every
+// claim and lock of the cluster (csi-agent cluster claims); Local and
+// Revoked read this node's claims file; Stats are the counters for
+// metrics (connected, claims held, pending releases, revoked, conflicts,
+// lock waits, locks held).
+//
+// # Keys in etcd
+//
+// Under Config.Prefix (P), each caller-given name (node id, plugin,
+// volume id, lock kind and id) one url.PathEscape'd path segment:
+//
+//	P/nodes/<node>/info              NodeRecord JSON, no lease (a dead node stays listed)
+//	P/nodes/<node>/alive             {"lease": hex, "since": time}, on the node's lease
+//	P/claims/<plugin>/<volume>       {"plugin", "volume", "mode": "exclusive"|"shared",
+//	                                  "holders": {node: since}}, no lease
+//	P/locks/<kind>/<id>/<lease hex>  concurrency.Mutex keys on the holder's lease
+//
+// # Claims file
+//
+// One atomicfile record (framed, checksummed, written in slots; see
+// package atomicfile) holding JSON:
+//
+//	{"version": 1, "node": "<node id>",
+//	 "claims": [{"plugin", "volume", "mode", "state": "held"|"releasing"|"revoked",
+//	             "since", "note"}]}
+//
+// A file of another node id is refused at Join (ErrInvalid): claims are
+// taken under the node id, which must not change.
+//
+// # Errors
+//
+//	ErrConflict     another node holds the claim; the message names the
+//	                node(s), never containers        FailedPrecondition
+//	ErrUnavailable  etcd did not answer within CallTimeout (no quorum,
+//	                unreachable), the node is not registered (Lock), or a
+//	                claim key changed on every retry; retry later  Unavailable
+//	ErrRevoked      this node's claim was released while it was away;
+//	                Release it once the volume left   FailedPrecondition
+//	ErrNodeAlive    ReleaseNode of a node whose lease lives, or that came
+//	                back midway                       FailedPrecondition
+//	ErrNotFenced    ReleaseNode without fencing (failed, no addresses, no
+//	                fencer) and without nodeIsDown    FailedPrecondition
+//	ErrNotFound     ReleaseNode of a node that never registered  NotFound
+//	ErrInvalid      a bad config, an access mode without a claim rule, a
+//	                Lock without a deadline, a claims file of another
+//	                node                              InvalidArgument
+//	the ctx's error when the caller's context ended first.
+//
+// # When not to call
+//
+// Never call Release while any
+// container, stage or attachment of the volume remains on the node: the
+// claim is what keeps other hosts off it. Do not unmount anything on
+// ErrRevoked or on a Revoked entry: report it; the containers using the
+// volume are the operator's to move. Do not call ReleaseNode on a
+// timer: it is the operator's decision (csi-agent cluster release), and
+// nodeIsDown is their assertion. Do not hold a Lock across a lease loss
+// and trust it: a node that loses its lease (Stats().Connected false for
+// the lease's TTL) loses its locks.
+package cluster
