@@ -12,11 +12,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/apiserver"
+	"github.com/csiagent/csiagent/cluster"
 	"github.com/csiagent/csiagent/controllerops"
 	"github.com/csiagent/csiagent/dockerplugin"
 	"github.com/csiagent/csiagent/internal/atomicfile"
@@ -109,6 +111,10 @@ type Config struct {
 	// found not mounted (by a volume stats poll or a resync pass) is then
 	// only reported, not republished and re-bound into its containers.
 	NoRepair bool
+	// Cluster, with Endpoints, joins the fleet on etcd (package cluster):
+	// volumes one host at a time may use are claimed there. Without: one
+	// host, no claims.
+	Cluster ClusterConfig
 
 	// MetricsAddress, when set, is the host:port where Run serves
 	// Prometheus metrics at /metrics (port 0: any; see MetricsAddr).
@@ -189,7 +195,9 @@ type Agent struct {
 	// atomicfile.Committer); unlockWork releases the work dir's lock.
 	commit *atomicfile.Committer
 	// snapshots is the snapshot catalogue (WORK_DIR/snapshots).
-	snapshots  *snapcat.Catalogue
+	snapshots *snapcat.Catalogue
+	// cluster is the fleet, once joined (nil: one host, or not yet).
+	cluster    atomic.Pointer[cluster.Cluster]
 	unlockWork func()
 }
 
@@ -256,7 +264,7 @@ func newAgent(cfg Config) (*Agent, error) {
 	iso, err := isolator.New(isolator.Config{
 		WorkDir: cfg.WorkDir, SecretsDir: cfg.SecretsDir, Plugins: plugins{a}, Commit: commit,
 		RPCTimeout: cfg.RPCTimeout, ResyncInterval: cfg.ResyncInterval, Logger: cfg.Logger, CrashPoint: cfg.CrashPoint,
-		OnChange: a.set.Notify, BootID: cfg.BootID, NoRepair: cfg.NoRepair,
+		OnChange: a.set.Notify, BootID: cfg.BootID, NoRepair: cfg.NoRepair, Claims: a.claims(),
 		OnRepair: func(plugin, _ string, outcome isolator.RepairOutcome) {
 			a.metrics.repairs.WithLabelValues(plugin, string(outcome)).Inc()
 		},

@@ -46,6 +46,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		{"metrics endpoint", a.startMetrics},
 		{"debug endpoint", a.startDebug},
 		{"plugins", a.startPlugins},
+		{"cluster", a.startCluster},
 		{"volume workers", a.startWorkers},
 		{"config watcher", a.startWatcher},
 		{"engine endpoint", a.startEngines},

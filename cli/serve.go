@@ -54,6 +54,11 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker and Podman (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
+	fs.StringSliceVar(&cfg.Cluster.Endpoints, "cluster-etcd-endpoints", nil, "etcd client URLs (comma-separated) of the fleet this host joins: volumes one host at a time may use (single-node and single-writer access modes) are claimed there before their first stage (default: none, one host)")
+	fs.StringVar(&cfg.Cluster.TLS.CACert, "cluster-etcd-cacert", "", "with --cluster-etcd-endpoints: CA certificate verifying the etcd members")
+	fs.StringVar(&cfg.Cluster.TLS.Cert, "cluster-etcd-cert", "", "with --cluster-etcd-endpoints: client certificate (with --cluster-etcd-key)")
+	fs.StringVar(&cfg.Cluster.TLS.Key, "cluster-etcd-key", "", "with --cluster-etcd-endpoints: client key")
+	fs.StringVar(&cfg.Cluster.Prefix, "cluster-prefix", "", "with --cluster-etcd-endpoints: the fleet's key prefix in etcd (default /csiagent)")
 	fs.StringVar(&cfg.DockerHost, "docker-host", defaultDockerHost, "the Docker daemon whose containers are checked every --resync-interval: its mounts of volumes none of them holds any more (dockerd was killed) are released (\"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
 		cfg.NoRepair = !*repair

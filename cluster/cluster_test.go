@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+
+	"github.com/csiagent/csiagent/internal/etcdtest"
 )
 
 func capOf(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
@@ -66,9 +68,9 @@ func holders(t *testing.T, n *testNode, plugin, volume string) []string {
 }
 
 func TestClaimRace(t *testing.T) {
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	nodes := []*testNode{a, b}
 	wins := map[string]int{}
 	for i := range 50 {
@@ -109,9 +111,9 @@ func TestClaimRace(t *testing.T) {
 }
 
 func TestSharedReadersAndModes(t *testing.T) {
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 20*time.Second)
 
 	if err := a.Claim(ctx, "loop", "rwx", rwx); err != nil {
@@ -135,7 +137,7 @@ func TestSharedReadersAndModes(t *testing.T) {
 	if h := holders(t, a, "loop", "ro"); !slices.Equal(h, []string{"node-a", "node-b"}) {
 		t.Fatalf("shared readers: etcd shows %v", h)
 	}
-	c := newNode(t, ec.endpoints, "node-c", t.TempDir(), true)
+	c := newNode(t, ec.Endpoints, "node-c", t.TempDir(), true)
 	err := c.Claim(ctx, "loop", "ro", rwo)
 	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a, node-b") {
 		t.Fatalf("an exclusive claim on a shared one: %v, want ErrConflict naming node-a, node-b", err)
@@ -180,9 +182,9 @@ func TestSharedReadersAndModes(t *testing.T) {
 
 func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
+	ec := etcdtest.Start(t)
 	dir := t.TempDir()
-	a := newNode(t, ec.endpoints, "node-a", dir, true)
+	a := newNode(t, ec.Endpoints, "node-a", dir, true)
 	ctx := testCtx(t, 30*time.Second)
 	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
 		t.Fatal(err)
@@ -190,7 +192,7 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 	a.crash(t)
 
 	// Restarted with etcd unreachable (nothing listens there).
-	dead := []string{fmt.Sprintf("http://127.0.0.1:%d", freePorts(t, 1)[0])}
+	dead := []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePorts(t, 1)[0])}
 	a2 := newNode(t, dead, "node-a", dir, false)
 	if err := a2.Claim(ctx, "loop", "v1", rwo); err != nil {
 		t.Fatalf("a claim held in the claims file, etcd down: %v", err)
@@ -216,7 +218,7 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 	a2.close(t)
 
 	// Back with etcd: the reconciler finishes the pending release.
-	a3 := newNode(t, ec.endpoints, "node-a", dir, true)
+	a3 := newNode(t, ec.Endpoints, "node-a", dir, true)
 	waitFor(t, 10*time.Second, "the pending release finished", func() bool { return len(a3.Local()) == 0 })
 	if h := holders(t, a3, "loop", "v1"); h != nil {
 		t.Fatalf("etcd still shows %v holding v1", h)
@@ -231,9 +233,9 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 
 func TestQuorumLossFailsClosed(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 45*time.Second)
 	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
 		t.Fatal(err)
@@ -241,7 +243,7 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := a.Claim(ctx, "loop", "released", rwo); err != nil {
 		t.Fatal(err)
 	}
-	stopAll(ec.members[1:]...)
+	etcdtest.StopAll(ec.Members[1:]...)
 
 	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
 		t.Fatalf("a held claim without quorum: %v", err)
@@ -260,15 +262,15 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	}
 
 	errs := make(chan error, 2)
-	for _, m := range ec.members[1:] {
-		go func() { errs <- m.startNoWait() }()
+	for _, m := range ec.Members[1:] {
+		go func() { errs <- m.StartNoWait() }()
 	}
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	ec.leader(20 * time.Second)
+	ec.Leader(20 * time.Second)
 	waitFor(t, 20*time.Second, "the pending release finished", func() bool { return a.Stats().PendingReleases == 0 })
 	waitFor(t, 20*time.Second, "both nodes registered again", func() bool { return a.Stats().Connected && b.Stats().Connected })
 	if err := b.Claim(ctx, "loop", "released", rwo); err != nil {
@@ -284,9 +286,9 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 
 func TestLeaderKilledDuringClaims(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 45*time.Second)
 	const vols = 20
 	// Both nodes claim the same volumes at once while the leader is
@@ -317,9 +319,9 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 	waitFor(t, 20*time.Second, "some claims", func() bool {
 		return a.Stats().ClaimsHeld+b.Stats().ClaimsHeld+int(a.Stats().Conflicts+b.Stats().Conflicts) >= 4
 	})
-	leader := ec.leader(10 * time.Second)
-	leader.stop()
-	t.Logf("killed leader %s", leader.name)
+	leader := ec.Leader(10 * time.Second)
+	leader.Stop()
+	t.Logf("killed leader %s", leader.Name())
 	wg.Wait()
 	if errA != nil || errB != nil {
 		t.Fatalf("claims: %v, %v", errA, errB)
@@ -340,17 +342,17 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 	if len(a.Local())+len(b.Local()) != vols {
 		t.Fatalf("local claims: %d + %d, want %d", len(a.Local()), len(b.Local()), vols)
 	}
-	if err := leader.start(); err != nil {
+	if err := leader.Start(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
+	ec := etcdtest.Start(t)
 	dirA := t.TempDir()
-	a := newNode(t, ec.endpoints, "node-a", dirA, true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	a := newNode(t, ec.Endpoints, "node-a", dirA, true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 45*time.Second)
 	for _, v := range []string{"v1", "v2"} {
 		if err := a.Claim(ctx, "loop", v, rwo); err != nil {
@@ -395,7 +397,7 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 	}
 
 	// node-a comes back: both claims are revoked, loudly, and refused.
-	a2 := newNode(t, ec.endpoints, "node-a", dirA, true)
+	a2 := newNode(t, ec.Endpoints, "node-a", dirA, true)
 	waitFor(t, 10*time.Second, "node-a's claims revoked", func() bool { return len(a2.Revoked()) == 2 })
 	err = a2.Claim(ctx, "loop", "v1", rwo)
 	if !errors.Is(err, ErrRevoked) || !strings.Contains(err.Error(), "v1") {
@@ -421,8 +423,8 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 // between etcd's commit and the claims file's) is released once unused.
 func TestOrphanClaimReleasedWhenUnused(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
 	ctx := testCtx(t, 20*time.Second)
 	a.setInUse("loop", "orphan", true)
 	rec := &claimRecord{Plugin: "loop", Volume: "orphan", Mode: Exclusive, Holders: map[string]time.Time{"node-a": time.Now()}}
@@ -439,9 +441,9 @@ func TestOrphanClaimReleasedWhenUnused(t *testing.T) {
 }
 
 func TestLockSerialisesAcrossNodes(t *testing.T) {
-	ec := startEtcd(t)
-	a := newNode(t, ec.endpoints, "node-a", t.TempDir(), true)
-	b := newNode(t, ec.endpoints, "node-b", t.TempDir(), true)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 30*time.Second)
 
 	if _, err := a.Lock(context.Background(), "volume", "x"); !errors.Is(err, ErrInvalid) {
@@ -524,22 +526,22 @@ func TestTLS(t *testing.T) {
 	}
 	certs.TrustedCAFile = certs.CertFile
 	certs.ClientCertAuth = true
-	ec := startEtcdTLS(t, &certs)
+	ec := etcdtest.StartTLS(t, &certs)
 	tlsFiles := TLSFiles{CACert: certs.CertFile, Cert: certs.CertFile, Key: certs.KeyFile}
 	ctx := testCtx(t, 20*time.Second)
 
-	a := newNodeTLS(t, ec.endpoints, "node-a", tlsFiles, true)
+	a := newNodeTLS(t, ec.Endpoints, "node-a", tlsFiles, true)
 	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
 		t.Fatal(err)
 	}
-	b := newNodeTLS(t, ec.endpoints, "node-b", TLSFiles{CACert: certs.CertFile}, false)
+	b := newNodeTLS(t, ec.Endpoints, "node-b", TLSFiles{CACert: certs.CertFile}, false)
 	if err := b.Claim(ctx, "loop", "v2", rwo); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a claim without a client certificate: %v, want ErrUnavailable", err)
 	}
 	if b.Stats().Connected {
 		t.Fatal("a node without a client certificate registered")
 	}
-	if _, err := Join(ctx, Config{Endpoints: ec.endpoints, NodeID: "node-c", StateDir: t.TempDir(), InUse: a.cfg.InUse, TLS: TLSFiles{Cert: certs.CertFile}}); !errors.Is(err, ErrInvalid) {
+	if _, err := Join(ctx, Config{Endpoints: ec.Endpoints, NodeID: "node-c", StateDir: t.TempDir(), InUse: a.cfg.InUse, TLS: TLSFiles{Cert: certs.CertFile}}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a certificate without its key: %v, want ErrInvalid", err)
 	}
 }
@@ -548,7 +550,7 @@ func TestTLS(t *testing.T) {
 // file cannot be made durable, the claim fails and is undone in etcd.
 func TestClaimNotDurableIsUndone(t *testing.T) {
 	skipShort(t)
-	ec := startEtcd(t)
+	ec := etcdtest.Start(t)
 	root := t.TempDir()
 	commit, err := atomicfile.New(root)
 	if err != nil {
@@ -562,7 +564,7 @@ func TestClaimNotDurableIsUndone(t *testing.T) {
 		return nil
 	}
 	ctx := testCtx(t, 20*time.Second)
-	c, err := Join(ctx, Config{Endpoints: ec.endpoints, Prefix: "/test", NodeID: "node-a", StateDir: filepath.Join(root, "cluster"), Commit: commit,
+	c, err := Join(ctx, Config{Endpoints: ec.Endpoints, Prefix: "/test", NodeID: "node-a", StateDir: filepath.Join(root, "cluster"), Commit: commit,
 		InUse: func(string, string) bool { return false }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile})
 	if err != nil {
 		t.Fatal(err)

@@ -108,6 +108,18 @@ type Node struct {
 	PublishReadonly bool
 }
 
+// Claims is the fleet's hold on volumes that one host at a time may use
+// (package cluster, on etcd): Claim before a volume comes onto the node
+// (before its first call), Release once it is off the node and that is
+// durable. Claim decides from the capability whether a claim is needed;
+// its refusals wrap ErrPrecondition (another node holds the volume) or
+// ErrUnavailable (no quorum: fail closed); Release does not fail for
+// want of etcd (it finishes the release later).
+type Claims interface {
+	Claim(ctx context.Context, plugin, volumeID string, capability *csi.VolumeCapability) error
+	Release(ctx context.Context, plugin, volumeID string) error
+}
+
 // Plugins is how the isolator finds plugins; the agent implements it.
 type Plugins interface {
 	// Lookup returns the plugin's config; ErrUnknownPlugin if none.
@@ -160,6 +172,9 @@ type Config struct {
 	Fsync func(path string) error
 	// Mounts does the mount work; nil: package mount, the kernel's.
 	Mounts Mounter
+	// Claims, when set, claims volumes across the fleet (see Claims);
+	// nil: one host, no claims.
+	Claims Claims
 }
 
 // Isolator prepares and cleans up containers' CSI volumes.

@@ -335,7 +335,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		return before, iso.teardownDirs(v)
 	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
-		if err := iso.enterState(v, before, want, steps[0].during, node); err != nil {
+		if err := iso.enterState(ctx, v, before, want, steps[0].during, node); err != nil {
 			return v.cp.State, err
 		}
 	}
@@ -464,12 +464,28 @@ func (iso *Isolator) clearError(v *volume) error {
 }
 
 // teardownDirs removes a torn-down volume's mount directories (never
-// across a mount point) and forgets it.
+// across a mount point) and forgets it; with Config.Claims, once that is
+// durable, its claim is released.
 func (iso *Isolator) teardownDirs(v *volume) error {
 	if err := iso.mounts.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	return iso.forgetVolume(v)
+	if err := iso.forgetVolume(v); err != nil {
+		return err
+	}
+	c := iso.cfg.Claims
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), iso.cfg.RPCTimeout)
+	defer cancel()
+	if err := iso.commit.Sync(ctx); err != nil {
+		return fmt.Errorf("volume %s: making its teardown durable before releasing its claim: %w", v.key, err)
+	}
+	if err := c.Release(ctx, v.key.plugin, v.key.id); err != nil {
+		return fmt.Errorf("volume %s: releasing its claim: %w", v.key, err)
+	}
+	return nil
 }
 
 // controllerPublish attaches the volume to this node. An attachment is
@@ -801,15 +817,21 @@ func RPCCode(err error) (codes.Code, bool) {
 
 // enterState records the first step of v's way from before to want. A
 // volume coming onto the node (up from where nothing of it is there, see
-// offNode) is first checked against the node's topology (ErrPrecondition)
-// and the plugin's limit of volumes on the node (ErrLimit), the latter
-// under limitMu so that two volumes cannot both take the last place.
-func (iso *Isolator) enterState(v *volume, before, want, during vstate, node Node) error {
+// offNode) is first checked against the node's topology (ErrPrecondition),
+// claimed across the fleet (Config.Claims) and checked against the
+// plugin's limit of volumes on the node (ErrLimit), the latter under
+// limitMu so that two volumes cannot both take the last place.
+func (iso *Isolator) enterState(ctx context.Context, v *volume, before, want, during vstate, node Node) error {
 	if !offNode(v.cp) || want != stPublished {
 		return iso.setState(v, during)
 	}
 	if err := accessible(v, node); err != nil {
 		return err
+	}
+	if c := iso.cfg.Claims; c != nil {
+		if err := c.Claim(ctx, v.key.plugin, v.key.id, v.cp.GetStaticProvisioning().GetVolumeCapability()); err != nil {
+			return fmt.Errorf("volume %s: %w", v.key, err)
+		}
 	}
 	if node.MaxVolumes <= 0 {
 		return iso.setState(v, during)

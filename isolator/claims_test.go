@@ -1,0 +1,80 @@
+package isolator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// fleetClaims is a fleet's claim registry in memory (package cluster's, on
+// etcd, is tested against real etcd there): one holder per volume.
+type fleetClaims struct {
+	mu      sync.Mutex
+	holders map[string]string
+	// order records "node claim|release volume", in order.
+	order []string
+}
+
+// nodeClaims is one node's view of the registry: Config.Claims.
+type nodeClaims struct {
+	fleet *fleetClaims
+	node  string
+}
+
+func (c nodeClaims) Claim(_ context.Context, plugin, id string, _ *csi.VolumeCapability) error {
+	c.fleet.mu.Lock()
+	defer c.fleet.mu.Unlock()
+	k := plugin + "/" + id
+	if h, ok := c.fleet.holders[k]; ok && h != c.node {
+		return fmt.Errorf("%w: claimed by node %s", ErrPrecondition, h)
+	}
+	c.fleet.holders[k] = c.node
+	c.fleet.order = append(c.fleet.order, c.node+" claim "+k)
+	return nil
+}
+
+func (c nodeClaims) Release(_ context.Context, plugin, id string) error {
+	c.fleet.mu.Lock()
+	defer c.fleet.mu.Unlock()
+	k := plugin + "/" + id
+	if c.fleet.holders[k] == c.node {
+		delete(c.fleet.holders, k)
+	}
+	c.fleet.order = append(c.fleet.order, c.node+" release "+k)
+	return nil
+}
+
+// TestUnitClaims: with Config.Claims, a volume is claimed before its first
+// call (the attach) and released after its teardown; a second host's
+// Prepare of a claimed volume is refused before any call, naming the
+// holder, and succeeds once the first host's last user is cleaned up.
+func TestUnitClaims(t *testing.T) {
+	fleet := &fleetClaims{holders: map[string]string{}}
+	// Two hosts (each its own model of its plugin's node side).
+	a, b := newWorld(t), newWorld(t)
+	isoA := a.run(Config{Claims: nodeClaims{fleet, "a"}})
+	isoB := b.run(Config{Claims: nodeClaims{fleet, "b"}})
+	a.prepare(isoA, a.request("c1", vol{"attach", "vol-1", "/data", false}))
+	if got := fleet.order; len(got) != 1 || got[0] != "a claim attach/vol-1" {
+		t.Fatalf("claims after the first prepare: %v", got)
+	}
+	_, err := isoB.Prepare(context.Background(), b.request("c2", vol{"attach", "vol-1", "/data", false}))
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "claimed by node a") {
+		t.Fatalf("the second host's prepare: %v; want ErrPrecondition naming node a", err)
+	}
+	if got := b.calls("attach"); len(got) > 0 {
+		t.Errorf("the refused prepare cost plugin calls: %v", got)
+	}
+	a.cleanup(isoA, "c1")
+	b.prepare(isoB, b.request("c2", vol{"attach", "vol-1", "/data", false}))
+	b.cleanup(isoB, "c2")
+	want := "[a claim attach/vol-1 b release attach/vol-1 a release attach/vol-1 b claim attach/vol-1 b release attach/vol-1]"
+	if got := fmt.Sprint(fleet.order); got != want {
+		t.Errorf("claims and releases %s, want %s", got, want)
+	}
+}
