@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/cluster"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
@@ -65,6 +66,19 @@ func (a *Agent) startCluster(ctx context.Context) (stop func(), err error) {
 			a.log.Warn("leaving the cluster", "error", err)
 		}
 	}, nil
+}
+
+// apiCluster is the API's view of the fleet: nil in no cluster.
+func (a *Agent) apiCluster() func() apiserver.Cluster {
+	if len(a.cfg.Cluster.Endpoints) == 0 {
+		return nil
+	}
+	return func() apiserver.Cluster {
+		if c := a.cluster.Load(); c != nil {
+			return c
+		}
+		return nil
+	}
 }
 
 // volumeInUse reports whether the isolator tracks the volume (it is on the

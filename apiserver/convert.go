@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/csiagent/csiagent/cluster"
 	"github.com/csiagent/csiagent/isolator"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -163,6 +164,31 @@ func Plugin(p *supervisor.PluginStatus) *agentv1.Plugin {
 			AccessibleTopology: in.AccessibleTopology, MaxVolumesPerNode: in.MaxVolumesPerNode,
 			ControllerCapabilities: in.ControllerCapabilities,
 		})
+	}
+	return out
+}
+
+// ClusterNode is a fleet node in the API's terms.
+func ClusterNode(n cluster.NodeStatus) *agentv1.ClusterNode {
+	out := &agentv1.ClusterNode{NodeId: n.ID, Alive: n.Alive, Registered: timestamp(n.Registered), AgentVersion: n.Info.AgentVersion}
+	for _, p := range n.Info.Plugins {
+		out.Plugins = append(out.Plugins, p.Type)
+	}
+	return out
+}
+
+// ClusterClaims is the fleet's claims and locks in the API's terms.
+func ClusterClaims(st cluster.Status) *agentv1.ClusterClaimsResponse {
+	out := &agentv1.ClusterClaimsResponse{}
+	for _, c := range st.Claims {
+		cc := &agentv1.ClusterClaim{PluginName: c.Plugin, VolumeId: c.Volume, Mode: string(c.Mode)}
+		for _, h := range c.Holders {
+			cc.Holders = append(cc.Holders, &agentv1.ClusterHolder{NodeId: h.Node, Since: timestamp(h.Since), Alive: h.Alive})
+		}
+		out.Claims = append(out.Claims, cc)
+	}
+	for _, l := range st.Locks {
+		out.Locks = append(out.Locks, &agentv1.ClusterLock{Kind: l.Kind, Id: l.ID, Holder: l.Holder, Waiters: l.Waiters})
 	}
 	return out
 }

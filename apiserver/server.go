@@ -99,6 +99,9 @@ type Config struct {
 	// Members is what callers other than root (members of --api-group)
 	// may do; root may do everything.
 	Members Members
+	// Cluster, when set (the agent joins a fleet), returns the fleet once
+	// joined (nil before).
+	Cluster func() Cluster
 }
 
 // Server is the Agent gRPC service.

@@ -92,6 +92,7 @@ func (e *env) newRoot() *cobra.Command {
 		command("volumes [flags]", "list the volumes the agent tracks", noArgs, e.volumesCmd),
 		command("containers [flags]", "list the containers that have volumes", noArgs, e.containersCmd),
 		e.volumeCmd(),
+		e.clusterCmd(),
 		command("reconcile [flags]", "clean up every container not in --live", noArgs, e.reconcileCmd),
 		command("reclaim [flags]", "reclaim free space of volumes now (csi-addons ReclaimSpace)", noArgs, e.reclaimCmd),
 		e.groupCmd(),

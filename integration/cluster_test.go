@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +22,8 @@ import (
 // SINGLE_NODE_WRITER volume is claimed by the first host to prepare it:
 // when both race for it, exactly one wins, every round, and the other is
 // refused FailedPrecondition naming the holder; the claim goes with the
-// last user's cleanup, and the other host then gets the volume.
+// last user's cleanup, and the other host then gets the volume. csi-agent
+// cluster nodes and claims show both nodes and the claim's holder.
 func TestClusterClaims(t *testing.T) {
 	testhelp.NeedRoot(t)
 	hosts := []*harness{newHarness(t), newHarness(t)}
@@ -63,6 +65,18 @@ func TestClusterClaims(t *testing.T) {
 		lost := 1 - won
 		if status.Code(errs[lost]) != codes.FailedPrecondition || !strings.Contains(errs[lost].Error(), nodes[won]) {
 			t.Fatalf("round %d: the losing host got %v; want FailedPrecondition naming %s", round, errs[lost], nodes[won])
+		}
+		if round == 0 {
+			// Either host shows the fleet: both nodes alive, the
+			// claim and its holder.
+			for cmd, want := range map[string][]string{"nodes": {"node-a", "node-b", "true"}, "claims": {"loop", "shared", "exclusive", nodes[won]}} {
+				out, err := exec.Command(bins.agent, "cluster", cmd, "--api-socket", hosts[lost].cfg.APISocket).CombinedOutput()
+				for _, w := range want {
+					if err != nil || !strings.Contains(string(out), w) {
+						t.Errorf("csi-agent cluster %s: %v\n%s\nwant %q in it", cmd, err, out, w)
+					}
+				}
+			}
 		}
 		hosts[won].mustCleanup("c")
 		// The claim went with the cleanup: the other host gets it.

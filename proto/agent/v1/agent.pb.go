@@ -139,7 +139,7 @@ func (x Volume_Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Mode.Descriptor instead.
 func (Volume_Mode) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
 }
 
 // Mesos's source types; csiagent serves CSI_VOLUME only.
@@ -198,7 +198,7 @@ func (x Volume_Source_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Source_Type.Descriptor instead.
 func (Volume_Source_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0, 0}
 }
 
 type Secret_Type int32
@@ -247,7 +247,7 @@ func (x Secret_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Secret_Type.Descriptor instead.
 func (Secret_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 // Mesos's CSIVolumeState states: stable CREATED, NODE_READY, VOL_READY
@@ -324,7 +324,7 @@ func (x VolumeStatus_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VolumeStatus_State.Descriptor instead.
 func (VolumeStatus_State) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30, 0}
 }
 
 type ContainerStatus_Phase int32
@@ -378,7 +378,454 @@ func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerStatus_Phase.Descriptor instead.
 func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39, 0}
+}
+
+type ClusterNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterNodesRequest) Reset() {
+	*x = ClusterNodesRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterNodesRequest) ProtoMessage() {}
+
+func (x *ClusterNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterNodesRequest.ProtoReflect.Descriptor instead.
+func (*ClusterNodesRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+// ClusterNode is a node that registered in the fleet.
+type ClusterNode struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Its lease lives (a node that stopped is listed, not alive).
+	Alive        bool                   `protobuf:"varint,2,opt,name=alive,proto3" json:"alive,omitempty"`
+	Registered   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=registered,proto3" json:"registered,omitempty"`
+	AgentVersion string                 `protobuf:"bytes,4,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// The plugin types it registered.
+	Plugins       []string `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterNode) Reset() {
+	*x = ClusterNode{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterNode) ProtoMessage() {}
+
+func (x *ClusterNode) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
+func (*ClusterNode) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClusterNode) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *ClusterNode) GetRegistered() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Registered
+	}
+	return nil
+}
+
+func (x *ClusterNode) GetAgentVersion() string {
+	if x != nil {
+		return x.AgentVersion
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetPlugins() []string {
+	if x != nil {
+		return x.Plugins
+	}
+	return nil
+}
+
+type ClusterNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*ClusterNode         `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterNodesResponse) Reset() {
+	*x = ClusterNodesResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterNodesResponse) ProtoMessage() {}
+
+func (x *ClusterNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterNodesResponse.ProtoReflect.Descriptor instead.
+func (*ClusterNodesResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ClusterNodesResponse) GetNodes() []*ClusterNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type ClusterClaimsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClaimsRequest) Reset() {
+	*x = ClusterClaimsRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClaimsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClaimsRequest) ProtoMessage() {}
+
+func (x *ClusterClaimsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClaimsRequest.ProtoReflect.Descriptor instead.
+func (*ClusterClaimsRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+// ClusterClaim is a volume claimed in the fleet: exclusive (one node) or
+// shared (readers).
+type ClusterClaim struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PluginName    string                 `protobuf:"bytes,1,opt,name=plugin_name,json=pluginName,proto3" json:"plugin_name,omitempty"`
+	VolumeId      string                 `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Mode          string                 `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Holders       []*ClusterHolder       `protobuf:"bytes,4,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClaim) Reset() {
+	*x = ClusterClaim{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClaim) ProtoMessage() {}
+
+func (x *ClusterClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClaim.ProtoReflect.Descriptor instead.
+func (*ClusterClaim) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ClusterClaim) GetPluginName() string {
+	if x != nil {
+		return x.PluginName
+	}
+	return ""
+}
+
+func (x *ClusterClaim) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ClusterClaim) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *ClusterClaim) GetHolders() []*ClusterHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+type ClusterHolder struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Since  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=since,proto3" json:"since,omitempty"`
+	// The holder's lease lives.
+	Alive         bool `protobuf:"varint,3,opt,name=alive,proto3" json:"alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterHolder) Reset() {
+	*x = ClusterHolder{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterHolder) ProtoMessage() {}
+
+func (x *ClusterHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterHolder.ProtoReflect.Descriptor instead.
+func (*ClusterHolder) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ClusterHolder) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ClusterHolder) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ClusterHolder) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+// ClusterLock is a cluster-wide lock with a holder.
+type ClusterLock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Holder        string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	Waiters       []string               `protobuf:"bytes,4,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterLock) Reset() {
+	*x = ClusterLock{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterLock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterLock) ProtoMessage() {}
+
+func (x *ClusterLock) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterLock.ProtoReflect.Descriptor instead.
+func (*ClusterLock) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ClusterLock) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ClusterLock) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClusterLock) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *ClusterLock) GetWaiters() []string {
+	if x != nil {
+		return x.Waiters
+	}
+	return nil
+}
+
+type ClusterClaimsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Claims        []*ClusterClaim        `protobuf:"bytes,1,rep,name=claims,proto3" json:"claims,omitempty"`
+	Locks         []*ClusterLock         `protobuf:"bytes,2,rep,name=locks,proto3" json:"locks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClaimsResponse) Reset() {
+	*x = ClusterClaimsResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClaimsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClaimsResponse) ProtoMessage() {}
+
+func (x *ClusterClaimsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClaimsResponse.ProtoReflect.Descriptor instead.
+func (*ClusterClaimsResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ClusterClaimsResponse) GetClaims() []*ClusterClaim {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+func (x *ClusterClaimsResponse) GetLocks() []*ClusterLock {
+	if x != nil {
+		return x.Locks
+	}
+	return nil
 }
 
 // NamedMount asks for a named volume at a container path.
@@ -393,7 +840,7 @@ type NamedMount struct {
 
 func (x *NamedMount) Reset() {
 	*x = NamedMount{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +852,7 @@ func (x *NamedMount) String() string {
 func (*NamedMount) ProtoMessage() {}
 
 func (x *NamedMount) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +865,7 @@ func (x *NamedMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamedMount.ProtoReflect.Descriptor instead.
 func (*NamedMount) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NamedMount) GetName() string {
@@ -459,7 +906,7 @@ type CreateNamedVolumeRequest struct {
 
 func (x *CreateNamedVolumeRequest) Reset() {
 	*x = CreateNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +918,7 @@ func (x *CreateNamedVolumeRequest) String() string {
 func (*CreateNamedVolumeRequest) ProtoMessage() {}
 
 func (x *CreateNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +931,7 @@ func (x *CreateNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateNamedVolumeRequest) GetName() string {
@@ -516,7 +963,7 @@ type CreateNamedVolumeResponse struct {
 
 func (x *CreateNamedVolumeResponse) Reset() {
 	*x = CreateNamedVolumeResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +975,7 @@ func (x *CreateNamedVolumeResponse) String() string {
 func (*CreateNamedVolumeResponse) ProtoMessage() {}
 
 func (x *CreateNamedVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +988,7 @@ func (x *CreateNamedVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamedVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateNamedVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 type RemoveNamedVolumeRequest struct {
@@ -558,7 +1005,7 @@ type RemoveNamedVolumeRequest struct {
 
 func (x *RemoveNamedVolumeRequest) Reset() {
 	*x = RemoveNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +1017,7 @@ func (x *RemoveNamedVolumeRequest) String() string {
 func (*RemoveNamedVolumeRequest) ProtoMessage() {}
 
 func (x *RemoveNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +1030,7 @@ func (x *RemoveNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RemoveNamedVolumeRequest) GetName() string {
@@ -615,7 +1062,7 @@ type RemoveNamedVolumeResponse struct {
 
 func (x *RemoveNamedVolumeResponse) Reset() {
 	*x = RemoveNamedVolumeResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +1074,7 @@ func (x *RemoveNamedVolumeResponse) String() string {
 func (*RemoveNamedVolumeResponse) ProtoMessage() {}
 
 func (x *RemoveNamedVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +1087,7 @@ func (x *RemoveNamedVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNamedVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNamedVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 type GetNamedVolumeRequest struct {
@@ -652,7 +1099,7 @@ type GetNamedVolumeRequest struct {
 
 func (x *GetNamedVolumeRequest) Reset() {
 	*x = GetNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +1111,7 @@ func (x *GetNamedVolumeRequest) String() string {
 func (*GetNamedVolumeRequest) ProtoMessage() {}
 
 func (x *GetNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +1124,7 @@ func (x *GetNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetNamedVolumeRequest) GetName() string {
@@ -712,7 +1159,7 @@ type NamedVolume struct {
 
 func (x *NamedVolume) Reset() {
 	*x = NamedVolume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +1171,7 @@ func (x *NamedVolume) String() string {
 func (*NamedVolume) ProtoMessage() {}
 
 func (x *NamedVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +1184,7 @@ func (x *NamedVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamedVolume.ProtoReflect.Descriptor instead.
 func (*NamedVolume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NamedVolume) GetName() string {
@@ -801,7 +1248,7 @@ type ListNamedVolumesRequest struct {
 
 func (x *ListNamedVolumesRequest) Reset() {
 	*x = ListNamedVolumesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +1260,7 @@ func (x *ListNamedVolumesRequest) String() string {
 func (*ListNamedVolumesRequest) ProtoMessage() {}
 
 func (x *ListNamedVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +1273,7 @@ func (x *ListNamedVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamedVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListNamedVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListNamedVolumesRequest) GetStartingAfter() string {
@@ -854,7 +1301,7 @@ type ListNamedVolumesResponse struct {
 
 func (x *ListNamedVolumesResponse) Reset() {
 	*x = ListNamedVolumesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +1313,7 @@ func (x *ListNamedVolumesResponse) String() string {
 func (*ListNamedVolumesResponse) ProtoMessage() {}
 
 func (x *ListNamedVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1326,7 @@ func (x *ListNamedVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamedVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListNamedVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListNamedVolumesResponse) GetVolumes() []*NamedVolume {
@@ -909,7 +1356,7 @@ type ReconcileEngineMountsRequest struct {
 
 func (x *ReconcileEngineMountsRequest) Reset() {
 	*x = ReconcileEngineMountsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1368,7 @@ func (x *ReconcileEngineMountsRequest) String() string {
 func (*ReconcileEngineMountsRequest) ProtoMessage() {}
 
 func (x *ReconcileEngineMountsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1381,7 @@ func (x *ReconcileEngineMountsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileEngineMountsRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileEngineMountsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReconcileEngineMountsRequest) GetLiveMountIds() []string {
@@ -963,7 +1410,7 @@ type ReconcileEngineMountsResponse struct {
 
 func (x *ReconcileEngineMountsResponse) Reset() {
 	*x = ReconcileEngineMountsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1422,7 @@ func (x *ReconcileEngineMountsResponse) String() string {
 func (*ReconcileEngineMountsResponse) ProtoMessage() {}
 
 func (x *ReconcileEngineMountsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1435,7 @@ func (x *ReconcileEngineMountsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileEngineMountsResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileEngineMountsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReconcileEngineMountsResponse) GetReleased() []string {
@@ -1019,7 +1466,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1478,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1491,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Volume) GetContainerPath() string {
@@ -1080,7 +1527,7 @@ type CSIVolume struct {
 
 func (x *CSIVolume) Reset() {
 	*x = CSIVolume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1092,7 +1539,7 @@ func (x *CSIVolume) String() string {
 func (*CSIVolume) ProtoMessage() {}
 
 func (x *CSIVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1105,7 +1552,7 @@ func (x *CSIVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CSIVolume.ProtoReflect.Descriptor instead.
 func (*CSIVolume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CSIVolume) GetPluginName() string {
@@ -1151,7 +1598,7 @@ type StaticProvisioning struct {
 
 func (x *StaticProvisioning) Reset() {
 	*x = StaticProvisioning{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1610,7 @@ func (x *StaticProvisioning) String() string {
 func (*StaticProvisioning) ProtoMessage() {}
 
 func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1623,7 @@ func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaticProvisioning.ProtoReflect.Descriptor instead.
 func (*StaticProvisioning) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StaticProvisioning) GetVolumeId() string {
@@ -1248,7 +1695,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1707,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1720,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Secret) GetType() Secret_Type {
@@ -1335,7 +1782,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1794,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1807,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PrepareRequest) GetContainerId() string {
@@ -1435,7 +1882,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1894,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1907,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PrepareResponse) GetMounts() []*ContainerMount {
@@ -1507,7 +1954,7 @@ type ContainerMount struct {
 
 func (x *ContainerMount) Reset() {
 	*x = ContainerMount{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1966,7 @@ func (x *ContainerMount) String() string {
 func (*ContainerMount) ProtoMessage() {}
 
 func (x *ContainerMount) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1979,7 @@ func (x *ContainerMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
 func (*ContainerMount) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContainerMount) GetPluginName() string {
@@ -1634,7 +2081,7 @@ type CleanupRequest struct {
 
 func (x *CleanupRequest) Reset() {
 	*x = CleanupRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +2093,7 @@ func (x *CleanupRequest) String() string {
 func (*CleanupRequest) ProtoMessage() {}
 
 func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +2106,7 @@ func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupRequest.ProtoReflect.Descriptor instead.
 func (*CleanupRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CleanupRequest) GetContainerId() string {
@@ -1684,7 +2131,7 @@ type CleanupResponse struct {
 
 func (x *CleanupResponse) Reset() {
 	*x = CleanupResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +2143,7 @@ func (x *CleanupResponse) String() string {
 func (*CleanupResponse) ProtoMessage() {}
 
 func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +2156,7 @@ func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupResponse.ProtoReflect.Descriptor instead.
 func (*CleanupResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 type ListVolumesRequest struct {
@@ -1722,7 +2169,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1734,7 +2181,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1747,7 +2194,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListVolumesRequest) GetRefreshStats() bool {
@@ -1766,7 +2213,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +2225,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +2238,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*VolumeStatus {
@@ -1841,7 +2288,7 @@ type VolumeStatus struct {
 
 func (x *VolumeStatus) Reset() {
 	*x = VolumeStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2300,7 @@ func (x *VolumeStatus) String() string {
 func (*VolumeStatus) ProtoMessage() {}
 
 func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2313,7 @@ func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
 func (*VolumeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VolumeStatus) GetPluginName() string {
@@ -2029,7 +2476,7 @@ type VolumeStats struct {
 
 func (x *VolumeStats) Reset() {
 	*x = VolumeStats{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2488,7 @@ func (x *VolumeStats) String() string {
 func (*VolumeStats) ProtoMessage() {}
 
 func (x *VolumeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2501,7 @@ func (x *VolumeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStats.ProtoReflect.Descriptor instead.
 func (*VolumeStats) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *VolumeStats) GetTime() *timestamppb.Timestamp {
@@ -2169,7 +2616,7 @@ type ReclaimResult struct {
 
 func (x *ReclaimResult) Reset() {
 	*x = ReclaimResult{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2628,7 @@ func (x *ReclaimResult) String() string {
 func (*ReclaimResult) ProtoMessage() {}
 
 func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2641,7 @@ func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimResult.ProtoReflect.Descriptor instead.
 func (*ReclaimResult) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReclaimResult) GetStart() *timestamppb.Timestamp {
@@ -2269,7 +2716,7 @@ type ReclaimSpaceRequest struct {
 
 func (x *ReclaimSpaceRequest) Reset() {
 	*x = ReclaimSpaceRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2281,7 +2728,7 @@ func (x *ReclaimSpaceRequest) String() string {
 func (*ReclaimSpaceRequest) ProtoMessage() {}
 
 func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2294,7 +2741,7 @@ func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceRequest.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReclaimSpaceRequest) GetTarget() isReclaimSpaceRequest_Target {
@@ -2394,7 +2841,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2853,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2866,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *VolumeRef) GetPluginName() string {
@@ -2448,7 +2895,7 @@ type ReclaimSpaceProgress struct {
 
 func (x *ReclaimSpaceProgress) Reset() {
 	*x = ReclaimSpaceProgress{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2907,7 @@ func (x *ReclaimSpaceProgress) String() string {
 func (*ReclaimSpaceProgress) ProtoMessage() {}
 
 func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2920,7 @@ func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceProgress.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceProgress) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReclaimSpaceProgress) GetVolume() *VolumeRef {
@@ -2508,7 +2955,7 @@ type ReclaimSummary struct {
 
 func (x *ReclaimSummary) Reset() {
 	*x = ReclaimSummary{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2967,7 @@ func (x *ReclaimSummary) String() string {
 func (*ReclaimSummary) ProtoMessage() {}
 
 func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2980,7 @@ func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSummary.ProtoReflect.Descriptor instead.
 func (*ReclaimSummary) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReclaimSummary) GetVolumes() int32 {
@@ -2565,7 +3012,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +3024,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +3037,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type ListContainersResponse struct {
@@ -2602,7 +3049,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +3061,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +3074,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
@@ -2652,7 +3099,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2664,7 +3111,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2677,7 +3124,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ContainerStatus) GetContainerId() string {
@@ -2735,7 +3182,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +3194,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +3207,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReconcileRequest) GetLiveContainerIds() []string {
@@ -2789,7 +3236,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +3248,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +3261,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReconcileResponse) GetCleanedUp() []string {
@@ -2839,7 +3286,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2851,7 +3298,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2864,7 +3311,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 type ListPluginsResponse struct {
@@ -2878,7 +3325,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3337,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3350,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -2930,7 +3377,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2942,7 +3389,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2955,7 +3402,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -2974,7 +3421,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3433,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3446,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -3019,7 +3466,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3478,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3491,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -3087,7 +3534,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3099,7 +3546,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3112,7 +3559,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Plugin) GetType() string {
@@ -3193,7 +3640,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3205,7 +3652,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3218,7 +3665,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Capacity) GetAvailableBytes() int64 {
@@ -3270,7 +3717,7 @@ type ReclaimTotals struct {
 
 func (x *ReclaimTotals) Reset() {
 	*x = ReclaimTotals{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3729,7 @@ func (x *ReclaimTotals) String() string {
 func (*ReclaimTotals) ProtoMessage() {}
 
 func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3742,7 @@ func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
 func (*ReclaimTotals) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReclaimTotals) GetScheduled() bool {
@@ -3401,7 +3848,7 @@ type PluginInstance struct {
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3413,7 +3860,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3426,7 +3873,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -3579,7 +4026,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +4038,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +4051,7 @@ func (x *Volume_Source) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume_Source.ProtoReflect.Descriptor instead.
 func (*Volume_Source) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
 }
 
 func (x *Volume_Source) GetType() Volume_Source_Type {
@@ -3631,7 +4078,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +4090,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +4103,7 @@ func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Reference.ProtoReflect.Descriptor instead.
 func (*Secret_Reference) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 func (x *Secret_Reference) GetName() string {
@@ -3682,7 +4129,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +4141,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[54]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +4154,7 @@ func (x *Secret_Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Value.ProtoReflect.Descriptor instead.
 func (*Secret_Value) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14, 1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 1}
 }
 
 func (x *Secret_Value) GetData() []byte {
@@ -3721,7 +4168,37 @@ var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"c\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"\x15\n" +
+	"\x13ClusterNodesRequest\"\xb7\x01\n" +
+	"\vClusterNode\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05alive\x18\x02 \x01(\bR\x05alive\x12:\n" +
+	"\n" +
+	"registered\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"registered\x12#\n" +
+	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x12\x18\n" +
+	"\aplugins\x18\x05 \x03(\tR\aplugins\"L\n" +
+	"\x14ClusterNodesResponse\x124\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1e.csiagent.agent.v1.ClusterNodeR\x05nodes\"\x16\n" +
+	"\x14ClusterClaimsRequest\"\x9c\x01\n" +
+	"\fClusterClaim\x12\x1f\n" +
+	"\vplugin_name\x18\x01 \x01(\tR\n" +
+	"pluginName\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\x12:\n" +
+	"\aholders\x18\x04 \x03(\v2 .csiagent.agent.v1.ClusterHolderR\aholders\"p\n" +
+	"\rClusterHolder\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x120\n" +
+	"\x05since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05alive\x18\x03 \x01(\bR\x05alive\"c\n" +
+	"\vClusterLock\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12\x18\n" +
+	"\awaiters\x18\x04 \x03(\tR\awaiters\"\x86\x01\n" +
+	"\x15ClusterClaimsResponse\x127\n" +
+	"\x06claims\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.ClusterClaimR\x06claims\x124\n" +
+	"\x05locks\x18\x02 \x03(\v2\x1e.csiagent.agent.v1.ClusterLockR\x05locks\"c\n" +
 	"\n" +
 	"NamedMount\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
@@ -4079,7 +4556,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x12\x18\n" +
 	"\x14PLUGIN_STATE_BACKOFF\x10\x04\x12\x18\n" +
-	"\x14PLUGIN_STATE_STOPPED\x10\x052\x83\v\n" +
+	"\x14PLUGIN_STATE_STOPPED\x10\x052\xcc\f\n" +
 	"\x05Agent\x12^\n" +
 	"\vListPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x00\x12X\n" +
 	"\tGetPlugin\x12#.csiagent.agent.v1.GetPluginRequest\x1a$.csiagent.agent.v1.GetPluginResponse\"\x00\x12a\n" +
@@ -4094,7 +4571,9 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x11RemoveNamedVolume\x12+.csiagent.agent.v1.RemoveNamedVolumeRequest\x1a,.csiagent.agent.v1.RemoveNamedVolumeResponse\"\x00\x12\\\n" +
 	"\x0eGetNamedVolume\x12(.csiagent.agent.v1.GetNamedVolumeRequest\x1a\x1e.csiagent.agent.v1.NamedVolume\"\x00\x12m\n" +
 	"\x10ListNamedVolumes\x12*.csiagent.agent.v1.ListNamedVolumesRequest\x1a+.csiagent.agent.v1.ListNamedVolumesResponse\"\x00\x12|\n" +
-	"\x15ReconcileEngineMounts\x12/.csiagent.agent.v1.ReconcileEngineMountsRequest\x1a0.csiagent.agent.v1.ReconcileEngineMountsResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\x15ReconcileEngineMounts\x12/.csiagent.agent.v1.ReconcileEngineMountsRequest\x1a0.csiagent.agent.v1.ReconcileEngineMountsResponse\"\x00\x12a\n" +
+	"\fClusterNodes\x12&.csiagent.agent.v1.ClusterNodesRequest\x1a'.csiagent.agent.v1.ClusterNodesResponse\"\x00\x12d\n" +
+	"\rClusterClaims\x12'.csiagent.agent.v1.ClusterClaimsRequest\x1a(.csiagent.agent.v1.ClusterClaimsResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -4109,7 +4588,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -4117,165 +4596,183 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(Secret_Type)(0),                      // 3: csiagent.agent.v1.Secret.Type
 	(VolumeStatus_State)(0),               // 4: csiagent.agent.v1.VolumeStatus.State
 	(ContainerStatus_Phase)(0),            // 5: csiagent.agent.v1.ContainerStatus.Phase
-	(*NamedMount)(nil),                    // 6: csiagent.agent.v1.NamedMount
-	(*CreateNamedVolumeRequest)(nil),      // 7: csiagent.agent.v1.CreateNamedVolumeRequest
-	(*CreateNamedVolumeResponse)(nil),     // 8: csiagent.agent.v1.CreateNamedVolumeResponse
-	(*RemoveNamedVolumeRequest)(nil),      // 9: csiagent.agent.v1.RemoveNamedVolumeRequest
-	(*RemoveNamedVolumeResponse)(nil),     // 10: csiagent.agent.v1.RemoveNamedVolumeResponse
-	(*GetNamedVolumeRequest)(nil),         // 11: csiagent.agent.v1.GetNamedVolumeRequest
-	(*NamedVolume)(nil),                   // 12: csiagent.agent.v1.NamedVolume
-	(*ListNamedVolumesRequest)(nil),       // 13: csiagent.agent.v1.ListNamedVolumesRequest
-	(*ListNamedVolumesResponse)(nil),      // 14: csiagent.agent.v1.ListNamedVolumesResponse
-	(*ReconcileEngineMountsRequest)(nil),  // 15: csiagent.agent.v1.ReconcileEngineMountsRequest
-	(*ReconcileEngineMountsResponse)(nil), // 16: csiagent.agent.v1.ReconcileEngineMountsResponse
-	(*Volume)(nil),                        // 17: csiagent.agent.v1.Volume
-	(*CSIVolume)(nil),                     // 18: csiagent.agent.v1.CSIVolume
-	(*StaticProvisioning)(nil),            // 19: csiagent.agent.v1.StaticProvisioning
-	(*Secret)(nil),                        // 20: csiagent.agent.v1.Secret
-	(*PrepareRequest)(nil),                // 21: csiagent.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),               // 22: csiagent.agent.v1.PrepareResponse
-	(*ContainerMount)(nil),                // 23: csiagent.agent.v1.ContainerMount
-	(*CleanupRequest)(nil),                // 24: csiagent.agent.v1.CleanupRequest
-	(*CleanupResponse)(nil),               // 25: csiagent.agent.v1.CleanupResponse
-	(*ListVolumesRequest)(nil),            // 26: csiagent.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),           // 27: csiagent.agent.v1.ListVolumesResponse
-	(*VolumeStatus)(nil),                  // 28: csiagent.agent.v1.VolumeStatus
-	(*VolumeStats)(nil),                   // 29: csiagent.agent.v1.VolumeStats
-	(*ReclaimResult)(nil),                 // 30: csiagent.agent.v1.ReclaimResult
-	(*ReclaimSpaceRequest)(nil),           // 31: csiagent.agent.v1.ReclaimSpaceRequest
-	(*VolumeRef)(nil),                     // 32: csiagent.agent.v1.VolumeRef
-	(*ReclaimSpaceProgress)(nil),          // 33: csiagent.agent.v1.ReclaimSpaceProgress
-	(*ReclaimSummary)(nil),                // 34: csiagent.agent.v1.ReclaimSummary
-	(*ListContainersRequest)(nil),         // 35: csiagent.agent.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),        // 36: csiagent.agent.v1.ListContainersResponse
-	(*ContainerStatus)(nil),               // 37: csiagent.agent.v1.ContainerStatus
-	(*ReconcileRequest)(nil),              // 38: csiagent.agent.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),             // 39: csiagent.agent.v1.ReconcileResponse
-	(*ListPluginsRequest)(nil),            // 40: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),           // 41: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),              // 42: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),             // 43: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),                   // 44: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                        // 45: csiagent.agent.v1.Plugin
-	(*Capacity)(nil),                      // 46: csiagent.agent.v1.Capacity
-	(*ReclaimTotals)(nil),                 // 47: csiagent.agent.v1.ReclaimTotals
-	(*PluginInstance)(nil),                // 48: csiagent.agent.v1.PluginInstance
-	nil,                                   // 49: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	nil,                                   // 50: csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
-	nil,                                   // 51: csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
-	nil,                                   // 52: csiagent.agent.v1.NamedVolume.OptionsEntry
-	nil,                                   // 53: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	(*Volume_Source)(nil),                 // 54: csiagent.agent.v1.Volume.Source
-	nil,                                   // 55: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                                   // 56: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                                   // 57: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	nil,                                   // 58: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	(*Secret_Reference)(nil),              // 59: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),                  // 60: csiagent.agent.v1.Secret.Value
-	nil,                                   // 61: csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	nil,                                   // 62: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 63: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 64: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 65: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*csi.VolumeCapability)(nil),          // 66: csi.v1.VolumeCapability
-	(*csi.Topology)(nil),                  // 67: csi.v1.Topology
-	(*timestamppb.Timestamp)(nil),         // 68: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 69: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 70: csiagent.agent.v1.RetryPolicy
+	(*ClusterNodesRequest)(nil),           // 6: csiagent.agent.v1.ClusterNodesRequest
+	(*ClusterNode)(nil),                   // 7: csiagent.agent.v1.ClusterNode
+	(*ClusterNodesResponse)(nil),          // 8: csiagent.agent.v1.ClusterNodesResponse
+	(*ClusterClaimsRequest)(nil),          // 9: csiagent.agent.v1.ClusterClaimsRequest
+	(*ClusterClaim)(nil),                  // 10: csiagent.agent.v1.ClusterClaim
+	(*ClusterHolder)(nil),                 // 11: csiagent.agent.v1.ClusterHolder
+	(*ClusterLock)(nil),                   // 12: csiagent.agent.v1.ClusterLock
+	(*ClusterClaimsResponse)(nil),         // 13: csiagent.agent.v1.ClusterClaimsResponse
+	(*NamedMount)(nil),                    // 14: csiagent.agent.v1.NamedMount
+	(*CreateNamedVolumeRequest)(nil),      // 15: csiagent.agent.v1.CreateNamedVolumeRequest
+	(*CreateNamedVolumeResponse)(nil),     // 16: csiagent.agent.v1.CreateNamedVolumeResponse
+	(*RemoveNamedVolumeRequest)(nil),      // 17: csiagent.agent.v1.RemoveNamedVolumeRequest
+	(*RemoveNamedVolumeResponse)(nil),     // 18: csiagent.agent.v1.RemoveNamedVolumeResponse
+	(*GetNamedVolumeRequest)(nil),         // 19: csiagent.agent.v1.GetNamedVolumeRequest
+	(*NamedVolume)(nil),                   // 20: csiagent.agent.v1.NamedVolume
+	(*ListNamedVolumesRequest)(nil),       // 21: csiagent.agent.v1.ListNamedVolumesRequest
+	(*ListNamedVolumesResponse)(nil),      // 22: csiagent.agent.v1.ListNamedVolumesResponse
+	(*ReconcileEngineMountsRequest)(nil),  // 23: csiagent.agent.v1.ReconcileEngineMountsRequest
+	(*ReconcileEngineMountsResponse)(nil), // 24: csiagent.agent.v1.ReconcileEngineMountsResponse
+	(*Volume)(nil),                        // 25: csiagent.agent.v1.Volume
+	(*CSIVolume)(nil),                     // 26: csiagent.agent.v1.CSIVolume
+	(*StaticProvisioning)(nil),            // 27: csiagent.agent.v1.StaticProvisioning
+	(*Secret)(nil),                        // 28: csiagent.agent.v1.Secret
+	(*PrepareRequest)(nil),                // 29: csiagent.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),               // 30: csiagent.agent.v1.PrepareResponse
+	(*ContainerMount)(nil),                // 31: csiagent.agent.v1.ContainerMount
+	(*CleanupRequest)(nil),                // 32: csiagent.agent.v1.CleanupRequest
+	(*CleanupResponse)(nil),               // 33: csiagent.agent.v1.CleanupResponse
+	(*ListVolumesRequest)(nil),            // 34: csiagent.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),           // 35: csiagent.agent.v1.ListVolumesResponse
+	(*VolumeStatus)(nil),                  // 36: csiagent.agent.v1.VolumeStatus
+	(*VolumeStats)(nil),                   // 37: csiagent.agent.v1.VolumeStats
+	(*ReclaimResult)(nil),                 // 38: csiagent.agent.v1.ReclaimResult
+	(*ReclaimSpaceRequest)(nil),           // 39: csiagent.agent.v1.ReclaimSpaceRequest
+	(*VolumeRef)(nil),                     // 40: csiagent.agent.v1.VolumeRef
+	(*ReclaimSpaceProgress)(nil),          // 41: csiagent.agent.v1.ReclaimSpaceProgress
+	(*ReclaimSummary)(nil),                // 42: csiagent.agent.v1.ReclaimSummary
+	(*ListContainersRequest)(nil),         // 43: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),        // 44: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),               // 45: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),              // 46: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),             // 47: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),            // 48: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),           // 49: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),              // 50: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),             // 51: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),                   // 52: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                        // 53: csiagent.agent.v1.Plugin
+	(*Capacity)(nil),                      // 54: csiagent.agent.v1.Capacity
+	(*ReclaimTotals)(nil),                 // 55: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),                // 56: csiagent.agent.v1.PluginInstance
+	nil,                                   // 57: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	nil,                                   // 58: csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	nil,                                   // 59: csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	nil,                                   // 60: csiagent.agent.v1.NamedVolume.OptionsEntry
+	nil,                                   // 61: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	(*Volume_Source)(nil),                 // 62: csiagent.agent.v1.Volume.Source
+	nil,                                   // 63: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                                   // 64: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                                   // 65: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	nil,                                   // 66: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	(*Secret_Reference)(nil),              // 67: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 68: csiagent.agent.v1.Secret.Value
+	nil,                                   // 69: csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	nil,                                   // 70: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 71: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 72: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 73: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*timestamppb.Timestamp)(nil),         // 74: google.protobuf.Timestamp
+	(*csi.VolumeCapability)(nil),          // 75: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),                  // 76: csi.v1.Topology
+	(*durationpb.Duration)(nil),           // 77: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 78: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
-	49, // 0: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	50, // 1: csiagent.agent.v1.CreateNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
-	51, // 2: csiagent.agent.v1.RemoveNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
-	52, // 3: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
-	12, // 4: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
-	53, // 5: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	1,  // 6: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	54, // 7: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
-	19, // 8: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	66, // 9: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	55, // 10: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	56, // 11: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	57, // 12: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	58, // 13: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	67, // 14: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
-	3,  // 15: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	59, // 16: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	60, // 17: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
-	17, // 18: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
-	6,  // 19: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
-	23, // 20: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	28, // 21: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
-	4,  // 22: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	68, // 23: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	68, // 24: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	30, // 25: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	29, // 26: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	68, // 27: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	61, // 28: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	68, // 29: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	68, // 30: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	69, // 31: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	32, // 32: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	62, // 33: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	63, // 34: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	70, // 35: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	32, // 36: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	30, // 37: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	34, // 38: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	37, // 39: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 40: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	23, // 41: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	64, // 42: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	45, // 43: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	44, // 44: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	45, // 45: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 46: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	48, // 47: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	47, // 48: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	46, // 49: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
-	0,  // 50: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	68, // 51: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	68, // 52: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	65, // 53: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 54: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	18, // 55: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	20, // 56: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 57: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	20, // 58: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	40, // 59: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	42, // 60: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	40, // 61: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	21, // 62: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	24, // 63: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	26, // 64: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	35, // 65: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	38, // 66: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	31, // 67: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	7,  // 68: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	9,  // 69: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	11, // 70: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	13, // 71: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	15, // 72: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	41, // 73: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	43, // 74: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	41, // 75: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	22, // 76: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	25, // 77: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	27, // 78: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	36, // 79: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	39, // 80: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	33, // 81: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	8,  // 82: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	10, // 83: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	12, // 84: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	14, // 85: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	16, // 86: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	73, // [73:87] is the sub-list for method output_type
-	59, // [59:73] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	74, // 0: csiagent.agent.v1.ClusterNode.registered:type_name -> google.protobuf.Timestamp
+	7,  // 1: csiagent.agent.v1.ClusterNodesResponse.nodes:type_name -> csiagent.agent.v1.ClusterNode
+	11, // 2: csiagent.agent.v1.ClusterClaim.holders:type_name -> csiagent.agent.v1.ClusterHolder
+	74, // 3: csiagent.agent.v1.ClusterHolder.since:type_name -> google.protobuf.Timestamp
+	10, // 4: csiagent.agent.v1.ClusterClaimsResponse.claims:type_name -> csiagent.agent.v1.ClusterClaim
+	12, // 5: csiagent.agent.v1.ClusterClaimsResponse.locks:type_name -> csiagent.agent.v1.ClusterLock
+	57, // 6: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	58, // 7: csiagent.agent.v1.CreateNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	59, // 8: csiagent.agent.v1.RemoveNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	60, // 9: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
+	20, // 10: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
+	61, // 11: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	1,  // 12: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
+	62, // 13: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	27, // 14: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
+	75, // 15: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	63, // 16: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	64, // 17: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	65, // 18: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	66, // 19: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	76, // 20: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	3,  // 21: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	67, // 22: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	68, // 23: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	25, // 24: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	14, // 25: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
+	31, // 26: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	36, // 27: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 28: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	74, // 29: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	74, // 30: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	38, // 31: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	37, // 32: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	74, // 33: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	69, // 34: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	74, // 35: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	74, // 36: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	77, // 37: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	40, // 38: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	70, // 39: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	71, // 40: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	78, // 41: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	40, // 42: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	38, // 43: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	42, // 44: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	45, // 45: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 46: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	31, // 47: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	72, // 48: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	53, // 49: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	52, // 50: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	53, // 51: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 52: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	56, // 53: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	55, // 54: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	54, // 55: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 56: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	74, // 57: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	74, // 58: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	73, // 59: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 60: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	26, // 61: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	28, // 62: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	28, // 63: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	28, // 64: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	48, // 65: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	50, // 66: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	48, // 67: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	29, // 68: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	32, // 69: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	34, // 70: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	43, // 71: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	46, // 72: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	39, // 73: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	15, // 74: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	17, // 75: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	19, // 76: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	21, // 77: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	23, // 78: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	6,  // 79: csiagent.agent.v1.Agent.ClusterNodes:input_type -> csiagent.agent.v1.ClusterNodesRequest
+	9,  // 80: csiagent.agent.v1.Agent.ClusterClaims:input_type -> csiagent.agent.v1.ClusterClaimsRequest
+	49, // 81: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	51, // 82: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	49, // 83: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	30, // 84: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	33, // 85: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	35, // 86: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	44, // 87: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	47, // 88: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	41, // 89: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	16, // 90: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	18, // 91: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	20, // 92: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	22, // 93: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	24, // 94: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	8,  // 95: csiagent.agent.v1.Agent.ClusterNodes:output_type -> csiagent.agent.v1.ClusterNodesResponse
+	13, // 96: csiagent.agent.v1.Agent.ClusterClaims:output_type -> csiagent.agent.v1.ClusterClaimsResponse
+	81, // [81:97] is the sub-list for method output_type
+	65, // [65:81] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4284,7 +4781,7 @@ func file_proto_agent_v1_agent_proto_init() {
 		return
 	}
 	file_proto_agent_v1_controller_proto_init()
-	file_proto_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_proto_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{
 		(*ReclaimSpaceRequest_Volume)(nil),
 		(*ReclaimSpaceRequest_ContainerId)(nil),
 		(*ReclaimSpaceRequest_All)(nil),
@@ -4295,7 +4792,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   60,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,8 @@ const (
 	Agent_GetNamedVolume_FullMethodName        = "/csiagent.agent.v1.Agent/GetNamedVolume"
 	Agent_ListNamedVolumes_FullMethodName      = "/csiagent.agent.v1.Agent/ListNamedVolumes"
 	Agent_ReconcileEngineMounts_FullMethodName = "/csiagent.agent.v1.Agent/ReconcileEngineMounts"
+	Agent_ClusterNodes_FullMethodName          = "/csiagent.agent.v1.Agent/ClusterNodes"
+	Agent_ClusterClaims_FullMethodName         = "/csiagent.agent.v1.Agent/ClusterClaims"
 )
 
 // AgentClient is the client API for Agent service.
@@ -94,6 +96,12 @@ type AgentClient interface {
 	// ReconcileEngineMounts releases every mount of one engine whose id is
 	// not in live_mount_ids: what a crashed engine forgot. Root only.
 	ReconcileEngineMounts(ctx context.Context, in *ReconcileEngineMountsRequest, opts ...grpc.CallOption) (*ReconcileEngineMountsResponse, error)
+	// ClusterNodes lists the fleet's nodes (csi-agent serve
+	// --cluster-etcd-endpoints) with their liveness; ClusterClaims its
+	// claims and locks. FailedPrecondition when the agent is in no cluster,
+	// Unavailable when etcd does not answer.
+	ClusterNodes(ctx context.Context, in *ClusterNodesRequest, opts ...grpc.CallOption) (*ClusterNodesResponse, error)
+	ClusterClaims(ctx context.Context, in *ClusterClaimsRequest, opts ...grpc.CallOption) (*ClusterClaimsResponse, error)
 }
 
 type agentClient struct {
@@ -262,6 +270,26 @@ func (c *agentClient) ReconcileEngineMounts(ctx context.Context, in *ReconcileEn
 	return out, nil
 }
 
+func (c *agentClient) ClusterNodes(ctx context.Context, in *ClusterNodesRequest, opts ...grpc.CallOption) (*ClusterNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterNodesResponse)
+	err := c.cc.Invoke(ctx, Agent_ClusterNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentClient) ClusterClaims(ctx context.Context, in *ClusterClaimsRequest, opts ...grpc.CallOption) (*ClusterClaimsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterClaimsResponse)
+	err := c.cc.Invoke(ctx, Agent_ClusterClaims_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -316,6 +344,12 @@ type AgentServer interface {
 	// ReconcileEngineMounts releases every mount of one engine whose id is
 	// not in live_mount_ids: what a crashed engine forgot. Root only.
 	ReconcileEngineMounts(context.Context, *ReconcileEngineMountsRequest) (*ReconcileEngineMountsResponse, error)
+	// ClusterNodes lists the fleet's nodes (csi-agent serve
+	// --cluster-etcd-endpoints) with their liveness; ClusterClaims its
+	// claims and locks. FailedPrecondition when the agent is in no cluster,
+	// Unavailable when etcd does not answer.
+	ClusterNodes(context.Context, *ClusterNodesRequest) (*ClusterNodesResponse, error)
+	ClusterClaims(context.Context, *ClusterClaimsRequest) (*ClusterClaimsResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -367,6 +401,12 @@ func (UnimplementedAgentServer) ListNamedVolumes(context.Context, *ListNamedVolu
 }
 func (UnimplementedAgentServer) ReconcileEngineMounts(context.Context, *ReconcileEngineMountsRequest) (*ReconcileEngineMountsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReconcileEngineMounts not implemented")
+}
+func (UnimplementedAgentServer) ClusterNodes(context.Context, *ClusterNodesRequest) (*ClusterNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClusterNodes not implemented")
+}
+func (UnimplementedAgentServer) ClusterClaims(context.Context, *ClusterClaimsRequest) (*ClusterClaimsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClusterClaims not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -627,6 +667,42 @@ func _Agent_ReconcileEngineMounts_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ClusterNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClusterNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ClusterNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ClusterNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ClusterNodes(ctx, req.(*ClusterNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Agent_ClusterClaims_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClusterClaimsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ClusterClaims(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ClusterClaims_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ClusterClaims(ctx, req.(*ClusterClaimsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -681,6 +757,14 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReconcileEngineMounts",
 			Handler:    _Agent_ReconcileEngineMounts_Handler,
+		},
+		{
+			MethodName: "ClusterNodes",
+			Handler:    _Agent_ClusterNodes_Handler,
+		},
+		{
+			MethodName: "ClusterClaims",
+			Handler:    _Agent_ClusterClaims_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
