@@ -3,8 +3,9 @@
 //
 // A field is secret when its descriptor carries the CSI field option
 // (csi.v1.csi_secret) = true, as CSI's own secrets fields, the csi-addons
-// protos in proto/ and the agent API's node_stage_secrets and
-// node_publish_secrets do. Message returns a deep copy in which every such
+// protos in proto/ and the agent API's node_stage_secrets,
+// node_publish_secrets, controller_publish_secrets and the named volumes'
+// CreateVolume and DeleteVolume secrets do. Message returns a deep copy in which every such
 // field, at any depth (singular, repeated and map-valued messages, messages
 // packed in a google.protobuf.Any whose type is linked in), shows which
 // secrets were passed but not their values:

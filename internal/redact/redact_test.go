@@ -414,7 +414,7 @@ func FuzzMessage(f *testing.F) {
 			dropUnknown(want.ProtoReflect())
 			for _, v := range want.Volumes {
 				sp := v.GetSource().GetCsiVolume().GetStaticProvisioning()
-				for _, secrets := range []map[string]*agentv1.Secret{sp.GetNodeStageSecrets(), sp.GetNodePublishSecrets()} {
+				for _, secrets := range []map[string]*agentv1.Secret{sp.GetNodeStageSecrets(), sp.GetNodePublishSecrets(), sp.GetControllerPublishSecrets()} {
 					for k := range secrets {
 						secrets[k] = &agentv1.Secret{}
 					}
