@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/cluster"
@@ -117,4 +118,63 @@ func (c clusterClaims) Release(ctx context.Context, plugin, volumeID string) err
 		return errors.New("the agent has not joined its cluster yet")
 	}
 	return cl.Release(ctx, plugin, volumeID)
+}
+
+// clusterCollector exports the fleet's counters (cluster.Stats) as
+// csi_agent_cluster_* metrics; nothing when the agent is in no cluster.
+type clusterCollector struct {
+	stats func() (cluster.Stats, bool)
+}
+
+var clusterDescs = struct {
+	connected, held, pending, revoked, conflicts, lockWaits, locksHeld *prometheus.Desc
+}{
+	connected: prometheus.NewDesc("csi_agent_cluster_connected", "1 while the node is registered in the fleet and its last etcd call answered, else 0.", nil, nil),
+	held:      prometheus.NewDesc("csi_agent_cluster_claims_held", "Volume claims this node holds (its claims file).", nil, nil),
+	pending:   prometheus.NewDesc("csi_agent_cluster_pending_releases", "Claims released here that etcd has not been told of yet (it did not answer).", nil, nil),
+	revoked:   prometheus.NewDesc("csi_agent_cluster_revoked_claims", "Claims released in etcd while this node held them (a dead-node release while it was away): refused for new use, reported.", nil, nil),
+	conflicts: prometheus.NewDesc("csi_agent_cluster_claim_conflicts_total", "Claims refused because another node held the volume.", nil, nil),
+	lockWaits: prometheus.NewDesc("csi_agent_cluster_lock_waits_total", "Cluster-wide lock requests that found the lock held and waited.", nil, nil),
+	locksHeld: prometheus.NewDesc("csi_agent_cluster_locks_held", "Cluster-wide locks this node holds now.", nil, nil),
+}
+
+func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{clusterDescs.connected, clusterDescs.held, clusterDescs.pending, clusterDescs.revoked, clusterDescs.conflicts, clusterDescs.lockWaits, clusterDescs.locksHeld} {
+		ch <- d
+	}
+}
+
+func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	st, ok := c.stats()
+	if !ok {
+		return
+	}
+	connected := 0.0
+	if st.Connected {
+		connected = 1
+	}
+	for _, m := range []struct {
+		d *prometheus.Desc
+		t prometheus.ValueType
+		v float64
+	}{
+		{clusterDescs.connected, prometheus.GaugeValue, connected},
+		{clusterDescs.held, prometheus.GaugeValue, float64(st.ClaimsHeld)},
+		{clusterDescs.pending, prometheus.GaugeValue, float64(st.PendingReleases)},
+		{clusterDescs.revoked, prometheus.GaugeValue, float64(st.Revoked)},
+		{clusterDescs.conflicts, prometheus.CounterValue, float64(st.Conflicts)},
+		{clusterDescs.lockWaits, prometheus.CounterValue, float64(st.LockWaits)},
+		{clusterDescs.locksHeld, prometheus.GaugeValue, float64(st.LocksHeld)},
+	} {
+		ch <- prometheus.MustNewConstMetric(m.d, m.t, m.v)
+	}
+}
+
+// clusterStats is the fleet's counters, once joined.
+func (a *Agent) clusterStats() (cluster.Stats, bool) {
+	c := a.cluster.Load()
+	if c == nil {
+		return cluster.Stats{}, false
+	}
+	return c.Stats(), true
 }

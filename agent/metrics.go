@@ -96,6 +96,7 @@ func newMetrics(a *Agent) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rpcTotal, m.rpcDuration, m.apiTotal, m.apiDuration, m.repairs, m.keyRotations,
 		newStateCollector(a),
+		clusterCollector{a.clusterStats},
 		volumestats.NewCollector(a.stats),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "csi_agent_checkpoint_writes_total",

@@ -1,0 +1,39 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/csiagent/csiagent/cluster"
+)
+
+// TestClusterMetrics: the fleet's counters as csi_agent_cluster_*
+// metrics, none when the agent is in no cluster.
+func TestClusterMetrics(t *testing.T) {
+	none := clusterCollector{func() (cluster.Stats, bool) { return cluster.Stats{}, false }}
+	if n := testutil.CollectAndCount(none); n != 0 {
+		t.Errorf("in no cluster: %d metrics, want none", n)
+	}
+	c := clusterCollector{func() (cluster.Stats, bool) {
+		return cluster.Stats{Connected: true, ClaimsHeld: 2, PendingReleases: 1, Revoked: 1, Conflicts: 5, LockWaits: 3, LocksHeld: 1}, true
+	}}
+	want := `
+# HELP csi_agent_cluster_claim_conflicts_total Claims refused because another node held the volume.
+# TYPE csi_agent_cluster_claim_conflicts_total counter
+csi_agent_cluster_claim_conflicts_total 5
+# HELP csi_agent_cluster_claims_held Volume claims this node holds (its claims file).
+# TYPE csi_agent_cluster_claims_held gauge
+csi_agent_cluster_claims_held 2
+# HELP csi_agent_cluster_connected 1 while the node is registered in the fleet and its last etcd call answered, else 0.
+# TYPE csi_agent_cluster_connected gauge
+csi_agent_cluster_connected 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "csi_agent_cluster_connected", "csi_agent_cluster_claims_held", "csi_agent_cluster_claim_conflicts_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(c); n != 7 {
+		t.Errorf("%d metrics, want 7", n)
+	}
+}
