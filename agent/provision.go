@@ -147,24 +147,14 @@ func (a *Agent) provisioner(ctx context.Context, typ string) (provisionerClient,
 }
 
 // callPlugin makes one controller RPC until ctx ends, retrying the codes of
-// provisionRetry with jittered backoff. Its error keeps the plugin's code
-// (a status error the API passes on) and names the plugin and the RPC.
+// provisionRetry with jittered backoff (retrypolicy.Retry). Its error keeps
+// the plugin's code (a status error the API passes on) and names the
+// plugin and the RPC.
 func callPlugin(ctx context.Context, typ, rpc string, call func(context.Context) error) error {
-	for attempt := 0; ; attempt++ {
-		err := call(ctx)
-		if err == nil {
-			return nil
-		}
-		s := status.Convert(err)
-		if !slices.Contains(provisionRetry, s.Code()) || ctx.Err() != nil {
-			return status.Errorf(s.Code(), "plugin %s: %s: %s (after %d call(s))", typ, rpc, s.Message(), attempt+1)
-		}
-		t := time.NewTimer(retrypolicy.Backoff(provisionRetryBase, provisionRetryMax, attempt, 2))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return status.Errorf(s.Code(), "plugin %s: %s: %s (after %d call(s); %v)", typ, rpc, s.Message(), attempt+1, ctx.Err())
-		case <-t.C:
-		}
+	attempts, err := retrypolicy.Retry(ctx, provisionRetryBase, provisionRetryMax, provisionRetry, call, nil)
+	if err == nil {
+		return nil
 	}
+	s := status.Convert(err)
+	return status.Errorf(s.Code(), "plugin %s: %s: %s (after %d call(s))", typ, rpc, s.Message(), attempts)
 }

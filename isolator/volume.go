@@ -727,32 +727,21 @@ var (
 func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, retry []codes.Code, f func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 	defer cancel()
-	for attempt := 1; ; attempt++ {
+	attempts, err := retrypolicy.Retry(ctx, retryBase, retryMax, retry, func(ctx context.Context) error {
 		err := f(ctx)
 		iso.cfg.CrashPoint("rpc " + rpc)
-		if err == nil {
-			iso.log.Debug("plugin RPC done", "rpc", rpc, "volume", v.key.String(), "attempt", attempt)
-			return nil
-		}
-		code := status.Code(err)
-		retryable := slices.Contains(retry, code)
-		wrapped := &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
-		if !retryable || ctx.Err() != nil {
-			if msg := status.Convert(err).Message(); strings.Contains(strings.TrimSpace(msg), "\n") {
-				iso.log.Warn("plugin RPC failed", "rpc", rpc, "volume", v.key.String(), "code", code.String(), "message", msg)
-			}
-			return wrapped
-		}
-		d := retrypolicy.Backoff(retryBase, retryMax, attempt-1, 2)
-		iso.log.Warn("plugin RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", code.String(), "retry_in", d)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return wrapped
-		case <-t.C:
-		}
+		return err
+	}, func(attempt int, err error, d time.Duration) {
+		iso.log.Warn("plugin RPC failed; retrying", "rpc", rpc, "volume", v.key.String(), "attempt", attempt, "code", status.Code(err).String(), "retry_in", d)
+	})
+	if err == nil {
+		iso.log.Debug("plugin RPC done", "rpc", rpc, "volume", v.key.String(), "attempt", attempts)
+		return nil
 	}
+	if msg := status.Convert(err).Message(); strings.Contains(strings.TrimSpace(msg), "\n") {
+		iso.log.Warn("plugin RPC failed", "rpc", rpc, "volume", v.key.String(), "code", status.Code(err).String(), "message", msg)
+	}
+	return &rpcError{plugin: v.key.plugin, rpc: rpc, volume: v.key.id, err: err}
 }
 
 // pluginDownError: the plugin was unknown or not ready in time.

@@ -8,5 +8,7 @@
 // limits. Backoff is the one exponential backoff with a cap and jitter:
 // the retries of both, the isolator's node RPC retries and the
 // supervisor's plugin restarts wait what it computes (each with its own
-// base, cap and jitter).
+// base, cap and jitter). Retry is the loop around it for calls retried on
+// their status codes until a deadline: the isolator's plugin RPCs and the
+// agent's CreateVolume and DeleteVolume.
 package retrypolicy
