@@ -286,7 +286,7 @@ func newAgent(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.snapshots = cat
-	a.ctrlops = controllerops.New(controllerops.Config{Plugins: controllerPlugins{a}, Catalogue: cat, Log: a.log, CrashPoint: cfg.CrashPoint})
+	a.ctrlops = controllerops.New(controllerops.Config{Plugins: controllerPlugins{a}, Catalogue: cat, Log: a.log, CrashPoint: cfg.CrashPoint, Fleet: a.fleetLocks()})
 	return a, nil
 }
 

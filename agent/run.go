@@ -202,7 +202,7 @@ func (a *Agent) startAPI(context.Context) (stop func(), err error) {
 		Core: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: apiPlugins{controllerPlugins{a}},
 		Configured: a.configured, Stopping: a.stopping, OnVolumesChanged: a.pokeSchedules,
 		Schedules: apiSchedules{a}, Stats: apiStats{a},
-		Named: a.named, Members: apiserver.Members{Roots: a.cfg.APIGroupRoots}, Cluster: a.apiCluster(),
+		Named: a.named, Members: apiserver.Members{Roots: a.cfg.APIGroupRoots}, Cluster: a.apiCluster(), Fence: a.ctrlops.Fence,
 	}))
 	agentv1.RegisterControllerServer(srv, a.ctrlops)
 	a.apiErr = make(chan error, 1)

@@ -2,10 +2,10 @@ package apiserver
 
 import (
 	"context"
-	"errors"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/cluster"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -16,6 +16,7 @@ import (
 type Cluster interface {
 	Nodes(ctx context.Context) ([]cluster.NodeStatus, error)
 	Claims(ctx context.Context) (cluster.Status, error)
+	ReleaseNode(ctx context.Context, node, volume string, nodeIsDown bool, fenced func(ctx context.Context, addresses []string) error) ([]cluster.ClaimStatus, error)
 }
 
 // clusterOf is the agent's cluster, or FailedPrecondition saying how to
@@ -31,15 +32,6 @@ func (s *Server) clusterOf() (Cluster, error) {
 	return c, nil
 }
 
-// clusterStatus maps the cluster's errors: etcd not answering is
-// Unavailable.
-func clusterStatus(err error) error {
-	if errors.Is(err, cluster.ErrUnavailable) {
-		return status.Error(codes.Unavailable, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
-}
-
 // ClusterNodes lists the fleet's nodes.
 func (s *Server) ClusterNodes(ctx context.Context, _ *agentv1.ClusterNodesRequest) (*agentv1.ClusterNodesResponse, error) {
 	c, err := s.clusterOf()
@@ -48,7 +40,7 @@ func (s *Server) ClusterNodes(ctx context.Context, _ *agentv1.ClusterNodesReques
 	}
 	nodes, err := c.Nodes(ctx)
 	if err != nil {
-		return nil, clusterStatus(err)
+		return nil, Status(err)
 	}
 	out := &agentv1.ClusterNodesResponse{}
 	for _, n := range nodes {
@@ -65,7 +57,47 @@ func (s *Server) ClusterClaims(ctx context.Context, _ *agentv1.ClusterClaimsRequ
 	}
 	st, err := c.Claims(ctx)
 	if err != nil {
-		return nil, clusterStatus(err)
+		return nil, Status(err)
 	}
 	return ClusterClaims(st), nil
+}
+
+// ClusterRelease hands a dead node's claims over: root only, since it
+// lets another host use volumes the node may still be writing to unless
+// it is fenced or down.
+func (s *Server) ClusterRelease(ctx context.Context, req *agentv1.ClusterReleaseRequest) (*agentv1.ClusterReleaseResponse, error) {
+	if err := rootOnly(ctx, "ClusterRelease hands a node's volumes to other hosts"); err != nil {
+		return nil, err
+	}
+	c, err := s.clusterOf()
+	if err != nil {
+		return nil, err
+	}
+	if req.GetNodeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "node_id is required: the dead node whose claims to release (csi-agent cluster nodes lists them)")
+	}
+	out := &agentv1.ClusterReleaseResponse{}
+	var fenced func(context.Context, []string) error
+	if f := req.GetFence(); f != nil {
+		if s.cfg.Fence == nil {
+			return nil, status.Error(codes.FailedPrecondition, "this agent cannot fence: it has no controller operations")
+		}
+		fenced = func(ctx context.Context, addresses []string) error {
+			fr := proto.CloneOf(f)
+			fr.Cidrs = addresses
+			if err := s.cfg.Fence(ctx, fr); err != nil {
+				return err
+			}
+			out.FencedCidrs = addresses
+			return nil
+		}
+	}
+	released, err := c.ReleaseNode(ctx, req.GetNodeId(), req.GetVolumeId(), req.GetNodeIsDown(), fenced)
+	for _, r := range released {
+		out.Released = append(out.Released, ClusterClaim(r))
+	}
+	if err != nil {
+		return nil, Status(err)
+	}
+	return out, nil
 }

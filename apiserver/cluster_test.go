@@ -17,6 +17,12 @@ type fakeCluster struct {
 	nodes []cluster.NodeStatus
 	st    cluster.Status
 	err   error
+	// release is ReleaseNode.
+	release func(ctx context.Context, node, volume string, nodeIsDown bool, fenced func(context.Context, []string) error) ([]cluster.ClaimStatus, error)
+}
+
+func (f fakeCluster) ReleaseNode(ctx context.Context, node, volume string, nodeIsDown bool, fenced func(context.Context, []string) error) ([]cluster.ClaimStatus, error) {
+	return f.release(ctx, node, volume, nodeIsDown, fenced)
 }
 
 func (f fakeCluster) Nodes(context.Context) ([]cluster.NodeStatus, error) { return f.nodes, f.err }
@@ -55,5 +61,59 @@ func TestClusterHandlers(t *testing.T) {
 	if err != nil || len(c) != 1 || c[0].GetMode() != "exclusive" || c[0].GetHolders()[0].GetNodeId() != "a" || !c[0].GetHolders()[0].GetAlive() ||
 		len(l) != 1 || l[0].GetHolder() != "a" || l[0].GetWaiters()[0] != "b" {
 		t.Errorf("claims: %v, %v", claims, err)
+	}
+}
+
+// TestClusterRelease: root only; the node is required; the fence request
+// reaches Fence with the node's registered addresses (its own cidrs
+// ignored), and the reply carries them and the released claims; the
+// cluster's refusals keep their codes.
+func TestClusterRelease(t *testing.T) {
+	ctx := caller(rootCred)
+	var fencedWith *agentv1.FenceRequest
+	f := fakeCluster{release: func(ctx context.Context, node, volume string, nodeIsDown bool, fenced func(context.Context, []string) error) ([]cluster.ClaimStatus, error) {
+		switch node {
+		case "alive":
+			return nil, fmt.Errorf("%w: node alive holds a live lease", cluster.ErrNodeAlive)
+		case "ghost":
+			return nil, fmt.Errorf("%w: node ghost never registered", cluster.ErrNotFound)
+		}
+		if !nodeIsDown {
+			if fenced == nil {
+				return nil, fmt.Errorf("%w: no fencer", cluster.ErrNotFenced)
+			}
+			if err := fenced(ctx, []string{"10.0.0.7/32"}); err != nil {
+				return nil, err
+			}
+		}
+		return []cluster.ClaimStatus{{Plugin: "loop", Volume: volume, Mode: cluster.Exclusive, Holders: []cluster.Holder{{Node: node}}}}, nil
+	}}
+	s := New(Config{Cluster: func() Cluster { return f }, Fence: func(_ context.Context, req *agentv1.FenceRequest) error {
+		fencedWith = req
+		return nil
+	}})
+	for _, c := range []struct {
+		req  *agentv1.ClusterReleaseRequest
+		code codes.Code
+	}{
+		{&agentv1.ClusterReleaseRequest{}, codes.InvalidArgument},
+		{&agentv1.ClusterReleaseRequest{NodeId: "alive", NodeIsDown: true}, codes.FailedPrecondition},
+		{&agentv1.ClusterReleaseRequest{NodeId: "ghost", NodeIsDown: true}, codes.NotFound},
+		{&agentv1.ClusterReleaseRequest{NodeId: "dead"}, codes.FailedPrecondition},
+	} {
+		if _, err := s.ClusterRelease(ctx, c.req); status.Code(err) != c.code {
+			t.Errorf("ClusterRelease(%v): %v, want %v", c.req, err, c.code)
+		}
+	}
+	resp, err := s.ClusterRelease(ctx, &agentv1.ClusterReleaseRequest{NodeId: "dead", VolumeId: "v", Fence: &agentv1.FenceRequest{PluginName: "loop", Cidrs: []string{"1.2.3.4/32"}}})
+	if err != nil || len(resp.GetReleased()) != 1 || resp.GetReleased()[0].GetVolumeId() != "v" || len(resp.GetFencedCidrs()) != 1 || resp.GetFencedCidrs()[0] != "10.0.0.7/32" {
+		t.Fatalf("fenced release: %v, %v", resp, err)
+	}
+	if fencedWith.GetPluginName() != "loop" || len(fencedWith.GetCidrs()) != 1 || fencedWith.GetCidrs()[0] != "10.0.0.7/32" {
+		t.Fatalf("Fence called with %v, want plugin loop and the node's registered address only", fencedWith)
+	}
+	member := caller(memberCred)
+	if _, err := s.ClusterRelease(member, &agentv1.ClusterReleaseRequest{NodeId: "dead", NodeIsDown: true}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a member's ClusterRelease: %v, want PermissionDenied", err)
 	}
 }

@@ -170,9 +170,20 @@ func Plugin(p *supervisor.PluginStatus) *agentv1.Plugin {
 
 // ClusterNode is a fleet node in the API's terms.
 func ClusterNode(n cluster.NodeStatus) *agentv1.ClusterNode {
-	out := &agentv1.ClusterNode{NodeId: n.ID, Alive: n.Alive, Registered: timestamp(n.Registered), AgentVersion: n.Info.AgentVersion}
+	out := &agentv1.ClusterNode{NodeId: n.ID, Alive: n.Alive, Registered: timestamp(n.Registered), AgentVersion: n.Info.AgentVersion,
+		FenceCidrs: n.Info.FenceAddresses}
 	for _, p := range n.Info.Plugins {
 		out.Plugins = append(out.Plugins, p.Type)
+		out.PluginInfo = append(out.PluginInfo, &agentv1.ClusterNodePlugin{Type: p.Type, Topology: p.Topology, AvailableCapacity: p.AvailableCapacity, MaxVolumes: p.MaxVolumes})
+	}
+	return out
+}
+
+// ClusterClaim is one claim in the API's terms.
+func ClusterClaim(c cluster.ClaimStatus) *agentv1.ClusterClaim {
+	out := &agentv1.ClusterClaim{PluginName: c.Plugin, VolumeId: c.Volume, Mode: string(c.Mode)}
+	for _, h := range c.Holders {
+		out.Holders = append(out.Holders, &agentv1.ClusterHolder{NodeId: h.Node, Since: timestamp(h.Since), Alive: h.Alive})
 	}
 	return out
 }
@@ -181,11 +192,7 @@ func ClusterNode(n cluster.NodeStatus) *agentv1.ClusterNode {
 func ClusterClaims(st cluster.Status) *agentv1.ClusterClaimsResponse {
 	out := &agentv1.ClusterClaimsResponse{}
 	for _, c := range st.Claims {
-		cc := &agentv1.ClusterClaim{PluginName: c.Plugin, VolumeId: c.Volume, Mode: string(c.Mode)}
-		for _, h := range c.Holders {
-			cc.Holders = append(cc.Holders, &agentv1.ClusterHolder{NodeId: h.Node, Since: timestamp(h.Since), Alive: h.Alive})
-		}
-		out.Claims = append(out.Claims, cc)
+		out.Claims = append(out.Claims, ClusterClaim(c))
 	}
 	for _, l := range st.Locks {
 		out.Locks = append(out.Locks, &agentv1.ClusterLock{Kind: l.Kind, Id: l.ID, Holder: l.Holder, Waiters: l.Waiters})

@@ -102,6 +102,9 @@ type Config struct {
 	// Cluster, when set (the agent joins a fleet), returns the fleet once
 	// joined (nil before).
 	Cluster func() Cluster
+	// Fence runs a csi-addons FenceClusterNetwork (ClusterRelease fences
+	// a dead node with it); nil: the agent cannot fence.
+	Fence func(ctx context.Context, req *agentv1.FenceRequest) error
 }
 
 // Server is the Agent gRPC service.

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/internal/statuscode"
+	"github.com/csiagent/csiagent/cluster"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
@@ -45,6 +46,11 @@ func Status(err error) error {
 		statuscode.Class{Err: namedvol.ErrInUse, Code: codes.FailedPrecondition},
 		statuscode.Class{Err: namedvol.ErrCreating, Code: codes.FailedPrecondition},
 		statuscode.Class{Err: namedvol.ErrAnnotationRefused, Code: codes.PermissionDenied},
+		statuscode.Class{Err: cluster.ErrUnavailable, Code: codes.Unavailable},
+		statuscode.Class{Err: cluster.ErrInvalid, Code: codes.InvalidArgument},
+		statuscode.Class{Err: cluster.ErrNotFound, Code: codes.NotFound},
+		statuscode.Class{Err: cluster.ErrNodeAlive, Code: codes.FailedPrecondition},
+		statuscode.Class{Err: cluster.ErrNotFenced, Code: codes.FailedPrecondition},
 		// The work dir is full: a checkpoint could not be written.
 		statuscode.Class{Err: isolator.ErrLimit, Code: codes.ResourceExhausted},
 		statuscode.Class{Err: syscall.ENOSPC, Code: codes.ResourceExhausted},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/apiserver"
+	"github.com/csiagent/csiagent/cluster"
 	"github.com/csiagent/csiagent/internal/version"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/supervisor"
@@ -59,6 +60,9 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.StringVar(&cfg.Cluster.TLS.Cert, "cluster-etcd-cert", "", "with --cluster-etcd-endpoints: client certificate (with --cluster-etcd-key)")
 	fs.StringVar(&cfg.Cluster.TLS.Key, "cluster-etcd-key", "", "with --cluster-etcd-endpoints: client key")
 	fs.StringVar(&cfg.Cluster.Prefix, "cluster-prefix", "", "with --cluster-etcd-endpoints: the fleet's key prefix in etcd (default /csiagent)")
+	fs.StringSliceVar(&cfg.Cluster.FenceCIDRs, "cluster-fence-cidrs", nil, "with --cluster-etcd-endpoints: the networks this host reaches its storage from, which 'csi-agent cluster release --fence-plugin' fences (csi-addons FenceClusterNetwork) before handing its claims over (default: the addresses of its interfaces that are up, each as a /32 or /128, loopback and link-local left out)")
+	fs.DurationVar(&cfg.Cluster.LeaseTTL, "cluster-lease-ttl", cluster.DefaultLeaseTTL, "with --cluster-etcd-endpoints: this host's lease in etcd; it is listed down (and its claims releasable) this long after it stops answering")
+	fs.DurationVar(&cfg.Cluster.CallTimeout, "cluster-etcd-timeout", cluster.DefaultCallTimeout, "with --cluster-etcd-endpoints: deadline of each etcd call; a new claim fails Unavailable when etcd does not answer within it")
 	fs.StringVar(&cfg.DockerHost, "docker-host", defaultDockerHost, "the Docker daemon whose containers are checked every --resync-interval: its mounts of volumes none of them holds any more (dockerd was killed) are released (\"none\": off)")
 	return func(ctx context.Context, name string, _ []string) int {
 		cfg.NoRepair = !*repair

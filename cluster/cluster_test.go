@@ -254,7 +254,7 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := a.Release(ctx, "loop", "released"); err != nil {
 		t.Fatalf("a release without quorum: %v", err)
 	}
-	if _, err := a.Lock(ctx, "volume", "x"); !errors.Is(err, ErrUnavailable) {
+	if _, err := a.Lock(ctx, "volume", "x", nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a lock without quorum: %v", err)
 	}
 	if st := a.Stats(); st.Connected || st.PendingReleases != 1 || st.ClaimsHeld != 1 {
@@ -446,10 +446,10 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 30*time.Second)
 
-	if _, err := a.Lock(context.Background(), "volume", "x"); !errors.Is(err, ErrInvalid) {
+	if _, err := a.Lock(context.Background(), "volume", "x", nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Lock without a deadline: %v, want ErrInvalid", err)
 	}
-	unlock, err := a.Lock(ctx, "volume", "x")
+	unlock, err := a.Lock(ctx, "volume", "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,10 +461,14 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 		t.Fatalf("locks: %+v", st.Locks)
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = b.Lock(short, "volume", "x")
+	var waitedFor []string
+	_, err = b.Lock(short, "volume", "x", func(holder string) { waitedFor = append(waitedFor, holder) })
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "node-a") {
 		t.Fatalf("Lock of a held lock past its deadline: %v, want DeadlineExceeded naming node-a", err)
+	}
+	if !slices.Equal(waitedFor, []string{"node-a"}) {
+		t.Fatalf("waiting called with %q, want once with node-a", waitedFor)
 	}
 	unlock()
 
@@ -473,7 +477,7 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	for _, n := range []*testNode{a, b} {
 		wg.Go(func() {
 			for range 10 {
-				unlock, err := n.Lock(ctx, "volume", "y")
+				unlock, err := n.Lock(ctx, "volume", "y", nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -496,12 +500,12 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 		t.Fatalf("%d of %d critical sections overlapped", overlaps.Load(), runs.Load())
 	}
 	// Two callers on one node share its session: they are serialised too.
-	unlock, err = a.Lock(ctx, "volume", "z")
+	unlock, err = a.Lock(ctx, "volume", "z", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = a.Lock(short, "volume", "z")
+	_, err = a.Lock(short, "volume", "z", nil)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a second Lock on the same node: %v, want DeadlineExceeded", err)

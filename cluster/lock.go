@@ -29,8 +29,10 @@ type lockHeld struct {
 // deadline (the operation's). The lock lives on the node's lease: it is
 // lost if the node loses its lease (etcd unreachable for the lease's
 // TTL). unlock releases it (within Config.CallTimeout; a failure leaves
-// it to the lease).
-func (c *Cluster) Lock(ctx context.Context, kind, id string) (unlock func(), err error) {
+// it to the lease). waiting, if set, is called once, before the wait,
+// when the lock is held, with its holder ("this node" for another call
+// here, "" when etcd could not say).
+func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (unlock func(), err error) {
 	if kind == "" || id == "" {
 		return nil, fmt.Errorf("%w: a lock needs a kind and an id (got %q, %q)", ErrInvalid, kind, id)
 	}
@@ -47,7 +49,13 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string) (unlock func(), err
 	// Callers on this node first take a local lock: the node's callers
 	// share its session, so its etcd mutex alone would let them all in.
 	waited := false
-	unlockLocal, err := c.objects.LockWaiting(ctx, prefix, func() { waited = true })
+	wait := func(holder string) {
+		waited = true
+		if waiting != nil {
+			waiting(holder)
+		}
+	}
+	unlockLocal, err := c.objects.LockWaiting(ctx, prefix, func() { wait("this node") })
 	if err != nil {
 		return nil, fmt.Errorf("locking %s %s (held by another call on this node): %w", kind, id, err)
 	}
@@ -56,7 +64,12 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string) (unlock func(), err
 	err = m.TryLock(tctx)
 	cancel()
 	if errors.Is(err, concurrency.ErrLocked) {
-		waited = true
+		if !waited {
+			hctx, cancel := c.callCtx(ctx)
+			holder, _ := c.lockHolder(hctx, prefix) // for the message only
+			cancel()
+			wait(holder)
+		}
 		err = m.Lock(ctx)
 	}
 	if waited {

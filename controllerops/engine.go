@@ -1,6 +1,7 @@
 package controllerops
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,26 +96,40 @@ type op struct {
 	progress func(*agentv1.Progress) error
 }
 
-// withLock runs f holding the lock of one plugin object, reporting a
-// WAITING progress if another operation holds it.
+// withLock runs f holding the lock of one plugin object, in this agent
+// and, in a fleet, across it, reporting a WAITING progress if another
+// operation holds it.
 func (o *op) withLock(ctx context.Context, kind, id string, f func() error) error {
 	var sendErr error
-	unlock, err := o.s.locks.LockWaiting(ctx, o.plugin+"\x00"+kind+"\x00"+id, func() {
-		sendErr = o.progress(&agentv1.Progress{
-			Kind:    agentv1.Progress_WAITING,
-			Message: fmt.Sprintf("another operation on %s %s of plugin %s is running through this agent; waiting for it", kind, id, o.plugin),
-		})
-	})
-	if sendErr != nil {
-		if unlock != nil {
-			unlock()
+	waiting := func(where string) {
+		if sendErr == nil {
+			sendErr = o.progress(&agentv1.Progress{
+				Kind:    agentv1.Progress_WAITING,
+				Message: fmt.Sprintf("another operation on %s %s of plugin %s is running %s; waiting for it", kind, cmp.Or(id, "(any)"), o.plugin, where),
+			})
 		}
-		return sendErr
 	}
+	unlock, err := o.s.locks.LockWaiting(ctx, o.plugin+"\x00"+kind+"\x00"+id, func() { waiting("through this agent") })
 	if err != nil {
 		return status.FromContextError(err).Err()
 	}
 	defer unlock()
+	if sendErr != nil {
+		return sendErr
+	}
+	if o.s.fleet != nil {
+		// One object id per plugin: the lock's kind names both.
+		unlockFleet, err := o.s.fleet.Lock(ctx, o.plugin+" "+kind, cmp.Or(id, "*"), func(holder string) {
+			waiting("on node " + cmp.Or(holder, "(unknown)") + " of the fleet")
+		})
+		if err != nil {
+			return err
+		}
+		defer unlockFleet()
+		if sendErr != nil {
+			return sendErr
+		}
+	}
 	return f()
 }
 

@@ -45,37 +45,61 @@ func cidrs(in []string, required bool) ([]*fence.CIDR, error) {
 }
 
 func (s *Server) FenceNetwork(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {
-	return s.fenceOp(req, stream, "FenceNetwork", "FenceClusterNetwork", func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error {
-		_, err := c.FenceClusterNetwork(ctx, &fence.FenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
-		return err
-	})
+	return s.fenceOp(req, stream, true)
 }
 
 func (s *Server) UnfenceNetwork(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {
-	return s.fenceOp(req, stream, "UnfenceNetwork", "UnfenceClusterNetwork", func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error {
-		_, err := c.UnfenceClusterNetwork(ctx, &fence.UnfenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
-		return err
+	return s.fenceOp(req, stream, false)
+}
+
+// Fence runs FenceClusterNetwork for req outside a stream, its progress
+// logged (csi-agent cluster release fences a dead node with it).
+func (s *Server) Fence(ctx context.Context, req *agentv1.FenceRequest) error {
+	log := s.log.With("method", "FenceNetwork", "plugin", req.GetPluginName())
+	return s.run(ctx, "FenceNetwork", req, func(p *agentv1.Progress) error {
+		log.Info("fencing", "progress", p.GetKind().String(), "message", p.GetMessage(), "code", p.GetCode())
+		return nil
+	}, fenceBody(req, true))
+}
+
+// fenceOp runs FenceClusterNetwork (fence) or UnfenceClusterNetwork.
+func (s *Server) fenceOp(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply], fence bool) error {
+	method := "UnfenceNetwork"
+	if fence {
+		method = "FenceNetwork"
+	}
+	body := fenceBody(req, fence)
+	return serve(s, method, req, stream, fenceProgress, func(ctx context.Context, o *op) error {
+		if err := body(ctx, o); err != nil {
+			return err
+		}
+		return stream.Send(&agentv1.FenceReply{Done: true})
 	})
 }
 
-// fenceOp runs FenceClusterNetwork or UnfenceClusterNetwork, one fencing
-// operation per plugin at a time.
-func (s *Server) fenceOp(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply], method, rpc string,
-	call func(ctx context.Context, c fence.FenceControllerClient, cs []*fence.CIDR) error) error {
-	return serve(s, method, req, stream, fenceProgress, func(ctx context.Context, o *op) error {
+// fenceBody is the operation: one fencing operation per plugin at a time.
+func fenceBody(req *agentv1.FenceRequest, fenceIt bool) func(ctx context.Context, o *op) error {
+	rpc := "UnfenceClusterNetwork"
+	if fenceIt {
+		rpc = "FenceClusterNetwork"
+	}
+	return func(ctx context.Context, o *op) error {
 		cs, err := cidrs(req.GetCidrs(), true)
 		if err != nil {
 			return err
 		}
 		return o.withLock(ctx, "network fence", "", func() error {
-			if err := o.invoke(ctx, fenceSpec(rpc), req, func(ctx context.Context, conn *grpc.ClientConn) error {
-				return call(ctx, fence.NewFenceControllerClient(conn), cs)
-			}); err != nil {
+			return o.invoke(ctx, fenceSpec(rpc), req, func(ctx context.Context, conn *grpc.ClientConn) error {
+				c := fence.NewFenceControllerClient(conn)
+				if fenceIt {
+					_, err := c.FenceClusterNetwork(ctx, &fence.FenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
+					return err
+				}
+				_, err := c.UnfenceClusterNetwork(ctx, &fence.UnfenceClusterNetworkRequest{Parameters: req.GetParameters(), Secrets: req.GetSecrets(), Cidrs: cs})
 				return err
-			}
-			return stream.Send(&agentv1.FenceReply{Done: true})
+			})
 		})
-	})
+	}
 }
 
 func (s *Server) ListFences(req *agentv1.FenceRequest, stream grpc.ServerStreamingServer[agentv1.FenceReply]) error {

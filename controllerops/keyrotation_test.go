@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,5 +130,73 @@ func TestRotateKey(t *testing.T) {
 	rot.script = []codes.Code{codes.InvalidArgument}
 	if _, err := run(&agentv1.RotateKeyRequest{PluginName: "p", VolumeId: "v1", Retry: retry}); status.Code(err) != codes.InvalidArgument || len(rot.reqs) != 3 {
 		t.Errorf("InvalidArgument: %v after %d calls, want not retried", err, len(rot.reqs))
+	}
+}
+
+// fakeFleet is FleetLocks: it reports the lock held by node-b once (as a
+// lock another node held would), or fails with err.
+type fakeFleet struct {
+	mu               sync.Mutex
+	err              error
+	locked, unlocked []string
+}
+
+func (f *fakeFleet) Lock(_ context.Context, kind, id string, waiting func(holder string)) (func(), error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	waiting("node-b")
+	f.mu.Lock()
+	f.locked = append(f.locked, kind+"/"+id)
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		f.unlocked = append(f.unlocked, kind+"/"+id)
+		f.mu.Unlock()
+	}, nil
+}
+
+// TestFleetLock: in a fleet, an operation also takes the object's
+// fleet-wide lock (its kind naming the plugin), reports the wait with the
+// holding node, calls the plugin holding it and releases it; a fleet
+// whose store does not answer fails the operation with its code before
+// any plugin call.
+func TestFleetLock(t *testing.T) {
+	rot := &fakeRotator{}
+	node := serveUnix(t, func(s *grpc.Server) { ekr.RegisterEncryptionKeyRotationControllerServer(s, rot) })
+	fleet := &fakeFleet{}
+	api := agentv1.NewControllerClient(serveUnix(t, func(s *grpc.Server) {
+		agentv1.RegisterControllerServer(s, New(Config{Plugins: fakePlugins{node}, Log: slog.New(slog.DiscardHandler), Fleet: fleet}))
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	run := func() (waits []string, err error) {
+		stream, err := api.RotateKey(ctx, &agentv1.RotateKeyRequest{PluginName: "p", VolumeId: "v1"})
+		if err != nil {
+			return nil, err
+		}
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return waits, nil
+			}
+			if err != nil {
+				return waits, err
+			}
+			if m.GetProgress().GetKind() == agentv1.Progress_WAITING {
+				waits = append(waits, m.GetProgress().GetMessage())
+			}
+		}
+	}
+	waits, err := run()
+	if err != nil || len(waits) != 1 || !strings.Contains(waits[0], "node node-b") || len(rot.reqs) != 1 {
+		t.Fatalf("rotate in a fleet: %v, waits %q, %d plugin calls", err, waits, len(rot.reqs))
+	}
+	if !slices.Equal(fleet.locked, []string{"p volume/v1"}) || !slices.Equal(fleet.unlocked, fleet.locked) {
+		t.Fatalf("fleet locks taken %q, released %q; want p volume/v1 once each", fleet.locked, fleet.unlocked)
+	}
+	fleet.err = status.Error(codes.Unavailable, "etcd does not answer")
+	if _, err := run(); status.Code(err) != codes.Unavailable || len(rot.reqs) != 1 {
+		t.Fatalf("fleet store down: %v after %d plugin calls, want Unavailable and no call", err, len(rot.reqs))
 	}
 }

@@ -74,8 +74,20 @@ type Server struct {
 	cat     *snapcat.Catalogue
 	log     *slog.Logger
 	crash   func(point string)
-	// locks keeps one operation in flight per plugin object.
+	// locks keeps one operation in flight per plugin object in this
+	// agent; fleet, when the agent is in a cluster, across the fleet.
 	locks keyedlock.Map
+	fleet FleetLocks
+}
+
+// FleetLocks keeps one call in flight per object across the agents of a
+// fleet (package cluster's Lock on etcd).
+type FleetLocks interface {
+	// Lock takes the fleet-wide lock of one object, waiting until ctx
+	// (which carries the operation's deadline) ends; waiting is called
+	// once, with the holding node, when another holds it. Its errors are
+	// status errors (Unavailable when the fleet's store does not answer).
+	Lock(ctx context.Context, kind, id string, waiting func(holder string)) (unlock func(), err error)
 }
 
 var _ agentv1.ControllerServer = (*Server)(nil)
@@ -90,6 +102,9 @@ type Config struct {
 	// CrashPoint is for crash tests only (nil: none): it is called with
 	// "group snapshot frozen" once a container's filesystems are frozen.
 	CrashPoint func(point string)
+	// Fleet, when set, extends each operation's per-object lock across
+	// the fleet; nil on one host.
+	Fleet FleetLocks
 }
 
 // New returns the Controller API service.
@@ -98,7 +113,7 @@ func New(cfg Config) *Server {
 	if crash == nil {
 		crash = func(string) {}
 	}
-	return &Server{plugins: cfg.Plugins, cat: cfg.Catalogue, log: cfg.Log, crash: crash}
+	return &Server{plugins: cfg.Plugins, cat: cfg.Catalogue, log: cfg.Log, crash: crash, fleet: cfg.Fleet}
 }
 
 // request is what every Controller API request carries.
@@ -114,6 +129,11 @@ type request interface {
 // wrap), and logs how it ended, always returning a status error.
 func serve[Reply any](s *Server, method string, req request, stream grpc.ServerStreamingServer[Reply],
 	wrap func(*agentv1.Progress) *Reply, body func(ctx context.Context, o *op) error) error {
+	return s.run(stream.Context(), method, req, func(p *agentv1.Progress) error { return stream.Send(wrap(p)) }, body)
+}
+
+// run is serve with progress sent to progress.
+func (s *Server) run(ctx context.Context, method string, req request, progress func(*agentv1.Progress) error, body func(ctx context.Context, o *op) error) error {
 	plugin := req.GetPluginName()
 	if plugin == "" {
 		return status.Error(codes.InvalidArgument, "plugin_name is required: the plugin's type, as 'csi-agent plugins' lists it")
@@ -124,9 +144,9 @@ func serve[Reply any](s *Server, method string, req request, stream grpc.ServerS
 	}
 	log := s.log.With("method", method, "plugin", plugin)
 	log.Info("controller operation", "request", redact.Value(req))
-	ctx, cancel := context.WithTimeout(stream.Context(), rp.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, rp.Timeout)
 	defer cancel()
-	o := &op{s: s, plugin: plugin, policy: rp, progress: func(p *agentv1.Progress) error { return stream.Send(wrap(p)) }}
+	o := &op{s: s, plugin: plugin, policy: rp, progress: progress}
 	err = body(ctx, o)
 	if err == nil {
 		log.Info("controller operation done")

@@ -139,7 +139,7 @@ func (x Volume_Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Mode.Descriptor instead.
 func (Volume_Mode) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 // Mesos's source types; csiagent serves CSI_VOLUME only.
@@ -198,7 +198,7 @@ func (x Volume_Source_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Volume_Source_Type.Descriptor instead.
 func (Volume_Source_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0, 0}
 }
 
 type Secret_Type int32
@@ -247,7 +247,7 @@ func (x Secret_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Secret_Type.Descriptor instead.
 func (Secret_Type) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25, 0}
 }
 
 // Mesos's CSIVolumeState states: stable CREATED, NODE_READY, VOL_READY
@@ -324,7 +324,7 @@ func (x VolumeStatus_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VolumeStatus_State.Descriptor instead.
 func (VolumeStatus_State) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33, 0}
 }
 
 type ContainerStatus_Phase int32
@@ -378,7 +378,135 @@ func (x ContainerStatus_Phase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ContainerStatus_Phase.Descriptor instead.
 func (ContainerStatus_Phase) EnumDescriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42, 0}
+}
+
+type ClusterReleaseRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Only the node's claims on volumes of this id ("": all of them).
+	VolumeId string `protobuf:"bytes,2,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The operator's assertion that the node is powered off (or otherwise
+	// cannot write to any volume): no fencing needed.
+	NodeIsDown bool `protobuf:"varint,3,opt,name=node_is_down,json=nodeIsDown,proto3" json:"node_is_down,omitempty"`
+	// Fence the node first with this plugin's csi-addons
+	// FenceClusterNetwork; its cidrs are ignored: the node's registered
+	// addresses are fenced. Unset: no fencing.
+	Fence         *FenceRequest `protobuf:"bytes,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterReleaseRequest) Reset() {
+	*x = ClusterReleaseRequest{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterReleaseRequest) ProtoMessage() {}
+
+func (x *ClusterReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ClusterReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ClusterReleaseRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ClusterReleaseRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ClusterReleaseRequest) GetNodeIsDown() bool {
+	if x != nil {
+		return x.NodeIsDown
+	}
+	return false
+}
+
+func (x *ClusterReleaseRequest) GetFence() *FenceRequest {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+type ClusterReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claims released, each with the node as its former holder.
+	Released []*ClusterClaim `protobuf:"bytes,1,rep,name=released,proto3" json:"released,omitempty"`
+	// The addresses fenced (none with node_is_down).
+	FencedCidrs   []string `protobuf:"bytes,2,rep,name=fenced_cidrs,json=fencedCidrs,proto3" json:"fenced_cidrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterReleaseResponse) Reset() {
+	*x = ClusterReleaseResponse{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterReleaseResponse) ProtoMessage() {}
+
+func (x *ClusterReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ClusterReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ClusterReleaseResponse) GetReleased() []*ClusterClaim {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
+func (x *ClusterReleaseResponse) GetFencedCidrs() []string {
+	if x != nil {
+		return x.FencedCidrs
+	}
+	return nil
 }
 
 type ClusterNodesRequest struct {
@@ -389,7 +517,7 @@ type ClusterNodesRequest struct {
 
 func (x *ClusterNodesRequest) Reset() {
 	*x = ClusterNodesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +529,7 @@ func (x *ClusterNodesRequest) String() string {
 func (*ClusterNodesRequest) ProtoMessage() {}
 
 func (x *ClusterNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +542,7 @@ func (x *ClusterNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNodesRequest.ProtoReflect.Descriptor instead.
 func (*ClusterNodesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 // ClusterNode is a node that registered in the fleet.
@@ -426,14 +554,18 @@ type ClusterNode struct {
 	Registered   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=registered,proto3" json:"registered,omitempty"`
 	AgentVersion string                 `protobuf:"bytes,4,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// The plugin types it registered.
-	Plugins       []string `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	Plugins []string `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	// What it registered of each plugin (NodeGetInfo, GetCapacity).
+	PluginInfo []*ClusterNodePlugin `protobuf:"bytes,6,rep,name=plugin_info,json=pluginInfo,proto3" json:"plugin_info,omitempty"`
+	// The addresses a release fences (serve --cluster-fence-cidrs).
+	FenceCidrs    []string `protobuf:"bytes,7,rep,name=fence_cidrs,json=fenceCidrs,proto3" json:"fence_cidrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterNode) Reset() {
 	*x = ClusterNode{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +577,7 @@ func (x *ClusterNode) String() string {
 func (*ClusterNode) ProtoMessage() {}
 
 func (x *ClusterNode) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +590,7 @@ func (x *ClusterNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNode.ProtoReflect.Descriptor instead.
 func (*ClusterNode) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ClusterNode) GetNodeId() string {
@@ -496,6 +628,90 @@ func (x *ClusterNode) GetPlugins() []string {
 	return nil
 }
 
+func (x *ClusterNode) GetPluginInfo() []*ClusterNodePlugin {
+	if x != nil {
+		return x.PluginInfo
+	}
+	return nil
+}
+
+func (x *ClusterNode) GetFenceCidrs() []string {
+	if x != nil {
+		return x.FenceCidrs
+	}
+	return nil
+}
+
+type ClusterNodePlugin struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Type     string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Topology map[string]string      `protobuf:"bytes,2,rep,name=topology,proto3" json:"topology,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// GetCapacity's available_capacity in bytes (0: not reported).
+	AvailableCapacity int64 `protobuf:"varint,3,opt,name=available_capacity,json=availableCapacity,proto3" json:"available_capacity,omitempty"`
+	// NodeGetInfo's max_volumes_per_node (0: no limit).
+	MaxVolumes    int64 `protobuf:"varint,4,opt,name=max_volumes,json=maxVolumes,proto3" json:"max_volumes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterNodePlugin) Reset() {
+	*x = ClusterNodePlugin{}
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterNodePlugin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterNodePlugin) ProtoMessage() {}
+
+func (x *ClusterNodePlugin) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterNodePlugin.ProtoReflect.Descriptor instead.
+func (*ClusterNodePlugin) Descriptor() ([]byte, []int) {
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ClusterNodePlugin) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ClusterNodePlugin) GetTopology() map[string]string {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
+func (x *ClusterNodePlugin) GetAvailableCapacity() int64 {
+	if x != nil {
+		return x.AvailableCapacity
+	}
+	return 0
+}
+
+func (x *ClusterNodePlugin) GetMaxVolumes() int64 {
+	if x != nil {
+		return x.MaxVolumes
+	}
+	return 0
+}
+
 type ClusterNodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*ClusterNode         `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -505,7 +721,7 @@ type ClusterNodesResponse struct {
 
 func (x *ClusterNodesResponse) Reset() {
 	*x = ClusterNodesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -517,7 +733,7 @@ func (x *ClusterNodesResponse) String() string {
 func (*ClusterNodesResponse) ProtoMessage() {}
 
 func (x *ClusterNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -530,7 +746,7 @@ func (x *ClusterNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterNodesResponse.ProtoReflect.Descriptor instead.
 func (*ClusterNodesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ClusterNodesResponse) GetNodes() []*ClusterNode {
@@ -548,7 +764,7 @@ type ClusterClaimsRequest struct {
 
 func (x *ClusterClaimsRequest) Reset() {
 	*x = ClusterClaimsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +776,7 @@ func (x *ClusterClaimsRequest) String() string {
 func (*ClusterClaimsRequest) ProtoMessage() {}
 
 func (x *ClusterClaimsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +789,7 @@ func (x *ClusterClaimsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterClaimsRequest.ProtoReflect.Descriptor instead.
 func (*ClusterClaimsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 // ClusterClaim is a volume claimed in the fleet: exclusive (one node) or
@@ -590,7 +806,7 @@ type ClusterClaim struct {
 
 func (x *ClusterClaim) Reset() {
 	*x = ClusterClaim{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +818,7 @@ func (x *ClusterClaim) String() string {
 func (*ClusterClaim) ProtoMessage() {}
 
 func (x *ClusterClaim) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +831,7 @@ func (x *ClusterClaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterClaim.ProtoReflect.Descriptor instead.
 func (*ClusterClaim) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ClusterClaim) GetPluginName() string {
@@ -658,7 +874,7 @@ type ClusterHolder struct {
 
 func (x *ClusterHolder) Reset() {
 	*x = ClusterHolder{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +886,7 @@ func (x *ClusterHolder) String() string {
 func (*ClusterHolder) ProtoMessage() {}
 
 func (x *ClusterHolder) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +899,7 @@ func (x *ClusterHolder) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterHolder.ProtoReflect.Descriptor instead.
 func (*ClusterHolder) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClusterHolder) GetNodeId() string {
@@ -720,7 +936,7 @@ type ClusterLock struct {
 
 func (x *ClusterLock) Reset() {
 	*x = ClusterLock{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +948,7 @@ func (x *ClusterLock) String() string {
 func (*ClusterLock) ProtoMessage() {}
 
 func (x *ClusterLock) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +961,7 @@ func (x *ClusterLock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterLock.ProtoReflect.Descriptor instead.
 func (*ClusterLock) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ClusterLock) GetKind() string {
@@ -786,7 +1002,7 @@ type ClusterClaimsResponse struct {
 
 func (x *ClusterClaimsResponse) Reset() {
 	*x = ClusterClaimsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +1014,7 @@ func (x *ClusterClaimsResponse) String() string {
 func (*ClusterClaimsResponse) ProtoMessage() {}
 
 func (x *ClusterClaimsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +1027,7 @@ func (x *ClusterClaimsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterClaimsResponse.ProtoReflect.Descriptor instead.
 func (*ClusterClaimsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ClusterClaimsResponse) GetClaims() []*ClusterClaim {
@@ -840,7 +1056,7 @@ type NamedMount struct {
 
 func (x *NamedMount) Reset() {
 	*x = NamedMount{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +1068,7 @@ func (x *NamedMount) String() string {
 func (*NamedMount) ProtoMessage() {}
 
 func (x *NamedMount) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1081,7 @@ func (x *NamedMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamedMount.ProtoReflect.Descriptor instead.
 func (*NamedMount) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NamedMount) GetName() string {
@@ -906,7 +1122,7 @@ type CreateNamedVolumeRequest struct {
 
 func (x *CreateNamedVolumeRequest) Reset() {
 	*x = CreateNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1134,7 @@ func (x *CreateNamedVolumeRequest) String() string {
 func (*CreateNamedVolumeRequest) ProtoMessage() {}
 
 func (x *CreateNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1147,7 @@ func (x *CreateNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CreateNamedVolumeRequest) GetName() string {
@@ -963,7 +1179,7 @@ type CreateNamedVolumeResponse struct {
 
 func (x *CreateNamedVolumeResponse) Reset() {
 	*x = CreateNamedVolumeResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1191,7 @@ func (x *CreateNamedVolumeResponse) String() string {
 func (*CreateNamedVolumeResponse) ProtoMessage() {}
 
 func (x *CreateNamedVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1204,7 @@ func (x *CreateNamedVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateNamedVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateNamedVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 type RemoveNamedVolumeRequest struct {
@@ -1005,7 +1221,7 @@ type RemoveNamedVolumeRequest struct {
 
 func (x *RemoveNamedVolumeRequest) Reset() {
 	*x = RemoveNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1233,7 @@ func (x *RemoveNamedVolumeRequest) String() string {
 func (*RemoveNamedVolumeRequest) ProtoMessage() {}
 
 func (x *RemoveNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1246,7 @@ func (x *RemoveNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveNamedVolumeRequest) GetName() string {
@@ -1062,7 +1278,7 @@ type RemoveNamedVolumeResponse struct {
 
 func (x *RemoveNamedVolumeResponse) Reset() {
 	*x = RemoveNamedVolumeResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1290,7 @@ func (x *RemoveNamedVolumeResponse) String() string {
 func (*RemoveNamedVolumeResponse) ProtoMessage() {}
 
 func (x *RemoveNamedVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1303,7 @@ func (x *RemoveNamedVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNamedVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNamedVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 type GetNamedVolumeRequest struct {
@@ -1099,7 +1315,7 @@ type GetNamedVolumeRequest struct {
 
 func (x *GetNamedVolumeRequest) Reset() {
 	*x = GetNamedVolumeRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1327,7 @@ func (x *GetNamedVolumeRequest) String() string {
 func (*GetNamedVolumeRequest) ProtoMessage() {}
 
 func (x *GetNamedVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1340,7 @@ func (x *GetNamedVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNamedVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetNamedVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetNamedVolumeRequest) GetName() string {
@@ -1159,7 +1375,7 @@ type NamedVolume struct {
 
 func (x *NamedVolume) Reset() {
 	*x = NamedVolume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1387,7 @@ func (x *NamedVolume) String() string {
 func (*NamedVolume) ProtoMessage() {}
 
 func (x *NamedVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1400,7 @@ func (x *NamedVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamedVolume.ProtoReflect.Descriptor instead.
 func (*NamedVolume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NamedVolume) GetName() string {
@@ -1248,7 +1464,7 @@ type ListNamedVolumesRequest struct {
 
 func (x *ListNamedVolumesRequest) Reset() {
 	*x = ListNamedVolumesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1476,7 @@ func (x *ListNamedVolumesRequest) String() string {
 func (*ListNamedVolumesRequest) ProtoMessage() {}
 
 func (x *ListNamedVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1489,7 @@ func (x *ListNamedVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamedVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListNamedVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListNamedVolumesRequest) GetStartingAfter() string {
@@ -1301,7 +1517,7 @@ type ListNamedVolumesResponse struct {
 
 func (x *ListNamedVolumesResponse) Reset() {
 	*x = ListNamedVolumesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1529,7 @@ func (x *ListNamedVolumesResponse) String() string {
 func (*ListNamedVolumesResponse) ProtoMessage() {}
 
 func (x *ListNamedVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1542,7 @@ func (x *ListNamedVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNamedVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListNamedVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListNamedVolumesResponse) GetVolumes() []*NamedVolume {
@@ -1356,7 +1572,7 @@ type ReconcileEngineMountsRequest struct {
 
 func (x *ReconcileEngineMountsRequest) Reset() {
 	*x = ReconcileEngineMountsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1584,7 @@ func (x *ReconcileEngineMountsRequest) String() string {
 func (*ReconcileEngineMountsRequest) ProtoMessage() {}
 
 func (x *ReconcileEngineMountsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1597,7 @@ func (x *ReconcileEngineMountsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileEngineMountsRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileEngineMountsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReconcileEngineMountsRequest) GetLiveMountIds() []string {
@@ -1410,7 +1626,7 @@ type ReconcileEngineMountsResponse struct {
 
 func (x *ReconcileEngineMountsResponse) Reset() {
 	*x = ReconcileEngineMountsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1638,7 @@ func (x *ReconcileEngineMountsResponse) String() string {
 func (*ReconcileEngineMountsResponse) ProtoMessage() {}
 
 func (x *ReconcileEngineMountsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1651,7 @@ func (x *ReconcileEngineMountsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileEngineMountsResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileEngineMountsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReconcileEngineMountsResponse) GetReleased() []string {
@@ -1466,7 +1682,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1694,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1707,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Volume) GetContainerPath() string {
@@ -1527,7 +1743,7 @@ type CSIVolume struct {
 
 func (x *CSIVolume) Reset() {
 	*x = CSIVolume{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +1755,7 @@ func (x *CSIVolume) String() string {
 func (*CSIVolume) ProtoMessage() {}
 
 func (x *CSIVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +1768,7 @@ func (x *CSIVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CSIVolume.ProtoReflect.Descriptor instead.
 func (*CSIVolume) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CSIVolume) GetPluginName() string {
@@ -1598,7 +1814,7 @@ type StaticProvisioning struct {
 
 func (x *StaticProvisioning) Reset() {
 	*x = StaticProvisioning{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1826,7 @@ func (x *StaticProvisioning) String() string {
 func (*StaticProvisioning) ProtoMessage() {}
 
 func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1839,7 @@ func (x *StaticProvisioning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StaticProvisioning.ProtoReflect.Descriptor instead.
 func (*StaticProvisioning) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StaticProvisioning) GetVolumeId() string {
@@ -1695,7 +1911,7 @@ type Secret struct {
 
 func (x *Secret) Reset() {
 	*x = Secret{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1923,7 @@ func (x *Secret) String() string {
 func (*Secret) ProtoMessage() {}
 
 func (x *Secret) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1936,7 @@ func (x *Secret) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret.ProtoReflect.Descriptor instead.
 func (*Secret) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Secret) GetType() Secret_Type {
@@ -1782,7 +1998,7 @@ type PrepareRequest struct {
 
 func (x *PrepareRequest) Reset() {
 	*x = PrepareRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +2010,7 @@ func (x *PrepareRequest) String() string {
 func (*PrepareRequest) ProtoMessage() {}
 
 func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +2023,7 @@ func (x *PrepareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRequest.ProtoReflect.Descriptor instead.
 func (*PrepareRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PrepareRequest) GetContainerId() string {
@@ -1882,7 +2098,7 @@ type PrepareResponse struct {
 
 func (x *PrepareResponse) Reset() {
 	*x = PrepareResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1894,7 +2110,7 @@ func (x *PrepareResponse) String() string {
 func (*PrepareResponse) ProtoMessage() {}
 
 func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1907,7 +2123,7 @@ func (x *PrepareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareResponse.ProtoReflect.Descriptor instead.
 func (*PrepareResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PrepareResponse) GetMounts() []*ContainerMount {
@@ -1954,7 +2170,7 @@ type ContainerMount struct {
 
 func (x *ContainerMount) Reset() {
 	*x = ContainerMount{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2182,7 @@ func (x *ContainerMount) String() string {
 func (*ContainerMount) ProtoMessage() {}
 
 func (x *ContainerMount) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2195,7 @@ func (x *ContainerMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
 func (*ContainerMount) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContainerMount) GetPluginName() string {
@@ -2081,7 +2297,7 @@ type CleanupRequest struct {
 
 func (x *CleanupRequest) Reset() {
 	*x = CleanupRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2309,7 @@ func (x *CleanupRequest) String() string {
 func (*CleanupRequest) ProtoMessage() {}
 
 func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2322,7 @@ func (x *CleanupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupRequest.ProtoReflect.Descriptor instead.
 func (*CleanupRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CleanupRequest) GetContainerId() string {
@@ -2131,7 +2347,7 @@ type CleanupResponse struct {
 
 func (x *CleanupResponse) Reset() {
 	*x = CleanupResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2359,7 @@ func (x *CleanupResponse) String() string {
 func (*CleanupResponse) ProtoMessage() {}
 
 func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2372,7 @@ func (x *CleanupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CleanupResponse.ProtoReflect.Descriptor instead.
 func (*CleanupResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 type ListVolumesRequest struct {
@@ -2169,7 +2385,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2397,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2410,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListVolumesRequest) GetRefreshStats() bool {
@@ -2213,7 +2429,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2225,7 +2441,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2238,7 +2454,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*VolumeStatus {
@@ -2288,7 +2504,7 @@ type VolumeStatus struct {
 
 func (x *VolumeStatus) Reset() {
 	*x = VolumeStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2516,7 @@ func (x *VolumeStatus) String() string {
 func (*VolumeStatus) ProtoMessage() {}
 
 func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2529,7 @@ func (x *VolumeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStatus.ProtoReflect.Descriptor instead.
 func (*VolumeStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *VolumeStatus) GetPluginName() string {
@@ -2476,7 +2692,7 @@ type VolumeStats struct {
 
 func (x *VolumeStats) Reset() {
 	*x = VolumeStats{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2704,7 @@ func (x *VolumeStats) String() string {
 func (*VolumeStats) ProtoMessage() {}
 
 func (x *VolumeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2717,7 @@ func (x *VolumeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeStats.ProtoReflect.Descriptor instead.
 func (*VolumeStats) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *VolumeStats) GetTime() *timestamppb.Timestamp {
@@ -2616,7 +2832,7 @@ type ReclaimResult struct {
 
 func (x *ReclaimResult) Reset() {
 	*x = ReclaimResult{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2844,7 @@ func (x *ReclaimResult) String() string {
 func (*ReclaimResult) ProtoMessage() {}
 
 func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2857,7 @@ func (x *ReclaimResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimResult.ProtoReflect.Descriptor instead.
 func (*ReclaimResult) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReclaimResult) GetStart() *timestamppb.Timestamp {
@@ -2716,7 +2932,7 @@ type ReclaimSpaceRequest struct {
 
 func (x *ReclaimSpaceRequest) Reset() {
 	*x = ReclaimSpaceRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2944,7 @@ func (x *ReclaimSpaceRequest) String() string {
 func (*ReclaimSpaceRequest) ProtoMessage() {}
 
 func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2957,7 @@ func (x *ReclaimSpaceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceRequest.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReclaimSpaceRequest) GetTarget() isReclaimSpaceRequest_Target {
@@ -2841,7 +3057,7 @@ type VolumeRef struct {
 
 func (x *VolumeRef) Reset() {
 	*x = VolumeRef{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +3069,7 @@ func (x *VolumeRef) String() string {
 func (*VolumeRef) ProtoMessage() {}
 
 func (x *VolumeRef) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +3082,7 @@ func (x *VolumeRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeRef.ProtoReflect.Descriptor instead.
 func (*VolumeRef) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *VolumeRef) GetPluginName() string {
@@ -2895,7 +3111,7 @@ type ReclaimSpaceProgress struct {
 
 func (x *ReclaimSpaceProgress) Reset() {
 	*x = ReclaimSpaceProgress{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2907,7 +3123,7 @@ func (x *ReclaimSpaceProgress) String() string {
 func (*ReclaimSpaceProgress) ProtoMessage() {}
 
 func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2920,7 +3136,7 @@ func (x *ReclaimSpaceProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSpaceProgress.ProtoReflect.Descriptor instead.
 func (*ReclaimSpaceProgress) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReclaimSpaceProgress) GetVolume() *VolumeRef {
@@ -2955,7 +3171,7 @@ type ReclaimSummary struct {
 
 func (x *ReclaimSummary) Reset() {
 	*x = ReclaimSummary{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3183,7 @@ func (x *ReclaimSummary) String() string {
 func (*ReclaimSummary) ProtoMessage() {}
 
 func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3196,7 @@ func (x *ReclaimSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimSummary.ProtoReflect.Descriptor instead.
 func (*ReclaimSummary) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReclaimSummary) GetVolumes() int32 {
@@ -3012,7 +3228,7 @@ type ListContainersRequest struct {
 
 func (x *ListContainersRequest) Reset() {
 	*x = ListContainersRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3240,7 @@ func (x *ListContainersRequest) String() string {
 func (*ListContainersRequest) ProtoMessage() {}
 
 func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3253,7 @@ func (x *ListContainersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersRequest.ProtoReflect.Descriptor instead.
 func (*ListContainersRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 type ListContainersResponse struct {
@@ -3049,7 +3265,7 @@ type ListContainersResponse struct {
 
 func (x *ListContainersResponse) Reset() {
 	*x = ListContainersResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3277,7 @@ func (x *ListContainersResponse) String() string {
 func (*ListContainersResponse) ProtoMessage() {}
 
 func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3290,7 @@ func (x *ListContainersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContainersResponse.ProtoReflect.Descriptor instead.
 func (*ListContainersResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListContainersResponse) GetContainers() []*ContainerStatus {
@@ -3099,7 +3315,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3327,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3340,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ContainerStatus) GetContainerId() string {
@@ -3182,7 +3398,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3194,7 +3410,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3207,7 +3423,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReconcileRequest) GetLiveContainerIds() []string {
@@ -3236,7 +3452,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3464,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3477,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReconcileResponse) GetCleanedUp() []string {
@@ -3286,7 +3502,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3298,7 +3514,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3311,7 +3527,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 type ListPluginsResponse struct {
@@ -3325,7 +3541,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3553,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3566,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*Plugin {
@@ -3377,7 +3593,7 @@ type GetPluginRequest struct {
 
 func (x *GetPluginRequest) Reset() {
 	*x = GetPluginRequest{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3389,7 +3605,7 @@ func (x *GetPluginRequest) String() string {
 func (*GetPluginRequest) ProtoMessage() {}
 
 func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3402,7 +3618,7 @@ func (x *GetPluginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginRequest.ProtoReflect.Descriptor instead.
 func (*GetPluginRequest) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetPluginRequest) GetType() string {
@@ -3421,7 +3637,7 @@ type GetPluginResponse struct {
 
 func (x *GetPluginResponse) Reset() {
 	*x = GetPluginResponse{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3649,7 @@ func (x *GetPluginResponse) String() string {
 func (*GetPluginResponse) ProtoMessage() {}
 
 func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3662,7 @@ func (x *GetPluginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPluginResponse.ProtoReflect.Descriptor instead.
 func (*GetPluginResponse) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetPluginResponse) GetPlugin() *Plugin {
@@ -3466,7 +3682,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3478,7 +3694,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3491,7 +3707,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ConfigError) GetFile() string {
@@ -3534,7 +3750,7 @@ type Plugin struct {
 
 func (x *Plugin) Reset() {
 	*x = Plugin{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3762,7 @@ func (x *Plugin) String() string {
 func (*Plugin) ProtoMessage() {}
 
 func (x *Plugin) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[47]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3775,7 @@ func (x *Plugin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plugin.ProtoReflect.Descriptor instead.
 func (*Plugin) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{47}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Plugin) GetType() string {
@@ -3640,7 +3856,7 @@ type Capacity struct {
 
 func (x *Capacity) Reset() {
 	*x = Capacity{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3868,7 @@ func (x *Capacity) String() string {
 func (*Capacity) ProtoMessage() {}
 
 func (x *Capacity) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[48]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3881,7 @@ func (x *Capacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capacity.ProtoReflect.Descriptor instead.
 func (*Capacity) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{48}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Capacity) GetAvailableBytes() int64 {
@@ -3717,7 +3933,7 @@ type ReclaimTotals struct {
 
 func (x *ReclaimTotals) Reset() {
 	*x = ReclaimTotals{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3729,7 +3945,7 @@ func (x *ReclaimTotals) String() string {
 func (*ReclaimTotals) ProtoMessage() {}
 
 func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[49]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3742,7 +3958,7 @@ func (x *ReclaimTotals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimTotals.ProtoReflect.Descriptor instead.
 func (*ReclaimTotals) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{49}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReclaimTotals) GetScheduled() bool {
@@ -3848,7 +4064,7 @@ type PluginInstance struct {
 
 func (x *PluginInstance) Reset() {
 	*x = PluginInstance{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +4076,7 @@ func (x *PluginInstance) String() string {
 func (*PluginInstance) ProtoMessage() {}
 
 func (x *PluginInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[50]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +4089,7 @@ func (x *PluginInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInstance.ProtoReflect.Descriptor instead.
 func (*PluginInstance) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{50}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PluginInstance) GetServices() []string {
@@ -4026,7 +4242,7 @@ type Volume_Source struct {
 
 func (x *Volume_Source) Reset() {
 	*x = Volume_Source{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[56]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4038,7 +4254,7 @@ func (x *Volume_Source) String() string {
 func (*Volume_Source) ProtoMessage() {}
 
 func (x *Volume_Source) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[56]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4051,7 +4267,7 @@ func (x *Volume_Source) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume_Source.ProtoReflect.Descriptor instead.
 func (*Volume_Source) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{19, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
 }
 
 func (x *Volume_Source) GetType() Volume_Source_Type {
@@ -4078,7 +4294,7 @@ type Secret_Reference struct {
 
 func (x *Secret_Reference) Reset() {
 	*x = Secret_Reference{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[61]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4090,7 +4306,7 @@ func (x *Secret_Reference) String() string {
 func (*Secret_Reference) ProtoMessage() {}
 
 func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[61]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4103,7 +4319,7 @@ func (x *Secret_Reference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Reference.ProtoReflect.Descriptor instead.
 func (*Secret_Reference) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 0}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25, 0}
 }
 
 func (x *Secret_Reference) GetName() string {
@@ -4129,7 +4345,7 @@ type Secret_Value struct {
 
 func (x *Secret_Value) Reset() {
 	*x = Secret_Value{}
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[62]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4141,7 +4357,7 @@ func (x *Secret_Value) String() string {
 func (*Secret_Value) ProtoMessage() {}
 
 func (x *Secret_Value) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_agent_v1_agent_proto_msgTypes[62]
+	mi := &file_proto_agent_v1_agent_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4154,7 +4370,7 @@ func (x *Secret_Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Secret_Value.ProtoReflect.Descriptor instead.
 func (*Secret_Value) Descriptor() ([]byte, []int) {
-	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{22, 1}
+	return file_proto_agent_v1_agent_proto_rawDescGZIP(), []int{25, 1}
 }
 
 func (x *Secret_Value) GetData() []byte {
@@ -4168,8 +4384,17 @@ var File_proto_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"\x15\n" +
-	"\x13ClusterNodesRequest\"\xb7\x01\n" +
+	"\x1aproto/agent/v1/agent.proto\x12\x11csiagent.agent.v1\x1a\tcsi.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fproto/agent/v1/controller.proto\"\xa6\x01\n" +
+	"\x15ClusterReleaseRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tvolume_id\x18\x02 \x01(\tR\bvolumeId\x12 \n" +
+	"\fnode_is_down\x18\x03 \x01(\bR\n" +
+	"nodeIsDown\x125\n" +
+	"\x05fence\x18\x04 \x01(\v2\x1f.csiagent.agent.v1.FenceRequestR\x05fence\"x\n" +
+	"\x16ClusterReleaseResponse\x12;\n" +
+	"\breleased\x18\x01 \x03(\v2\x1f.csiagent.agent.v1.ClusterClaimR\breleased\x12!\n" +
+	"\ffenced_cidrs\x18\x02 \x03(\tR\vfencedCidrs\"\x15\n" +
+	"\x13ClusterNodesRequest\"\x9f\x02\n" +
 	"\vClusterNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05alive\x18\x02 \x01(\bR\x05alive\x12:\n" +
@@ -4177,7 +4402,20 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"registered\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"registered\x12#\n" +
 	"\ragent_version\x18\x04 \x01(\tR\fagentVersion\x12\x18\n" +
-	"\aplugins\x18\x05 \x03(\tR\aplugins\"L\n" +
+	"\aplugins\x18\x05 \x03(\tR\aplugins\x12E\n" +
+	"\vplugin_info\x18\x06 \x03(\v2$.csiagent.agent.v1.ClusterNodePluginR\n" +
+	"pluginInfo\x12\x1f\n" +
+	"\vfence_cidrs\x18\a \x03(\tR\n" +
+	"fenceCidrs\"\x84\x02\n" +
+	"\x11ClusterNodePlugin\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12N\n" +
+	"\btopology\x18\x02 \x03(\v22.csiagent.agent.v1.ClusterNodePlugin.TopologyEntryR\btopology\x12-\n" +
+	"\x12available_capacity\x18\x03 \x01(\x03R\x11availableCapacity\x12\x1f\n" +
+	"\vmax_volumes\x18\x04 \x01(\x03R\n" +
+	"maxVolumes\x1a;\n" +
+	"\rTopologyEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"L\n" +
 	"\x14ClusterNodesResponse\x124\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x1e.csiagent.agent.v1.ClusterNodeR\x05nodes\"\x16\n" +
 	"\x14ClusterClaimsRequest\"\x9c\x01\n" +
@@ -4556,7 +4794,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n" +
 	"\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x12\x18\n" +
 	"\x14PLUGIN_STATE_BACKOFF\x10\x04\x12\x18\n" +
-	"\x14PLUGIN_STATE_STOPPED\x10\x052\xcc\f\n" +
+	"\x14PLUGIN_STATE_STOPPED\x10\x052\xb5\r\n" +
 	"\x05Agent\x12^\n" +
 	"\vListPlugins\x12%.csiagent.agent.v1.ListPluginsRequest\x1a&.csiagent.agent.v1.ListPluginsResponse\"\x00\x12X\n" +
 	"\tGetPlugin\x12#.csiagent.agent.v1.GetPluginRequest\x1a$.csiagent.agent.v1.GetPluginResponse\"\x00\x12a\n" +
@@ -4573,7 +4811,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x10ListNamedVolumes\x12*.csiagent.agent.v1.ListNamedVolumesRequest\x1a+.csiagent.agent.v1.ListNamedVolumesResponse\"\x00\x12|\n" +
 	"\x15ReconcileEngineMounts\x12/.csiagent.agent.v1.ReconcileEngineMountsRequest\x1a0.csiagent.agent.v1.ReconcileEngineMountsResponse\"\x00\x12a\n" +
 	"\fClusterNodes\x12&.csiagent.agent.v1.ClusterNodesRequest\x1a'.csiagent.agent.v1.ClusterNodesResponse\"\x00\x12d\n" +
-	"\rClusterClaims\x12'.csiagent.agent.v1.ClusterClaimsRequest\x1a(.csiagent.agent.v1.ClusterClaimsResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
+	"\rClusterClaims\x12'.csiagent.agent.v1.ClusterClaimsRequest\x1a(.csiagent.agent.v1.ClusterClaimsResponse\"\x00\x12g\n" +
+	"\x0eClusterRelease\x12(.csiagent.agent.v1.ClusterReleaseRequest\x1a).csiagent.agent.v1.ClusterReleaseResponse\"\x00B5Z3github.com/csiagent/csiagent/proto/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_proto_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -4588,7 +4827,7 @@ func file_proto_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_proto_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_proto_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(PluginState)(0),                      // 0: csiagent.agent.v1.PluginState
 	(Volume_Mode)(0),                      // 1: csiagent.agent.v1.Volume.Mode
@@ -4596,183 +4835,194 @@ var file_proto_agent_v1_agent_proto_goTypes = []any{
 	(Secret_Type)(0),                      // 3: csiagent.agent.v1.Secret.Type
 	(VolumeStatus_State)(0),               // 4: csiagent.agent.v1.VolumeStatus.State
 	(ContainerStatus_Phase)(0),            // 5: csiagent.agent.v1.ContainerStatus.Phase
-	(*ClusterNodesRequest)(nil),           // 6: csiagent.agent.v1.ClusterNodesRequest
-	(*ClusterNode)(nil),                   // 7: csiagent.agent.v1.ClusterNode
-	(*ClusterNodesResponse)(nil),          // 8: csiagent.agent.v1.ClusterNodesResponse
-	(*ClusterClaimsRequest)(nil),          // 9: csiagent.agent.v1.ClusterClaimsRequest
-	(*ClusterClaim)(nil),                  // 10: csiagent.agent.v1.ClusterClaim
-	(*ClusterHolder)(nil),                 // 11: csiagent.agent.v1.ClusterHolder
-	(*ClusterLock)(nil),                   // 12: csiagent.agent.v1.ClusterLock
-	(*ClusterClaimsResponse)(nil),         // 13: csiagent.agent.v1.ClusterClaimsResponse
-	(*NamedMount)(nil),                    // 14: csiagent.agent.v1.NamedMount
-	(*CreateNamedVolumeRequest)(nil),      // 15: csiagent.agent.v1.CreateNamedVolumeRequest
-	(*CreateNamedVolumeResponse)(nil),     // 16: csiagent.agent.v1.CreateNamedVolumeResponse
-	(*RemoveNamedVolumeRequest)(nil),      // 17: csiagent.agent.v1.RemoveNamedVolumeRequest
-	(*RemoveNamedVolumeResponse)(nil),     // 18: csiagent.agent.v1.RemoveNamedVolumeResponse
-	(*GetNamedVolumeRequest)(nil),         // 19: csiagent.agent.v1.GetNamedVolumeRequest
-	(*NamedVolume)(nil),                   // 20: csiagent.agent.v1.NamedVolume
-	(*ListNamedVolumesRequest)(nil),       // 21: csiagent.agent.v1.ListNamedVolumesRequest
-	(*ListNamedVolumesResponse)(nil),      // 22: csiagent.agent.v1.ListNamedVolumesResponse
-	(*ReconcileEngineMountsRequest)(nil),  // 23: csiagent.agent.v1.ReconcileEngineMountsRequest
-	(*ReconcileEngineMountsResponse)(nil), // 24: csiagent.agent.v1.ReconcileEngineMountsResponse
-	(*Volume)(nil),                        // 25: csiagent.agent.v1.Volume
-	(*CSIVolume)(nil),                     // 26: csiagent.agent.v1.CSIVolume
-	(*StaticProvisioning)(nil),            // 27: csiagent.agent.v1.StaticProvisioning
-	(*Secret)(nil),                        // 28: csiagent.agent.v1.Secret
-	(*PrepareRequest)(nil),                // 29: csiagent.agent.v1.PrepareRequest
-	(*PrepareResponse)(nil),               // 30: csiagent.agent.v1.PrepareResponse
-	(*ContainerMount)(nil),                // 31: csiagent.agent.v1.ContainerMount
-	(*CleanupRequest)(nil),                // 32: csiagent.agent.v1.CleanupRequest
-	(*CleanupResponse)(nil),               // 33: csiagent.agent.v1.CleanupResponse
-	(*ListVolumesRequest)(nil),            // 34: csiagent.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),           // 35: csiagent.agent.v1.ListVolumesResponse
-	(*VolumeStatus)(nil),                  // 36: csiagent.agent.v1.VolumeStatus
-	(*VolumeStats)(nil),                   // 37: csiagent.agent.v1.VolumeStats
-	(*ReclaimResult)(nil),                 // 38: csiagent.agent.v1.ReclaimResult
-	(*ReclaimSpaceRequest)(nil),           // 39: csiagent.agent.v1.ReclaimSpaceRequest
-	(*VolumeRef)(nil),                     // 40: csiagent.agent.v1.VolumeRef
-	(*ReclaimSpaceProgress)(nil),          // 41: csiagent.agent.v1.ReclaimSpaceProgress
-	(*ReclaimSummary)(nil),                // 42: csiagent.agent.v1.ReclaimSummary
-	(*ListContainersRequest)(nil),         // 43: csiagent.agent.v1.ListContainersRequest
-	(*ListContainersResponse)(nil),        // 44: csiagent.agent.v1.ListContainersResponse
-	(*ContainerStatus)(nil),               // 45: csiagent.agent.v1.ContainerStatus
-	(*ReconcileRequest)(nil),              // 46: csiagent.agent.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),             // 47: csiagent.agent.v1.ReconcileResponse
-	(*ListPluginsRequest)(nil),            // 48: csiagent.agent.v1.ListPluginsRequest
-	(*ListPluginsResponse)(nil),           // 49: csiagent.agent.v1.ListPluginsResponse
-	(*GetPluginRequest)(nil),              // 50: csiagent.agent.v1.GetPluginRequest
-	(*GetPluginResponse)(nil),             // 51: csiagent.agent.v1.GetPluginResponse
-	(*ConfigError)(nil),                   // 52: csiagent.agent.v1.ConfigError
-	(*Plugin)(nil),                        // 53: csiagent.agent.v1.Plugin
-	(*Capacity)(nil),                      // 54: csiagent.agent.v1.Capacity
-	(*ReclaimTotals)(nil),                 // 55: csiagent.agent.v1.ReclaimTotals
-	(*PluginInstance)(nil),                // 56: csiagent.agent.v1.PluginInstance
-	nil,                                   // 57: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	nil,                                   // 58: csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
-	nil,                                   // 59: csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
-	nil,                                   // 60: csiagent.agent.v1.NamedVolume.OptionsEntry
-	nil,                                   // 61: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	(*Volume_Source)(nil),                 // 62: csiagent.agent.v1.Volume.Source
-	nil,                                   // 63: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	nil,                                   // 64: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	nil,                                   // 65: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	nil,                                   // 66: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	(*Secret_Reference)(nil),              // 67: csiagent.agent.v1.Secret.Reference
-	(*Secret_Value)(nil),                  // 68: csiagent.agent.v1.Secret.Value
-	nil,                                   // 69: csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	nil,                                   // 70: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	nil,                                   // 71: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	nil,                                   // 72: csiagent.agent.v1.ReconcileResponse.FailedEntry
-	nil,                                   // 73: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	(*timestamppb.Timestamp)(nil),         // 74: google.protobuf.Timestamp
-	(*csi.VolumeCapability)(nil),          // 75: csi.v1.VolumeCapability
-	(*csi.Topology)(nil),                  // 76: csi.v1.Topology
-	(*durationpb.Duration)(nil),           // 77: google.protobuf.Duration
-	(*RetryPolicy)(nil),                   // 78: csiagent.agent.v1.RetryPolicy
+	(*ClusterReleaseRequest)(nil),         // 6: csiagent.agent.v1.ClusterReleaseRequest
+	(*ClusterReleaseResponse)(nil),        // 7: csiagent.agent.v1.ClusterReleaseResponse
+	(*ClusterNodesRequest)(nil),           // 8: csiagent.agent.v1.ClusterNodesRequest
+	(*ClusterNode)(nil),                   // 9: csiagent.agent.v1.ClusterNode
+	(*ClusterNodePlugin)(nil),             // 10: csiagent.agent.v1.ClusterNodePlugin
+	(*ClusterNodesResponse)(nil),          // 11: csiagent.agent.v1.ClusterNodesResponse
+	(*ClusterClaimsRequest)(nil),          // 12: csiagent.agent.v1.ClusterClaimsRequest
+	(*ClusterClaim)(nil),                  // 13: csiagent.agent.v1.ClusterClaim
+	(*ClusterHolder)(nil),                 // 14: csiagent.agent.v1.ClusterHolder
+	(*ClusterLock)(nil),                   // 15: csiagent.agent.v1.ClusterLock
+	(*ClusterClaimsResponse)(nil),         // 16: csiagent.agent.v1.ClusterClaimsResponse
+	(*NamedMount)(nil),                    // 17: csiagent.agent.v1.NamedMount
+	(*CreateNamedVolumeRequest)(nil),      // 18: csiagent.agent.v1.CreateNamedVolumeRequest
+	(*CreateNamedVolumeResponse)(nil),     // 19: csiagent.agent.v1.CreateNamedVolumeResponse
+	(*RemoveNamedVolumeRequest)(nil),      // 20: csiagent.agent.v1.RemoveNamedVolumeRequest
+	(*RemoveNamedVolumeResponse)(nil),     // 21: csiagent.agent.v1.RemoveNamedVolumeResponse
+	(*GetNamedVolumeRequest)(nil),         // 22: csiagent.agent.v1.GetNamedVolumeRequest
+	(*NamedVolume)(nil),                   // 23: csiagent.agent.v1.NamedVolume
+	(*ListNamedVolumesRequest)(nil),       // 24: csiagent.agent.v1.ListNamedVolumesRequest
+	(*ListNamedVolumesResponse)(nil),      // 25: csiagent.agent.v1.ListNamedVolumesResponse
+	(*ReconcileEngineMountsRequest)(nil),  // 26: csiagent.agent.v1.ReconcileEngineMountsRequest
+	(*ReconcileEngineMountsResponse)(nil), // 27: csiagent.agent.v1.ReconcileEngineMountsResponse
+	(*Volume)(nil),                        // 28: csiagent.agent.v1.Volume
+	(*CSIVolume)(nil),                     // 29: csiagent.agent.v1.CSIVolume
+	(*StaticProvisioning)(nil),            // 30: csiagent.agent.v1.StaticProvisioning
+	(*Secret)(nil),                        // 31: csiagent.agent.v1.Secret
+	(*PrepareRequest)(nil),                // 32: csiagent.agent.v1.PrepareRequest
+	(*PrepareResponse)(nil),               // 33: csiagent.agent.v1.PrepareResponse
+	(*ContainerMount)(nil),                // 34: csiagent.agent.v1.ContainerMount
+	(*CleanupRequest)(nil),                // 35: csiagent.agent.v1.CleanupRequest
+	(*CleanupResponse)(nil),               // 36: csiagent.agent.v1.CleanupResponse
+	(*ListVolumesRequest)(nil),            // 37: csiagent.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),           // 38: csiagent.agent.v1.ListVolumesResponse
+	(*VolumeStatus)(nil),                  // 39: csiagent.agent.v1.VolumeStatus
+	(*VolumeStats)(nil),                   // 40: csiagent.agent.v1.VolumeStats
+	(*ReclaimResult)(nil),                 // 41: csiagent.agent.v1.ReclaimResult
+	(*ReclaimSpaceRequest)(nil),           // 42: csiagent.agent.v1.ReclaimSpaceRequest
+	(*VolumeRef)(nil),                     // 43: csiagent.agent.v1.VolumeRef
+	(*ReclaimSpaceProgress)(nil),          // 44: csiagent.agent.v1.ReclaimSpaceProgress
+	(*ReclaimSummary)(nil),                // 45: csiagent.agent.v1.ReclaimSummary
+	(*ListContainersRequest)(nil),         // 46: csiagent.agent.v1.ListContainersRequest
+	(*ListContainersResponse)(nil),        // 47: csiagent.agent.v1.ListContainersResponse
+	(*ContainerStatus)(nil),               // 48: csiagent.agent.v1.ContainerStatus
+	(*ReconcileRequest)(nil),              // 49: csiagent.agent.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),             // 50: csiagent.agent.v1.ReconcileResponse
+	(*ListPluginsRequest)(nil),            // 51: csiagent.agent.v1.ListPluginsRequest
+	(*ListPluginsResponse)(nil),           // 52: csiagent.agent.v1.ListPluginsResponse
+	(*GetPluginRequest)(nil),              // 53: csiagent.agent.v1.GetPluginRequest
+	(*GetPluginResponse)(nil),             // 54: csiagent.agent.v1.GetPluginResponse
+	(*ConfigError)(nil),                   // 55: csiagent.agent.v1.ConfigError
+	(*Plugin)(nil),                        // 56: csiagent.agent.v1.Plugin
+	(*Capacity)(nil),                      // 57: csiagent.agent.v1.Capacity
+	(*ReclaimTotals)(nil),                 // 58: csiagent.agent.v1.ReclaimTotals
+	(*PluginInstance)(nil),                // 59: csiagent.agent.v1.PluginInstance
+	nil,                                   // 60: csiagent.agent.v1.ClusterNodePlugin.TopologyEntry
+	nil,                                   // 61: csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	nil,                                   // 62: csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	nil,                                   // 63: csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	nil,                                   // 64: csiagent.agent.v1.NamedVolume.OptionsEntry
+	nil,                                   // 65: csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	(*Volume_Source)(nil),                 // 66: csiagent.agent.v1.Volume.Source
+	nil,                                   // 67: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	nil,                                   // 68: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	nil,                                   // 69: csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	nil,                                   // 70: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	(*Secret_Reference)(nil),              // 71: csiagent.agent.v1.Secret.Reference
+	(*Secret_Value)(nil),                  // 72: csiagent.agent.v1.Secret.Value
+	nil,                                   // 73: csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	nil,                                   // 74: csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	nil,                                   // 75: csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	nil,                                   // 76: csiagent.agent.v1.ReconcileResponse.FailedEntry
+	nil,                                   // 77: csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	(*FenceRequest)(nil),                  // 78: csiagent.agent.v1.FenceRequest
+	(*timestamppb.Timestamp)(nil),         // 79: google.protobuf.Timestamp
+	(*csi.VolumeCapability)(nil),          // 80: csi.v1.VolumeCapability
+	(*csi.Topology)(nil),                  // 81: csi.v1.Topology
+	(*durationpb.Duration)(nil),           // 82: google.protobuf.Duration
+	(*RetryPolicy)(nil),                   // 83: csiagent.agent.v1.RetryPolicy
 }
 var file_proto_agent_v1_agent_proto_depIdxs = []int32{
-	74, // 0: csiagent.agent.v1.ClusterNode.registered:type_name -> google.protobuf.Timestamp
-	7,  // 1: csiagent.agent.v1.ClusterNodesResponse.nodes:type_name -> csiagent.agent.v1.ClusterNode
-	11, // 2: csiagent.agent.v1.ClusterClaim.holders:type_name -> csiagent.agent.v1.ClusterHolder
-	74, // 3: csiagent.agent.v1.ClusterHolder.since:type_name -> google.protobuf.Timestamp
-	10, // 4: csiagent.agent.v1.ClusterClaimsResponse.claims:type_name -> csiagent.agent.v1.ClusterClaim
-	12, // 5: csiagent.agent.v1.ClusterClaimsResponse.locks:type_name -> csiagent.agent.v1.ClusterLock
-	57, // 6: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
-	58, // 7: csiagent.agent.v1.CreateNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
-	59, // 8: csiagent.agent.v1.RemoveNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
-	60, // 9: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
-	20, // 10: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
-	61, // 11: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
-	1,  // 12: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
-	62, // 13: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
-	27, // 14: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
-	75, // 15: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
-	63, // 16: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
-	64, // 17: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
-	65, // 18: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
-	66, // 19: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
-	76, // 20: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
-	3,  // 21: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
-	67, // 22: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
-	68, // 23: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
-	25, // 24: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
-	14, // 25: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
-	31, // 26: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	36, // 27: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
-	4,  // 28: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
-	74, // 29: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
-	74, // 30: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
-	38, // 31: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
-	37, // 32: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
-	74, // 33: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
-	69, // 34: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
-	74, // 35: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
-	74, // 36: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
-	77, // 37: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
-	40, // 38: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
-	70, // 39: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
-	71, // 40: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
-	78, // 41: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
-	40, // 42: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
-	38, // 43: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
-	42, // 44: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
-	45, // 45: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
-	5,  // 46: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
-	31, // 47: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
-	72, // 48: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
-	53, // 49: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
-	52, // 50: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
-	53, // 51: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
-	0,  // 52: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
-	56, // 53: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
-	55, // 54: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
-	54, // 55: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
-	0,  // 56: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
-	74, // 57: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
-	74, // 58: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
-	73, // 59: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
-	2,  // 60: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
-	26, // 61: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
-	28, // 62: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	28, // 63: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	28, // 64: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
-	48, // 65: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	50, // 66: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
-	48, // 67: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
-	29, // 68: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
-	32, // 69: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
-	34, // 70: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
-	43, // 71: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
-	46, // 72: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
-	39, // 73: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
-	15, // 74: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
-	17, // 75: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
-	19, // 76: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
-	21, // 77: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
-	23, // 78: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
-	6,  // 79: csiagent.agent.v1.Agent.ClusterNodes:input_type -> csiagent.agent.v1.ClusterNodesRequest
-	9,  // 80: csiagent.agent.v1.Agent.ClusterClaims:input_type -> csiagent.agent.v1.ClusterClaimsRequest
-	49, // 81: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	51, // 82: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
-	49, // 83: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
-	30, // 84: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
-	33, // 85: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
-	35, // 86: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
-	44, // 87: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
-	47, // 88: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
-	41, // 89: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
-	16, // 90: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
-	18, // 91: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
-	20, // 92: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
-	22, // 93: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
-	24, // 94: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
-	8,  // 95: csiagent.agent.v1.Agent.ClusterNodes:output_type -> csiagent.agent.v1.ClusterNodesResponse
-	13, // 96: csiagent.agent.v1.Agent.ClusterClaims:output_type -> csiagent.agent.v1.ClusterClaimsResponse
-	81, // [81:97] is the sub-list for method output_type
-	65, // [65:81] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	78, // 0: csiagent.agent.v1.ClusterReleaseRequest.fence:type_name -> csiagent.agent.v1.FenceRequest
+	13, // 1: csiagent.agent.v1.ClusterReleaseResponse.released:type_name -> csiagent.agent.v1.ClusterClaim
+	79, // 2: csiagent.agent.v1.ClusterNode.registered:type_name -> google.protobuf.Timestamp
+	10, // 3: csiagent.agent.v1.ClusterNode.plugin_info:type_name -> csiagent.agent.v1.ClusterNodePlugin
+	60, // 4: csiagent.agent.v1.ClusterNodePlugin.topology:type_name -> csiagent.agent.v1.ClusterNodePlugin.TopologyEntry
+	9,  // 5: csiagent.agent.v1.ClusterNodesResponse.nodes:type_name -> csiagent.agent.v1.ClusterNode
+	14, // 6: csiagent.agent.v1.ClusterClaim.holders:type_name -> csiagent.agent.v1.ClusterHolder
+	79, // 7: csiagent.agent.v1.ClusterHolder.since:type_name -> google.protobuf.Timestamp
+	13, // 8: csiagent.agent.v1.ClusterClaimsResponse.claims:type_name -> csiagent.agent.v1.ClusterClaim
+	15, // 9: csiagent.agent.v1.ClusterClaimsResponse.locks:type_name -> csiagent.agent.v1.ClusterLock
+	61, // 10: csiagent.agent.v1.CreateNamedVolumeRequest.options:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.OptionsEntry
+	62, // 11: csiagent.agent.v1.CreateNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.CreateNamedVolumeRequest.SecretsEntry
+	63, // 12: csiagent.agent.v1.RemoveNamedVolumeRequest.secrets:type_name -> csiagent.agent.v1.RemoveNamedVolumeRequest.SecretsEntry
+	64, // 13: csiagent.agent.v1.NamedVolume.options:type_name -> csiagent.agent.v1.NamedVolume.OptionsEntry
+	23, // 14: csiagent.agent.v1.ListNamedVolumesResponse.volumes:type_name -> csiagent.agent.v1.NamedVolume
+	65, // 15: csiagent.agent.v1.ReconcileEngineMountsResponse.failed:type_name -> csiagent.agent.v1.ReconcileEngineMountsResponse.FailedEntry
+	1,  // 16: csiagent.agent.v1.Volume.mode:type_name -> csiagent.agent.v1.Volume.Mode
+	66, // 17: csiagent.agent.v1.Volume.source:type_name -> csiagent.agent.v1.Volume.Source
+	30, // 18: csiagent.agent.v1.CSIVolume.static_provisioning:type_name -> csiagent.agent.v1.StaticProvisioning
+	80, // 19: csiagent.agent.v1.StaticProvisioning.volume_capability:type_name -> csi.v1.VolumeCapability
+	67, // 20: csiagent.agent.v1.StaticProvisioning.node_stage_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry
+	68, // 21: csiagent.agent.v1.StaticProvisioning.node_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry
+	69, // 22: csiagent.agent.v1.StaticProvisioning.volume_context:type_name -> csiagent.agent.v1.StaticProvisioning.VolumeContextEntry
+	70, // 23: csiagent.agent.v1.StaticProvisioning.controller_publish_secrets:type_name -> csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry
+	81, // 24: csiagent.agent.v1.StaticProvisioning.accessible_topology:type_name -> csi.v1.Topology
+	3,  // 25: csiagent.agent.v1.Secret.type:type_name -> csiagent.agent.v1.Secret.Type
+	71, // 26: csiagent.agent.v1.Secret.reference:type_name -> csiagent.agent.v1.Secret.Reference
+	72, // 27: csiagent.agent.v1.Secret.value:type_name -> csiagent.agent.v1.Secret.Value
+	28, // 28: csiagent.agent.v1.PrepareRequest.volumes:type_name -> csiagent.agent.v1.Volume
+	17, // 29: csiagent.agent.v1.PrepareRequest.named_mounts:type_name -> csiagent.agent.v1.NamedMount
+	34, // 30: csiagent.agent.v1.PrepareResponse.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	39, // 31: csiagent.agent.v1.ListVolumesResponse.volumes:type_name -> csiagent.agent.v1.VolumeStatus
+	4,  // 32: csiagent.agent.v1.VolumeStatus.state:type_name -> csiagent.agent.v1.VolumeStatus.State
+	79, // 33: csiagent.agent.v1.VolumeStatus.state_since:type_name -> google.protobuf.Timestamp
+	79, // 34: csiagent.agent.v1.VolumeStatus.next_reclaim:type_name -> google.protobuf.Timestamp
+	41, // 35: csiagent.agent.v1.VolumeStatus.last_reclaim:type_name -> csiagent.agent.v1.ReclaimResult
+	40, // 36: csiagent.agent.v1.VolumeStatus.stats:type_name -> csiagent.agent.v1.VolumeStats
+	79, // 37: csiagent.agent.v1.VolumeStatus.next_key_rotation:type_name -> google.protobuf.Timestamp
+	73, // 38: csiagent.agent.v1.VolumeStatus.publish_context:type_name -> csiagent.agent.v1.VolumeStatus.PublishContextEntry
+	79, // 39: csiagent.agent.v1.VolumeStats.time:type_name -> google.protobuf.Timestamp
+	79, // 40: csiagent.agent.v1.ReclaimResult.start:type_name -> google.protobuf.Timestamp
+	82, // 41: csiagent.agent.v1.ReclaimResult.duration:type_name -> google.protobuf.Duration
+	43, // 42: csiagent.agent.v1.ReclaimSpaceRequest.volume:type_name -> csiagent.agent.v1.VolumeRef
+	74, // 43: csiagent.agent.v1.ReclaimSpaceRequest.secrets:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.SecretsEntry
+	75, // 44: csiagent.agent.v1.ReclaimSpaceRequest.parameters:type_name -> csiagent.agent.v1.ReclaimSpaceRequest.ParametersEntry
+	83, // 45: csiagent.agent.v1.ReclaimSpaceRequest.retry:type_name -> csiagent.agent.v1.RetryPolicy
+	43, // 46: csiagent.agent.v1.ReclaimSpaceProgress.volume:type_name -> csiagent.agent.v1.VolumeRef
+	41, // 47: csiagent.agent.v1.ReclaimSpaceProgress.result:type_name -> csiagent.agent.v1.ReclaimResult
+	45, // 48: csiagent.agent.v1.ReclaimSpaceProgress.summary:type_name -> csiagent.agent.v1.ReclaimSummary
+	48, // 49: csiagent.agent.v1.ListContainersResponse.containers:type_name -> csiagent.agent.v1.ContainerStatus
+	5,  // 50: csiagent.agent.v1.ContainerStatus.phase:type_name -> csiagent.agent.v1.ContainerStatus.Phase
+	34, // 51: csiagent.agent.v1.ContainerStatus.mounts:type_name -> csiagent.agent.v1.ContainerMount
+	76, // 52: csiagent.agent.v1.ReconcileResponse.failed:type_name -> csiagent.agent.v1.ReconcileResponse.FailedEntry
+	56, // 53: csiagent.agent.v1.ListPluginsResponse.plugins:type_name -> csiagent.agent.v1.Plugin
+	55, // 54: csiagent.agent.v1.ListPluginsResponse.config_errors:type_name -> csiagent.agent.v1.ConfigError
+	56, // 55: csiagent.agent.v1.GetPluginResponse.plugin:type_name -> csiagent.agent.v1.Plugin
+	0,  // 56: csiagent.agent.v1.Plugin.state:type_name -> csiagent.agent.v1.PluginState
+	59, // 57: csiagent.agent.v1.Plugin.instances:type_name -> csiagent.agent.v1.PluginInstance
+	58, // 58: csiagent.agent.v1.Plugin.reclaim:type_name -> csiagent.agent.v1.ReclaimTotals
+	57, // 59: csiagent.agent.v1.Plugin.capacity:type_name -> csiagent.agent.v1.Capacity
+	0,  // 60: csiagent.agent.v1.PluginInstance.state:type_name -> csiagent.agent.v1.PluginState
+	79, // 61: csiagent.agent.v1.PluginInstance.state_since:type_name -> google.protobuf.Timestamp
+	79, // 62: csiagent.agent.v1.PluginInstance.next_start:type_name -> google.protobuf.Timestamp
+	77, // 63: csiagent.agent.v1.PluginInstance.accessible_topology:type_name -> csiagent.agent.v1.PluginInstance.AccessibleTopologyEntry
+	2,  // 64: csiagent.agent.v1.Volume.Source.type:type_name -> csiagent.agent.v1.Volume.Source.Type
+	29, // 65: csiagent.agent.v1.Volume.Source.csi_volume:type_name -> csiagent.agent.v1.CSIVolume
+	31, // 66: csiagent.agent.v1.StaticProvisioning.NodeStageSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	31, // 67: csiagent.agent.v1.StaticProvisioning.NodePublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	31, // 68: csiagent.agent.v1.StaticProvisioning.ControllerPublishSecretsEntry.value:type_name -> csiagent.agent.v1.Secret
+	51, // 69: csiagent.agent.v1.Agent.ListPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	53, // 70: csiagent.agent.v1.Agent.GetPlugin:input_type -> csiagent.agent.v1.GetPluginRequest
+	51, // 71: csiagent.agent.v1.Agent.WatchPlugins:input_type -> csiagent.agent.v1.ListPluginsRequest
+	32, // 72: csiagent.agent.v1.Agent.Prepare:input_type -> csiagent.agent.v1.PrepareRequest
+	35, // 73: csiagent.agent.v1.Agent.Cleanup:input_type -> csiagent.agent.v1.CleanupRequest
+	37, // 74: csiagent.agent.v1.Agent.ListVolumes:input_type -> csiagent.agent.v1.ListVolumesRequest
+	46, // 75: csiagent.agent.v1.Agent.ListContainers:input_type -> csiagent.agent.v1.ListContainersRequest
+	49, // 76: csiagent.agent.v1.Agent.Reconcile:input_type -> csiagent.agent.v1.ReconcileRequest
+	42, // 77: csiagent.agent.v1.Agent.ReclaimSpace:input_type -> csiagent.agent.v1.ReclaimSpaceRequest
+	18, // 78: csiagent.agent.v1.Agent.CreateNamedVolume:input_type -> csiagent.agent.v1.CreateNamedVolumeRequest
+	20, // 79: csiagent.agent.v1.Agent.RemoveNamedVolume:input_type -> csiagent.agent.v1.RemoveNamedVolumeRequest
+	22, // 80: csiagent.agent.v1.Agent.GetNamedVolume:input_type -> csiagent.agent.v1.GetNamedVolumeRequest
+	24, // 81: csiagent.agent.v1.Agent.ListNamedVolumes:input_type -> csiagent.agent.v1.ListNamedVolumesRequest
+	26, // 82: csiagent.agent.v1.Agent.ReconcileEngineMounts:input_type -> csiagent.agent.v1.ReconcileEngineMountsRequest
+	8,  // 83: csiagent.agent.v1.Agent.ClusterNodes:input_type -> csiagent.agent.v1.ClusterNodesRequest
+	12, // 84: csiagent.agent.v1.Agent.ClusterClaims:input_type -> csiagent.agent.v1.ClusterClaimsRequest
+	6,  // 85: csiagent.agent.v1.Agent.ClusterRelease:input_type -> csiagent.agent.v1.ClusterReleaseRequest
+	52, // 86: csiagent.agent.v1.Agent.ListPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	54, // 87: csiagent.agent.v1.Agent.GetPlugin:output_type -> csiagent.agent.v1.GetPluginResponse
+	52, // 88: csiagent.agent.v1.Agent.WatchPlugins:output_type -> csiagent.agent.v1.ListPluginsResponse
+	33, // 89: csiagent.agent.v1.Agent.Prepare:output_type -> csiagent.agent.v1.PrepareResponse
+	36, // 90: csiagent.agent.v1.Agent.Cleanup:output_type -> csiagent.agent.v1.CleanupResponse
+	38, // 91: csiagent.agent.v1.Agent.ListVolumes:output_type -> csiagent.agent.v1.ListVolumesResponse
+	47, // 92: csiagent.agent.v1.Agent.ListContainers:output_type -> csiagent.agent.v1.ListContainersResponse
+	50, // 93: csiagent.agent.v1.Agent.Reconcile:output_type -> csiagent.agent.v1.ReconcileResponse
+	44, // 94: csiagent.agent.v1.Agent.ReclaimSpace:output_type -> csiagent.agent.v1.ReclaimSpaceProgress
+	19, // 95: csiagent.agent.v1.Agent.CreateNamedVolume:output_type -> csiagent.agent.v1.CreateNamedVolumeResponse
+	21, // 96: csiagent.agent.v1.Agent.RemoveNamedVolume:output_type -> csiagent.agent.v1.RemoveNamedVolumeResponse
+	23, // 97: csiagent.agent.v1.Agent.GetNamedVolume:output_type -> csiagent.agent.v1.NamedVolume
+	25, // 98: csiagent.agent.v1.Agent.ListNamedVolumes:output_type -> csiagent.agent.v1.ListNamedVolumesResponse
+	27, // 99: csiagent.agent.v1.Agent.ReconcileEngineMounts:output_type -> csiagent.agent.v1.ReconcileEngineMountsResponse
+	11, // 100: csiagent.agent.v1.Agent.ClusterNodes:output_type -> csiagent.agent.v1.ClusterNodesResponse
+	16, // 101: csiagent.agent.v1.Agent.ClusterClaims:output_type -> csiagent.agent.v1.ClusterClaimsResponse
+	7,  // 102: csiagent.agent.v1.Agent.ClusterRelease:output_type -> csiagent.agent.v1.ClusterReleaseResponse
+	86, // [86:103] is the sub-list for method output_type
+	69, // [69:86] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_proto_agent_v1_agent_proto_init() }
@@ -4781,7 +5031,7 @@ func file_proto_agent_v1_agent_proto_init() {
 		return
 	}
 	file_proto_agent_v1_controller_proto_init()
-	file_proto_agent_v1_agent_proto_msgTypes[33].OneofWrappers = []any{
+	file_proto_agent_v1_agent_proto_msgTypes[36].OneofWrappers = []any{
 		(*ReclaimSpaceRequest_Volume)(nil),
 		(*ReclaimSpaceRequest_ContainerId)(nil),
 		(*ReclaimSpaceRequest_All)(nil),
@@ -4792,7 +5042,7 @@ func file_proto_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_agent_v1_agent_proto_rawDesc), len(file_proto_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   68,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -40,6 +40,7 @@ const (
 	Agent_ReconcileEngineMounts_FullMethodName = "/csiagent.agent.v1.Agent/ReconcileEngineMounts"
 	Agent_ClusterNodes_FullMethodName          = "/csiagent.agent.v1.Agent/ClusterNodes"
 	Agent_ClusterClaims_FullMethodName         = "/csiagent.agent.v1.Agent/ClusterClaims"
+	Agent_ClusterRelease_FullMethodName        = "/csiagent.agent.v1.Agent/ClusterRelease"
 )
 
 // AgentClient is the client API for Agent service.
@@ -102,6 +103,12 @@ type AgentClient interface {
 	// Unavailable when etcd does not answer.
 	ClusterNodes(ctx context.Context, in *ClusterNodesRequest, opts ...grpc.CallOption) (*ClusterNodesResponse, error)
 	ClusterClaims(ctx context.Context, in *ClusterClaimsRequest, opts ...grpc.CallOption) (*ClusterClaimsResponse, error)
+	// ClusterRelease hands a dead node's claims over (csi-agent cluster
+	// release). Root only. FailedPrecondition while the node's lease lives,
+	// and unless the node was fenced (fence: FenceClusterNetwork with the
+	// addresses it registered) or node_is_down is set; NotFound for a node
+	// that never registered.
+	ClusterRelease(ctx context.Context, in *ClusterReleaseRequest, opts ...grpc.CallOption) (*ClusterReleaseResponse, error)
 }
 
 type agentClient struct {
@@ -290,6 +297,16 @@ func (c *agentClient) ClusterClaims(ctx context.Context, in *ClusterClaimsReques
 	return out, nil
 }
 
+func (c *agentClient) ClusterRelease(ctx context.Context, in *ClusterReleaseRequest, opts ...grpc.CallOption) (*ClusterReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterReleaseResponse)
+	err := c.cc.Invoke(ctx, Agent_ClusterRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServer is the server API for Agent service.
 // All implementations must embed UnimplementedAgentServer
 // for forward compatibility.
@@ -350,6 +367,12 @@ type AgentServer interface {
 	// Unavailable when etcd does not answer.
 	ClusterNodes(context.Context, *ClusterNodesRequest) (*ClusterNodesResponse, error)
 	ClusterClaims(context.Context, *ClusterClaimsRequest) (*ClusterClaimsResponse, error)
+	// ClusterRelease hands a dead node's claims over (csi-agent cluster
+	// release). Root only. FailedPrecondition while the node's lease lives,
+	// and unless the node was fenced (fence: FenceClusterNetwork with the
+	// addresses it registered) or node_is_down is set; NotFound for a node
+	// that never registered.
+	ClusterRelease(context.Context, *ClusterReleaseRequest) (*ClusterReleaseResponse, error)
 	mustEmbedUnimplementedAgentServer()
 }
 
@@ -407,6 +430,9 @@ func (UnimplementedAgentServer) ClusterNodes(context.Context, *ClusterNodesReque
 }
 func (UnimplementedAgentServer) ClusterClaims(context.Context, *ClusterClaimsRequest) (*ClusterClaimsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterClaims not implemented")
+}
+func (UnimplementedAgentServer) ClusterRelease(context.Context, *ClusterReleaseRequest) (*ClusterReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClusterRelease not implemented")
 }
 func (UnimplementedAgentServer) mustEmbedUnimplementedAgentServer() {}
 func (UnimplementedAgentServer) testEmbeddedByValue()               {}
@@ -703,6 +729,24 @@ func _Agent_ClusterClaims_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ClusterRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClusterReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ClusterRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ClusterRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ClusterRelease(ctx, req.(*ClusterReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Agent_ServiceDesc is the grpc.ServiceDesc for Agent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -765,6 +809,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterClaims",
 			Handler:    _Agent_ClusterClaims_Handler,
+		},
+		{
+			MethodName: "ClusterRelease",
+			Handler:    _Agent_ClusterRelease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
