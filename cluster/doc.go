@@ -29,9 +29,11 @@
 // attaches, else before NodeStageVolume, else NodePublishVolume), and
 // Release after the last call that takes it off the node
 // (ControllerUnpublishVolume, else NodeUnstageVolume, else
-// NodeUnpublishVolume) is durable in its checkpoint. A volume already on
-// the node needs no Claim for another container; calling it again is
-// idempotent (a round trip to etcd when connected).
+// NodeUnpublishVolume) is durable in its checkpoint. It calls Claim
+// again before each new container of a volume already on the node: a
+// claim the node holds answers from the claims file (after a round trip
+// to etcd when connected, which finds a revocation), a revoked one
+// refuses the new container (ErrRevoked).
 //
 // Fail closed: when etcd does not answer (no quorum, unreachable; every
 // call is bounded by Config.CallTimeout), a Claim this node holds

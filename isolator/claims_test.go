@@ -78,3 +78,29 @@ func TestUnitClaims(t *testing.T) {
 		t.Errorf("claims and releases %s, want %s", got, want)
 	}
 }
+
+// TestUnitClaimCheckedForEveryNewUser: a new container on a volume
+// already on the node asks Claims again (a local answer for a claim the
+// node holds), so a claim revoked while the node was away (the volume
+// handed to another host) refuses new containers, while the container
+// that has the volume keeps it and its cleanup works.
+func TestUnitClaimCheckedForEveryNewUser(t *testing.T) {
+	fleet := &fleetClaims{holders: map[string]string{}}
+	a := newWorld(t)
+	iso := a.run(Config{Claims: nodeClaims{fleet, "a"}})
+	a.prepare(iso, a.request("c1", vol{"attach", "vol-1", "/data", false}))
+	a.prepare(iso, a.request("c2", vol{"attach", "vol-1", "/data", false}))
+	if got := fmt.Sprint(fleet.order); got != "[a claim attach/vol-1 a claim attach/vol-1]" {
+		t.Fatalf("claims: %s; want one for each new user", got)
+	}
+	fleet.mu.Lock()
+	fleet.holders["attach/vol-1"] = "b" // released by an operator, taken by b
+	fleet.mu.Unlock()
+	_, err := iso.Prepare(context.Background(), a.request("c3", vol{"attach", "vol-1", "/data", false}))
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "claimed by node b") {
+		t.Fatalf("a new user of a volume whose claim went to b: %v; want ErrPrecondition naming b", err)
+	}
+	a.cleanup(iso, "c1")
+	a.cleanup(iso, "c2")
+	a.cleanup(iso, "c3")
+}

@@ -111,6 +111,13 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 				return fmt.Errorf("%w: volume %s is still mounted elsewhere (%s) after its last user's cleanup and its access mode %s allows a single writer; it is torn down, and can be given to a new user, once that mount is gone", ErrPrecondition, pm.key, strings.Join(where, ", "), pm.static.GetVolumeCapability().GetAccessMode().GetMode())
 			}
 		}
+		if !slices.Contains(v.cp.Users, id) && !offNode(v.cp) && iso.cfg.Claims != nil {
+			// On the node already: the node's claim is still its own
+			// (not handed to another host while this one was away).
+			if err := iso.cfg.Claims.Claim(ctx, pm.key.plugin, pm.key.id, pm.static.GetVolumeCapability()); err != nil {
+				return fmt.Errorf("volume %s: %w", pm.key, err)
+			}
+		}
 		if !slices.Contains(v.cp.Users, id) {
 			// The new user is recorded with the first checkpoint the
 			// publishing writes (before any RPC), or on its own below if
