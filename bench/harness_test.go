@@ -413,6 +413,11 @@ func (ap *agentProc) metricsAddr(t *testing.T) string {
 // --- requests ---
 
 func mountVolume(plugin, id, containerPath string) *agentv1.Volume {
+	return mountVolumeCap(plugin, id, containerPath, mountCap())
+}
+
+// mountVolumeCap is mountVolume with the given capability.
+func mountVolumeCap(plugin, id, containerPath string, capability *csi.VolumeCapability) *agentv1.Volume {
 	return &agentv1.Volume{
 		ContainerPath: containerPath,
 		Mode:          agentv1.Volume_RW,
@@ -421,7 +426,7 @@ func mountVolume(plugin, id, containerPath string) *agentv1.Volume {
 			CsiVolume: &agentv1.CSIVolume{
 				PluginName: plugin,
 				StaticProvisioning: &agentv1.StaticProvisioning{
-					VolumeId: id, VolumeCapability: mountCap(),
+					VolumeId: id, VolumeCapability: capability,
 				},
 			},
 		},
@@ -429,8 +434,13 @@ func mountVolume(plugin, id, containerPath string) *agentv1.Volume {
 }
 
 func mountCap() *csi.VolumeCapability {
+	return mountCapMode(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
+}
+
+// mountCapMode is a mount capability with the given access mode.
+func mountCapMode(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 	}
 }
