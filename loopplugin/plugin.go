@@ -58,6 +58,12 @@ type Config struct {
 	// PUBLISH_UNPUBLISH_VOLUME, NodeStageVolume attaches the image itself;
 	// for a CO that never calls ControllerPublishVolume.
 	NodeOnly bool
+	// SharedPool says the pool is on storage every node reaches (NFS, a
+	// cluster filesystem): MULTI_NODE_READER_ONLY is offered too, each
+	// node attaching the image read-only. Writers stay single-node (the
+	// CO keeps them one node at a time: csi-agent's cluster claims). It
+	// needs NodeOnly (attachments are recorded in the pool, per volume).
+	SharedPool bool
 	// Name and Version are what GetPluginInfo reports; DefaultName and
 	// Version if empty.
 	Name, Version string
@@ -84,6 +90,7 @@ type Plugin struct {
 	name, version, nodeID string
 	maxVolumes            int64
 	nodeOnly              bool
+	sharedPool            bool
 	attachMu              sync.Mutex // see ControllerPublishVolume
 	pool                  *Pool
 	replica               *Pool // nil without a replica pool
@@ -122,6 +129,9 @@ func New(cfg Config) (*Plugin, error) {
 	if cfg.NodeID == "" {
 		return nil, fmt.Errorf("%w: node id is required", ErrInvalid)
 	}
+	if cfg.SharedPool && !cfg.NodeOnly {
+		return nil, fmt.Errorf("%w: a shared pool needs node-only mode (--node-only): attachments are recorded in the pool, one per volume, not per node", ErrInvalid)
+	}
 	if cfg.MaxVolumesPerNode < 0 {
 		return nil, fmt.Errorf("%w: max volumes per node %d: 0 (no limit) or more", ErrInvalid, cfg.MaxVolumesPerNode)
 	}
@@ -144,6 +154,7 @@ func New(cfg Config) (*Plugin, error) {
 		nodeID:          cfg.NodeID,
 		maxVolumes:      cfg.MaxVolumesPerNode,
 		nodeOnly:        cfg.NodeOnly,
+		sharedPool:      cfg.SharedPool,
 		pool:            pool,
 		replica:         replica,
 		log:             cfg.Logger,

@@ -56,14 +56,17 @@ func (p *Plugin) stageMount(ctx context.Context, vol Volume, staging string, acc
 	// in use elsewhere (staged at another path): share it.
 	var dev loopdev.Device
 	var f *os.File
+	// Readers on many nodes of a shared pool each stage a read-only
+	// device of their own (a device found here is another node's).
+	shared := acc.sharedReaders()
 	if attached != nil {
 		dev = *attached
 		f, err = os.OpenFile(dev.Path, map[bool]int{false: os.O_RDWR, true: os.O_RDONLY}[dev.ReadOnly]|unix.O_CLOEXEC, 0)
-	} else if i := slices.IndexFunc(ds, func(d loopdev.Device) bool { return !d.ReadOnly }); i >= 0 {
+	} else if i := slices.IndexFunc(ds, func(d loopdev.Device) bool { return !d.ReadOnly }); i >= 0 && !shared {
 		dev = ds[i]
 		f, err = os.OpenFile(dev.Path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	} else {
-		dev, f, err = loopdev.Attach(ctx, vol.Path, loopdev.Options{AutoClear: true})
+		dev, f, err = loopdev.Attach(ctx, vol.Path, loopdev.Options{AutoClear: true, ReadOnly: shared})
 	}
 	if err != nil {
 		return fmt.Errorf("stage volume %s: %w", vol.ID, err)
@@ -168,7 +171,20 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 		return err
 	}
 	if rest := others(all, staging, file); len(rest) > 0 {
-		return preconditionf("volume %s is still published at %s", vol.ID, strings.Join(rest, ", "))
+		// Published from this stage's device, not from another
+		// node's (readers of a shared pool each have their own).
+		byDev, err := ds.mounts()
+		if err != nil {
+			return err
+		}
+		for _, ms := range byDev {
+			if slices.Contains(ms, staging) || slices.Contains(ms, file) {
+				rest = others(ms, staging, file)
+			}
+		}
+		if len(rest) > 0 {
+			return preconditionf("volume %s is still published at %s", vol.ID, strings.Join(rest, ", "))
+		}
 	}
 	m, mounted, err := mount.Lookup(staging)
 	if err != nil {

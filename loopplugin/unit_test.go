@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -556,5 +557,33 @@ func TestControllerAndErrorCodes(t *testing.T) {
 			}
 			wantCode(t, err, tc.want)
 		})
+	}
+}
+
+// TestSharedPool: readers on many nodes only with --shared-pool, which
+// needs --node-only; they are read-only (a read-only device, mounted ro).
+func TestSharedPool(t *testing.T) {
+	pool := t.TempDir()
+	if _, err := New(Config{Pool: pool, NodeID: "n", SharedPool: true}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--node-only") {
+		t.Fatalf("a shared pool in attach mode: %v, want ErrInvalid naming --node-only", err)
+	}
+	readers := mountCap("", csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY)
+	local, err := New(Config{Pool: pool, NodeID: "n", NodeOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := local.parseCapability(readers); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "--shared-pool") {
+		t.Fatalf("readers on a local pool: %v, want ErrInvalid naming --shared-pool", err)
+	}
+	shared, err := New(Config{Pool: pool, NodeID: "n", NodeOnly: true, SharedPool: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc, err := shared.parseCapability(readers)
+	if err != nil || !acc.readOnlyMode() || !acc.sharedReaders() || !slices.Contains(acc.mountOptions(), "ro") {
+		t.Fatalf("readers on a shared pool: %+v, %v; want read-only", acc, err)
+	}
+	if _, err := shared.parseCapability(mountCap("", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("many writers on a shared pool: %v, want ErrInvalid", err)
 	}
 }

@@ -99,7 +99,14 @@ type access struct {
 
 // readOnlyMode reports whether the access mode only allows reading.
 func (a access) readOnlyMode() bool {
-	return a.mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	return a.mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY || a.sharedReaders()
+}
+
+// sharedReaders reports whether nodes may read the volume at once (a
+// shared pool): each attaches the image read-only, so none can write it
+// (not even a journal replay).
+func (a access) sharedReaders() bool {
+	return a.mode == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
 }
 
 // mountOptions returns the options for mounting the staged filesystem.
@@ -111,14 +118,16 @@ func (a access) mountOptions() []string {
 }
 
 // supportedMode reports whether a loop volume can serve the access mode:
-// it is local to one node.
-func supportedMode(m csi.VolumeCapability_AccessMode_Mode) bool {
+// the single-node ones, and readers on many nodes of a shared pool.
+func supportedMode(m csi.VolumeCapability_AccessMode_Mode, sharedPool bool) bool {
 	switch m {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:
 		return true
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return sharedPool
 	}
 	return false
 }
@@ -131,8 +140,11 @@ func (p *Plugin) parseCapability(c *csi.VolumeCapability) (access, error) {
 		return access{}, invalidf("volume_capability is required")
 	}
 	mode := c.GetAccessMode().GetMode()
-	if !supportedMode(mode) {
-		return access{}, invalidf("access mode %s is not supported: loop volumes are local to one node", mode)
+	if !supportedMode(mode, p.sharedPool) {
+		if mode == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY {
+			return access{}, invalidf("access mode %s is not supported: loop volumes are local to one node unless the pool is shared (--shared-pool)", mode)
+		}
+		return access{}, invalidf("access mode %s is not supported: loop volumes are local to one node (readers on many nodes of a shared pool excepted)", mode)
 	}
 	a := access{mode: mode}
 	switch t := c.GetAccessType().(type) {

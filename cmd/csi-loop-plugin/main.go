@@ -48,6 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&cfg.NodeID, "node-id", "", "node id for NodeGetInfo (default $MESOS_AGENT_ID, else the host name)")
 		fs.StringVar(&cfg.Name, "name", loopplugin.DefaultName, "plugin name for GetPluginInfo")
 		fs.BoolVar(&cfg.NodeOnly, "node-only", false, "node-only mode: no PUBLISH_UNPUBLISH_VOLUME, NodeStageVolume attaches the image itself (for a CO that never calls ControllerPublishVolume); default: ControllerPublishVolume attaches it and hands the device over in the publish_context")
+		fs.BoolVar(&cfg.SharedPool, "shared-pool", false, "the pool is on storage every node reaches (NFS, a cluster filesystem): MULTI_NODE_READER_ONLY is offered too, each node attaching the image read-only; writers stay one node at a time, which the CO must ensure (csi-agent does with --cluster-etcd-endpoints). Needs --node-only")
 		fs.Int64Var(&cfg.MaxVolumesPerNode, "max-volumes-per-node", 0, "NodeGetInfo's max_volumes_per_node: how many of its volumes the CO may have staged on this node (0: no limit)")
 		fs.StringVar(&cfg.ReplicaPool, "replica-pool", "", "pool directory replicated volumes are copied to (csi-addons replication; optional)")
 		addons := fs.String("csi-addons-endpoint", "", "also serve csi-addons (with its identity service) on this unix socket, as ceph-csi does (e.g. $CSIADDONS_ENDPOINT, which csi-agent sets for managed plugins)")

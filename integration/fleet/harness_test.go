@@ -1,0 +1,422 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/csiagent/csiagent/internal/etcdtest"
+	"github.com/csiagent/csiagent/internal/testhelp"
+	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	"github.com/csiagent/csiagent/supervisor"
+)
+
+// bins are the real binaries the tests run, built once in TestMain.
+var bins struct{ agent, loop string }
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	paths, remove, err := testhelp.BuildBinaries("github.com/csiagent/csiagent/cmd/csi-agent", "github.com/csiagent/csiagent/cmd/csi-loop-plugin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer remove()
+	bins.agent, bins.loop = paths[0], paths[1]
+	return m.Run()
+}
+
+// waitTimeout bounds every wait for an expected state: a failure bound,
+// not a synchronisation sleep.
+const waitTimeout = 30 * time.Second
+
+// The agents' cluster settings: a short lease, so that a killed host is
+// down (and its claims releasable) soon, and a short etcd deadline, so
+// that a claim without a quorum fails soon.
+const (
+	leaseTTL    = 2 * time.Second
+	etcdTimeout = time.Second
+)
+
+// loopType is the plugin type of every host's csi-loop-plugin.
+const loopType = "loop"
+
+// fleet is a 3-member etcd and hosts sharing one pool.
+type fleet struct {
+	t     *testing.T
+	etcd  *etcdtest.Cluster
+	pool  string
+	hosts []*host
+}
+
+// host is one agent host: its directories, its csi-loop-plugin (run by
+// the test, so that it outlives the agent as a managed one would) and
+// its agent process while it runs.
+type host struct {
+	f                      *fleet
+	node                   string
+	conf, work, run, extra string
+	fenceCIDR              string
+	ag                     *agentProc
+}
+
+// agentProc is a running csi-agent serve.
+type agentProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	conn   *grpc.ClientConn
+	api    agentv1.AgentClient
+}
+
+// newFleet starts etcd and n hosts (node-a, node-b, ...), each agent
+// ready with its plugin. When the test ends, every host's containers are
+// cleaned up, the agents stopped and nothing may be left mounted or
+// attached.
+func newFleet(t *testing.T, n int) *fleet {
+	t.Helper()
+	testhelp.NeedRoot(t)
+	f := &fleet{t: t, pool: filepath.Join(t.TempDir(), "pool")}
+	mkdirs(t, f.pool)
+	f.etcd = etcdtest.Start(t)
+	t.Cleanup(f.etcd.Close)
+	for i := range n {
+		f.hosts = append(f.hosts, f.newHost(fmt.Sprintf("node-%c", 'a'+i), i))
+	}
+	// After the plugins' cleanups are registered, so it runs before them.
+	t.Cleanup(f.teardown)
+	for _, h := range f.hosts {
+		h.start()
+	}
+	return f
+}
+
+func mkdirs(t *testing.T, dirs ...string) {
+	t.Helper()
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// newHost makes a host's directories and starts its plugin.
+func (f *fleet) newHost(node string, i int) *host {
+	t := f.t
+	base := t.TempDir()
+	// Short: the agent's sockets are in it (sun_path).
+	run, err := os.MkdirTemp("", "csf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	h := &host{f: f, node: node, conf: filepath.Join(base, "conf"), work: filepath.Join(base, "work"), run: filepath.Join(run, "agent"),
+		extra: filepath.Join(base, "extra"), fenceCIDR: fmt.Sprintf("10.99.0.%d/32", i+1)}
+	mkdirs(t, h.conf, h.extra, h.run)
+	sock := filepath.Join(run, "loop.sock")
+	plugin := exec.Command(bins.loop, "--endpoint", "unix://"+sock, "--pool", f.pool, "--node-id", node, "--node-only", "--shared-pool")
+	logf, err := os.Create(filepath.Join(h.extra, "loop.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin.Stdout, plugin.Stderr = logf, logf
+	if err := plugin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = plugin.Process.Kill()
+		_ = plugin.Wait()
+		logf.Close()
+	})
+	cfg, _ := json.Marshal(map[string]any{
+		"type":      loopType,
+		"endpoints": []any{map[string]any{"csi_service": "NODE_SERVICE", "endpoint": "unix://" + sock}},
+	})
+	if err := os.WriteFile(filepath.Join(h.conf, "loop.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// start runs the host's agent and waits until it serves, has recovered
+// and its plugin is ready.
+func (h *host) start() {
+	t := h.f.t
+	t.Helper()
+	logf, err := os.OpenFile(filepath.Join(h.extra, "agent.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", h.conf, "--work-dir", h.work, "--runtime-dir", h.run,
+		"--node-id", h.node, "--plugin-probe-interval", "100ms", "--log-level", "debug", "--reclaim-interval", "0",
+		"--volume-stats-interval", "0", "--docker-host", "none", "--docker-plugin-socket", "none",
+		"--cluster-etcd-endpoints", strings.Join(h.f.etcd.Endpoints, ","), "--cluster-lease-ttl", leaseTTL.String(),
+		"--cluster-etcd-timeout", etcdTimeout.String(), "--cluster-fence-cidrs", h.fenceCIDR)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ag := &agentProc{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(ag.exited)
+	}()
+	if err := h.ready(ag); err != nil {
+		_ = cmd.Process.Kill()
+		<-ag.exited
+		if ag.conn != nil {
+			ag.conn.Close()
+		}
+		t.Fatalf("%s: %v; log in %s", h.node, err, h.extra)
+	}
+	h.ag = ag
+}
+
+// ready waits until ag serves, has recovered and its plugin is ready.
+func (h *host) ready(ag *agentProc) error {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	if err := supervisor.WaitForSocket(ctx, h.socket(), ag.exited); err != nil {
+		return fmt.Errorf("API socket: %w (exit: %v)", err, ag.cmd.ProcessState)
+	}
+	var err error
+	if ag.conn, err = grpc.NewClient("unix://"+h.socket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return err
+	}
+	ag.api = agentv1.NewAgentClient(ag.conn)
+	// Cleanup of an unknown container waits for the first recovery.
+	if _, err := ag.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: "no-such-container"}, grpc.WaitForReady(true)); err != nil {
+		return fmt.Errorf("no recovery within %v: %w", waitTimeout, err)
+	}
+	stream, err := ag.api.WatchPlugins(ctx, &agentv1.ListPluginsRequest{})
+	if err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("plugin %s not ready: %w", loopType, err)
+		}
+		for _, p := range resp.GetPlugins() {
+			if p.GetType() == loopType && p.GetState() == agentv1.PluginState_PLUGIN_STATE_READY {
+				return nil
+			}
+		}
+	}
+}
+
+func (h *host) socket() string { return filepath.Join(h.run, "agent.sock") }
+
+// kill SIGKILLs the host's agent (its plugin and mounts stay).
+func (h *host) kill() {
+	_ = h.ag.cmd.Process.Signal(unix.SIGKILL)
+	<-h.ag.exited
+	h.ag.conn.Close()
+	h.ag = nil
+}
+
+// stop stops the host's agent as SIGTERM does.
+func (h *host) stop() {
+	_ = h.ag.cmd.Process.Signal(unix.SIGTERM)
+	select {
+	case <-h.ag.exited:
+	case <-time.After(waitTimeout):
+		h.f.t.Errorf("%s: the agent did not stop within %v of SIGTERM", h.node, waitTimeout)
+		_ = h.ag.cmd.Process.Kill()
+		<-h.ag.exited
+	}
+	h.ag.conn.Close()
+	h.ag = nil
+}
+
+// callTimeout bounds one API call of a test.
+const callTimeout = 20 * time.Second
+
+func (h *host) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), callTimeout)
+}
+
+// volume is a loop volume of the shared pool as a container's mount.
+func volume(id string, mode csi.VolumeCapability_AccessMode_Mode) *agentv1.Volume {
+	rw := agentv1.Volume_RW
+	if mode == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY || mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY {
+		rw = agentv1.Volume_RO
+	}
+	return &agentv1.Volume{
+		ContainerPath: "data-" + id,
+		Mode:          rw,
+		Source: &agentv1.Volume_Source{
+			Type: agentv1.Volume_Source_CSI_VOLUME,
+			CsiVolume: &agentv1.CSIVolume{
+				PluginName: loopType,
+				StaticProvisioning: &agentv1.StaticProvisioning{
+					VolumeId: id,
+					VolumeCapability: &csi.VolumeCapability{
+						AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+						AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+					},
+				},
+			},
+		},
+	}
+}
+
+// sandbox is container id's sandbox directory on the host.
+func (h *host) sandbox(id string) string { return filepath.Join(h.extra, "sandbox-"+id) }
+
+// prepare gives container id the volumes.
+func (h *host) prepare(id string, vols ...*agentv1.Volume) error {
+	if err := os.MkdirAll(h.sandbox(id), 0o755); err != nil {
+		return err
+	}
+	ctx, cancel := h.ctx()
+	defer cancel()
+	_, err := h.ag.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: id, Sandbox: h.sandbox(id), Volumes: vols})
+	return err
+}
+
+func (h *host) mustPrepare(id string, vols ...*agentv1.Volume) {
+	h.f.t.Helper()
+	if err := h.prepare(id, vols...); err != nil {
+		h.f.t.Fatalf("%s: Prepare %s: %v", h.node, id, err)
+	}
+}
+
+func (h *host) cleanup(id string) error {
+	ctx, cancel := h.ctx()
+	defer cancel()
+	_, err := h.ag.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: id})
+	return err
+}
+
+func (h *host) mustCleanup(id string) {
+	h.f.t.Helper()
+	if err := h.cleanup(id); err != nil {
+		h.f.t.Fatalf("%s: Cleanup %s: %v", h.node, id, err)
+	}
+}
+
+// claims is the fleet's claims as the host's agent reports them.
+func (h *host) claims() (*agentv1.ClusterClaimsResponse, error) {
+	ctx, cancel := h.ctx()
+	defer cancel()
+	return h.ag.api.ClusterClaims(ctx, &agentv1.ClusterClaimsRequest{})
+}
+
+// holders are the nodes holding the claim on a volume ("" none).
+func (h *host) holders(id string) string {
+	h.f.t.Helper()
+	resp, err := h.claims()
+	if err != nil {
+		h.f.t.Fatalf("%s: ClusterClaims: %v", h.node, err)
+	}
+	for _, c := range resp.GetClaims() {
+		if c.GetPluginName() == loopType && c.GetVolumeId() == id {
+			var hs []string
+			for _, x := range c.GetHolders() {
+				hs = append(hs, x.GetNodeId())
+			}
+			return strings.Join(hs, ",")
+		}
+	}
+	return ""
+}
+
+// cli runs csi-agent with args against the host's agent.
+func (h *host) cli(args ...string) (string, error) {
+	out, err := exec.Command(bins.agent, append(args, "--api-socket", h.socket())...).CombinedOutput()
+	return string(out), err
+}
+
+// createVolume pre-provisions a sparse 64 MiB volume in the shared pool.
+func (f *fleet) createVolume(name string) {
+	f.t.Helper()
+	if out, err := exec.Command(bins.loop, "create-volume", "--pool", f.pool, "--name", name, "--size", "64MiB").CombinedOutput(); err != nil {
+		f.t.Fatalf("create-volume %s: %v\n%s", name, err, out)
+	}
+}
+
+// waitFor polls cond (every 50 ms, bounded by waitTimeout): what it
+// waits on (a lease expiring, a reconciler's round) has no event here.
+func (f *fleet) waitFor(what string, cond func() bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("not within %v: %s", waitTimeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// teardown cleans up every host's containers (starting a stopped agent),
+// stops the agents and checks that nothing is left mounted or attached;
+// what is left is removed, so that it cannot disturb the next test.
+func (f *fleet) teardown() {
+	t := f.t
+	for _, h := range f.hosts {
+		if h.ag == nil {
+			h.start()
+		}
+		if h.ag == nil {
+			continue
+		}
+		ctx, cancel := h.ctx()
+		resp, err := h.ag.api.Reconcile(ctx, &agentv1.ReconcileRequest{})
+		cancel()
+		if err != nil {
+			t.Errorf("%s: cleaning up at the end of the test: %v", h.node, err)
+		} else if len(resp.GetFailed()) > 0 {
+			t.Errorf("%s: cleaning up at the end of the test: %v", h.node, resp.GetFailed())
+		}
+		h.stop()
+	}
+	for _, h := range f.hosts {
+		ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+			return !strings.HasPrefix(m.Mountpoint, h.work+"/") && !strings.HasPrefix(m.Mountpoint, h.extra+"/"), false
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			t.Errorf("%s: left mounted: %s", h.node, m.Mountpoint)
+			_ = unix.Unmount(m.Mountpoint, unix.MNT_DETACH)
+		}
+	}
+	for _, dev := range loopDevices(t, f.pool) {
+		t.Errorf("loop device left on the pool: %s", dev)
+		_ = exec.Command("losetup", "-d", dev).Run()
+	}
+}
+
+// loopDevices are the loop devices whose backing file is in pool.
+func loopDevices(t *testing.T, pool string) []string {
+	t.Helper()
+	files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), pool+"/") {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
+		}
+	}
+	return out
+}
