@@ -1,8 +1,8 @@
 package fleet
 
 import (
-	"errors"
-	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +10,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/csiagent/csiagent/internal/etcdtest"
 )
 
 const (
@@ -164,5 +166,133 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 	f.waitFor("no claim left on the volume", func() bool { return f.hosts[0].holders("rwo") == "" })
 }
 
-var _ = errors.New
-var _ = fmt.Sprint
+// writeFile writes into the container's view of a volume and reads it
+// back.
+func (h *host) writeFile(id, vol, content string) {
+	h.f.t.Helper()
+	p := filepath.Join(h.sandbox(id), "data-"+vol, "file")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		h.f.t.Fatalf("%s: writing into container %s's volume %s: %v", h.node, id, vol, err)
+	}
+	h.checkFile(id, vol, content)
+}
+
+// checkFile checks what the container sees in a volume.
+func (h *host) checkFile(id, vol, want string) {
+	h.f.t.Helper()
+	got, err := os.ReadFile(filepath.Join(h.sandbox(id), "data-"+vol, "file"))
+	if err != nil || string(got) != want {
+		h.f.t.Fatalf("%s: container %s's volume %s holds %q, %v; want %q", h.node, id, vol, got, err, want)
+	}
+}
+
+// TestMajorityStopped: with two of the three etcd members stopped, the
+// containers that have volumes keep them untouched; a Prepare that needs
+// a claim the host does not hold fails Unavailable saying why; a Prepare
+// on a claim the host holds and every cleanup work. Once the quorum is
+// back, the releases made meanwhile reach etcd and new claims work.
+func TestMajorityStopped(t *testing.T) {
+	f := newFleet(t, 2)
+	f.createVolume("held")
+	f.createVolume("other")
+	a, b := f.hosts[0], f.hosts[1]
+	a.mustPrepare("c1", volume("held", onHost))
+	a.writeFile("c1", "held", "before")
+	stopped := []*etcdtest.Member{f.etcd.Members[0], f.etcd.Members[1]}
+	etcdtest.StopAll(stopped...)
+	restarted := false
+	restart := func() {
+		if restarted {
+			return
+		}
+		restarted = true
+		for _, m := range stopped {
+			if err := m.StartNoWait(); err != nil {
+				t.Errorf("restarting etcd member %s: %v", m.Name(), err)
+			}
+		}
+	}
+	t.Cleanup(restart)
+	a.checkFile("c1", "held", "before")
+	err := b.prepare("c2", volume("other", rwo))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "etcd") {
+		t.Fatalf("a new claim without a quorum: %v; want Unavailable naming etcd", err)
+	}
+	a.mustPrepare("c3", volume("held", onHost))
+	a.checkFile("c3", "held", "before")
+	a.mustCleanup("c3")
+	a.mustCleanup("c1")
+	b.mustCleanup("c2")
+	restart()
+	f.waitFor("the release made without a quorum to reach etcd", func() bool {
+		resp, err := b.claims()
+		return err == nil && len(resp.GetClaims()) == 0
+	})
+	b.mustPrepare("c4", volume("held", rwo))
+	b.checkFile("c4", "held", "before")
+	b.mustCleanup("c4")
+}
+
+// TestHostKilledAndReleased: an agent host holding a claim is SIGKILLed.
+// Its claim persists; a release is refused while its lease lives, and
+// without fencing or --node-is-down, and when fencing fails; it is
+// accepted with --node-is-down once the lease is gone. The host then
+// returns: its container keeps the volume, untouched, but new containers
+// there are refused (the claim is revoked), loudly; its cleanup leaves
+// the fleet's claim alone, and the volume can be claimed again.
+func TestHostKilledAndReleased(t *testing.T) {
+	f := newFleet(t, 3)
+	f.createVolume("rwo")
+	a, b := f.hosts[0], f.hosts[1]
+	a.mustPrepare("c1", volume("rwo", rwo))
+	a.writeFile("c1", "rwo", "a's data")
+	a.kill()
+	if got := b.holders("rwo"); got != "node-a" {
+		t.Fatalf("the killed host's claim: held by %q, want node-a", got)
+	}
+	out, err := b.cli("cluster", "release", "--node", "node-a", "--node-is-down")
+	if err == nil || !strings.Contains(out, "live lease") {
+		t.Fatalf("release while node-a's lease lives: %v\n%s\nwant it refused, saying so", err, out)
+	}
+	out, err = b.cli("cluster", "release", "--node", "node-a")
+	if err == nil || !strings.Contains(out, "--node-is-down") {
+		t.Fatalf("release without fencing or --node-is-down: %v\n%s\nwant a usage error", err, out)
+	}
+	if err := b.prepare("c2", volume("rwo", rwo)); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("node-b's prepare of node-a's volume: %v; want FailedPrecondition naming node-a", err)
+	}
+	f.waitFor("node-a listed down", func() bool { return !b.alive("node-a") })
+	out, err = b.cli("cluster", "release", "--node", "node-a", "--fence-plugin", "loop")
+	if err == nil || !strings.Contains(out, "fenc") {
+		t.Fatalf("release fenced by a plugin that cannot fence: %v\n%s\nwant it refused", err, out)
+	}
+	if got := b.holders("rwo"); got != "node-a" {
+		t.Fatalf("after the refused releases the claim is held by %q, want node-a", got)
+	}
+	out, err = b.cli("cluster", "release", "--node", "node-a", "--node-is-down")
+	if err != nil || !strings.Contains(out, "released loop rwo (exclusive) from node-a") {
+		t.Fatalf("release --node-is-down of a dead node: %v\n%s", err, out)
+	}
+	if got := b.holders("rwo"); got != "" {
+		t.Fatalf("after the release the claim is held by %q", got)
+	}
+
+	a.start()
+	a.checkFile("c1", "rwo", "a's data")
+	err = a.prepare("c3", volume("rwo", rwo))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "released in the cluster while the node was away") {
+		t.Fatalf("a new container on the returned host: %v; want FailedPrecondition: the claim was released", err)
+	}
+	a.checkFile("c1", "rwo", "a's data")
+	log, err := os.ReadFile(filepath.Join(a.extra, "agent.log"))
+	if err != nil || !strings.Contains(string(log), "level=ERROR") || !strings.Contains(string(log), "revoked") {
+		t.Errorf("the returned host's log does not report the revoked claim as an error (%v)", err)
+	}
+	a.mustCleanup("c1")
+	b.mustPrepare("c2", volume("rwo", rwo))
+	b.checkFile("c2", "rwo", "a's data")
+	if got := a.holders("rwo"); got != "node-b" {
+		t.Fatalf("after node-b's prepare the claim is held by %q, want node-b", got)
+	}
+	b.mustCleanup("c2")
+}

@@ -337,6 +337,24 @@ func (h *host) holders(id string) string {
 	return ""
 }
 
+// alive reports whether the host's agent lists node alive.
+func (h *host) alive(node string) bool {
+	h.f.t.Helper()
+	ctx, cancel := h.ctx()
+	defer cancel()
+	resp, err := h.ag.api.ClusterNodes(ctx, &agentv1.ClusterNodesRequest{})
+	if err != nil {
+		h.f.t.Fatalf("%s: ClusterNodes: %v", h.node, err)
+	}
+	for _, n := range resp.GetNodes() {
+		if n.GetNodeId() == node {
+			return n.GetAlive()
+		}
+	}
+	h.f.t.Fatalf("%s: ClusterNodes does not list %s: %v", h.node, node, resp)
+	return false
+}
+
 // cli runs csi-agent with args against the host's agent.
 func (h *host) cli(args ...string) (string, error) {
 	out, err := exec.Command(bins.agent, append(args, "--api-socket", h.socket())...).CombinedOutput()
