@@ -13,19 +13,22 @@ FUZZTIME     ?= 3s
 # corpora (with go test); make fuzz runs them too.
 FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # End-to-end packages (integration: the daemon with runc, loop devices,
-# crashes, the soak and the container engines; bench) drive the built
+# crashes, the soak and the container engines; integration/fleet: three
+# agents on a real etcd, apart so that go test runs it beside
+# integration; bench) drive the built
 # binaries (agent, plugins, engines) as child processes and run whole
 # daemons for a minute and more: under the race detector they would take
 # many minutes, so make test runs them without -race. Every other
 # package, including the root ones that run our mount and supervision
 # code in-process, runs with -race.
-E2E_PKGS     := ./integration ./bench
+E2E_PKGS     := ./integration ./integration/fleet ./bench
 TEST_TIMEOUT ?= 9m
 # make unit: per test binary; its packages finish in seconds each.
 UNIT_TIMEOUT ?= 2m
 DURATION     ?= 10m
 SOAK_TIMEOUT ?= 3h
 SOAK_LOG     ?= /tmp/csiagent-soak.log
+CLUSTER_SOAK_LOG ?= /tmp/csiagent-cluster-soak.log
 # make powercut: random disk states per cut point, besides the systematic ones
 CUTS         ?= 20
 # make powercut: crash states of the whole daemon (make test recovers 60)
@@ -37,7 +40,7 @@ PREFIX       ?= /usr/local
 DESTDIR      ?=
 UNITDIR      ?= /etc/systemd/system
 
-.PHONY: help build install unit test bench fuzz soak powercut lint proto check-proto demo deps hostpathplugin clean
+.PHONY: help build install unit test bench fuzz soak cluster-soak powercut lint proto check-proto demo deps hostpathplugin clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -97,6 +100,11 @@ soak: deps ## (root) random prepares/cleanups/reclaims with agent and plugin SIG
 	@echo "soak: $(DURATION), full log in $(SOAK_LOG)"
 	@CSIAGENT_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestSoak$$' -v ./integration >$(SOAK_LOG) 2>&1; rc=$$?; \
 		grep -E '^soak: |invariant violation|^(--- |ok|FAIL)' $(SOAK_LOG); exit $$rc
+
+cluster-soak: deps ## (root) three agents on a real 3-member etcd: random prepares and cleanups on every host with agent SIGKILLs and etcd member kills for DURATION (default 10m); prints its figures, full log in CLUSTER_SOAK_LOG
+	@echo "cluster soak: $(DURATION), full log in $(CLUSTER_SOAK_LOG)"
+	@CSIAGENT_CLUSTER_SOAK_DURATION=$(DURATION) $(GO) test -count=1 -timeout=$(SOAK_TIMEOUT) -run='^TestClusterSoak$$' -v ./integration/fleet >$(CLUSTER_SOAK_LOG) 2>&1; rc=$$?; \
+		grep -E '^cluster soak: |invariant violation|^(--- |ok|FAIL)' $(CLUSTER_SOAK_LOG); exit $$rc
 
 powercut: deps ## (root) the whole daemon's crash states (CRASH_STATES, default 1000; make test recovers 60) and TestPowerCut with CUTS random disk states per cut point (default 20; make test runs 2); prints the summaries, full log in POWERCUT_LOG
 	@$(GO) test -count=1 -timeout=60m -run='^TestCrashStates$$' -v ./integration -args -crash-states=$(CRASH_STATES) >$(POWERCUT_LOG) 2>&1; rc=$$?; \

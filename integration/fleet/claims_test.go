@@ -134,11 +134,12 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 	f.createVolume("rwo")
 	won, unavailable := 0, 0
 	for round := range 30 {
+		var killed sync.WaitGroup
 		if round == 5 {
 			leader := f.etcd.Leader(waitTimeout)
-			t.Logf("round %d: killing the etcd leader %s", round, leader.Name())
-			leader.Stop()
-			t.Cleanup(func() { _ = leader.Start() })
+			t.Logf("round %d: killing the etcd leader %s while the hosts claim", round, leader.Name())
+			killed.Go(leader.Stop)
+			t.Cleanup(func() { _ = leader.StartNoWait() })
 			defer func() {
 				if err := leader.Start(); err != nil {
 					t.Errorf("restarting etcd member %s: %v", leader.Name(), err)
@@ -146,6 +147,7 @@ func TestLeaderKilledDuringClaims(t *testing.T) {
 			}()
 		}
 		errs := f.race("c", "rwo", rwo)
+		killed.Wait()
 		w := f.winner(round, errs, true)
 		for _, err := range errs {
 			if status.Code(err) == codes.Unavailable {

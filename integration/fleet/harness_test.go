@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,7 +73,9 @@ type host struct {
 	node                   string
 	conf, work, run, extra string
 	fenceCIDR              string
-	ag                     *agentProc
+	// mu guards ag, nil while the agent does not run.
+	mu sync.Mutex
+	ag *agentProc
 }
 
 // agentProc is a running csi-agent serve.
@@ -155,11 +158,17 @@ func (f *fleet) newHost(node string, i int) *host {
 // start runs the host's agent and waits until it serves, has recovered
 // and its plugin is ready.
 func (h *host) start() {
-	t := h.f.t
-	t.Helper()
+	h.f.t.Helper()
+	if err := h.startErr(); err != nil {
+		h.f.t.Fatal(err)
+	}
+}
+
+// startErr is start, its failure returned.
+func (h *host) startErr() error {
 	logf, err := os.OpenFile(filepath.Join(h.extra, "agent.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer logf.Close()
 	cmd := exec.Command(bins.agent, "serve", "--csi-plugin-config-dir", h.conf, "--work-dir", h.work, "--runtime-dir", h.run,
@@ -169,7 +178,7 @@ func (h *host) start() {
 		"--cluster-etcd-timeout", etcdTimeout.String(), "--cluster-fence-cidrs", h.fenceCIDR)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	ag := &agentProc{cmd: cmd, exited: make(chan struct{})}
 	go func() {
@@ -182,10 +191,26 @@ func (h *host) start() {
 		if ag.conn != nil {
 			ag.conn.Close()
 		}
-		t.Fatalf("%s: %v; log in %s", h.node, err, h.extra)
+		return fmt.Errorf("%s: %w; log in %s", h.node, err, h.extra)
 	}
+	h.mu.Lock()
 	h.ag = ag
+	h.mu.Unlock()
+	return nil
 }
+
+// api is the running agent's client, nil while it does not run.
+func (h *host) api() agentv1.AgentClient {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ag == nil {
+		return nil
+	}
+	return h.ag.api
+}
+
+// running reports whether the host's agent runs.
+func (h *host) running() bool { return h.api() != nil }
 
 // ready waits until ag serves, has recovered and its plugin is ready.
 func (h *host) ready(ag *agentProc) error {
@@ -224,24 +249,30 @@ func (h *host) socket() string { return filepath.Join(h.run, "agent.sock") }
 
 // kill SIGKILLs the host's agent (its plugin and mounts stay).
 func (h *host) kill() {
-	_ = h.ag.cmd.Process.Signal(unix.SIGKILL)
-	<-h.ag.exited
-	h.ag.conn.Close()
+	h.mu.Lock()
+	ag := h.ag
 	h.ag = nil
+	h.mu.Unlock()
+	_ = ag.cmd.Process.Signal(unix.SIGKILL)
+	<-ag.exited
+	ag.conn.Close()
 }
 
 // stop stops the host's agent as SIGTERM does.
 func (h *host) stop() {
-	_ = h.ag.cmd.Process.Signal(unix.SIGTERM)
+	h.mu.Lock()
+	ag := h.ag
+	h.ag = nil
+	h.mu.Unlock()
+	_ = ag.cmd.Process.Signal(unix.SIGTERM)
 	select {
-	case <-h.ag.exited:
+	case <-ag.exited:
 	case <-time.After(waitTimeout):
 		h.f.t.Errorf("%s: the agent did not stop within %v of SIGTERM", h.node, waitTimeout)
-		_ = h.ag.cmd.Process.Kill()
-		<-h.ag.exited
+		_ = ag.cmd.Process.Kill()
+		<-ag.exited
 	}
-	h.ag.conn.Close()
-	h.ag = nil
+	ag.conn.Close()
 }
 
 // callTimeout bounds one API call of a test.
@@ -286,7 +317,7 @@ func (h *host) prepare(id string, vols ...*agentv1.Volume) error {
 	}
 	ctx, cancel := h.ctx()
 	defer cancel()
-	_, err := h.ag.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: id, Sandbox: h.sandbox(id), Volumes: vols})
+	_, err := h.api().Prepare(ctx, &agentv1.PrepareRequest{ContainerId: id, Sandbox: h.sandbox(id), Volumes: vols})
 	return err
 }
 
@@ -300,7 +331,7 @@ func (h *host) mustPrepare(id string, vols ...*agentv1.Volume) {
 func (h *host) cleanup(id string) error {
 	ctx, cancel := h.ctx()
 	defer cancel()
-	_, err := h.ag.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: id})
+	_, err := h.api().Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: id})
 	return err
 }
 
@@ -315,7 +346,7 @@ func (h *host) mustCleanup(id string) {
 func (h *host) claims() (*agentv1.ClusterClaimsResponse, error) {
 	ctx, cancel := h.ctx()
 	defer cancel()
-	return h.ag.api.ClusterClaims(ctx, &agentv1.ClusterClaimsRequest{})
+	return h.api().ClusterClaims(ctx, &agentv1.ClusterClaimsRequest{})
 }
 
 // holders are the nodes holding the claim on a volume ("" none).
@@ -342,7 +373,7 @@ func (h *host) alive(node string) bool {
 	h.f.t.Helper()
 	ctx, cancel := h.ctx()
 	defer cancel()
-	resp, err := h.ag.api.ClusterNodes(ctx, &agentv1.ClusterNodesRequest{})
+	resp, err := h.api().ClusterNodes(ctx, &agentv1.ClusterNodesRequest{})
 	if err != nil {
 		h.f.t.Fatalf("%s: ClusterNodes: %v", h.node, err)
 	}
@@ -388,14 +419,11 @@ func (f *fleet) waitFor(what string, cond func() bool) {
 func (f *fleet) teardown() {
 	t := f.t
 	for _, h := range f.hosts {
-		if h.ag == nil {
+		if !h.running() {
 			h.start()
 		}
-		if h.ag == nil {
-			continue
-		}
 		ctx, cancel := h.ctx()
-		resp, err := h.ag.api.Reconcile(ctx, &agentv1.ReconcileRequest{})
+		resp, err := h.api().Reconcile(ctx, &agentv1.ReconcileRequest{})
 		cancel()
 		if err != nil {
 			t.Errorf("%s: cleaning up at the end of the test: %v", h.node, err)
