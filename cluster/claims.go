@@ -86,6 +86,9 @@ type LocalClaim struct {
 	Mode   Mode      `json:"mode"`
 	State  State     `json:"state"`
 	Since  time.Time `json:"since"`
+	// Rev is the claim key's mod revision after this node's write (0:
+	// unknown): a release tries it first, saving a read.
+	Rev int64 `json:"rev,omitempty"`
 	// Note says why a claim was revoked.
 	Note string `json:"note,omitempty"`
 }
@@ -336,8 +339,9 @@ func decodeClaim(key, value []byte) (*claimRecord, error) {
 }
 
 // cas replaces key's value if its mod revision is still rev (0: if it is
-// absent); next (nil: delete). ok false: it changed; then the current
-// record and revision are returned.
+// absent); next (nil: delete). ok true: curRev is the key's new mod
+// revision; ok false: it changed, and the current record and revision
+// are returned.
 func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRecord, what string, extra ...clientv3.Cmp) (ok bool, cur *claimRecord, curRev int64, err error) {
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
 	op := clientv3.OpDelete(key)
@@ -356,7 +360,7 @@ func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRec
 	}
 	c.connected.Store(true)
 	if resp.Succeeded {
-		return true, nil, 0, nil
+		return true, nil, resp.Header.GetRevision(), nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 0 {
@@ -367,11 +371,18 @@ func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRec
 }
 
 // take takes (or upgrades to) a claim in etcd, then records it locally.
+// A claim this node has no record of is first tried as a new key (one
+// round trip when no node holds it); else the key is read first.
 func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want Mode) error {
 	what := fmt.Sprintf("claiming volume %s of plugin %s", volumeID, plugin)
-	rec, rev, err := c.read(ctx, key)
-	if err != nil {
-		return fmt.Errorf("%w; this node does not hold the claim, so the volume cannot come onto it until etcd answers", err)
+	const noClaim = "; this node does not hold the claim, so the volume cannot come onto it until etcd answers"
+	var rec *claimRecord
+	var rev int64
+	if _, known := c.getLocal(key); known {
+		var err error
+		if rec, rev, err = c.read(ctx, key); err != nil {
+			return fmt.Errorf("%w%s", err, noClaim)
+		}
 	}
 	node := c.cfg.NodeID
 	for range maxCASAttempts {
@@ -382,13 +393,13 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 		}
 		ok := next == nil // held in etcd already as needed
 		if !ok {
-			ok, rec, rev, err = c.cas(ctx, key, rev, next, what)
-			if err != nil {
-				return fmt.Errorf("%w; this node does not hold the claim, so the volume cannot come onto it until etcd answers", err)
+			var err error
+			if ok, rec, rev, err = c.cas(ctx, key, rev, next, what); err != nil {
+				return fmt.Errorf("%w%s", err, noClaim)
 			}
 		}
 		if ok {
-			l := &LocalClaim{Plugin: plugin, Volume: volumeID, Mode: mode, State: StateHeld, Since: time.Now().UTC()}
+			l := &LocalClaim{Plugin: plugin, Volume: volumeID, Mode: mode, State: StateHeld, Since: time.Now().UTC(), Rev: rev}
 			if err := c.setLocal(ctx, key, l, true); err != nil {
 				c.undo(ctx, key, plugin, volumeID)
 				return fmt.Errorf("%s: recording the claim on this node: %w", what, err)
@@ -437,8 +448,14 @@ func (c *Cluster) undo(ctx context.Context, key, plugin, volumeID string) {
 }
 
 // removeHolder removes this node from key's holders (the key when it was
-// the last); nothing when it does not hold it.
+// the last); nothing when it does not hold it. An exclusive claim whose
+// revision this node recorded is tried as that first (one round trip
+// when no one changed it).
 func (c *Cluster) removeHolder(ctx context.Context, key string) error {
+	if l, ok := c.getLocal(key); ok && l.Rev > 0 && l.Mode == Exclusive {
+		guess := &claimRecord{Plugin: l.Plugin, Volume: l.Volume, Mode: l.Mode, Holders: map[string]time.Time{c.cfg.NodeID: l.Since}}
+		return c.removeNodeFrom(ctx, key, c.cfg.NodeID, nil, guess, l.Rev, nil)
+	}
 	return c.removeNode(ctx, key, c.cfg.NodeID, nil)
 }
 
@@ -446,6 +463,13 @@ func (c *Cluster) removeHolder(ctx context.Context, key string) error {
 // comparisons (false: the release is refused with errCmp).
 func (c *Cluster) removeNode(ctx context.Context, key, node string, extra []clientv3.Cmp) error {
 	rec, rev, err := c.read(ctx, key)
+	return c.removeNodeFrom(ctx, key, node, extra, rec, rev, err)
+}
+
+// removeNodeFrom is removeNode from a record and revision read (or
+// guessed: a wrong guess costs the comparison, which returns the key as
+// it is).
+func (c *Cluster) removeNodeFrom(ctx context.Context, key, node string, extra []clientv3.Cmp, rec *claimRecord, rev int64, err error) error {
 	for range maxCASAttempts {
 		if err != nil {
 			return err
@@ -586,6 +610,14 @@ func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) e
 	}
 	switch l.State {
 	case StateReleasing:
+		if c.cfg.InUse(l.Plugin, l.Volume) {
+			// Back on the node (its last user's cleanup was
+			// interrupted, and recovery brought it up again): the
+			// claim stays, held.
+			l.State = StateHeld
+			c.log.Warn("cluster: a volume whose claim was being released is on the node again; keeping the claim", "plugin", l.Plugin, "volume", l.Volume)
+			return c.setLocal(ctx, key, &l, true)
+		}
 		if err := c.removeHolder(ctx, key); err != nil {
 			return err
 		}

@@ -243,6 +243,9 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := a.Claim(ctx, "loop", "released", rwo); err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Claim(ctx, "loop", "back", rwo); err != nil {
+		t.Fatal(err)
+	}
 	etcdtest.StopAll(ec.Members[1:]...)
 
 	if err := a.Claim(ctx, "loop", "held", rwo); err != nil {
@@ -254,10 +257,17 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := a.Release(ctx, "loop", "released"); err != nil {
 		t.Fatalf("a release without quorum: %v", err)
 	}
+	// Released too, then back on the node (recovery brought it up for
+	// a user whose cleanup was interrupted): its release must not go
+	// through.
+	if err := a.Release(ctx, "loop", "back"); err != nil {
+		t.Fatalf("a release without quorum: %v", err)
+	}
+	a.setInUse("loop", "back", true)
 	if _, err := a.Lock(ctx, "volume", "x", nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a lock without quorum: %v", err)
 	}
-	if st := a.Stats(); st.Connected || st.PendingReleases != 1 || st.ClaimsHeld != 1 {
+	if st := a.Stats(); st.Connected || st.PendingReleases != 2 || st.ClaimsHeld != 1 {
 		t.Fatalf("stats without quorum: %+v", st)
 	}
 
@@ -279,8 +289,11 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 	if err := b.Claim(ctx, "loop", "held", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
 		t.Fatalf("node-a's claim after the quorum came back: %v", err)
 	}
-	if l := a.Local(); len(l) != 1 || l[0].Volume != "held" || l[0].State != StateHeld {
+	if l := a.Local(); len(l) != 2 || l[0].Volume != "back" || l[0].State != StateHeld || l[1].Volume != "held" || l[1].State != StateHeld {
 		t.Fatalf("node-a's claims after the quorum came back: %+v", l)
+	}
+	if h := holders(t, b, "loop", "back"); !slices.Equal(h, []string{"node-a"}) {
+		t.Fatalf("the volume back on node-a: held by %v, want node-a", h)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -103,4 +105,37 @@ func TestUnitClaimCheckedForEveryNewUser(t *testing.T) {
 	a.cleanup(iso, "c1")
 	a.cleanup(iso, "c2")
 	a.cleanup(iso, "c3")
+}
+
+// TestUnitClaimedOnEveryWayUp: a volume that recovery brings up from
+// anywhere but off the node (here: its record lost, rebuilt from its
+// container's, its staging and target unmounted) is claimed first. Its
+// claim went to another node meanwhile (a release that was pending when
+// the agent stopped, and another node's claim), so recovery does not
+// stage it: the soak found it staged on two nodes before.
+func TestUnitClaimedOnEveryWayUp(t *testing.T) {
+	fleet := &fleetClaims{holders: map[string]string{}}
+	w := newWorld(t)
+	iso := w.run(Config{Claims: nodeClaims{fleet, "a"}})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	v := iso.volumes[volumeKey{"loop", "vol-1"}]
+	w.unmountBehindOurBack(v.cp.GetTargetPath())
+	w.unmountBehindOurBack(v.cp.GetStagingPath())
+	if err := os.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil {
+		t.Fatal(err)
+	}
+	fleet.mu.Lock()
+	fleet.holders["loop/vol-1"] = "b"
+	fleet.mu.Unlock()
+	w.calls("loop") // drained
+	iso = w.run(Config{Claims: nodeClaims{fleet, "a"}})
+	for _, c := range w.calls("loop") {
+		if strings.HasPrefix(c, "NodeStageVolume") || strings.HasPrefix(c, "NodePublishVolume") {
+			t.Errorf("recovery brought up a volume whose claim is node b's: %s", c)
+		}
+	}
+	fleet.mu.Lock()
+	fleet.holders["loop/vol-1"] = "a" // b is done with it
+	fleet.mu.Unlock()
+	w.cleanup(iso, "c1")
 }

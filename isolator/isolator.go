@@ -110,10 +110,10 @@ type Node struct {
 
 // Claims is the fleet's hold on volumes that one host at a time may use
 // (package cluster, on etcd): Claim before a volume comes onto the node
-// (before its first call) and before each new user of a volume on it
-// (a claim handed to another host while this one was away refuses new
-// users; the volume's users keep it), Release once it is off the node
-// and that is durable. Claim decides from the capability whether a claim is needed;
+// (before its first call), before any other way up (recovery, repair)
+// and before each new user of a volume on it (a claim handed to another
+// host while this one was away refuses new users; the volume's users
+// keep it), Release once it is off the node and that is durable. Claim decides from the capability whether a claim is needed;
 // its refusals wrap ErrPrecondition (another node holds the volume) or
 // ErrUnavailable (no quorum: fail closed); Release does not fail for
 // want of etcd (it finishes the release later).

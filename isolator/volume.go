@@ -111,11 +111,11 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 				return fmt.Errorf("%w: volume %s is still mounted elsewhere (%s) after its last user's cleanup and its access mode %s allows a single writer; it is torn down, and can be given to a new user, once that mount is gone", ErrPrecondition, pm.key, strings.Join(where, ", "), pm.static.GetVolumeCapability().GetAccessMode().GetMode())
 			}
 		}
-		if !slices.Contains(v.cp.Users, id) && !offNode(v.cp) && iso.cfg.Claims != nil {
+		if !slices.Contains(v.cp.Users, id) && !offNode(v.cp) {
 			// On the node already: the node's claim is still its own
 			// (not handed to another host while this one was away).
-			if err := iso.cfg.Claims.Claim(ctx, pm.key.plugin, pm.key.id, pm.static.GetVolumeCapability()); err != nil {
-				return fmt.Errorf("volume %s: %w", pm.key, err)
+			if err := iso.claim(ctx, pm.key, pm.static.GetVolumeCapability()); err != nil {
+				return err
 			}
 		}
 		if !slices.Contains(v.cp.Users, id) {
@@ -816,18 +816,27 @@ func RPCCode(err error) (codes.Code, bool) {
 // offNode) is first checked against the node's topology (ErrPrecondition),
 // claimed across the fleet (Config.Claims) and checked against the
 // plugin's limit of volumes on the node (ErrLimit), the latter under
-// limitMu so that two volumes cannot both take the last place.
+// limitMu so that two volumes cannot both take the last place. A volume
+// on its way up from anywhere else (recovery, a crash, a repair) is
+// claimed again: no node call brings a volume up without the node's
+// claim.
 func (iso *Isolator) enterState(ctx context.Context, v *volume, before, want, during vstate, node Node) error {
-	if !offNode(v.cp) || want != stPublished {
+	if want != stPublished {
+		return iso.setState(v, during)
+	}
+	if !offNode(v.cp) {
+		// Up again from a state recovery or a crash left (its claim may
+		// have been released meanwhile): the node must still hold it.
+		if err := iso.claim(ctx, v.key, v.cp.GetStaticProvisioning().GetVolumeCapability()); err != nil {
+			return err
+		}
 		return iso.setState(v, during)
 	}
 	if err := accessible(v, node); err != nil {
 		return err
 	}
-	if c := iso.cfg.Claims; c != nil {
-		if err := c.Claim(ctx, v.key.plugin, v.key.id, v.cp.GetStaticProvisioning().GetVolumeCapability()); err != nil {
-			return fmt.Errorf("volume %s: %w", v.key, err)
-		}
+	if err := iso.claim(ctx, v.key, v.cp.GetStaticProvisioning().GetVolumeCapability()); err != nil {
+		return err
 	}
 	if node.MaxVolumes <= 0 {
 		return iso.setState(v, during)
@@ -839,6 +848,19 @@ func (iso *Isolator) enterState(ctx context.Context, v *volume, before, want, du
 			"clean up a container that uses another of its volumes first", v.key, ErrLimit, v.key.plugin, node.MaxVolumes, n)
 	}
 	return iso.setState(v, during)
+}
+
+// claim has Config.Claims claim a volume for this node (nothing without
+// a cluster).
+func (iso *Isolator) claim(ctx context.Context, key volumeKey, capability *csi.VolumeCapability) error {
+	c := iso.cfg.Claims
+	if c == nil {
+		return nil
+	}
+	if err := c.Claim(ctx, key.plugin, key.id, capability); err != nil {
+		return fmt.Errorf("volume %s: %w", key, err)
+	}
+	return nil
 }
 
 // onNode counts the other volumes of v's plugin that have anything on the
