@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,7 +35,7 @@ import (
 // one that is not installed fails the test (make deps installs it).
 func TestReadmeWalkthrough(t *testing.T) {
 	testhelp.NeedRoot(t)
-	blocks, err := readmeBlocks("../README.md")
+	blocks, err := testhelp.ReadmeBlocks("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +47,11 @@ func TestReadmeWalkthrough(t *testing.T) {
 	var agent *exec.Cmd
 	engines := map[string]string{} // engine -> why it cannot run here ("" it can)
 	for _, b := range blocks {
-		where := fmt.Sprintf("README.md:%d", b.line)
-		switch b.mark {
+		where := fmt.Sprintf("README.md:%d", b.Line)
+		switch b.Mark {
+		case "fleet":
+			t.Logf("%s: run by integration/fleet's TestReadmeManyHosts (a fleet on etcd)", where)
+			continue
 		case "systemd start":
 			agent = ns.startAgent(t)
 			continue
@@ -58,10 +60,10 @@ func TestReadmeWalkthrough(t *testing.T) {
 			agent = nil
 			continue
 		case "docker", "podman":
-			why, ok := engines[b.mark]
+			why, ok := engines[b.Mark]
 			if !ok {
-				why = ns.setUpEngine(t, b.mark)
-				engines[b.mark] = why
+				why = ns.setUpEngine(t, b.Mark)
+				engines[b.Mark] = why
 			}
 			if why != "" {
 				t.Logf("%s: skipped: %s", where, why)
@@ -70,83 +72,16 @@ func TestReadmeWalkthrough(t *testing.T) {
 		}
 		out, err := ns.runBlock(t, repo, b)
 		switch {
-		case b.mark == "fails" && err == nil:
-			t.Fatalf("%s: succeeded, but the README says it fails:\n%s\n%s", where, b.text, out)
-		case b.mark != "fails" && err != nil:
-			t.Fatalf("%s: %v:\n%s\noutput:\n%s\nagent log:\n%s", where, err, b.text, out, ns.log("agent.log"))
+		case b.Mark == "fails" && err == nil:
+			t.Fatalf("%s: succeeded, but the README says it fails:\n%s\n%s", where, b.Text, out)
+		case b.Mark != "fails" && err != nil:
+			t.Fatalf("%s: %v:\n%s\noutput:\n%s\nagent log:\n%s", where, err, b.Text, out, ns.log("agent.log"))
 		}
 		t.Logf("%s: ok\n%s", where, out)
 	}
 	if agent != nil {
 		t.Fatal("README.md leaves the agent running: a block marked \"systemd stop\" is missing")
 	}
-}
-
-// readmeBlock is one ```sh block of the README.
-type readmeBlock struct {
-	line int    // of the opening fence
-	mark string // the walkthrough marker on the line before it, if any
-	text string
-}
-
-var walkthroughMarker = regexp.MustCompile(`^<!-- walkthrough: (.*) -->$`)
-
-// readmeBlocks returns the ```sh blocks of the markdown file at path, in
-// order, with their markers. An unknown marker, a marker not followed by a
-// block and an unterminated block are errors.
-func readmeBlocks(path string) ([]readmeBlock, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var (
-		blocks   []readmeBlock
-		cur      *readmeBlock
-		body     strings.Builder
-		mark     string
-		markLine int
-		n        int
-	)
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		n++
-		line := sc.Text()
-		switch {
-		case cur != nil && line == "```":
-			cur.text = body.String()
-			blocks = append(blocks, *cur)
-			cur = nil
-		case cur != nil:
-			body.WriteString(line + "\n")
-		case strings.HasPrefix(line, "```"):
-			if mark != "" && line != "```sh" {
-				return nil, fmt.Errorf("%s:%d: walkthrough marker before a %q block", path, markLine, line)
-			}
-			if line == "```sh" {
-				cur = &readmeBlock{line: n, mark: mark}
-				body.Reset()
-			}
-			mark = ""
-		case walkthroughMarker.MatchString(line):
-			mark = walkthroughMarker.FindStringSubmatch(line)[1]
-			markLine = n
-			switch mark {
-			case "systemd start", "systemd stop", "docker", "podman", "fails":
-			default:
-				return nil, fmt.Errorf("%s:%d: unknown walkthrough marker %q", path, n, mark)
-			}
-		case mark != "":
-			return nil, fmt.Errorf("%s:%d: walkthrough marker not followed by a ```sh block", path, markLine)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	if cur != nil {
-		return nil, fmt.Errorf("%s:%d: unterminated ```sh block", path, cur.line)
-	}
-	return blocks, nil
 }
 
 // walkthroughNS is a mount namespace held open by a process of its own.
@@ -251,11 +186,11 @@ func (ns *walkthroughNS) commandIn(ctx context.Context, wd, name string, args ..
 // blockTimeout bounds one README block (make install may compile).
 const blockTimeout = 4 * time.Minute
 
-func (ns *walkthroughNS) runBlock(t *testing.T, repo string, b readmeBlock) (string, error) {
+func (ns *walkthroughNS) runBlock(t *testing.T, repo string, b testhelp.ReadmeBlock) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), blockTimeout)
 	defer cancel()
-	c := ns.commandIn(ctx, repo, "bash", "-e", "-o", "pipefail", "-c", b.text)
+	c := ns.commandIn(ctx, repo, "bash", "-e", "-o", "pipefail", "-c", b.Text)
 	out, err := c.CombinedOutput()
 	if ctx.Err() != nil {
 		err = fmt.Errorf("did not finish within %v: %w", blockTimeout, err)
@@ -466,37 +401,4 @@ func (ns *walkthroughNS) processes() []int {
 		}
 	}
 	return out
-}
-
-func TestReadmeBlocksParse(t *testing.T) {
-	dir := t.TempDir()
-	for _, tc := range []struct {
-		name, md string
-		want     []readmeBlock
-		err      string
-	}{
-		{"blocks and markers", "text\n```sh\na\nb\n```\n```json\n{}\n```\n<!-- walkthrough: fails -->\n```sh\nfalse\n```\n",
-			[]readmeBlock{{line: 2, text: "a\nb\n"}, {line: 10, mark: "fails", text: "false\n"}}, ""},
-		{"unknown marker", "<!-- walkthrough: maybe -->\n```sh\nx\n```\n", nil, "unknown walkthrough marker"},
-		{"marker without block", "<!-- walkthrough: fails -->\ntext\n", nil, "not followed by"},
-		{"marker before json", "<!-- walkthrough: fails -->\n```json\n{}\n```\n", nil, "before a"},
-		{"unterminated", "```sh\nx\n", nil, "unterminated"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".md")
-			if err := os.WriteFile(p, []byte(tc.md), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			got, err := readmeBlocks(p)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("err = %v, want %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
-				t.Fatalf("got %+v, %v; want %+v", got, err, tc.want)
-			}
-		})
-	}
 }

@@ -264,7 +264,7 @@ func TestHostKilledAndReleased(t *testing.T) {
 		t.Fatalf("node-b's prepare of node-a's volume: %v; want FailedPrecondition naming node-a", err)
 	}
 	f.waitFor("node-a listed down", func() bool { return !b.alive("node-a") })
-	out, err = b.cli("cluster", "release", "--node", "node-a", "--fence-plugin", "loop")
+	out, err = b.cli("cluster", "release", "--node", "node-a", "--fence-plugin", loopType)
 	if err == nil || !strings.Contains(out, "fenc") {
 		t.Fatalf("release fenced by a plugin that cannot fence: %v\n%s\nwant it refused", err, out)
 	}
@@ -272,7 +272,7 @@ func TestHostKilledAndReleased(t *testing.T) {
 		t.Fatalf("after the refused releases the claim is held by %q, want node-a", got)
 	}
 	out, err = b.cli("cluster", "release", "--node", "node-a", "--node-is-down")
-	if err != nil || !strings.Contains(out, "released loop rwo (exclusive) from node-a") {
+	if err != nil || !strings.Contains(out, "released "+loopType+" rwo (exclusive) from node-a") {
 		t.Fatalf("release --node-is-down of a dead node: %v\n%s", err, out)
 	}
 	if got := b.holders("rwo"); got != "" {

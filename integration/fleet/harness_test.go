@@ -54,8 +54,9 @@ const (
 	etcdTimeout = time.Second
 )
 
-// loopType is the plugin type of every host's csi-loop-plugin.
-const loopType = "loop"
+// loopType is the plugin type of every host's csi-loop-plugin: the
+// README's.
+const loopType = "loop.csi.csiagent.io"
 
 // fleet is a 3-member etcd and hosts sharing one pool.
 type fleet struct {
