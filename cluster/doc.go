@@ -26,7 +26,8 @@
 //
 // The isolator calls Claim before the first node call of a volume that is
 // not yet on the node (before ControllerPublishVolume where the plugin
-// attaches, else before NodeStageVolume, else NodePublishVolume), and
+// attaches, else before NodeStageVolume, else NodePublishVolume), before
+// any other way up (recovery bringing a volume up again), and
 // Release after the last call that takes it off the node
 // (ControllerUnpublishVolume, else NodeUnstageVolume, else
 // NodeUnpublishVolume) is durable in its checkpoint. It calls Claim
@@ -39,7 +40,9 @@
 // call is bounded by Config.CallTimeout), a Claim this node holds
 // succeeds from its claims file, a new one fails ErrUnavailable, and
 // Release records a pending release (durably) and returns nil; the
-// reconciler finishes it when etcd is back. The reconciler (after each
+// reconciler finishes it when etcd is back, unless the volume is on the
+// node again by then (InUse: recovery brought it up for a user whose
+// cleanup was interrupted), when the claim stays held. The reconciler (after each
 // registration, each pending release and every Config.ReconcileInterval)
 // works both ways: a claim the file holds but etcd shows gone or another
 // node's is marked revoked (logged as an error, listed by Revoked and
