@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/csiagent/csiagent/internal/statuscode"
 	"github.com/csiagent/csiagent/cluster"
+	"github.com/csiagent/csiagent/internal/statuscode"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
