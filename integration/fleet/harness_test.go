@@ -248,12 +248,18 @@ func (h *host) ready(ag *agentProc) error {
 
 func (h *host) socket() string { return filepath.Join(h.run, "agent.sock") }
 
-// kill SIGKILLs the host's agent (its plugin and mounts stay).
-func (h *host) kill() {
+// detach takes the running agent off the host (which then has none).
+func (h *host) detach() *agentProc {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	ag := h.ag
 	h.ag = nil
-	h.mu.Unlock()
+	return ag
+}
+
+// kill SIGKILLs the host's agent (its plugin and mounts stay).
+func (h *host) kill() {
+	ag := h.detach()
 	_ = ag.cmd.Process.Signal(unix.SIGKILL)
 	<-ag.exited
 	ag.conn.Close()
@@ -261,10 +267,7 @@ func (h *host) kill() {
 
 // stop stops the host's agent as SIGTERM does.
 func (h *host) stop() {
-	h.mu.Lock()
-	ag := h.ag
-	h.ag = nil
-	h.mu.Unlock()
+	ag := h.detach()
 	_ = ag.cmd.Process.Signal(unix.SIGTERM)
 	select {
 	case <-ag.exited:
