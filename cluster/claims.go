@@ -237,8 +237,10 @@ const maxCASAttempts = 16
 // already (etcd is asked when connected; unreachable, the claims file
 // answers). A claim held by another node: ErrConflict, naming it. A new
 // claim with etcd unreachable: ErrUnavailable. A revoked claim:
-// ErrRevoked until Release. The claim is in the claims file, durably,
-// before Claim returns nil.
+// ErrRevoked until Release. The claim is in the claims file before Claim
+// returns nil, durable with the caller's next wait on Config.Commit (a
+// claim lost with a power cut before that is an orphan in etcd, released
+// by the reconciler once the volume is not on the node).
 func (c *Cluster) Claim(ctx context.Context, plugin, volumeID string, volCap *csi.VolumeCapability) error {
 	want, needed, err := ModeOf(volCap)
 	if err != nil || !needed {
@@ -399,8 +401,13 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 			}
 		}
 		if ok {
+			// Durable with the caller's next durable point (a
+			// Prepare's answer waits for it); lost with a power cut
+			// before that, the claim is an orphan in etcd, which the
+			// reconciler releases, and the unacknowledged Prepare's
+			// volume is claimed again on its way up.
 			l := &LocalClaim{Plugin: plugin, Volume: volumeID, Mode: mode, State: StateHeld, Since: time.Now().UTC(), Rev: rev}
-			if err := c.setLocal(ctx, key, l, true); err != nil {
+			if err := c.setLocal(ctx, key, l, false); err != nil {
 				c.undo(ctx, key, plugin, volumeID)
 				return fmt.Errorf("%s: recording the claim on this node: %w", what, err)
 			}
@@ -503,8 +510,10 @@ var errCmp = errors.New("release condition failed")
 // Release gives up this node's claim after the volume left the node (see
 // the package doc for where). It always returns nil unless ctx ends
 // before the release is recorded: the release is in the claims file,
-// durably, first; etcd not answering leaves it pending, and the
-// reconciler finishes it. A claim this node does not hold: nil, no call.
+// durably, first, and with it every change made on Config.Commit before
+// the call (the caller's teardown: the Committer's rounds are ordered);
+// etcd not answering leaves it pending, and the reconciler finishes it.
+// A claim this node does not hold: nil, no call.
 func (c *Cluster) Release(ctx context.Context, plugin, volumeID string) error {
 	key := c.keys.claim(plugin, volumeID)
 	unlock, err := c.volumes.Lock(ctx, key)

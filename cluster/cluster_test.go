@@ -565,7 +565,7 @@ func TestTLS(t *testing.T) {
 
 // A claim is durable in the claims file before Claim returns: when the
 // file cannot be made durable, the claim fails and is undone in etcd.
-func TestClaimNotDurableIsUndone(t *testing.T) {
+func TestClaimAndReleaseDurability(t *testing.T) {
 	skipShort(t)
 	ec := etcdtest.Start(t)
 	root := t.TempDir()
@@ -599,13 +599,23 @@ func TestClaimNotDurableIsUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	failing.Store(true)
-	if err := c.Claim(ctx, "loop", "v2", rwo); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
-		t.Fatalf("a claim whose record cannot be made durable: %v", err)
+	// Recorded before Claim returns; durable with the caller's next
+	// durable point, which fails here (a Prepare then fails and its
+	// rollback releases the claim).
+	if err := c.Claim(ctx, "loop", "v2", rwo); err != nil {
+		t.Fatalf("a claim whose record is not durable yet: %v", err)
 	}
-	if h := holders(t, n, "loop", "v2"); h != nil {
-		t.Fatalf("etcd keeps the claim that failed: %v", h)
-	}
-	if l := c.Local(); len(l) != 1 || l[0].Volume != "v1" {
+	if l := c.Local(); len(l) != 2 || l[1].Volume != "v2" || l[1].State != StateHeld {
 		t.Fatalf("local claims: %+v", l)
+	}
+	if err := commit.Sync(ctx); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+		t.Fatalf("the caller's durable point after the claim: %v, want the injected failure", err)
+	}
+	// A release is durable before etcd is told: failing, it stays.
+	if err := c.Release(ctx, "loop", "v2"); err == nil || !strings.Contains(err.Error(), "injected fsync failure") {
+		t.Fatalf("a release whose record cannot be made durable: %v", err)
+	}
+	if h := holders(t, n, "loop", "v2"); !slices.Equal(h, []string{"node-a"}) {
+		t.Fatalf("etcd after a release that could not be made durable: %v", h)
 	}
 }

@@ -20,9 +20,12 @@
 // readers, none for MULTI_NODE_MULTI_WRITER (ModeOf). A claim is never
 // bound to a lease: a host that dies keeps its claims (partitioned, it may
 // still be writing) until ReleaseNode. The node records its claims in its
-// claims file (Config.StateDir/cluster-claims, an atomicfile record;
-// durable before Claim returns), so it restarts knowing them without
-// etcd.
+// claims file (Config.StateDir/cluster-claims, an atomicfile record on
+// the daemon's Committer: written before Claim returns, durable with the
+// caller's next durable point, which a Prepare's answer waits for), so it
+// restarts knowing them without etcd. A Release's record is durable
+// before etcd is told, and with it the caller's teardown written before
+// (the Committer's rounds are ordered).
 //
 // The isolator calls Claim before the first node call of a volume that is
 // not yet on the node (before ControllerPublishVolume where the plugin

@@ -113,7 +113,11 @@ type Node struct {
 // (before its first call), before any other way up (recovery, repair)
 // and before each new user of a volume on it (a claim handed to another
 // host while this one was away refuses new users; the volume's users
-// keep it), Release once it is off the node and that is durable. Claim decides from the capability whether a claim is needed;
+// keep it), Release once it is off the node: Release makes every change
+// the isolator wrote before it durable (the teardown) before the claim
+// leaves the fleet (package cluster's does: its record of the release
+// is on the daemon's Committer, whose rounds are ordered). Claim's own
+// record may become durable with the caller's next durable point. Claim decides from the capability whether a claim is needed;
 // its refusals wrap ErrPrecondition (another node holds the volume) or
 // ErrUnavailable (no quorum: fail closed); Release does not fail for
 // want of etcd (it finishes the release later).

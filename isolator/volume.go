@@ -471,8 +471,8 @@ func (iso *Isolator) clearError(v *volume) error {
 }
 
 // teardownDirs removes a torn-down volume's mount directories (never
-// across a mount point) and forgets it; with Config.Claims, once that is
-// durable, its claim is released.
+// across a mount point) and forgets it; with Config.Claims, its claim is
+// released (Release makes the teardown durable first).
 func (iso *Isolator) teardownDirs(v *volume) error {
 	if err := iso.mounts.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
@@ -486,9 +486,6 @@ func (iso *Isolator) teardownDirs(v *volume) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), iso.cfg.RPCTimeout)
 	defer cancel()
-	if err := iso.commit.Sync(ctx); err != nil {
-		return fmt.Errorf("volume %s: making its teardown durable before releasing its claim: %w", v.key, err)
-	}
 	if err := c.Release(ctx, v.key.plugin, v.key.id); err != nil {
 		return fmt.Errorf("volume %s: releasing its claim: %w", v.key, err)
 	}
