@@ -194,7 +194,7 @@ func (h *host) checkFile(id, vol, want string) {
 // on a claim the host holds and every cleanup work. Once the quorum is
 // back, the releases made meanwhile reach etcd and new claims work.
 func TestMajorityStopped(t *testing.T) {
-	f := newFleet(t, 2)
+	f := newFleet(t, 3)
 	f.createVolume("held")
 	f.createVolume("other")
 	a, b := f.hosts[0], f.hosts[1]
