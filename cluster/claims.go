@@ -633,6 +633,16 @@ func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) e
 		c.log.Info("cluster: pending release finished", "plugin", l.Plugin, "volume", l.Volume)
 		return c.setLocal(ctx, key, nil, false)
 	case StateHeld:
+		if l.Since.Before(c.started) && !c.cfg.InUse(l.Plugin, l.Volume) {
+			// An earlier run's claim on a volume not on the node: it
+			// stopped between the volume's teardown and the release
+			// (a volume brought up again later is claimed again).
+			if err := c.removeHolder(ctx, key); err != nil {
+				return err
+			}
+			c.log.Info("cluster: released an earlier run's claim on a volume not on the node", "plugin", l.Plugin, "volume", l.Volume)
+			return c.setLocal(ctx, key, nil, false)
+		}
 		if listed {
 			return nil
 		}

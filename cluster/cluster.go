@@ -150,7 +150,10 @@ type Cluster struct {
 	// reconciles counts reconcile rounds (tests wait on it).
 	reconciles atomic.Uint64
 
-	poke    chan struct{}
+	poke chan struct{}
+	// started is when Join ran: a claim recorded before is an earlier
+	// run's.
+	started time.Time
 	stop    context.CancelFunc
 	closing atomic.Bool
 	wg      sync.WaitGroup
@@ -169,12 +172,13 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{
-		cfg:   cfg,
-		keys:  keys{prefix: cfg.Prefix},
-		log:   cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
-		local: map[string]*LocalClaim{},
-		held:  map[string]lockHeld{},
-		poke:  make(chan struct{}, 1),
+		cfg:     cfg,
+		keys:    keys{prefix: cfg.Prefix},
+		log:     cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
+		local:   map[string]*LocalClaim{},
+		held:    map[string]lockHeld{},
+		poke:    make(chan struct{}, 1),
+		started: time.Now().UTC(),
 	}
 	if err := c.openState(ctx); err != nil {
 		return nil, err

@@ -409,8 +409,9 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 		t.Fatalf("ReleaseNode fenced: %+v, %v, fenced with %v", released, err, fencedWith)
 	}
 
-	// node-a comes back: both claims are revoked, loudly, and refused.
-	a2 := newNode(t, ec.Endpoints, "node-a", dirA, true)
+	// node-a comes back with both volumes still on it: both claims are
+	// revoked, loudly, and refused.
+	a2 := newNode(t, ec.Endpoints, "node-a", dirA, true, "loop/v1", "loop/v2")
 	waitFor(t, 10*time.Second, "node-a's claims revoked", func() bool { return len(a2.Revoked()) == 2 })
 	err = a2.Claim(ctx, "loop", "v1", rwo)
 	if !errors.Is(err, ErrRevoked) || !strings.Contains(err.Error(), "v1") {
@@ -429,6 +430,31 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 	}
 	if err := a2.Claim(ctx, "loop", "v1", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-b") {
 		t.Fatalf("claiming v1 again: %v, want ErrConflict naming node-b", err)
+	}
+}
+
+// An earlier run's claim on a volume that is not on the node (the agent
+// stopped between the volume's teardown and its release) is released;
+// one on a volume still on it is kept.
+func TestEarlierRunsClaimReleasedWhenUnused(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	dir := t.TempDir()
+	a := newNode(t, ec.Endpoints, "node-a", dir, true)
+	ctx := testCtx(t, 20*time.Second)
+	for _, v := range []string{"gone", "kept"} {
+		if err := a.Claim(ctx, "loop", v, rwo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.crash(t)
+	a2 := newNode(t, ec.Endpoints, "node-a", dir, true, "loop/kept")
+	waitFor(t, 10*time.Second, "the unused claim of the earlier run released", func() bool { return holders(t, a2, "loop", "gone") == nil })
+	if h := holders(t, a2, "loop", "kept"); !slices.Equal(h, []string{"node-a"}) {
+		t.Fatalf("the claim on a volume still on the node: %v", h)
+	}
+	if l := a2.Local(); len(l) != 1 || l[0].Volume != "kept" || l[0].State != StateHeld {
+		t.Fatalf("local claims: %+v", l)
 	}
 }
 

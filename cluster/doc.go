@@ -52,7 +52,10 @@
 // counted in Stats; new Claims refused with ErrRevoked until Release;
 // nothing is unmounted), and a claim etcd holds for this node that the
 // file does not know (a crash between the two writes) is released once
-// Config.InUse says the volume is not on the node.
+// Config.InUse says the volume is not on the node. A claim an earlier run
+// of the node recorded, on a volume InUse says is not on the node (the
+// agent stopped between the volume's teardown and its release), is
+// released too: a volume brought up again later is claimed again.
 //
 // ReleaseNode hands a dead node's claims over: refused while the node's
 // lease lives, accepted once it is gone and either the caller's fencing

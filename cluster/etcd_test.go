@@ -46,9 +46,10 @@ func (n *testNode) setInUse(plugin, volume string, used bool) {
 
 // newNode joins a node (state under dir) to the cluster at endpoints and
 // waits until it is registered when wait is set; t.Cleanup closes it.
-func newNode(t *testing.T, endpoints []string, id, dir string, wait bool) *testNode {
+// used are the plugin/volume keys on the node from the start.
+func newNode(t *testing.T, endpoints []string, id, dir string, wait bool, used ...string) *testNode {
 	t.Helper()
-	return joinNode(t, endpoints, id, dir, TLSFiles{}, wait)
+	return joinNode(t, endpoints, id, dir, TLSFiles{}, wait, used...)
 }
 
 // newNodeTLS is newNode with TLS files and a state dir of its own.
@@ -57,9 +58,12 @@ func newNodeTLS(t *testing.T, endpoints []string, id string, tlsFiles TLSFiles, 
 	return joinNode(t, endpoints, id, t.TempDir(), tlsFiles, wait)
 }
 
-func joinNode(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFiles, wait bool) *testNode {
+func joinNode(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFiles, wait bool, used ...string) *testNode {
 	t.Helper()
 	n := &testNode{inUse: map[string]bool{}}
+	for _, k := range used {
+		n.inUse[k] = true
+	}
 	n.cfg = Config{
 		Endpoints: endpoints, TLS: tlsFiles, Prefix: "/test", NodeID: id, StateDir: dir,
 		Info: NodeInfo{AgentVersion: "test", FenceAddresses: []string{"192.0.2.1/32"},
