@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -35,5 +37,28 @@ csi_agent_cluster_connected 1
 	}
 	if n := testutil.CollectAndCount(c); n != 7 {
 		t.Errorf("%d metrics, want 7", n)
+	}
+}
+
+// TestFenceCIDRs: configured networks are checked and normalised, a bad
+// one is refused naming the flag; by default the host's addresses, each
+// a one-address network, none of them loopback or link-local.
+func TestFenceCIDRs(t *testing.T) {
+	got, err := fenceCIDRs([]string{"10.0.3.7/24", "fd00::1/128"})
+	if err != nil || !slices.Equal(got, []string{"10.0.3.0/24", "fd00::1/128"}) {
+		t.Fatalf("configured: %v, %v", got, err)
+	}
+	if _, err := fenceCIDRs([]string{"10.0.3.7"}); err == nil || !strings.Contains(err.Error(), "--cluster-fence-cidrs") {
+		t.Fatalf("an address without a prefix length: %v, want an error naming --cluster-fence-cidrs", err)
+	}
+	host, err := fenceCIDRs(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range host {
+		p := netip.MustParsePrefix(c)
+		if p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || p.Bits() != p.Addr().BitLen() {
+			t.Errorf("host fencing network %s: want one global address", c)
+		}
 	}
 }
