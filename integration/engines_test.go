@@ -318,7 +318,9 @@ func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 		plugin.Process.Kill()
 		plugin.Wait()
 		os.Remove(spec)
-		if t.Failed() {
+		// Mounts left behind fail the test in the leak check, which
+		// runs after this: the log says why they stayed.
+		if t.Failed() || len(mountsUnder(t, e.work)) > 0 {
 			log, _ := os.ReadFile(e.logs.Name())
 			t.Logf("agent and plugin log:\n%s", tail(log))
 		}
