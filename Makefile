@@ -7,6 +7,9 @@ LDFLAGS      := -X github.com/csiagent/csiagent/internal/version.Version=$(VERSI
 TOOLS_BIN    := $(CURDIR)/.tools/bin
 STATICCHECK_VERSION := v0.8.2
 FUZZTIME     ?= 3s
+# each fuzz target's whole go test run (seed corpus, then FUZZTIME of
+# fuzzing): keep it above FUZZTIME
+FUZZ_TIMEOUT ?= 10m
 # Fuzz targets that start a whole isolator or a bundle per input (tens of
 # executions a second): a few seconds of fuzzing hit go test's end-of-run
 # deadline ("context deadline exceeded"), so make test runs only their seed
@@ -14,7 +17,7 @@ FUZZTIME     ?= 3s
 FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # End-to-end packages (integration: the daemon with runc, loop devices,
 # crashes, the soak and the container engines; integration/fleet: three
-# agents on a real etcd, apart so that go test runs it beside
+# agents on a real etcd, a package apart so that it runs beside
 # integration; bench) drive the built
 # binaries (agent, plugins, engines) as child processes and run whole
 # daemons for a minute and more: under the race detector they would take
@@ -92,7 +95,7 @@ fuzz: ## run every fuzz target (each `func Fuzz*` in a *_test.go) for FUZZTIME e
 		for fn in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$file); do \
 			case " $(FUZZ_SKIP) " in *" $$fn "*) echo "fuzz: $$dir $$fn skipped here (seed corpus ran with go test)"; continue;; esac; \
 			echo "fuzz: $$dir $$fn for $(FUZZTIME)"; \
-			$(GO) test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$dir; \
+			$(GO) test -timeout $(FUZZ_TIMEOUT) -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$dir; \
 		done; \
 	done
 

@@ -69,7 +69,7 @@ func (a *Agent) startCluster(ctx context.Context) (stop func(), err error) {
 		Endpoints: cc.Endpoints, TLS: cc.TLS, Prefix: cc.Prefix, NodeID: a.cfg.NodeID,
 		Info:     a.nodeInfo(ctx, fence, map[string]int64{}),
 		StateDir: filepath.Join(a.cfg.WorkDir, clusterDir), Commit: a.commit,
-		InUse:    a.volumeInUse,
+		InUse:    a.iso.Tracks,
 		LeaseTTL: cc.LeaseTTL, CallTimeout: cc.CallTimeout,
 		Logger: a.log,
 	})
@@ -236,17 +236,6 @@ func (a *Agent) apiCluster() func() apiserver.Cluster {
 		}
 		return nil
 	}
-}
-
-// volumeInUse reports whether the isolator tracks the volume (it is on the
-// node, or on its way on or off): a snapshot, taking no volume lock.
-func (a *Agent) volumeInUse(plugin, volumeID string) bool {
-	for _, v := range a.iso.ListVolumes() {
-		if v.Plugin == plugin && v.ID == volumeID {
-			return true
-		}
-	}
-	return false
 }
 
 // clusterClaims gives the isolator the fleet's claims, its refusals in

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 )
@@ -114,8 +112,8 @@ func (c *Cluster) openState(ctx context.Context) error {
 		if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("creating the cluster state directory: %w", err)
 		}
-		if err := syncfs(dir); err != nil {
-			return err
+		if err := atomicfile.SyncFS(dir); err != nil {
+			return fmt.Errorf("syncing the cluster state directory's filesystem before reading it: %w", err)
 		}
 		cm, err := atomicfile.New(dir)
 		if err != nil {
@@ -153,20 +151,6 @@ func (c *Cluster) openState(ctx context.Context) error {
 	}
 	for _, l := range st.Claims {
 		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
-	}
-	return nil
-}
-
-// syncfs commits dir's filesystem before its records are read (a crashed
-// predecessor's changes may be visible but not durable; see atomicfile).
-func syncfs(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing the cluster state directory: %w", err)
-	}
-	defer d.Close()
-	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return fmt.Errorf("syncing the cluster state directory's filesystem (%s): %w", dir, err)
 	}
 	return nil
 }

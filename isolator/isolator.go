@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
@@ -338,18 +337,11 @@ const finalSyncTimeout = 10 * time.Second
 // trusting those changes could lose an acknowledged container at the next
 // power cut.
 func syncWorkDir(dir string) error {
-	d, err := os.Open(dir)
-	if errors.Is(err, fs.ErrNotExist) {
+	err := atomicfile.SyncFS(dir)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("syncing the work directory %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return fmt.Errorf("syncing the work directory's filesystem (%s): %w; refusing to start on checkpoints that may not be durable (check the disk, then restart)", dir, err)
-	}
-	return nil
+	return fmt.Errorf("syncing the work directory's filesystem (%s): %w; refusing to start on checkpoints that may not be durable (check the disk, then restart)", dir, err)
 }
 
 // Recovered is closed once the first recovery pass has finished.

@@ -784,6 +784,15 @@ func (iso *Isolator) pending(plugin string) string {
 	return ""
 }
 
+// Tracks reports whether the isolator tracks a volume: it is on the
+// node, or on its way on or off (a map lookup, for callers that must not
+// wait for a volume's lock).
+func (iso *Isolator) Tracks(plugin, volumeID string) bool {
+	iso.mu.Lock()
+	defer iso.mu.Unlock()
+	return iso.volumes[volumeKey{plugin, volumeID}] != nil
+}
+
 // ListVolumes reports every tracked volume, sorted by plugin and id.
 func (iso *Isolator) ListVolumes() []VolumeInfo {
 	out := iso.listVolumes()

@@ -107,12 +107,17 @@ func (ds devices) allMounts() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return flatten(byDev), nil
+}
+
+// flatten is every mount point of mounts' result, sorted.
+func flatten(byDev map[string][]string) []string {
 	var all []string
 	for _, ms := range byDev {
 		all = append(all, ms...)
 	}
 	slices.Sort(all)
-	return all, nil
+	return all
 }
 
 // deviceNodeAt returns the device number of the block device node at path,

@@ -166,25 +166,22 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 		return err
 	}
 	file := filepath.Join(staging, BlockStagingFile)
-	all, err := ds.allMounts()
+	byDev, err := ds.mounts()
 	if err != nil {
 		return err
 	}
-	if rest := others(all, staging, file); len(rest) > 0 {
-		// Published from this stage's device, not from another
-		// node's (readers of a shared pool each have their own).
-		byDev, err := ds.mounts()
-		if err != nil {
-			return err
+	// Published from this stage's device, not from another node's
+	// (readers of a shared pool each have their own); any device's
+	// when none is staged here.
+	all := flatten(byDev)
+	rest := others(all, staging, file)
+	for _, ms := range byDev {
+		if slices.Contains(ms, staging) || slices.Contains(ms, file) {
+			rest = others(ms, staging, file)
 		}
-		for _, ms := range byDev {
-			if slices.Contains(ms, staging) || slices.Contains(ms, file) {
-				rest = others(ms, staging, file)
-			}
-		}
-		if len(rest) > 0 {
-			return preconditionf("volume %s is still published at %s", vol.ID, strings.Join(rest, ", "))
-		}
+	}
+	if len(rest) > 0 {
+		return preconditionf("volume %s is still published at %s", vol.ID, strings.Join(rest, ", "))
 	}
 	m, mounted, err := mount.Lookup(staging)
 	if err != nil {

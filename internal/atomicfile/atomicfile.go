@@ -53,6 +53,22 @@ func MkdirAll(dir string, perm os.FileMode) error {
 	return err
 }
 
+// SyncFS commits the filesystem holding dir (syncfs(2)), as a
+// Committer's owner does before reading its records: a predecessor that
+// crashed may have left changes visible but not yet durable. A missing
+// dir is fs.ErrNotExist.
+func SyncFS(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	return nil
+}
+
 // mkdirs makes dir and its missing parents (below root, which must
 // exist, when set) and returns the directories it made, top first.
 func mkdirs(root, dir string, perm os.FileMode) ([]string, error) {
