@@ -23,8 +23,10 @@
 // Config.MaxVolumesPerNode (0: no limit) for the CO to enforce. NodePublishVolume bind-mounts
 // staging onto the target (read-only if asked). Unpublish and unstage undo
 // each step. NodeReclaimSpace runs FITRIM, which punches holes into the image
-// through the loop device's discard support; ControllerReclaimSpace does the
-// same offline with e2fsck -E discard.
+// through the loop device's discard support, after the filesystem's frees
+// of deleted files are final, and answers once the discards have reached
+// the image (xfs finishes both in the background); ControllerReclaimSpace
+// does the same offline with e2fsck -E discard.
 //
 // # Snapshots, clones and group snapshots
 //

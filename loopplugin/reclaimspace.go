@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -49,8 +50,8 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 		return nil, notFoundf("volume %s is not staged on this node", id)
 	}
 	var (
-		fsPath string
-		block  loopdev.Device
+		fsPath       string
+		fsDev, block loopdev.Device
 	)
 	isBlock := false
 	for _, p := range []string{req.GetStagingTargetPath(), path} {
@@ -64,8 +65,8 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 		if !ok {
 			continue
 		}
-		if _, fs := ds.withFS(m); fs {
-			fsPath = p
+		if d, fs := ds.withFS(m); fs {
+			fsPath, fsDev = p, d
 			break
 		}
 		if d, node := ds.at(m, p); node {
@@ -90,12 +91,10 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 		return &rs.NodeReclaimSpaceResponse{PreUsage: usage(b), PostUsage: usage(b)}, nil
 	}
 	// Flush first: blocks freed by deletes are only trimmable once the
-	// filesystem has really freed them (xfs frees an unlinked file's
-	// extents in the background; statfs waits for that) and committed
-	// the frees (syncfs).
-	var st unix.Statfs_t
-	if err := unix.Statfs(fsPath, &st); err != nil {
-		return nil, fmt.Errorf("statfs %s: %w", fsPath, err)
+	// filesystem has really freed them (SettleFrees) and committed the
+	// frees (syncfs).
+	if err := mount.SettleFrees(fsPath); err != nil {
+		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
 	}
 	if err := syncFS(fsPath); err != nil {
 		return nil, err
@@ -108,12 +107,53 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 	if err != nil {
 		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
 	}
+	if err := awaitWrites(ctx, fsDev); err != nil {
+		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
+	}
 	post, err := Allocated(vol.Path)
 	if err != nil {
 		return nil, err
 	}
 	s.p.log.Info("reclaimed space", "volume", id, "path", fsPath, "trimmed", trimmed, "pre_usage", pre, "post_usage", post)
 	return &rs.NodeReclaimSpaceResponse{PreUsage: usage(pre), PostUsage: usage(post)}, nil
+}
+
+// discardWait bounds how long NodeReclaimSpace waits for the discards of
+// a trim to reach the image.
+const discardWait = 5 * time.Second
+
+// awaitWrites waits until d has no writes in flight, or discardWait has
+// passed (a container that writes all the time may keep some in flight),
+// polling its queue's inflight counters. xfs issues a trim's discards
+// without waiting for them, so FITRIM returns before the loop device has
+// punched the holes; discards count as writes. Only the caller's deadline
+// is an error.
+func awaitWrites(ctx context.Context, d loopdev.Device) error {
+	p := fmt.Sprintf("/sys/dev/block/%d:%d/inflight", d.Major, d.Minor)
+	deadline := time.NewTimer(discardWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("device %s: %w", d.Path, err)
+		}
+		var reads, writes int
+		if _, err := fmt.Sscan(string(b), &reads, &writes); err != nil {
+			return fmt.Errorf("device %s: %s: %w", d.Path, p, err)
+		}
+		if writes == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("device %s: waiting for its discards: %w", d.Path, ctx.Err())
+		case <-deadline.C:
+			return nil
+		case <-tick.C:
+		}
+	}
 }
 
 // canDiscard reports whether the device accepts discards (its queue's

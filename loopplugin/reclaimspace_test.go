@@ -138,6 +138,61 @@ func TestNodeReclaimSpace(t *testing.T) {
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
+// TestNodeReclaimSpaceRightAfterDeletes reclaims at once after deleting
+// every other one of 256 files on xfs, three times: the frees and the
+// trim's discards, which xfs both finishes in the background, have reached
+// the image when the call returns (its post_usage is the allocation
+// measured right after it, and about half the data is given back).
+func TestNodeReclaimSpaceRightAfterDeletes(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	if e.p.tools.mkfs["xfs"] == "" {
+		t.Fatal("mkfs.xfs is not installed: make deps installs it")
+	}
+	ctx := context.Background()
+	id := e.createVolume(t, "settle", 384<<20)
+	img := filepath.Join(e.pool, id+".img")
+	staging, target := filepath.Join(e.dir, "staging"), filepath.Join(e.dir, "target")
+	c := mountCap("xfs", snw)
+	e.stage(t, id, staging, c)
+	e.publish(t, id, staging, target, c, false)
+	defer func() {
+		e.unpublish(t, id, target)
+		e.unstage(t, id, staging)
+	}()
+	const files, size = 256, 256 << 10
+	buf := make([]byte, size)
+	for round := range 3 {
+		for i := range files {
+			rand.Read(buf)
+			p := filepath.Join(target, fmt.Sprintf("f%d", i))
+			if err := os.WriteFile(p, buf, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		syncDirFS(t, target)
+		for i := round % 2; i < files; i += 2 {
+			if err := os.Remove(filepath.Join(target, fmt.Sprintf("f%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := allocated(t, img)
+		resp, err := e.rsNode.NodeReclaimSpace(ctx, reclaimNodeReq(id, target))
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := allocated(t, img)
+		post := resp.GetPostUsage().GetUsageBytes()
+		t.Logf("round %d: image allocation %d -> %d bytes (drop %.1f MiB); reported post %d", round, before, after, mib(before-after), post)
+		if want := int64(files / 2 * size * 3 / 4); before-after < want {
+			t.Errorf("round %d: allocation dropped by %.1f MiB, want >= %.1f MiB", round, mib(before-after), mib(want))
+		}
+		if post != after {
+			t.Errorf("round %d: post_usage %d, but the image's allocation right after the call is %d", round, post, after)
+		}
+	}
+}
+
 // TestReclaimSpaceErrors covers the csi-addons error table and the block and
 // offline paths.
 func TestReclaimSpaceErrors(t *testing.T) {

@@ -17,7 +17,21 @@ const (
 	ioctlFITRIM   = 0xc0185879 // _IOWR('X', 121, struct fstrim_range)
 	ioctlFIFREEZE = 0xc0045877 // _IOWR('X', 119, int)
 	ioctlFITHAW   = 0xc0045878 // _IOWR('X', 120, int)
+
+	// _IOR('X', 58, struct xfs_fs_eofblocks) from xfs/xfs_fs.h.
+	ioctlXFSFreeEOFBlocks = 0x8080583a
+	xfsEOFBlocksVersion   = 1
+	xfsEOFFlagsSync       = 1 << 0
 )
+
+// xfsEOFBlocks is struct xfs_fs_eofblocks from xfs/xfs_fs.h (128 bytes).
+type xfsEOFBlocks struct {
+	version, flags uint32
+	uid, gid, prid uint32
+	_              uint32
+	minFileSize    uint64
+	_              [12]uint64
+}
 
 // DefaultMaxFrozen bounds how long WhileFrozen keeps a filesystem frozen when
 // its context has no earlier deadline. Writers to the filesystem block (and
@@ -47,6 +61,33 @@ func Trim(path string) (uint64, error) {
 		return 0, fmt.Errorf("trim %s: FITRIM: %w", path, errno)
 	}
 	return r.len, nil
+}
+
+// SettleFrees makes the frees of files deleted before the call final on
+// the filesystem that holds path, so that a Trim after it finds their
+// blocks. xfs frees an unlinked file's extents in the background (inode
+// inactivation), and since Linux 6.1 statfs no longer waits for it; a
+// synchronous XFS_IOC_FREE_EOFBLOCKS does (it also drops the speculative
+// preallocations past the end of files, space a trim wants back too).
+// Other filesystems free at unlink: nothing to do.
+func SettleFrees(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("settle frees on %s: open: %w", path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return fmt.Errorf("settle frees on %s: statfs: %w", path, err)
+	}
+	if st.Type != unix.XFS_SUPER_MAGIC {
+		return nil
+	}
+	e := xfsEOFBlocks{version: xfsEOFBlocksVersion, flags: xfsEOFFlagsSync}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlXFSFreeEOFBlocks, uintptr(unsafe.Pointer(&e))); errno != 0 {
+		return fmt.Errorf("settle frees on %s: XFS_IOC_FREE_EOFBLOCKS: %w", path, errno)
+	}
+	return nil
 }
 
 // ErrAlreadyFrozen is Freeze's error when the filesystem is frozen
