@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -121,9 +120,7 @@ func TestUnitClaimedOnEveryWayUp(t *testing.T) {
 	v := iso.volumes[volumeKey{"loop", "vol-1"}]
 	w.unmountBehindOurBack(v.cp.GetTargetPath())
 	w.unmountBehindOurBack(v.cp.GetStagingPath())
-	if err := os.Remove(filepath.Join(v.dir, volumeStateFile)); err != nil {
-		t.Fatal(err)
-	}
+	w.lose(iso, filepath.Join(v.dir, volumeStateFile))
 	fleet.mu.Lock()
 	fleet.holders["loop/vol-1"] = "b"
 	fleet.mu.Unlock()

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -178,9 +179,11 @@ func newDiskModel(work string) *diskModel {
 	return &diskModel{work: work, entries: map[string]bool{}, data: map[string][]byte{}, whole: map[string][]byte{}}
 }
 
+// isRecord reports whether p is a file whose content recovery reads: a
+// record file or a journal (see atomicfile).
 func isRecord(p string) bool {
 	b := filepath.Base(p)
-	return b == volumeStateFile || b == containerStateFile
+	return b == volumeStateFile || b == containerStateFile || strings.HasPrefix(b, ".journal-")
 }
 
 // fsync fsyncs p and records what that made durable. What p holds is read
@@ -323,17 +326,23 @@ func (d *diskModel) cut(work string, rng *rand.Rand, mixes int) []map[string]fil
 // users are exactly the containers whose records name it, and it is
 // published iff it has users; nothing is mounted that no record claims; a
 // quarantined record is never one of an acknowledged container. It runs
-// twice: with a plugin that stages only, and with one whose controller
-// attaches (its attachments survive the cut, as a cloud disk's do: after
-// recovery exactly the published volumes are attached).
+// with a plugin that stages only, and with one whose controller attaches
+// (its attachments survive the cut, as a cloud disk's do: after recovery
+// exactly the published volumes are attached); each with the work dir's
+// journal checkpointed only when large (never here: the journal holds
+// every change) and after every round (the record files and directories
+// fsynced, the journals removed, between any two steps).
 func TestPowerCut(t *testing.T) {
 	testhelp.NeedRoot(t)
 	for _, attach := range []bool{false, true} {
-		t.Run(map[bool]string{false: "stage", true: "attach"}[attach], func(t *testing.T) { powerCut(t, attach) })
+		for _, every := range []bool{false, true} {
+			name := map[bool]string{false: "stage", true: "attach"}[attach] + map[bool]string{false: "", true: ", checkpoint every round"}[every]
+			t.Run(name, func(t *testing.T) { powerCut(t, attach, every) })
+		}
 	}
 }
 
-func powerCut(t *testing.T, attach bool) {
+func powerCut(t *testing.T, attach, checkpointEvery bool) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	ids := []string{"c1", "c2"}
 	// The sequence's steps: prepare c1, prepare c2, cleanup c1, cleanup c2.
@@ -359,7 +368,18 @@ func powerCut(t *testing.T, attach bool) {
 			cutName string
 		)
 		var cutAttached map[string]string
-		iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-1", Fsync: model.fsync,
+		if err := atomicfile.MkdirAll(work, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		commit, err := atomicfile.New(work)
+		if err != nil {
+			t.Fatal(err)
+		}
+		commit.Fsync = model.fsync
+		if checkpointEvery {
+			commit.CheckpointAt = 1
+		}
+		iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-1", Commit: commit,
 			CrashPoint: func(point string) {
 				n++
 				if n == at {
@@ -411,7 +431,7 @@ func powerCut(t *testing.T, attach bool) {
 			}
 		}
 	}
-	t.Logf("power cut (attach %v): %d cut points, %d disk states recovered, %d violations", attach, points, recovered, violations)
+	t.Logf("power cut (attach %v, checkpoint every round %v): %d cut points, %d disk states recovered, %d violations", attach, checkpointEvery, points, recovered, violations)
 }
 
 func powercutRequest(t *testing.T, id, root string) *statev1.PrepareRequest {
@@ -474,6 +494,8 @@ func recoverFrom(t *testing.T, root, work string, plugins tmpfsPlugins, st map[s
 		for _, id := range iso.containerIDs() {
 			iso.Cleanup(ctx, id, false) //nolint:errcheck // best effort; unmountUnder follows
 		}
+		// Its rounds end before the next state replaces the work dir.
+		iso.commit.Sync(ctx) //nolint:errcheck // best effort
 	}()
 	var problems []string
 	claimed := map[string]bool{}

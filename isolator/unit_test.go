@@ -910,10 +910,21 @@ func TestUnitMountIDsOfAnotherBoot(t *testing.T) {
 // before its first durable write can, then reboots.
 func (w *world) loseRecordAndReboot(iso *Isolator, id string) {
 	w.t.Helper()
-	if err := os.RemoveAll(filepath.Join(iso.containersRoot(), id)); err != nil {
+	w.lose(iso, filepath.Join(iso.containersRoot(), id))
+	w.reboot()
+}
+
+// lose removes a record file or directory from the work dir as a power
+// cut can: from the record files and from the journal (a checkpoint
+// first leaves the files alone holding every record).
+func (w *world) lose(iso *Isolator, path string) {
+	w.t.Helper()
+	if err := iso.commit.Checkpoint(context.Background()); err != nil {
 		w.t.Fatal(err)
 	}
-	w.reboot()
+	if err := os.RemoveAll(path); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // TestUnitLostContainerRecord: a container record lost with a power cut
@@ -1118,9 +1129,7 @@ func TestUnitLostVolumeRecordRebuiltOnceConfigured(t *testing.T) {
 	w := newWorld(t)
 	iso := w.isolator(Config{})
 	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
-	if err := os.RemoveAll(filepath.Join(iso.cfg.WorkDir, "csi", "loop", "default", "volumes", "vol-1")); err != nil {
-		t.Fatal(err)
-	}
+	w.lose(iso, filepath.Join(iso.cfg.WorkDir, "csi", "loop", "default", "volumes", "vol-1"))
 	w.reboot()
 	loop := w.plugins.nodes["loop"]
 	delete(w.plugins.nodes, "loop")

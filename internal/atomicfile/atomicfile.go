@@ -1,6 +1,7 @@
 package atomicfile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -189,23 +190,54 @@ type Committer struct {
 	// record.go); guarded by mu.
 	slots map[string]*slotState
 
+	// With a root, rounds append to the journal (journal.go) and the
+	// files and directories they covered wait in ckFiles and ckDirs for
+	// the next checkpoint; older holds the journal files a checkpoint
+	// has not yet made redundant. removedGen is the last generation of
+	// each record removed since the last checkpoint: a new record at
+	// its path continues from it, so that a replay tells the two apart.
+	// loopMu, held by a round and a checkpoint, guards jr, nextEpoch and
+	// older.
+	loopMu     sync.Mutex
+	jr         *journal
+	nextEpoch  uint64
+	older      []string
+	ckFiles    map[string]content
+	ckDirs     map[string]bool
+	removedGen map[string]uint64
+
 	// Fsync, when set, replaces the fsync of a file or directory by name
 	// (tests inject failures and delays).
 	Fsync func(path string) error
+	// CheckpointAt, when set, replaces journalLimit (tests checkpoint
+	// after every round with 1).
+	CheckpointAt int64
 }
 
 // ErrRootReplaced: the Committer's root is no longer the directory it was
 // made with.
 var ErrRootReplaced = errors.New("work directory removed or replaced while the agent runs")
 
-// New makes the Committer of root, an existing directory.
+// New makes the Committer of root, an existing directory, after
+// replaying what journals a predecessor left there (see journal.go), so
+// that every record file holds its last acknowledged version when New
+// returns.
 func New(root string) (*Committer, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(root, &st); err != nil {
 		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}
-	return &Committer{root: filepath.Clean(root), rootDev: st.Dev, rootIno: st.Ino}, nil
+	root = filepath.Clean(root)
+	epoch, err := replay(root)
+	if err != nil {
+		return nil, fmt.Errorf("opening %s: %w", root, err)
+	}
+	return &Committer{root: root, rootDev: st.Dev, rootIno: st.Ino, nextEpoch: epoch}, nil
 }
+
+// journaled reports whether rounds go to the journal (a Committer with
+// a root).
+func (c *Committer) journaled() bool { return c.root != "" }
 
 // Root is the directory the Committer owns.
 func (c *Committer) Root() string { return c.root }
@@ -303,11 +335,14 @@ func (c *Committer) loadSlots(path string) (*slotState, error) {
 }
 
 // content is a file's latest content, kept until it is durable, or
-// (removed) its removal.
+// (removed) its removal, or (dir) a directory made.
 type content struct {
 	data    []byte
 	perm    os.FileMode
 	removed bool
+	dir     bool
+	// gen is a removed record's last generation.
+	gen uint64
 	// slot is where this version was written, in the file's epoch.
 	slot  int
 	epoch uint64
@@ -340,7 +375,7 @@ func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
 	made, err := mkdirs(c.root, dir, perm)
 	c.mu.Lock()
 	for _, d := range made {
-		c.noteLocked("", filepath.Dir(d), content{})
+		c.noteLocked(d, filepath.Dir(d), content{dir: true, perm: perm})
 	}
 	c.mu.Unlock()
 	return err
@@ -395,11 +430,13 @@ func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (ui
 		// then rename, then the directory's fsync): a name that survives
 		// a power cut always has a version, and versions put before that
 		// round share its one fsync.
-		data = frame(1, id, payload)
+		gen := c.removedGen[path] + 1
+		data = frame(gen, id, payload)
 		if err := writeNew(newName(path), data, perm); err != nil {
 			return 0, fmt.Errorf("writing %s: %w", path, err)
 		}
-		st = &slotState{gen: 1, durable: -1, flight: -1, pending: 0, fresh: true}
+		delete(c.removedGen, path)
+		st = &slotState{gen: gen, durable: -1, flight: -1, pending: 0, fresh: true}
 		dir = filepath.Dir(path)
 	case st.whole || headerSize(id)+len(payload) > slotSize:
 		// Replaced whole, durably at once (temp file fsynced before the
@@ -491,6 +528,14 @@ func (c *Committer) Remove(path string) (uint64, error) {
 	if err := c.checkRootLocked(); err != nil {
 		return 0, err
 	}
+	st := c.slots[path]
+	if st == nil && c.journaled() {
+		// Its generation goes into the journal's entry.
+		var err error
+		if st, err = c.loadSlots(path); err != nil && !errors.Is(err, unix.EISDIR) {
+			return 0, err
+		}
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
@@ -500,7 +545,15 @@ func (c *Committer) Remove(path string) (uint64, error) {
 		return 0, err
 	}
 	delete(c.slots, path)
-	return c.noteLocked(path, filepath.Dir(path), content{removed: true}), nil
+	gone := content{removed: true}
+	if st != nil && c.journaled() {
+		gone.gen = st.gen
+		if c.removedGen == nil {
+			c.removedGen = map[string]uint64{}
+		}
+		c.removedGen[path] = st.gen
+	}
+	return c.noteLocked(path, filepath.Dir(path), gone), nil
 }
 
 // noteLocked records a change to commit (a file's new content, a
@@ -525,7 +578,9 @@ func (c *Committer) noteLocked(file, dir string, data content) uint64 {
 	return c.seq
 }
 
-// commitLoop runs rounds while there are changes to commit.
+// commitLoop runs rounds while there are changes to commit: with a root,
+// one journal append each (and a checkpoint once the journal is large),
+// without, the files' and directories' own fsyncs.
 func (c *Committer) commitLoop() {
 	for {
 		c.mu.Lock()
@@ -537,41 +592,46 @@ func (c *Committer) commitLoop() {
 		}
 		files, dirs, upTo := c.files, c.dirs, c.seq
 		c.files, c.dirs = map[string]content{}, map[string]bool{}
-		for f, d := range files {
-			if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.pending == d.slot && !d.removed {
-				st.flight, st.pending = d.slot, -1
-			}
+		if !c.journaled() {
+			c.flyLocked(files)
 		}
 		c.mu.Unlock()
 
-		err := c.commit(files, dirs)
+		c.loopMu.Lock()
+		var err error
+		if c.journaled() {
+			err = c.journalRound(files)
+		} else {
+			err = c.commit(files, dirs)
+		}
+		c.loopMu.Unlock()
 
 		c.mu.Lock()
 		done := c.round
 		c.round = make(chan struct{})
 		var pause time.Duration
-		if err != nil {
-			// Commit them again with the next round, writing the files
-			// afresh (after a failed fsync the kernel may have dropped
-			// their dirty pages), unless newer content has been put since.
-			for f, d := range files {
-				if _, newer := c.files[f]; !newer && !d.removed {
-					d.rewrite = true
-					c.files[f] = d
-				}
-			}
-			for d := range dirs {
-				c.dirs[d] = true
-			}
+		switch {
+		case err != nil:
+			// Commit them again with the next round (a file round writes
+			// them afresh: after a failed fsync the kernel may have
+			// dropped their dirty pages), unless newer content has been
+			// put since.
+			c.retryLocked(files, dirs, c.files, c.dirs, !c.journaled())
 			c.lastErr, c.errUpTo = err, upTo
 			c.retryIn = min(max(2*c.retryIn, retryMin), retryMax)
 			pause = c.retryIn
-		} else {
-			for f, d := range files {
-				if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.flight == d.slot && !d.removed {
-					st.durable, st.flight = d.slot, -1
-				}
+		case c.journaled():
+			// Durable in the journal; their files and directories wait
+			// for the next checkpoint.
+			if c.ckFiles == nil {
+				c.ckFiles, c.ckDirs = map[string]content{}, map[string]bool{}
 			}
+			maps.Copy(c.ckFiles, files)
+			maps.Copy(c.ckDirs, dirs)
+		default:
+			c.landLocked(files)
+		}
+		if err == nil {
 			c.inflight.Add(-int64(upTo - c.durable))
 			c.durable, c.lastErr, c.retryIn = upTo, nil, 0
 		}
@@ -580,7 +640,159 @@ func (c *Committer) commitLoop() {
 		if pause > 0 {
 			time.Sleep(pause)
 		}
+		if err == nil {
+			c.loopMu.Lock()
+			if c.jr != nil && c.jr.size >= cmp.Or(c.CheckpointAt, journalLimit) {
+				c.checkpoint()
+			}
+			c.loopMu.Unlock()
+		}
 	}
+}
+
+// flyLocked marks the slots of the versions a commit is about to fsync
+// as in flight: no Put writes into them meanwhile.
+func (c *Committer) flyLocked(files map[string]content) {
+	for f, d := range files {
+		if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.pending == d.slot && !d.removed && !d.dir {
+			st.flight, st.pending = d.slot, -1
+		}
+	}
+}
+
+// landLocked marks the versions a commit made durable as the files'
+// durable ones.
+func (c *Committer) landLocked(files map[string]content) {
+	for f, d := range files {
+		if st := c.slots[f]; st != nil && st.epoch == d.epoch && st.flight == d.slot && !d.removed && !d.dir {
+			st.durable, st.flight = d.slot, -1
+		}
+	}
+}
+
+// retryLocked puts a failed commit's changes back into intoFiles and
+// intoDirs, unless newer content has been noted since (rewrite: write the
+// files afresh).
+func (c *Committer) retryLocked(files map[string]content, dirs map[string]bool, intoFiles map[string]content, intoDirs map[string]bool, rewrite bool) {
+	for f, d := range files {
+		if _, newer := c.newerLocked(f); !newer {
+			d.rewrite = rewrite && !d.removed && !d.dir
+			intoFiles[f] = d
+		}
+	}
+	maps.Copy(intoDirs, dirs)
+}
+
+// newerLocked is the content noted for path and not yet in its file's
+// fsync: waiting for a round, or (with a journal) for a checkpoint.
+func (c *Committer) newerLocked(path string) (content, bool) {
+	if d, ok := c.files[path]; ok {
+		return d, true
+	}
+	d, ok := c.ckFiles[path]
+	return d, ok
+}
+
+// journalRound appends a round's changes to the journal, made durable
+// by one fdatasync. A journal whose append failed is left for the next
+// checkpoint to remove; the retry goes to a new one.
+func (c *Committer) journalRound(files map[string]content) error {
+	if err := c.checkRoot(); err != nil {
+		return err
+	}
+	if c.jr == nil {
+		j, err := createJournal(c.root, c.nextEpoch, c.fsync())
+		if err != nil {
+			return err
+		}
+		c.fsyncs.Add(1)
+		c.jr, c.nextEpoch = j, c.nextEpoch+1
+	}
+	c.fsyncs.Add(1)
+	if err := c.jr.append(c.journalEntries(files), c.Fsync); err != nil {
+		c.retire()
+		return err
+	}
+	return c.renameFresh(files)
+}
+
+// renameFresh renames the new record files of a round into place once
+// the journal holds their versions durably: a power cut may keep the name
+// and lose the content, which the replay rewrites. Their directories'
+// fsyncs wait for the checkpoint.
+func (c *Committer) renameFresh(files map[string]content) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for f, d := range files {
+		if d.removed || d.dir {
+			continue
+		}
+		if st := c.slots[f]; st != nil && st.fresh {
+			if err := os.Rename(newName(f), f); err != nil {
+				return fmt.Errorf("renaming %s into place: %w", f, err)
+			}
+			st.fresh = false
+		}
+	}
+	return nil
+}
+
+// Checkpoint makes every change durable in its own file and directory
+// and removes the journal (see journal.go): what a clean stop does, so
+// that the record files alone hold the state. It waits for the changes
+// made so far first.
+func (c *Committer) Checkpoint(ctx context.Context) error {
+	if err := c.Sync(ctx); err != nil {
+		return err
+	}
+	if !c.journaled() {
+		return nil
+	}
+	c.loopMu.Lock()
+	defer c.loopMu.Unlock()
+	if c.jr == nil && len(c.older) == 0 {
+		return nil
+	}
+	return c.checkpoint()
+}
+
+// retire closes the current journal; it stays on disk until a checkpoint
+// has made what it holds redundant.
+func (c *Committer) retire() {
+	c.jr.f.Close()
+	c.older = append(c.older, c.jr.path)
+	c.jr = nil
+}
+
+// checkpoint fsyncs every record file and directory changed since the
+// last checkpoint and removes the journals that held their changes: the
+// current one is retired first, so that rounds meanwhile go to the next.
+// A failure keeps them (and the journals) for the next checkpoint. The
+// caller holds loopMu.
+func (c *Committer) checkpoint() error {
+	if c.jr != nil {
+		c.retire()
+	}
+	c.mu.Lock()
+	files, dirs := c.ckFiles, c.ckDirs
+	c.ckFiles, c.ckDirs = map[string]content{}, map[string]bool{}
+	c.flyLocked(files)
+	c.mu.Unlock()
+	err := c.commit(files, dirs)
+	c.mu.Lock()
+	if err != nil {
+		c.retryLocked(files, dirs, c.ckFiles, c.ckDirs, true)
+		c.mu.Unlock()
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	c.landLocked(files)
+	c.removedGen = nil
+	c.mu.Unlock()
+	for _, j := range c.older {
+		os.Remove(j) // one left by a crash is replayed harmlessly
+	}
+	c.older = nil
+	return nil
 }
 
 // commit makes files and directories durable: each file by fsync, or by
@@ -594,7 +806,7 @@ func (c *Committer) commit(files map[string]content, dirs map[string]bool) error
 	var errs []error
 	fsync := c.fsync()
 	for f, data := range files {
-		if data.removed {
+		if data.removed || data.dir {
 			continue // its directory's fsync commits it
 		}
 		var err error
@@ -684,7 +896,7 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 	c.changing.Lock()
 	defer c.changing.Unlock()
 	c.mu.Lock()
-	_, newer := c.files[path]
+	_, newer := c.newerLocked(path)
 	c.mu.Unlock()
 	if newer {
 		return false, nil

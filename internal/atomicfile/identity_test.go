@@ -24,11 +24,12 @@ func putDurably(t *testing.T, c *Committer, path, payload string) {
 	}
 }
 
-// A new record's content is durable before its name appears: the temp
-// file is fsynced while the record's name does not exist yet. (Before,
-// the file was renamed into place first and fsynced by the round: a
-// power cut could leave the name with no content, and recovery
-// quarantined an operation nobody had been told about.)
+// A new record's content is durable before its name appears: the journal
+// holding it is fsynced while the record's name does not exist yet, and
+// the checkpoint fsyncs the file under its name. (Once, the file was
+// renamed into place first and fsynced by the round: a power cut could
+// leave the name with no content, and recovery quarantined an operation
+// nobody had been told about.)
 func TestNewRecordContentDurableBeforeItsName(t *testing.T) {
 	root := t.TempDir()
 	c, err := New(root)
@@ -49,26 +50,31 @@ func TestNewRecordContentDurableBeforeItsName(t *testing.T) {
 		t.Fatal(err)
 	}
 	putDurably(t, c, path, "v1")
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the new record is not under its name once durable: %v", err)
+	}
+	if err := c.Checkpoint(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	// The round that fsyncs the new directory's parent may come first
-	// (the machine's load decides): only the record's own fsyncs count.
+	// The round that makes the new directory may come first (the
+	// machine's load decides): the journal's last fsync before the
+	// record's own is the one that held it.
 	first := slices.IndexFunc(order, func(o string) bool { return strings.HasPrefix(o, ".state.new ") || strings.HasPrefix(o, "state ") })
-	if first < 0 || !strings.HasPrefix(order[first], ".state.new ") || !strings.HasSuffix(order[first], "(name absent)") {
-		t.Fatalf("fsyncs %v: want the new file's first, under its own name, before the record's name exists", order)
-	}
-	for _, o := range order {
-		if strings.HasPrefix(o, "state ") {
-			t.Errorf("fsyncs %v: the new record's content was fsynced again after its rename", order)
-		}
+	if first < 1 || !strings.HasPrefix(order[first-1], journalPrefix) || !strings.HasSuffix(order[first-1], "(name absent)") {
+		t.Fatalf("fsyncs %v: want the journal's before the record's name exists, then the record's", order)
 	}
 	if b, _, err := ReadRecord(root, path); err != nil || string(b) != "v1" {
 		t.Fatalf("read back %q, %v", b, err)
 	}
+	if names, _, err := journals(root); err != nil || len(names) != 0 {
+		t.Fatalf("journals after a checkpoint: %v, %v", names, err)
+	}
 }
 
-// Every directory the Committer makes is committed with its parent's
-// fsync, up to the root (which it never makes).
+// Every directory the Committer makes is committed by the checkpoint with
+// its parent's fsync, up to the root (which it never makes).
 func TestMkdirAllCommitsEveryNewDirectory(t *testing.T) {
 	root := t.TempDir()
 	c, err := New(root)
@@ -87,7 +93,7 @@ func TestMkdirAllCommitsEveryNewDirectory(t *testing.T) {
 	if err := c.MkdirAll(leaf, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Sync(context.Background()); err != nil {
+	if err := c.Checkpoint(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for d := filepath.Dir(leaf); ; d = filepath.Dir(d) {

@@ -1,0 +1,334 @@
+package atomicfile
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The journal makes a round's changes durable with one append and one
+// fdatasync, whatever the number of records and directories they touch:
+// a Committer with a root writes each change to its record file as before
+// (visible at once, into a slot no crash may still need) and, at its
+// round, appends an entry per change to the root's current journal file.
+// The record files and directories are fsynced only by a checkpoint, once
+// the journal has grown past journalLimit: it starts the next journal
+// file (its name made durable first), fsyncs every file and directory
+// changed since the previous checkpoint, as a round did before, and
+// removes the older journal files. A power cut between the two leaves
+// both journals, replayed in order.
+//
+// Journal files are named .journal-<epoch> in the root. Each entry is
+//
+//	magic "CSJ1" | kind u8 | 3 zero bytes | mode u32 | body length u32 |
+//	CRC32C u32 | body
+//
+// with the CRC over everything after the magic but the CRC itself. The
+// body is a record frame (record.go): for a put, the version written (its
+// identity, generation and payload); for a removal, the identity and the
+// last generation with no payload; for a directory made, the identity.
+// A journal is only ever appended to; its first invalid entry ends it (a
+// torn append was never acknowledged, and nothing after it was either).
+//
+// New replays the journals before anything reads a record: for every path
+// their entries name, the last entry wins. A put whose record file holds
+// no version as new (none, an older one, or a torn one) is written to the
+// file afresh, durably; a removal removes the file or directory if a
+// power cut brought it back; a directory made is made. Then the journals
+// are removed: every record file holds what they held.
+const (
+	journalMagic  = "CSJ1"
+	journalHeader = 20
+	journalPrefix = ".journal-"
+	// journalLimit is the journal's size at which a checkpoint starts the
+	// next one. The checkpoint's fsyncs are one per record file and
+	// directory changed since the last: rare, and records created and
+	// removed in between (a short container's) need none.
+	journalLimit = 16 << 20
+)
+
+// Kinds of journal entries.
+const (
+	entryPut    = 1
+	entryRemove = 2
+	entryMkdir  = 3
+)
+
+// entry is one journal entry, decoded.
+type entry struct {
+	kind byte
+	mode os.FileMode
+	// body is a record frame (see the kinds above).
+	body []byte
+	v    version
+}
+
+// encodeEntry appends an entry to b.
+func encodeEntry(b []byte, kind byte, mode os.FileMode, body []byte) []byte {
+	off := len(b)
+	b = append(b, journalMagic...)
+	b = append(b, kind, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(mode.Perm()))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(body)))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = append(b, body...)
+	binary.LittleEndian.PutUint32(b[off+16:], entryCRC(b[off:]))
+	return b
+}
+
+func entryCRC(e []byte) uint32 {
+	crc := crc32.Update(0, castagnoli, e[4:16])
+	return crc32.Update(crc, castagnoli, e[journalHeader:])
+}
+
+// decodeEntries decodes a journal's entries up to its first invalid one.
+func decodeEntries(b []byte) []entry {
+	var out []entry
+	for len(b) >= journalHeader && string(b[:4]) == journalMagic {
+		n := int(binary.LittleEndian.Uint32(b[12:]))
+		if n > len(b)-journalHeader {
+			break
+		}
+		e := b[:journalHeader+n]
+		if binary.LittleEndian.Uint32(e[16:]) != entryCRC(e) {
+			break
+		}
+		v, ok := parseFrame(e[journalHeader:])
+		if !ok || v.legacy || v.id == "" || e[4] < entryPut || e[4] > entryMkdir {
+			break
+		}
+		out = append(out, entry{kind: e[4], mode: os.FileMode(binary.LittleEndian.Uint32(e[8:])), body: e[journalHeader:], v: v})
+		b = b[len(e):]
+	}
+	return out
+}
+
+// journal is the journal file rounds append to.
+type journal struct {
+	f     *os.File
+	path  string
+	epoch uint64
+	size  int64
+}
+
+func journalName(root string, epoch uint64) string {
+	return filepath.Join(root, fmt.Sprintf("%s%016d", journalPrefix, epoch))
+}
+
+// createJournal makes journal file epoch, its name durable (the root's
+// fsync) before any entry in it can be acknowledged.
+func createJournal(root string, epoch uint64, fsync func(string) error) (*journal, error) {
+	p := journalName(root, epoch)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating the journal: %w", err)
+	}
+	if err := fsync(root); err != nil {
+		f.Close()
+		os.Remove(p)
+		return nil, fmt.Errorf("creating the journal: %w", err)
+	}
+	return &journal{f: f, path: p, epoch: epoch}, nil
+}
+
+// append writes entries at the journal's end and makes them durable.
+func (j *journal) append(b []byte, fsync func(string) error) error {
+	if _, err := j.f.Write(b); err != nil {
+		return fmt.Errorf("appending to %s: %w", j.path, err)
+	}
+	j.size += int64(len(b))
+	if fsync != nil {
+		return fsync(j.path)
+	}
+	if err := unix.Fdatasync(int(j.f.Fd())); err != nil {
+		return fmt.Errorf("syncing %s: %w", j.path, err)
+	}
+	return nil
+}
+
+// journalEntries encodes a round's changes (see Committer.files), in an
+// order a replay of them alone could follow: directories made, top first;
+// versions; removals, deepest first.
+func (c *Committer) journalEntries(files map[string]content) []byte {
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	rank := func(d content) int {
+		switch {
+		case d.dir:
+			return 0
+		case d.removed:
+			return 2
+		}
+		return 1
+	}
+	slices.SortFunc(paths, func(a, b string) int {
+		da, db := files[a], files[b]
+		if r := cmp.Compare(rank(da), rank(db)); r != 0 {
+			return r
+		}
+		if da.removed {
+			return cmp.Compare(len(b), len(a))
+		}
+		return cmp.Compare(len(a), len(b))
+	})
+	var b []byte
+	for _, p := range paths {
+		d := files[p]
+		switch {
+		case d.dir:
+			b = encodeEntry(b, entryMkdir, d.perm, frame(0, c.identity(p), nil))
+		case d.removed:
+			b = encodeEntry(b, entryRemove, 0, frame(d.gen, c.identity(p), nil))
+		default:
+			b = encodeEntry(b, entryPut, d.perm, d.data)
+		}
+	}
+	return b
+}
+
+// journals lists the journal files in root, oldest first, with their
+// epochs.
+func journals(root string) ([]string, []uint64, error) {
+	des, err := os.ReadDir(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", root, err)
+	}
+	var names []string
+	var epochs []uint64
+	for _, de := range des {
+		s, ok := strings.CutPrefix(de.Name(), journalPrefix)
+		if !ok {
+			continue
+		}
+		e, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || !de.Type().IsRegular() {
+			continue
+		}
+		names, epochs = append(names, filepath.Join(root, de.Name())), append(epochs, e)
+	}
+	// ReadDir sorts by name; the epochs are zero-padded.
+	return names, epochs, nil
+}
+
+// replay brings the record files up to the journals in root (see the
+// comment at the top), removes them, and returns the next epoch. The
+// root's filesystem is synced first: what a crashed predecessor left
+// visible is then durable, and a record file holding a newer version than
+// the journal's keeps it.
+func replay(root string) (uint64, error) {
+	names, epochs, err := journals(root)
+	if err != nil || len(names) == 0 {
+		return 0, err
+	}
+	if err := SyncFS(root); err != nil {
+		return 0, err
+	}
+	last := map[string]entry{}
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return 0, fmt.Errorf("reading the journal: %w", err)
+		}
+		for _, e := range decodeEntries(b) {
+			last[e.v.id] = e
+		}
+	}
+	ids := make([]string, 0, len(last))
+	for id := range last {
+		ids = append(ids, id)
+	}
+	// Directories top first, removals deepest first.
+	slices.SortFunc(ids, func(a, b string) int { return cmp.Compare(len(a), len(b)) })
+	var errs []error
+	for _, id := range ids {
+		if e := last[id]; e.kind != entryRemove {
+			errs = append(errs, applyEntry(root, e))
+		}
+	}
+	for _, id := range slices.Backward(ids) {
+		if e := last[id]; e.kind == entryRemove {
+			errs = append(errs, applyEntry(root, e))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("replaying the journal: %w", err)
+	}
+	for _, n := range names {
+		if err := os.Remove(n); err != nil {
+			return 0, fmt.Errorf("removing the replayed journal: %w", err)
+		}
+	}
+	return epochs[len(epochs)-1] + 1, nil
+}
+
+// applyEntry makes what one entry says of its path durably true.
+func applyEntry(root string, e entry) error {
+	p := filepath.Join(root, filepath.FromSlash(e.v.id))
+	if !within(root, p) || p == root {
+		return fmt.Errorf("journal entry for %q: outside %s", e.v.id, root)
+	}
+	switch e.kind {
+	case entryMkdir:
+		return MkdirAll(p, e.mode.Perm())
+	case entryRemove:
+		gone := false
+		for _, q := range []string{p, newName(p)} {
+			err := os.Remove(q)
+			switch {
+			case err == nil:
+				gone = true
+			case errors.Is(err, fs.ErrNotExist), errors.Is(err, unix.ENOTEMPTY), errors.Is(err, unix.EEXIST), errors.Is(err, unix.EISDIR):
+			default:
+				return fmt.Errorf("removing %s: %w", q, err)
+			}
+		}
+		if gone {
+			return syncFile(filepath.Dir(p))
+		}
+		return nil
+	}
+	if gen, ok := newestGen(root, p); ok && gen >= e.v.gen {
+		return nil
+	}
+	if err := MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	if err := write(p, e.body, e.mode.Perm(), syncFile, recordSlots*slotSize); err != nil {
+		return err
+	}
+	if err := os.Remove(newName(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// newestGen is the generation of the version ReadRecord would return for
+// path, if it holds a valid framed one.
+func newestGen(root, path string) (uint64, bool) {
+	for _, q := range []string{path, newName(path)} {
+		b, err := os.ReadFile(q)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, false
+		}
+		if vs, _, _ := versions(b, Identity(root, path)); len(vs) > 0 {
+			return vs[0].gen, true
+		}
+		return 0, false
+	}
+	return 0, false
+}
