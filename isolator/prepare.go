@@ -93,7 +93,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		}
 		c.cp.MountNamespace = ns
 	}
-	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING); err != nil {
+	if err := checkpointStep(ctx, "checkpoint container PREPARING", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING) }); err != nil {
 		return nil, err
 	}
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
@@ -105,7 +105,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		}
 		return nil, err
 	}
-	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARED); err != nil {
+	if err := checkpointStep(ctx, "checkpoint container PREPARED", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_PREPARED) }); err != nil {
 		return nil, err
 	}
 	// Acknowledged only once PREPARED is durable, and with it (changes
@@ -208,7 +208,9 @@ func (iso *Isolator) mountAll(ctx context.Context, c *container, plan []plannedM
 			pending = append(pending, p)
 			records = append(records, p.rec)
 		}
-		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = records, iso.bootID }); err != nil {
+		if err := checkpointStep(ctx, "checkpoint container mounts", func() error {
+			return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = records, iso.bootID })
+		}); err != nil {
 			return err
 		}
 		for _, p := range pending {
@@ -535,6 +537,14 @@ func (iso *Isolator) sync(ctx context.Context) error {
 	return iso.commit.Sync(ctx)
 }
 
+// checkpointStep runs f, a checkpoint write or removal on an operation's
+// path, as an event (kind other) of ctx's trace: the store's writes are
+// not traced themselves.
+func checkpointStep(ctx context.Context, name string, f func() error) error {
+	defer optrace.Begin(ctx, optrace.Other, name)()
+	return f()
+}
+
 // traceCheckpoints, when ctx carries a trace, returns the func that adds
 // to it the checkpoint writes and fsyncs of the Committer from now until
 // it is called. The fsyncs run on the Committer's goroutine, in rounds
@@ -588,7 +598,7 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 // for Cleanup, Reconcile or the resync to finish. force: see Cleanup.
 func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool) error {
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_CLEANING {
-		if err := iso.setPhase(c, statev1.ContainerCheckpoint_CLEANING); err != nil {
+		if err := checkpointStep(ctx, "checkpoint container CLEANING", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_CLEANING) }); err != nil {
 			return err
 		}
 	}
@@ -663,7 +673,7 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
 	}
-	if err := iso.forgetContainer(c); err != nil {
+	if err := checkpointStep(ctx, "forget container record", func() error { return iso.forgetContainer(c) }); err != nil {
 		return err
 	}
 	if err := iso.durable(ctx, c, intent); err != nil {

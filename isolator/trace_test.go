@@ -9,8 +9,8 @@ import (
 )
 
 // TestUnitTrace: a Prepare and a Cleanup with a trace in their context
-// record their steps at the choke points (locks, plugin calls, mount
-// work, durability waits) and the checkpoint counts.
+// record their steps at the choke points (locks, checkpoints, plugin
+// calls, mount work, durability waits) and the checkpoint counts.
 func TestUnitTrace(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
@@ -21,17 +21,21 @@ func TestUnitTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	prep.Finish()
-	wantSteps(t, "prepare", prep, "lock container lock", "lock volume lock", "other plugin ready (Plugins.Node)",
-		"mount mkdir staging path", "plugin NodeStageVolume", "mount mkdir target parent", "plugin NodePublishVolume",
-		"mount IsMountPoint", "mount ResolveInRoot", "mount CloneTree", "mount MoveTree", "commit Wait: container record durable")
+	wantSteps(t, "prepare", prep, "lock container lock", "other checkpoint container PREPARING", "lock volume lock",
+		"other plugin ready (Plugins.Node)", "other checkpoint volume: first step", "mount mkdir staging path", "plugin NodeStageVolume",
+		"mount mkdir target parent", "plugin NodePublishVolume", "mount IsMountPoint", "other checkpoint volume PUBLISHED",
+		"mount ResolveInRoot", "mount CloneTree", "other checkpoint container mounts", "mount MoveTree",
+		"other checkpoint container PREPARED", "commit Wait: container record durable")
 
 	ctx, clean := optrace.With(context.Background())
 	if err := iso.Cleanup(ctx, "c1", false); err != nil {
 		t.Fatal(err)
 	}
 	clean.Finish()
-	wantSteps(t, "cleanup", clean, "lock container lock", "mount UnmountOwn", "lock volume lock", "mount ForeignMounts",
-		"plugin NodeUnpublishVolume", "plugin NodeUnstageVolume", "mount RemoveEmptyTree", "commit Wait: container record durable")
+	wantSteps(t, "cleanup", clean, "lock container lock", "other checkpoint container CLEANING", "mount UnmountOwn",
+		"lock volume lock", "mount ForeignMounts", "other checkpoint volume: first step", "plugin NodeUnpublishVolume",
+		"plugin NodeUnstageVolume", "mount RemoveEmptyTree", "other forget volume record", "other forget container record",
+		"commit Wait: container record durable")
 	for _, tr := range []*optrace.Trace{prep, clean} {
 		if s := tr.String(); !strings.Contains(s, "checkpoint writes: ") || !strings.Contains(s, "fsyncs: ") {
 			t.Errorf("no checkpoint counts in\n%s", s)

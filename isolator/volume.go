@@ -347,7 +347,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		return before, iso.teardownDirs(ctx, v)
 	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
-		if err := iso.enterState(ctx, v, before, want, steps[0].during, node); err != nil {
+		if err := checkpointStep(ctx, "checkpoint volume: first step", func() error { return iso.enterState(ctx, v, before, want, steps[0].during, node) }); err != nil {
 			return v.cp.State, err
 		}
 	}
@@ -369,7 +369,9 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		reached = s.after
 	}
 	if want == stPublished {
-		return reached, iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+		return reached, checkpointStep(ctx, "checkpoint volume PUBLISHED", func() error {
+			return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+		})
 	}
 	return reached, iso.teardownDirs(ctx, v)
 }
@@ -484,7 +486,7 @@ func (iso *Isolator) teardownDirs(ctx context.Context, v *volume) error {
 	if err := iso.mounter(ctx).RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	if err := iso.forgetVolume(v); err != nil {
+	if err := checkpointStep(ctx, "forget volume record", func() error { return iso.forgetVolume(v) }); err != nil {
 		return err
 	}
 	c := iso.cfg.Claims
