@@ -123,6 +123,11 @@ type Config struct {
 	// net/http/pprof at /debug/pprof/ (off by default: profiles reveal
 	// internals; bind it to localhost).
 	DebugAddress string
+	// TraceCalls lets API callers ask for a trace of their call (package
+	// optrace): a unary call whose metadata has TraceHeader gets the
+	// trace's table in its TraceTrailer. Off by default: for measuring
+	// (the benchmarks), as pprof is.
+	TraceCalls bool
 	// DockerPluginSocket, when set, is where Run serves Docker's volume
 	// plugin protocol for the named volumes (see package dockerplugin).
 	DockerPluginSocket string

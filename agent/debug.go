@@ -8,6 +8,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/csiagent/csiagent/internal/optrace"
 )
 
 // startDebug serves net/http/pprof on DebugAddress, when set, so that
@@ -57,4 +62,33 @@ func (a *Agent) serveHTTP(srv *http.Server, lis net.Listener, what string) (stop
 		}
 		<-done
 	}
+}
+
+// The metadata of a traced API call (Config.TraceCalls): the caller sends
+// TraceHeader (any value) and gets the trace's table (optrace.Trace's
+// String) in the trailer TraceTrailer (binary metadata: the table has
+// line breaks).
+const (
+	TraceHeader  = "csiagent-trace"
+	TraceTrailer = "csiagent-trace-bin"
+)
+
+// traceInterceptor, with Config.TraceCalls, runs a unary call that asks
+// for it (TraceHeader) with a trace in its context and sends the trace's
+// table back in TraceTrailer. It is the innermost interceptor: the trace
+// covers the handler, after the access check.
+func (a *Agent) traceInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !a.cfg.TraceCalls {
+		return handler(ctx, req)
+	}
+	if md, _ := metadata.FromIncomingContext(ctx); len(md.Get(TraceHeader)) == 0 {
+		return handler(ctx, req)
+	}
+	ctx, tr := optrace.With(ctx)
+	resp, err := handler(ctx, req)
+	tr.Finish()
+	if serr := grpc.SetTrailer(ctx, metadata.Pairs(TraceTrailer, info.FullMethod+"\n"+tr.String())); serr != nil {
+		a.log.Warn("sending a call's trace", "method", info.FullMethod, "error", serr)
+	}
+	return resp, err
 }

@@ -196,7 +196,7 @@ func (a *Agent) startAPI(context.Context) (stop func(), err error) {
 	}
 	a.ignoreUnknownSockets()
 	srv := grpc.NewServer(grpc.Creds(apiserver.PeerCredentials{}), grpc.MaxRecvMsgSize(MaxAPIMessageSize),
-		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary),
+		grpc.ChainUnaryInterceptor(a.metrics.serverInterceptor, a.access.Unary, a.traceInterceptor),
 		grpc.ChainStreamInterceptor(a.metrics.serverStreamInterceptor, a.access.Stream))
 	agentv1.RegisterAgentServer(srv, apiserver.New(apiserver.Config{
 		Core: a.iso, ConfigDir: a.cfg.ConfigDir, Plugins: apiPlugins{controllerPlugins{a}},

@@ -56,6 +56,40 @@ func (r result) verdict() string {
 var results struct {
 	mu   sync.Mutex
 	rows []result
+	// floors are TestFloors's figures, for the rows other tests compute
+	// from them (zero when it did not run).
+	floors floors
+	// sections are headed markdown sections printed after the table
+	// (section).
+	sections []string
+}
+
+// floors are the kernel's costs TestFloors measures on this machine.
+type floors struct {
+	durable time.Duration // a durable checkpoint (atomicfile.Write)
+	rtt     time.Duration // a gRPC round trip on a unix socket
+}
+
+func setFloors(f floors) {
+	results.mu.Lock()
+	results.floors = f
+	results.mu.Unlock()
+}
+
+// measuredFloors returns TestFloors's figures; ok is false when it has
+// not run in this process (go test -run without it).
+func measuredFloors() (f floors, ok bool) {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	return results.floors, results.floors != floors{}
+}
+
+// section adds a markdown section (a "## heading" and body) to print
+// after the table, in the results file too.
+func section(heading, body string) {
+	results.mu.Lock()
+	results.sections = append(results.sections, fmt.Sprintf("\n## %s\n\n%s", heading, body))
+	results.mu.Unlock()
 }
 
 func report(t *testing.T, r result) {
@@ -104,6 +138,9 @@ func printTable() {
 	fmt.Fprintln(&b, "| --- | --- | --- | --- | --- | --- |")
 	for _, r := range results.rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.name, r.figure, r.baseline, r.ratio, r.target, r.verdict())
+	}
+	for _, s := range results.sections {
+		b.WriteString(s)
 	}
 	fmt.Print(b.String())
 	if *outFile != "" {

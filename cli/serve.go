@@ -53,6 +53,7 @@ func (e *env) serveCmd(fs *pflag.FlagSet) runFunc {
 	fs.DurationVar(&cfg.VolumeStatsInterval, "volume-stats-interval", volumestats.DefaultInterval, "how often each published volume's usage and health are polled (NodeGetVolumeStats, NodeGetVolumeHealth); 0 turns periodic polling off")
 	fs.StringVar(&cfg.MetricsAddress, "metrics-address", "", "host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9808 (default: off)")
 	fs.StringVar(&cfg.DebugAddress, "debug-address", "", "host:port to serve net/http/pprof on at /debug/pprof/, e.g. 127.0.0.1:6060 (default: off)")
+	fs.BoolVar(&cfg.TraceCalls, "debug-trace-calls", false, "answer API calls that ask for it (gRPC metadata "+agent.TraceHeader+") with a timed trace of their steps in the trailer "+agent.TraceTrailer+", for measuring (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", agent.DefaultShutdownTimeout, "how long in-flight API calls may run after SIGTERM")
 	fs.StringVar(&cfg.DockerPluginSocket, "docker-plugin-socket", "", "where to serve Docker's volume plugin protocol for named volumes, used by Docker and Podman (default <runtime-dir>/docker-plugin.sock; \"none\": off)")
 	fs.StringSliceVar(&cfg.Cluster.Endpoints, "cluster-etcd-endpoints", nil, "etcd client URLs (comma-separated) of the fleet this host joins: volumes one host at a time may use (single-node and single-writer access modes) are claimed there before their first stage (default: none, one host)")

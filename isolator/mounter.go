@@ -6,6 +6,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"github.com/csiagent/csiagent/internal/optrace"
 	"github.com/csiagent/csiagent/mount"
 )
 
@@ -92,3 +93,93 @@ func (kernelMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id 
 }
 
 func (kernelMounts) RemoveEmptyTree(dir string) error { return mount.RemoveEmptyTree(dir) }
+
+// mounter is the Mounter of an operation whose context is ctx: iso.mounts,
+// each call of which is recorded as a mount event of ctx's trace when ctx
+// carries one (package optrace).
+func (iso *Isolator) mounter(ctx context.Context) Mounter {
+	if tr := optrace.From(ctx); tr != nil {
+		return tracedMounts{m: iso.mounts, tr: tr}
+	}
+	return iso.mounts
+}
+
+// tracedMounts is m with each call recorded in tr, under the method's
+// name. InNamespace's f gets the namespace's Mounter traced too: its calls
+// are events of their own, within InNamespace's.
+type tracedMounts struct {
+	m  Mounter
+	tr *optrace.Trace
+}
+
+var _ Mounter = tracedMounts{}
+
+func (t tracedMounts) IsMountPoint(path string) (bool, error) {
+	defer t.tr.Begin(optrace.Mount, "IsMountPoint")()
+	return t.m.IsMountPoint(path)
+}
+
+func (t tracedMounts) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, error) {
+	defer t.tr.Begin(optrace.Mount, "List")()
+	return t.m.List(filter)
+}
+
+func (t tracedMounts) MountNamespace(pid int) (uint64, error) {
+	defer t.tr.Begin(optrace.Mount, "MountNamespace")()
+	return t.m.MountNamespace(pid)
+}
+
+func (t tracedMounts) InNamespace(pid int, nsIno uint64, f func(Mounter) error) error {
+	defer t.tr.Begin(optrace.Mount, "InNamespace")()
+	return t.m.InNamespace(pid, nsIno, func(m Mounter) error { return f(tracedMounts{m: m, tr: t.tr}) })
+}
+
+func (t tracedMounts) ResolveInRoot(root, unsafePath string, kind mount.TargetKind, uid, gid int) (*os.File, string, error) {
+	defer t.tr.Begin(optrace.Mount, "ResolveInRoot")()
+	return t.m.ResolveInRoot(root, unsafePath, kind, uid, gid)
+}
+
+func (t tracedMounts) ID(f *os.File) (uint64, error) {
+	defer t.tr.Begin(optrace.Mount, "ID")()
+	return t.m.ID(f)
+}
+
+func (t tracedMounts) CloneTree(source string, readOnly bool) (*os.File, error) {
+	defer t.tr.Begin(optrace.Mount, "CloneTree")()
+	return t.m.CloneTree(source, readOnly)
+}
+
+func (t tracedMounts) MoveTree(tree, target *os.File) error {
+	defer t.tr.Begin(optrace.Mount, "MoveTree")()
+	return t.m.MoveTree(tree, target)
+}
+
+func (t tracedMounts) MoveTreeBeneath(tree, target *os.File) error {
+	defer t.tr.Begin(optrace.Mount, "MoveTreeBeneath")()
+	return t.m.MoveTreeBeneath(tree, target)
+}
+
+func (t tracedMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error) {
+	defer t.tr.Begin(optrace.Mount, "UnmountOwn")()
+	return t.m.UnmountOwn(ctx, root, mountPoint, id)
+}
+
+func (t tracedMounts) RemoveEmptyTree(dir string) error {
+	defer t.tr.Begin(optrace.Mount, "RemoveEmptyTree")()
+	return t.m.RemoveEmptyTree(dir)
+}
+
+func (t tracedMounts) ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
+	defer t.tr.Begin(optrace.Mount, "ForeignMounts")()
+	return t.m.ForeignMounts(ctx, target, own)
+}
+
+func (t tracedMounts) BlockReadOnly(path string) (bool, error) {
+	defer t.tr.Begin(optrace.Mount, "BlockReadOnly")()
+	return t.m.BlockReadOnly(path)
+}
+
+func (t tracedMounts) NamespacesInUse() (map[uint64]int, error) {
+	defer t.tr.Begin(optrace.Mount, "NamespacesInUse")()
+	return t.m.NamespacesInUse()
+}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/csiagent/csiagent/internal/optrace"
 	"github.com/csiagent/csiagent/internal/redact"
 	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -26,6 +27,7 @@ import (
 // Prepare gives a container its volumes. All or nothing: on failure
 // everything done for this container is undone before returning.
 func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error) {
+	defer iso.traceCheckpoints(ctx)()
 	plan, err := iso.plan(req)
 	if err != nil {
 		return nil, err
@@ -62,7 +64,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 			}
 			// What the first answer acknowledged may not be durable yet
 			// (or its commit failed): acknowledge it only once it is.
-			if err := iso.commit.Sync(ctx); err != nil {
+			if err := iso.sync(ctx); err != nil {
 				return nil, fmt.Errorf("container %s: %w", id, err)
 			}
 			return c.cp.GetMounts(), nil
@@ -85,13 +87,13 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 	if pid := int(req.GetPid()); pid != 0 {
 		// Recorded against pid reuse: a mount is removed only from the
 		// namespace it was made in.
-		ns, err := iso.mounts.MountNamespace(pid)
+		ns, err := iso.mounter(ctx).MountNamespace(pid)
 		if err != nil {
 			return nil, fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
 		}
 		c.cp.MountNamespace = ns
 	}
-	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING); err != nil {
+	if err := checkpointStep(ctx, "checkpoint container PREPARING", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING) }); err != nil {
 		return nil, err
 	}
 	if err := iso.prepareMounts(ctx, c, plan, uid, gid); err != nil {
@@ -103,7 +105,7 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		}
 		return nil, err
 	}
-	if err := iso.setPhase(c, statev1.ContainerCheckpoint_PREPARED); err != nil {
+	if err := checkpointStep(ctx, "checkpoint container PREPARED", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_PREPARED) }); err != nil {
 		return nil, err
 	}
 	// Acknowledged only once PREPARED is durable, and with it (changes
@@ -147,7 +149,7 @@ func (iso *Isolator) prepareMounts(ctx context.Context, c *container, plan []pla
 			return err
 		}
 	}
-	return iso.mountAll(c, plan, vcps, uid, gid)
+	return iso.mountAll(ctx, c, plan, vcps, uid, gid)
 }
 
 // maxParallelAcquire caps the volumes of one Prepare acquired at once.
@@ -182,8 +184,8 @@ func planSummary(plan []plannedMount) string {
 // namespace), then moved into place. A crash in between knows what to
 // unmount, and by which id. A mount that fails leaves the record with the
 // mounts made before it, for the rollback to undo.
-func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
-	ns, err := iso.mountNamespace(c)
+func (iso *Isolator) mountAll(ctx context.Context, c *container, plan []plannedMount, vcps []*statev1.VolumeCheckpoint, uid, gid int) error {
+	ns, err := iso.mountNamespace(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -199,18 +201,20 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 		}()
 		records := append([]*statev1.ContainerMount(nil), made...)
 		for _, i := range order[:n] {
-			p, err := iso.readyMount(c, plan[i], vcps[i], ns, uid, gid)
+			p, err := iso.readyMount(ctx, c, plan[i], vcps[i], ns, uid, gid)
 			if err != nil {
 				return err
 			}
 			pending = append(pending, p)
 			records = append(records, p.rec)
 		}
-		if err := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = records, iso.bootID }); err != nil {
+		if err := checkpointStep(ctx, "checkpoint container mounts", func() error {
+			return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = records, iso.bootID })
+		}); err != nil {
 			return err
 		}
 		for _, p := range pending {
-			if err := iso.mountOne(c, p, uid, gid); err != nil {
+			if err := iso.mountOne(ctx, c, p, uid, gid); err != nil {
 				if serr := iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Mounts, cp.BootId = made, iso.bootID }); serr != nil {
 					iso.log.Error("checkpointing the mounts made", "container", c.id, "error", serr)
 				}
@@ -225,11 +229,11 @@ func (iso *Isolator) mountAll(c *container, plan []plannedMount, vcps []*statev1
 
 // mountNamespace is the identity of the mount namespace a container's
 // mounts are made in: its process's, or the agent's own.
-func (iso *Isolator) mountNamespace(c *container) (uint64, error) {
+func (iso *Isolator) mountNamespace(ctx context.Context, c *container) (uint64, error) {
 	if c.cp.GetRequest().GetPid() != 0 {
 		return c.cp.GetMountNamespace(), nil
 	}
-	ns, err := iso.mounts.MountNamespace(os.Getpid())
+	ns, err := iso.mounter(ctx).MountNamespace(os.Getpid())
 	if err != nil {
 		return 0, fmt.Errorf("container %s: %w", c.id, err)
 	}
@@ -254,7 +258,7 @@ func (p *pendingMount) close() {
 
 // readyMount resolves one mount point (creating what is missing) and
 // clones the volume, and returns the mount's record with its identity.
-func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
+func (iso *Isolator) readyMount(ctx context.Context, c *container, pm plannedMount, vcp *statev1.VolumeCheckpoint, ns uint64, uid, gid int) (*pendingMount, error) {
 	req := c.cp.GetRequest()
 	hostPath := vcp.GetTargetPath()
 	if pm.readonly && pm.block {
@@ -262,7 +266,7 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 		// checked it).
 		hostPath = vcp.GetRoTargetPath()
 	}
-	if err := iso.checkMounted(pm.key, hostPath); err != nil {
+	if err := iso.checkMounted(ctx, pm.key, hostPath); err != nil {
 		return nil, err
 	}
 	if !pm.readonly && !pm.block {
@@ -289,12 +293,12 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 	}
 	var err error
 	if req.GetPid() == 0 {
-		p.target, err = resolve(iso.mounts)
+		p.target, err = resolve(iso.mounter(ctx))
 	} else {
 		// Resolved (and created) in the container's namespace to learn
 		// the path and parent to record; resolved again there when
 		// mounting.
-		err = iso.inNamespace(c, func(m Mounter) error {
+		err = iso.inNamespace(ctx, c, func(m Mounter) error {
 			target, err := resolve(m)
 			if err == nil {
 				target.Close()
@@ -306,7 +310,7 @@ func (iso *Isolator) readyMount(c *container, pm plannedMount, vcp *statev1.Volu
 		return nil, fmt.Errorf("%w: volume %s: container_path %q: %w", ErrInvalid, pm.key, pm.containerPath, err)
 	}
 	var cid cloneID
-	if p.tree, cid, err = iso.clone(p.rec.HostPath, pm.readonly); err != nil {
+	if p.tree, cid, err = iso.clone(ctx, p.rec.HostPath, pm.readonly); err != nil {
 		p.close()
 		return nil, fmt.Errorf("volume %s: %w", pm.key, err)
 	}
@@ -330,13 +334,14 @@ func (id cloneID) setOn(m *statev1.ContainerMount) {
 
 // clone makes the detached mount tree of source for a container mount
 // and reads its identity.
-func (iso *Isolator) clone(source string, readOnly bool) (*os.File, cloneID, error) {
-	tree, err := iso.mounts.CloneTree(source, readOnly)
+func (iso *Isolator) clone(ctx context.Context, source string, readOnly bool) (*os.File, cloneID, error) {
+	m := iso.mounter(ctx)
+	tree, err := m.CloneTree(source, readOnly)
 	if err != nil {
 		return nil, cloneID{}, err
 	}
 	var id cloneID
-	if id.mount, err = iso.mounts.ID(tree); err == nil {
+	if id.mount, err = m.ID(tree); err == nil {
 		id.root, err = mount.RootOf(tree)
 	}
 	if err != nil {
@@ -363,8 +368,8 @@ func mountIdentity(m *statev1.ContainerMount) mount.Identity {
 // checkMounted refuses a volume whose publish path (the clone's source)
 // is not a mount: unmounted outside the agent, a clone of it would hand
 // the container the agent's empty directory to write in.
-func (iso *Isolator) checkMounted(key volumeKey, path string) error {
-	ok, err := iso.mounts.IsMountPoint(path)
+func (iso *Isolator) checkMounted(ctx context.Context, key volumeKey, path string) error {
+	ok, err := iso.mounter(ctx).IsMountPoint(path)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", key, err)
 	}
@@ -377,14 +382,14 @@ func (iso *Isolator) checkMounted(key volumeKey, path string) error {
 // mountOne moves a cloned volume onto its mount point: the handle
 // resolved on the host, or the mount point resolved again inside the
 // container's namespace (both resolutions stay inside the rootfs).
-func (iso *Isolator) mountOne(c *container, p *pendingMount, uid, gid int) error {
+func (iso *Isolator) mountOne(ctx context.Context, c *container, p *pendingMount, uid, gid int) error {
 	if p.target != nil {
-		err := iso.mounts.MoveTree(p.tree, p.target)
+		err := iso.mounter(ctx).MoveTree(p.tree, p.target)
 		iso.cfg.CrashPoint("bind")
 		return err
 	}
 	req := c.cp.GetRequest()
-	err := iso.inNamespace(c, func(m Mounter) error {
+	err := iso.inNamespace(ctx, c, func(m Mounter) error {
 		target, _, err := resolveMountPoint(m, req, p.pm.containerPath, p.pm.block, uid, gid)
 		if err != nil {
 			return err
@@ -440,8 +445,8 @@ func nested(a, b string) bool {
 
 // inNamespace runs f in the mount namespace of the container's process,
 // with the Mounter that acts there.
-func (iso *Isolator) inNamespace(c *container, f func(Mounter) error) error {
-	return iso.mounts.InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
+func (iso *Isolator) inNamespace(ctx context.Context, c *container, f func(Mounter) error) error {
+	return iso.mounter(ctx).InNamespace(int(c.cp.GetRequest().GetPid()), c.cp.GetMountNamespace(), f)
 }
 
 // unmountFor removes a container's mount, exactly the recorded one (by
@@ -457,9 +462,9 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *statev1.Co
 	root := mountRoot(req, m.GetContainerPath())
 	var res mount.Result
 	if req.GetPid() == 0 {
-		res, err = iso.mounts.UnmountOwn(ctx, root, m.GetMountPoint(), id)
+		res, err = iso.mounter(ctx).UnmountOwn(ctx, root, m.GetMountPoint(), id)
 	} else {
-		err = iso.inNamespace(c, func(ns Mounter) error {
+		err = iso.inNamespace(ctx, c, func(ns Mounter) error {
 			path := m.GetMountPoint()
 			if _, serr := os.Lstat(root); serr != nil {
 				// After pivot_root: the rootfs is "/".
@@ -519,10 +524,43 @@ func resolveMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath str
 // recovery knows of it. Its commit ran while the operation did its work;
 // the records written after it follow with the next commit round.
 func (iso *Isolator) durable(ctx context.Context, c *container, intent uint64) error {
+	defer optrace.Begin(ctx, optrace.Commit, "Wait: container record durable")()
 	if err := iso.commit.Wait(ctx, intent); err != nil {
 		return fmt.Errorf("container %s: %w", c.id, err)
 	}
 	return nil
+}
+
+// sync waits until every checkpoint change made so far is durable.
+func (iso *Isolator) sync(ctx context.Context) error {
+	defer optrace.Begin(ctx, optrace.Commit, "Sync")()
+	return iso.commit.Sync(ctx)
+}
+
+// checkpointStep runs f, a checkpoint write or removal on an operation's
+// path, as an event (kind other) of ctx's trace: the store's writes are
+// not traced themselves.
+func checkpointStep(ctx context.Context, name string, f func() error) error {
+	defer optrace.Begin(ctx, optrace.Other, name)()
+	return f()
+}
+
+// traceCheckpoints, when ctx carries a trace, returns the func that adds
+// to it the checkpoint writes and fsyncs of the Committer from now until
+// it is called. The fsyncs run on the Committer's goroutine, in rounds
+// shared with whatever else writes: the counts are those of the rounds
+// that ran meanwhile, which an operation alone on the node has to itself.
+func (iso *Isolator) traceCheckpoints(ctx context.Context) (done func()) {
+	tr := optrace.From(ctx)
+	if tr == nil {
+		return func() {}
+	}
+	w0, f0, _ := iso.commit.Stats()
+	return func() {
+		w1, f1, _ := iso.commit.Stats()
+		tr.Add("checkpoint writes", w1-w0)
+		tr.Add("fsyncs", f1-f0)
+	}
 }
 
 // Cleanup takes a container's volumes away. An unknown container is
@@ -538,6 +576,7 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 	if err := ValidateContainerID(id); err != nil {
 		return err
 	}
+	defer iso.traceCheckpoints(ctx)()
 	c, unlock, err := iso.lockContainer(ctx, id)
 	if err != nil {
 		return fmt.Errorf("container %s: %w", id, err)
@@ -546,7 +585,7 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 	if c == nil {
 		// Already cleaned up, perhaps by a call whose removal of the
 		// record is not durable yet: acknowledge only once it is.
-		if err := iso.commit.Sync(ctx); err != nil {
+		if err := iso.sync(ctx); err != nil {
 			return fmt.Errorf("container %s: %w", id, err)
 		}
 		return nil
@@ -559,7 +598,7 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 // for Cleanup, Reconcile or the resync to finish. force: see Cleanup.
 func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool) error {
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_CLEANING {
-		if err := iso.setPhase(c, statev1.ContainerCheckpoint_CLEANING); err != nil {
+		if err := checkpointStep(ctx, "checkpoint container CLEANING", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_CLEANING) }); err != nil {
 			return err
 		}
 	}
@@ -634,7 +673,7 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
 	}
-	if err := iso.forgetContainer(c); err != nil {
+	if err := checkpointStep(ctx, "forget container record", func() error { return iso.forgetContainer(c) }); err != nil {
 		return err
 	}
 	if err := iso.durable(ctx, c, intent); err != nil {
@@ -706,7 +745,9 @@ func (iso *Isolator) containerRecords() map[string]*container {
 // returns its record as it is under the lock, nil if it has none. Its
 // error does not name the container.
 func (iso *Isolator) lockContainer(ctx context.Context, id string) (c *container, unlock func(), err error) {
+	waited := optrace.Begin(ctx, optrace.Lock, "container lock")
 	unlock, err = iso.containerLocks.Lock(ctx, id)
+	waited()
 	if err != nil {
 		return nil, nil, fmt.Errorf("waiting for another operation on it: %w", err)
 	}

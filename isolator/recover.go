@@ -379,10 +379,10 @@ func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *v
 		}
 		source = v.cp.GetRoTargetPath()
 	}
-	if err := iso.checkMounted(v.key, source); err != nil {
+	if err := iso.checkMounted(ctx, v.key, source); err != nil {
 		return err
 	}
-	tree, id, err := iso.clone(source, m.GetReadonly())
+	tree, id, err := iso.clone(ctx, source, m.GetReadonly())
 	if err != nil {
 		return err
 	}

@@ -196,7 +196,7 @@ func (iso *Isolator) rebindContainer(ctx context.Context, id string, key volumeK
 			continue
 		}
 		what := fmt.Sprintf("container %s: %s", id, m.GetContainerPath())
-		newID, err := iso.rebind(c, i)
+		newID, err := iso.rebind(ctx, c, i)
 		switch {
 		case errors.Is(err, errNotOurs):
 			r.Skipped = append(r.Skipped, fmt.Sprintf("%s: %v", what, err))
@@ -214,9 +214,9 @@ func (iso *Isolator) rebindContainer(ctx context.Context, id string, key volumeK
 var errNotOurs = errors.New("the mount there is not the one the agent made: left alone")
 
 // rebind replaces c's mount i (see Repair) and returns the new mount's id.
-func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
+func (iso *Isolator) rebind(ctx context.Context, c *container, i int) (uint64, error) {
 	old := c.cp.GetMounts()[i]
-	tree, cid, err := iso.clone(old.GetHostPath(), old.GetReadonly())
+	tree, cid, err := iso.clone(ctx, old.GetHostPath(), old.GetReadonly())
 	if err != nil {
 		return 0, err
 	}
@@ -234,7 +234,7 @@ func (iso *Isolator) rebind(c *container, i int) (uint64, error) {
 		if req.GetPid() == 0 {
 			return f(iso.mounts, root, rel)
 		}
-		return iso.inNamespace(c, func(m Mounter) error {
+		return iso.inNamespace(ctx, c, func(m Mounter) error {
 			if _, err := os.Lstat(root); err != nil {
 				return f(m, "/", rel)
 			}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/optrace"
 	"github.com/csiagent/csiagent/internal/retrypolicy"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -46,7 +47,9 @@ const (
 // withVolume runs f with the volume's lock held. v is nil when the agent
 // does not track the volume.
 func (iso *Isolator) withVolume(ctx context.Context, key volumeKey, f func(v *volume) error) error {
+	waited := optrace.Begin(ctx, optrace.Lock, "volume lock")
 	unlock, err := iso.volumeLocks.Lock(ctx, key.String())
+	waited()
 	if err != nil {
 		return fmt.Errorf("volume %s: waiting for another operation on it: %w", key, err)
 	}
@@ -222,7 +225,7 @@ func (iso *Isolator) forceRelease(ctx context.Context, key volumeKey, id string,
 			return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.Users = users })
 		}
 		iso.log.Warn("forced cleanup: forgetting a volume whose teardown failed; nothing is mounted at its paths", "volume", key.String(), "container", id, "error", failure)
-		return iso.teardownDirs(v)
+		return iso.teardownDirs(ctx, v)
 	})
 }
 
@@ -306,7 +309,7 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	case want == stPublished && v.cp.State == stPublished:
 		return stPublished, iso.clearError(v)
 	case want == stCreated && offNode(v.cp):
-		return v.cp.State, iso.teardownDirs(v)
+		return v.cp.State, iso.teardownDirs(ctx, v)
 	}
 	if want == stCreated {
 		// Torn down while a former user still has its filesystem
@@ -324,7 +327,9 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	// The wait for a plugin that is not ready is one step, with the
 	// step's deadline.
 	nctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+	ready := optrace.Begin(ctx, optrace.Other, "plugin ready (Plugins.Node)")
 	node, err := iso.cfg.Plugins.Node(nctx, v.key.plugin)
+	ready()
 	cancel()
 	if err != nil {
 		return v.cp.State, fmt.Errorf("volume %s: %w", v.key, &pluginDownError{plugin: v.key.plugin, err: err})
@@ -339,10 +344,10 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 	if len(steps) == 0 {
 		// Taken as attached (see readState) by a plugin that does not
 		// attach: nothing to call.
-		return before, iso.teardownDirs(v)
+		return before, iso.teardownDirs(ctx, v)
 	}
 	if v.cp.State != steps[0].during || len(v.pending) > 0 {
-		if err := iso.enterState(ctx, v, before, want, steps[0].during, node); err != nil {
+		if err := checkpointStep(ctx, "checkpoint volume: first step", func() error { return iso.enterState(ctx, v, before, want, steps[0].during, node) }); err != nil {
 			return v.cp.State, err
 		}
 	}
@@ -364,9 +369,11 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		reached = s.after
 	}
 	if want == stPublished {
-		return reached, iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+		return reached, checkpointStep(ctx, "checkpoint volume PUBLISHED", func() error {
+			return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State, cp.LastError = stPublished, "" })
+		})
 	}
-	return reached, iso.teardownDirs(v)
+	return reached, iso.teardownDirs(ctx, v)
 }
 
 // refusedUntouched reports whether err, from the first node call of a
@@ -414,18 +421,19 @@ func (iso *Isolator) foreignMounts(ctx context.Context, v *volume) ([]string, er
 	if v.cp.RoTargetPath != "" {
 		own = append(own, v.cp.RoTargetPath)
 	}
+	m := iso.mounter(ctx)
 	for _, p := range []string{v.cp.TargetPath, v.cp.StagingPath} {
 		if p == "" {
 			continue
 		}
-		mounted, err := iso.mounts.IsMountPoint(p)
+		mounted, err := m.IsMountPoint(p)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", v.key, err)
 		}
 		if !mounted {
 			continue
 		}
-		where, err := iso.mounts.ForeignMounts(ctx, p, own)
+		where, err := m.ForeignMounts(ctx, p, own)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: looking for its mounts elsewhere: %w", v.key, err)
 		}
@@ -472,20 +480,22 @@ func (iso *Isolator) clearError(v *volume) error {
 
 // teardownDirs removes a torn-down volume's mount directories (never
 // across a mount point) and forgets it; with Config.Claims, its claim is
-// released (Release makes the teardown durable first).
-func (iso *Isolator) teardownDirs(v *volume) error {
-	if err := iso.mounts.RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
+// released (Release makes the teardown durable first), whether or not
+// ctx has ended (ctx's values, such as a trace, go with it).
+func (iso *Isolator) teardownDirs(ctx context.Context, v *volume) error {
+	if err := iso.mounter(ctx).RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	if err := iso.forgetVolume(v); err != nil {
+	if err := checkpointStep(ctx, "forget volume record", func() error { return iso.forgetVolume(v) }); err != nil {
 		return err
 	}
 	c := iso.cfg.Claims
 	if c == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), iso.cfg.RPCTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), iso.cfg.RPCTimeout)
 	defer cancel()
+	defer optrace.Begin(ctx, optrace.Claim, "Release")()
 	if err := c.Release(ctx, v.key.plugin, v.key.id); err != nil {
 		return fmt.Errorf("volume %s: releasing its claim: %w", v.key, err)
 	}
@@ -499,7 +509,10 @@ func (iso *Isolator) teardownDirs(v *volume) error {
 // its user. Its publish_context goes out with the volume's next
 // checkpoint and to the node calls that follow.
 func (iso *Isolator) controllerPublish(ctx context.Context, node Node, v *volume) error {
-	if err := iso.commit.Wait(ctx, v.written); err != nil {
+	durable := optrace.Begin(ctx, optrace.Commit, "Wait: attach intent")
+	err := iso.commit.Wait(ctx, v.written)
+	durable()
+	if err != nil {
 		return fmt.Errorf("volume %s: making its attach intent durable: %w", v.key, err)
 	}
 	static := v.cp.StaticProvisioning
@@ -546,6 +559,13 @@ func (iso *Isolator) controllerUnpublish(ctx context.Context, node Node, v *volu
 	return nil
 }
 
+// mkdirAll makes a staging or target directory (0750), recorded as the
+// mount event step of ctx's trace.
+func mkdirAll(ctx context.Context, dir, step string) error {
+	defer optrace.Begin(ctx, optrace.Mount, step)()
+	return os.MkdirAll(dir, 0o750)
+}
+
 // attachment is the publish_context for the node calls: the one of an
 // attach not yet checkpointed, or the recorded one.
 func (v *volume) attachment() map[string]string {
@@ -556,7 +576,7 @@ func (v *volume) attachment() map[string]string {
 }
 
 func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
-	if err := os.MkdirAll(v.cp.StagingPath, 0o750); err != nil {
+	if err := mkdirAll(ctx, v.cp.StagingPath, "mkdir staging path"); err != nil {
 		return fmt.Errorf("volume %s: creating staging path: %w", v.key, err)
 	}
 	static := v.cp.StaticProvisioning
@@ -630,7 +650,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+	if err := mkdirAll(ctx, filepath.Dir(target), "mkdir target parent"); err != nil {
 		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
 	}
 	if p.TargetPathExists {
@@ -672,7 +692,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	}
 	// A plugin that says it published but mounted nothing would have
 	// containers write to the agent's own disk.
-	if ok, err := iso.mounts.IsMountPoint(target); err != nil || !ok {
+	if ok, err := iso.mounter(ctx).IsMountPoint(target); err != nil || !ok {
 		return fmt.Errorf("volume %s: plugin %s reported NodePublishVolume success but nothing is mounted at %s", v.key, v.key.plugin, target)
 	}
 	return nil
@@ -729,6 +749,7 @@ var (
 // (InvalidArgument, NotFound, FailedPrecondition, Unimplemented, ...) fails
 // at once.
 func (iso *Isolator) call(ctx context.Context, v *volume, rpc string, retry []codes.Code, f func(context.Context) error) error {
+	defer optrace.Begin(ctx, optrace.Plugin, rpc)()
 	ctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 	defer cancel()
 	attempts, err := retrypolicy.Retry(ctx, retryBase, retryMax, retry, func(ctx context.Context) error {
@@ -838,7 +859,9 @@ func (iso *Isolator) enterState(ctx context.Context, v *volume, before, want, du
 	if node.MaxVolumes <= 0 {
 		return iso.setState(v, during)
 	}
+	waited := optrace.Begin(ctx, optrace.Lock, "volume limit lock")
 	iso.limitMu.Lock()
+	waited()
 	defer iso.limitMu.Unlock()
 	if n := iso.onNode(v); int64(n) >= node.MaxVolumes {
 		return fmt.Errorf("volume %s: %w: plugin %s allows at most %d volume(s) on this node (NodeGetInfo max_volumes_per_node) and %d are staged or published here; "+
@@ -854,6 +877,7 @@ func (iso *Isolator) claim(ctx context.Context, key volumeKey, capability *csi.V
 	if c == nil {
 		return nil
 	}
+	defer optrace.Begin(ctx, optrace.Claim, "Claim")()
 	if err := c.Claim(ctx, key.plugin, key.id, capability); err != nil {
 		return fmt.Errorf("volume %s: %w", key, err)
 	}
