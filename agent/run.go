@@ -32,6 +32,7 @@ type component struct {
 // tests and the hooks watch), and the API stops first at shutdown.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.unlockWork()
+	defer a.checkpoint()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var stops []func()
@@ -246,5 +247,20 @@ func (a *Agent) stopAPI(srv *grpc.Server) {
 		a.log.Warn("in-flight API calls did not finish in time; cancelling them", "timeout", a.cfg.ShutdownTimeout)
 		srv.Stop()
 		<-done
+	}
+}
+
+// checkpointTimeout bounds the checkpoint of a clean stop.
+const checkpointTimeout = 10 * time.Second
+
+// checkpoint leaves, once everything has stopped, every record in its own
+// file and no journal (atomicfile.Committer.Checkpoint): a release before
+// the journal reads the work dir whole. One that fails or is cut short
+// leaves the journal, which the next start replays.
+func (a *Agent) checkpoint() {
+	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
+	defer cancel()
+	if err := a.commit.Checkpoint(ctx); err != nil {
+		a.log.Error("checkpointing the work dir at stop; the next start replays its journal", "error", err)
 	}
 }

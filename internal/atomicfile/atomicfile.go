@@ -601,6 +601,16 @@ func (c *Committer) commitLoop() {
 		var err error
 		if c.journaled() {
 			err = c.journalRound(files)
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+				// A full disk: the files' own slots are reserved, the
+				// journal's next block is not. The round's changes are
+				// made durable in their files, with everything the
+				// journals held (a checkpoint frees them).
+				c.mu.Lock()
+				c.pendLocked(files, dirs)
+				c.mu.Unlock()
+				err = c.checkpoint()
+			}
 		} else {
 			err = c.commit(files, dirs)
 		}
@@ -623,11 +633,7 @@ func (c *Committer) commitLoop() {
 		case c.journaled():
 			// Durable in the journal; their files and directories wait
 			// for the next checkpoint.
-			if c.ckFiles == nil {
-				c.ckFiles, c.ckDirs = map[string]content{}, map[string]bool{}
-			}
-			maps.Copy(c.ckFiles, files)
-			maps.Copy(c.ckDirs, dirs)
+			c.pendLocked(files, dirs)
 		default:
 			c.landLocked(files)
 		}
@@ -648,6 +654,15 @@ func (c *Committer) commitLoop() {
 			c.loopMu.Unlock()
 		}
 	}
+}
+
+// pendLocked adds changes to those the next checkpoint fsyncs.
+func (c *Committer) pendLocked(files map[string]content, dirs map[string]bool) {
+	if c.ckFiles == nil {
+		c.ckFiles, c.ckDirs = map[string]content{}, map[string]bool{}
+	}
+	maps.Copy(c.ckFiles, files)
+	maps.Copy(c.ckDirs, dirs)
 }
 
 // flyLocked marks the slots of the versions a commit is about to fsync
@@ -671,11 +686,11 @@ func (c *Committer) landLocked(files map[string]content) {
 }
 
 // retryLocked puts a failed commit's changes back into intoFiles and
-// intoDirs, unless newer content has been noted since (rewrite: write the
-// files afresh).
+// intoDirs, unless newer content has been noted there since (rewrite:
+// write the files afresh).
 func (c *Committer) retryLocked(files map[string]content, dirs map[string]bool, intoFiles map[string]content, intoDirs map[string]bool, rewrite bool) {
 	for f, d := range files {
-		if _, newer := c.newerLocked(f); !newer {
+		if _, newer := intoFiles[f]; !newer {
 			d.rewrite = rewrite && !d.removed && !d.dir
 			intoFiles[f] = d
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // journalFiles returns the journals' contents in root.
@@ -236,5 +238,45 @@ func TestRoundsShareOneFsync(t *testing.T) {
 	}
 	if _, fsyncs, _ := c.Stats(); fsyncs >= records/2 {
 		t.Errorf("%d fsyncs for %d records made concurrently", fsyncs, records)
+	}
+}
+
+// On a full disk (the journal cannot grow) a round's changes are made
+// durable in their own files, whose slots are reserved, with everything
+// the journals held: the put is acknowledged, and no journal is left.
+func TestFullDiskCommitsToTheFiles(t *testing.T) {
+	root := t.TempDir()
+	c, err := New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, q := filepath.Join(root, "p"), filepath.Join(root, "q")
+	putDurably(t, c, p, "p1")
+	var mu sync.Mutex
+	synced := map[string]bool{}
+	c.Fsync = func(f string) error {
+		if strings.HasPrefix(filepath.Base(f), journalPrefix) {
+			return unix.ENOSPC
+		}
+		mu.Lock()
+		synced[f] = true
+		mu.Unlock()
+		return syncFile(f)
+	}
+	putDurably(t, c, q, "q1")
+	mu.Lock()
+	defer mu.Unlock()
+	for _, f := range []string{p, q, root} {
+		if !synced[f] && !synced[newName(f)] { // q: before its rename
+			t.Errorf("%s not fsynced: %v", f, synced)
+		}
+	}
+	if js := journalFiles(t, root); len(js) != 0 {
+		t.Errorf("journals left: %d", len(js))
+	}
+	for f, want := range map[string]string{p: "p1", q: "q1"} {
+		if got := readString(t, root, f); got != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
+		}
 	}
 }
