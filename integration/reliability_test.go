@@ -339,20 +339,24 @@ func TestWorkDirFull(t *testing.T) {
 		t.Fatalf("checkpoints %v; want c1's and vol-a's", checkpoints)
 	}
 
-	// Fill the work dir.
+	// Fill the work dir (again before each call: a round that finds the
+	// disk full commits to the record files and frees the journal).
 	filler, err := os.Create(filepath.Join(h.work, "filler"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := filler.Write(make([]byte, 4096)); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
+	defer filler.Close()
+	fill := func() {
+		t.Helper()
+		for {
+			if _, err := filler.Write(make([]byte, 4096)); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				return
 			}
-			break
 		}
 	}
-	filler.Close()
 
 	full := func(what string, err error) {
 		t.Helper()
@@ -360,10 +364,13 @@ func TestWorkDirFull(t *testing.T) {
 			t.Errorf("%s with the work dir full: %v; want ResourceExhausted saying the checkpoint could not be written", what, err)
 		}
 	}
+	fill()
 	_, err = h.prepare("c2", sb2, "", volumeSpec{plugin: typ, id: "vol-b", path: "d"})
 	full("Prepare of a new volume", err)
+	fill()
 	_, err = h.prepare("c3", h.dir("sb3"), "", volA)
 	full("Prepare sharing vol-a", err)
+	fill()
 
 	// Nothing changed, nothing half-written, the agent serves.
 	for f, want := range checkpoints {

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/base64"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -57,6 +58,14 @@ func TestSecretsStayInCheckpoints(t *testing.T) {
 		for _, root := range []string{h.work, h.run, h.extra} {
 			_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 				if err != nil || !d.Type().IsRegular() || d.Name() == "volume.state" || d.Name() == "volumes.state" {
+					return nil
+				}
+				if strings.HasPrefix(d.Name(), ".journal-") {
+					// The work dir's journal holds the checkpoints'
+					// versions until its checkpoint: as private.
+					if st, err := os.Stat(path); err == nil && st.Mode().Perm() != 0o600 {
+						leaks = append(leaks, fmt.Sprintf("%s (mode %v)", path, st.Mode()))
+					}
 					return nil
 				}
 				b, _ := os.ReadFile(path)

@@ -55,7 +55,11 @@ import (
 // read once whatever the number of its processes (a process that exits
 // meanwhile is skipped, and so is one whose namespace the caller may not
 // read: root has ptrace access to the processes of the containers it
-// runs), and only the lines of the volume's device are parsed. Concurrent calls share scans: a call waits for the next scan to
+// runs), and only the lines of the volume's device are parsed. The pass
+// costs microseconds a process; where the kernel lists mount namespaces
+// itself (nsfs NS_MNT_GET_NEXT, recent Linux), a scan that finds the same
+// namespaces as the last pass, each still holding the process that pass
+// found in it, reads them through those processes without a pass. Concurrent calls share scans: a call waits for the next scan to
 // start (one begun before the call would miss the caller's latest
 // unmounts) and that one scan answers every call waiting for it.
 func ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
@@ -117,6 +121,9 @@ type scanner struct {
 	mu      sync.Mutex
 	next    *scanBatch // the calls waiting for the next scan
 	running bool
+	// pids is a process in each mount namespace the last /proc pass
+	// found, by namespace; the scanning goroutine alone uses it.
+	pids map[uint64]int
 }
 
 type scanBatch struct {
@@ -162,7 +169,7 @@ func (s *scanner) run() {
 			return
 		}
 		s.mu.Unlock()
-		if err := scan(b.queries); err != nil {
+		if err := s.scan(b.queries); err != nil {
 			for _, q := range b.queries {
 				if q.err == nil {
 					q.err = err
@@ -178,7 +185,7 @@ func (s *scanner) run() {
 // query whose target cannot be looked up gets its own error), then one
 // read of every other mount namespace's table, of which only the lines of
 // the queries' devices are parsed.
-func scan(queries []*foreignQuery) error {
+func (s *scanner) scan(queries []*foreignQuery) error {
 	var self unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/mnt", &self); err != nil {
 		return err
@@ -193,37 +200,116 @@ func scan(queries []*foreignQuery) error {
 	if len(byDev) == 0 {
 		return nil
 	}
-	procs, err := os.ReadDir("/proc")
-	if err != nil {
-		return err
-	}
 	var rootSt unix.Stat_t
 	if err := unix.Stat("/", &rootSt); err != nil {
 		return err
 	}
-	seen := map[uint64]bool{self.Ino: true}
+	for pass := false; ; pass = true {
+		nss, known, err := s.namespaces(self.Ino, pass)
+		if err != nil {
+			return err
+		}
+		for _, q := range queries {
+			q.out = nil
+		}
+		if stale, err := readNamespaces(nss, byDev, rootSt); err != nil || !stale || !known {
+			return err
+		}
+	}
+}
+
+// namespace is a mount namespace other than the agent's and the
+// processes in it (their pids, in /proc's order).
+type namespace struct {
+	ino  uint64
+	pids []int
+}
+
+// namespaces lists the host's other mount namespaces with their
+// processes: from the pids the last pass found (known) when the kernel's
+// list of namespaces (mountNamespaces) shows the same ones, each still
+// holding its process (unless pass), else from a pass over /proc.
+func (s *scanner) namespaces(self uint64, pass bool) (nss []namespace, known bool, err error) {
+	if !pass && s.pids != nil {
+		if nss, ok := s.known(self); ok {
+			return nss, true, nil
+		}
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, false, err
+	}
+	at := map[uint64]int{}
+	s.pids = map[uint64]int{}
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid <= 0 {
 			continue
 		}
 		ns, err := MountNamespace(pid)
-		if err != nil || seen[ns] {
-			// Gone, a zombie, a namespace read already, or one the
-			// agent may not look at (EACCES: a process it has no
-			// ptrace access to, such as a sandbox's own init):
-			// failing every teardown for it would keep every volume
-			// published.
+		if err != nil || ns == self {
+			// Gone, a zombie, or one the agent may not look at
+			// (EACCES: a process it has no ptrace access to, such as a
+			// sandbox's own init): failing every teardown for it would
+			// keep every volume published.
 			continue
 		}
-		ms, err := processMounts(pid, byDev)
-		if err != nil {
-			if processGone(err) {
-				continue // another process may show the namespace
-			}
-			return err
+		i, seen := at[ns]
+		if !seen {
+			i, at[ns] = len(nss), len(nss)
+			nss = append(nss, namespace{ino: ns})
+			s.pids[ns] = pid
 		}
-		seen[ns] = true
+		nss[i].pids = append(nss[i].pids, pid)
+	}
+	return nss, false, nil
+}
+
+// known is the namespaces of the last pass, if the kernel lists exactly
+// those besides self and each still holds the process found in it.
+func (s *scanner) known(self uint64) ([]namespace, bool) {
+	inos, err := mountNamespaces()
+	if err != nil {
+		return nil, false
+	}
+	var nss []namespace
+	for _, ns := range inos {
+		if ns == self {
+			continue
+		}
+		pid, ok := s.pids[ns]
+		if !ok {
+			return nil, false
+		}
+		if cur, err := MountNamespace(pid); err != nil || cur != ns {
+			return nil, false
+		}
+		nss = append(nss, namespace{ino: ns, pids: []int{pid}})
+	}
+	slices.SortFunc(nss, func(a, b namespace) int { return a.pids[0] - b.pids[0] })
+	return nss, true
+}
+
+// readNamespaces reads the mounts of the queries' devices in each of nss
+// through the first of its processes still there, and adds what counts to
+// the queries' answers. stale: every process of one namespace is gone
+// (for a known namespace, a pass finds others, or that it is gone).
+func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt unix.Stat_t) (stale bool, err error) {
+	for _, ns := range nss {
+		var ms []*mountinfo.Info
+		pid := 0
+		for _, p := range ns.pids {
+			if ms, err = processMounts(p, byDev); err == nil {
+				pid = p
+				break
+			}
+			if !processGone(err) {
+				return false, err
+			}
+		}
+		if pid == 0 {
+			return true, nil
+		}
 		hostRoot := sync.OnceValue(func() bool { return sameRoot(pid, rootSt) })
 		for _, m := range ms {
 			for _, q := range byDev[devOf(m)] {
@@ -237,7 +323,7 @@ func scan(queries []*foreignQuery) error {
 			}
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // lookOwn sets the query's facts from the agent's namespace: the top

@@ -197,3 +197,49 @@ func TestForeignMountsConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestForeignMountsAfterItsProcessLeft: a scan remembers a process per
+// namespace; when that process exits, a namespace another process keeps
+// is still looked at (through it), and the mounts it holds are found.
+func TestForeignMountsAfterItsProcessLeft(t *testing.T) {
+	testhelp.NeedRoot(t)
+	base := testhelp.LeakCheckedDir(t)
+	top := filepath.Join(base, "top")
+	vol := filepath.Join(top, "vol")
+	mkdirs(t, top)
+	mountTmpfs(t, top)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
+	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
+	c := startNSChild(t, filepath.Join(base, "croot"), false)
+	mkdirs(t, vol)
+	mountTmpfs(t, vol) // after the child: it has no copy
+	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || len(got) != 0 {
+		t.Fatalf("before the bind: %q, %v", got, err)
+	}
+	// A second process joins the namespace, then the first exits: the
+	// process the scan remembers is gone, the namespace is not.
+	second := exec.Command("nsenter", "-t", strconv.Itoa(c.pid), "-m", "/bin/sh", "-c", "echo ready && exec sleep 60")
+	out, err := second.StdoutPipe()
+	must(t, err)
+	must(t, second.Start())
+	t.Cleanup(func() {
+		_ = second.Process.Kill()
+		_ = second.Wait()
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("second process: %q, %v", line, err)
+	}
+	at := c.moveInto(t, vol, "/data", false)
+	must(t, unix.Kill(c.pid, unix.SIGKILL))
+	waitGone(t, c.pid)
+	want := at + " in the mount namespace of pid " + strconv.Itoa(second.Process.Pid)
+	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || !slices.Equal(got, []string{want}) {
+		t.Fatalf("ForeignMounts = %q, %v; want %q", got, err, want)
+	}
+	must(t, second.Process.Kill())
+	_ = second.Wait()
+	waitGone(t, second.Process.Pid)
+	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || len(got) != 0 {
+		t.Fatalf("once the namespace is gone: %q, %v", got, err)
+	}
+}

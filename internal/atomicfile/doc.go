@@ -7,12 +7,19 @@
 // identity (its path below the root), a generation and a CRC32C, into a
 // slot of the record's file that holds nothing a crash may still need
 // (see record.go), so the write is visible at once and made durable by a
-// background group commit shortly after: one round of fsyncs for every
-// write made meanwhile. A new record is written under a name of its own
-// and renamed into place by the round that fsyncs it, so its content is
-// durable before its name appears (ReadRecord reads it there meanwhile);
-// the directories the Committer makes are committed with their parents,
-// up to the root.
+// background group commit shortly after: one append to the root's
+// journal and one fdatasync for every write, removal and directory made
+// meanwhile, whatever the number of files they touch (journal.go). The
+// record files and their directories are fsynced by a checkpoint, once
+// the journal has grown large, at a clean stop (Checkpoint), or at once
+// when the disk is full (the journal cannot grow; the files' slots are
+// reserved). New replays the journals a predecessor left before anything
+// reads a record, so that every record file holds its last acknowledged
+// version. A new record is written under a name of its own and renamed
+// into place once the journal holds it (ReadRecord reads it there
+// meanwhile). A Committer without a root has no journal: each round
+// fsyncs the files and directories it changed.
+//
 // Wait blocks until a given write is durable (what must hold across a
 // power loss). A root removed or replaced stops every later change
 // (ErrRootReplaced). ReadRecord returns a record's newest valid version;
