@@ -801,7 +801,14 @@ func (c *Committer) checkpoint() error {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	c.landLocked(files)
-	c.removedGen = nil
+	for f, d := range files {
+		// Durable now, its removal keeps the old file from coming back:
+		// a record made there again may start afresh. (A removal made
+		// since the checkpoint began is not this one.)
+		if g, ok := c.removedGen[f]; ok && d.removed && g == d.gen {
+			delete(c.removedGen, f)
+		}
+	}
 	c.mu.Unlock()
 	for _, j := range c.older {
 		os.Remove(j) // one left by a crash is replayed harmlessly
