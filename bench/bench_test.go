@@ -451,7 +451,9 @@ func TestRecoveryAndIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := commit.Sync(context.Background()); err != nil {
+	// As a clean stop leaves them: each record in its own file, no
+	// journal to replay.
+	if err := commit.Checkpoint(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	unix.Sync()
@@ -496,9 +498,10 @@ func TestRecoveryAndIdle(t *testing.T) {
 	ap = startAgent(t, opts)
 	pid := ap.cmd.Process.Pid
 	rssReady := procStatus(t, pid, "VmRSS")
+	readBytes := procIO(t, pid, "read_bytes")
 	checkRecovered(ap)
 	r := ap.ready.Seconds() / floor.Seconds()
-	report(t, result{name: fmt.Sprintf("4. recovery: start to READY=1 with %d published volumes, page cache dropped", vols), figure: fmt.Sprintf("%.3f s", ap.ready.Seconds()),
+	report(t, result{name: fmt.Sprintf("4. recovery: start to READY=1 with %d published volumes, page cache dropped", vols), figure: fmt.Sprintf("%.3f s, %.1f MiB read from the disk", ap.ready.Seconds(), float64(readBytes)/(1<<20)),
 		baseline: fmt.Sprintf("%.3f s reading the checkpoint files cold", floor.Seconds()), ratio: fmt.Sprintf("%.2f", r), target: fmt.Sprintf("≤ %.2f s", limit.Seconds()), pass: ap.ready <= limit})
 
 	// Idle: let the start-up work end, then measure.

@@ -385,8 +385,19 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 
 // rss reads VmRSS (or another field) of /proc/pid/status, in bytes.
 func procStatus(t *testing.T, pid int, field string) int64 {
+	return procField(t, pid, "status", field) << 10
+}
+
+// procIO reads one field of /proc/<pid>/io, in bytes (read_bytes: what
+// the process had read from the storage layer).
+func procIO(t *testing.T, pid int, field string) int64 {
+	return procField(t, pid, "io", field)
+}
+
+// procField reads the number of a "field: N ..." line of /proc/<pid>/file.
+func procField(t *testing.T, pid int, file, field string) int64 {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/%s", pid, file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,8 +405,8 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			kb, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
-			return kb << 10
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
 		}
 	}
 	return 0
