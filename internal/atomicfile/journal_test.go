@@ -13,6 +13,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// newCommitter is a Committer of a new root.
+func newCommitter(t *testing.T) (string, *Committer) {
+	t.Helper()
+	root := t.TempDir()
+	c, err := New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, c
+}
+
 // journalFiles returns the journals' contents in root.
 func journalFiles(t *testing.T, root string) map[string][]byte {
 	t.Helper()
@@ -69,11 +80,7 @@ func readString(t *testing.T, root, path string) string {
 // the replay leaves no journal behind, and a restart after it finds the
 // same.
 func TestReplayRestoresAcknowledgedChanges(t *testing.T) {
-	root := t.TempDir()
-	c, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c := newCommitter(t)
 	a, b, again := filepath.Join(root, "x", "a"), filepath.Join(root, "x", "b"), filepath.Join(root, "y", "again")
 	empty := filepath.Join(root, "z", "empty")
 	for _, d := range []string{filepath.Dir(a), filepath.Dir(again), empty} {
@@ -131,11 +138,7 @@ func TestReplayRestoresAcknowledgedChanges(t *testing.T) {
 // A torn append ends the journal: the entries before it are replayed,
 // nothing after it (never acknowledged).
 func TestReplayStopsAtATornEntry(t *testing.T) {
-	root := t.TempDir()
-	c, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c := newCommitter(t)
 	p, q := filepath.Join(root, "p"), filepath.Join(root, "q")
 	putDurably(t, c, p, "p1")
 	js := journalFiles(t, root)
@@ -170,11 +173,7 @@ func TestReplayStopsAtATornEntry(t *testing.T) {
 // A record file holding a newer version than the journal's (visible when
 // the agent crashed, durable since: New syncs first) keeps it.
 func TestReplayKeepsANewerVersion(t *testing.T) {
-	root := t.TempDir()
-	c, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c := newCommitter(t)
 	p := filepath.Join(root, "p")
 	putDurably(t, c, p, "v1")
 	if _, err := c.Put(p, []byte("v2, not yet durable"), 0o600); err != nil {
@@ -197,11 +196,7 @@ func TestReplayKeepsANewerVersion(t *testing.T) {
 // than records, and none of a record file or directory before a
 // checkpoint.
 func TestRoundsShareOneFsync(t *testing.T) {
-	root := t.TempDir()
-	c, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c := newCommitter(t)
 	var mu sync.Mutex
 	var synced []string
 	c.Fsync = func(p string) error {
@@ -245,11 +240,7 @@ func TestRoundsShareOneFsync(t *testing.T) {
 // durable in their own files, whose slots are reserved, with everything
 // the journals held: the put is acknowledged, and no journal is left.
 func TestFullDiskCommitsToTheFiles(t *testing.T) {
-	root := t.TempDir()
-	c, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root, c := newCommitter(t)
 	p, q := filepath.Join(root, "p"), filepath.Join(root, "q")
 	putDurably(t, c, p, "p1")
 	var mu sync.Mutex
