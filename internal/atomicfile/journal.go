@@ -299,8 +299,15 @@ func applyEntry(root string, e entry) error {
 		}
 		return nil
 	}
-	if gen, ok := newestGen(root, p); ok && gen >= e.v.gen {
-		return nil
+	if gen, at, ok := newestGen(root, p); ok && gen >= e.v.gen {
+		if at == p {
+			return nil
+		}
+		// Kept under its new name (its rename was lost): into place.
+		if err := os.Rename(at, p); err != nil {
+			return fmt.Errorf("renaming %s into place: %w", at, err)
+		}
+		return syncFile(filepath.Dir(p))
 	}
 	if err := MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
@@ -315,20 +322,21 @@ func applyEntry(root string, e entry) error {
 }
 
 // newestGen is the generation of the version ReadRecord would return for
-// path, if it holds a valid framed one.
-func newestGen(root, path string) (uint64, bool) {
+// path, if it holds a valid framed one, and the file it is in (path, or
+// a new record's name before its rename).
+func newestGen(root, path string) (uint64, string, bool) {
 	for _, q := range []string{path, newName(path)} {
 		b, err := os.ReadFile(q)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return 0, false
+			return 0, "", false
 		}
 		if vs, _, _ := versions(b, Identity(root, path)); len(vs) > 0 {
-			return vs[0].gen, true
+			return vs[0].gen, q, true
 		}
-		return 0, false
+		return 0, "", false
 	}
-	return 0, false
+	return 0, "", false
 }

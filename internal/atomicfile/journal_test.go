@@ -271,3 +271,30 @@ func TestFullDiskCommitsToTheFiles(t *testing.T) {
 		}
 	}
 }
+
+// A new record whose rename a cut lost, its content kept under its new
+// name, is put into place by the replay: every reader finds it by its
+// name (a directory listing, as the named volumes' is, too).
+func TestReplayRenamesANewRecordIntoPlace(t *testing.T) {
+	root, c := newCommitter(t)
+	p := filepath.Join(root, "d", "p.json")
+	if err := c.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	putDurably(t, c, p, "p1")
+	if err := os.Rename(p, newName(p)); err != nil { // the rename lost
+		t.Fatal(err)
+	}
+	if _, err := New(root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("not under its name after the replay: %v", err)
+	}
+	if _, err := os.Stat(newName(p)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("its new name is left: %v", err)
+	}
+	if got := readString(t, root, p); got != "p1" {
+		t.Errorf("p = %q, want p1", got)
+	}
+}
