@@ -36,7 +36,7 @@ func TestCleanupWaitsForItsIntentToBeDurable(t *testing.T) {
 	returned := make(chan struct{})
 	var first sync.Once
 	var early atomic.Bool
-	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b", Logger: slog.New(slog.DiscardHandler),
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b", Logger: slog.New(slog.DiscardHandler),
 		Fsync: func(path string) error {
 			first.Do(func() {
 				select {
@@ -77,7 +77,7 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 	if err := os.CopyFS(work, os.DirFS("testdata/legacy-checkpoints")); err != nil {
 		t.Fatal(err)
 	}
-	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "legacy-boot"})
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "legacy-boot"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestRepeatedCleanupWaitsForDurability(t *testing.T) {
 	work := seedPrepared(t)
 	var failing atomic.Bool
 	failing.Store(true)
-	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b",
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b",
 		Fsync: func(path string) error {
 			if failing.Load() {
 				return syscall.EIO
@@ -264,7 +264,7 @@ func TestLoadsCheckpointsOfTheAPISchemaRelease(t *testing.T) {
 	if err := os.CopyFS(work, os.DirFS("testdata/record-checkpoints")); err != nil {
 		t.Fatal(err)
 	}
-	iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "boot-a"})
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "boot-a"})
 	if err != nil {
 		t.Fatal(err)
 	}

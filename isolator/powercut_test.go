@@ -379,7 +379,7 @@ func powerCut(t *testing.T, attach, checkpointEvery bool) {
 		if checkpointEvery {
 			commit.CheckpointAt = 1
 		}
-		iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-1", Commit: commit,
+		iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: plugins, BootID: "boot-1", Commit: commit,
 			CrashPoint: func(point string) {
 				n++
 				if n == at {
@@ -484,7 +484,7 @@ func recoverFrom(t *testing.T, root, work string, plugins tmpfsPlugins, st map[s
 		}
 	}
 	defer unmountUnder(t, root)
-	iso, err := New(Config{WorkDir: work, Plugins: plugins, BootID: "boot-2"})
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: plugins, BootID: "boot-2"})
 	if err != nil {
 		return "start: " + err.Error()
 	}
@@ -568,7 +568,7 @@ func TestPrepareNotDurableIsRolledBack(t *testing.T) {
 	testhelp.NeedRoot(t)
 	root := t.TempDir()
 	defer unmountUnder(t, root)
-	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b",
+	iso, err := newTestIsolator(t, Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b",
 		Fsync: func(string) error { return unix.EIO }})
 	if err != nil {
 		t.Fatal(err)
@@ -593,7 +593,7 @@ func TestRepeatedPrepareRestoresMissingMounts(t *testing.T) {
 	testhelp.NeedRoot(t)
 	root := t.TempDir()
 	defer unmountUnder(t, root)
-	iso, err := New(Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b"})
+	iso, err := newTestIsolator(t, Config{WorkDir: filepath.Join(root, "work"), Plugins: tmpfsPlugins{}, BootID: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}

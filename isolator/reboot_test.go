@@ -22,7 +22,7 @@ func TestMountIDsOfAnotherBootAreNotTrusted(t *testing.T) {
 	root, work := t.TempDir(), t.TempDir()
 	defer unmountUnder(t, work)
 	defer unmountUnder(t, root)
-	iso, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-1"})
+	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestMountIDsOfAnotherBootAreNotTrusted(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	iso2, err := New(Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-2"})
+	iso2, err := newTestIsolator(t, Config{WorkDir: work, Plugins: tmpfsPlugins{}, BootID: "boot-2"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,22 @@ func newWorld(t *testing.T) *world {
 	return &world{t: t, dir: dir, work: filepath.Join(dir, "work"), table: table, plugins: newNodePlugins(table), bootID: "boot-1", boots: 1}
 }
 
+// newTestIsolator is New, for a test: once the test ends, the commit
+// rounds still running end before its temporary directories are removed
+// (a round may still make the work dir's journal).
+func newTestIsolator(t *testing.T, cfg Config) (*Isolator, error) {
+	t.Helper()
+	iso, err := New(cfg)
+	if err == nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = iso.commit.Sync(ctx) // a test's failing fsyncs may keep failing
+		})
+	}
+	return iso, err
+}
+
 // isolator starts an Isolator on the world (no Run); cfg's zero fields
 // get the world's.
 func (w *world) isolator(cfg Config) *Isolator {
@@ -65,7 +81,7 @@ func (w *world) isolator(cfg Config) *Isolator {
 	}
 	cfg.WorkDir, cfg.Plugins, cfg.BootID = w.work, w.plugins, w.bootID
 	cfg.Mounts = &fakeMounter{t: w.table, ns: hostNS}
-	iso, err := New(cfg)
+	iso, err := newTestIsolator(w.t, cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}

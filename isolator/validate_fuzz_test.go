@@ -249,7 +249,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		iso, err := New(Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
+		iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
 		if err != nil {
 			t.Fatalf("New on fuzzed checkpoints: %v", err)
 		}
