@@ -293,7 +293,13 @@ func (c *Cluster) shutdown(ctx context.Context, revoke bool) error {
 	if err := c.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
 		errs = append(errs, fmt.Errorf("closing the etcd client: %w", err))
 	}
-	if err := c.commit.Sync(ctx); err != nil {
+	// Its own Committer is checkpointed (the claims file alone holds the
+	// claims, no journal); the daemon's is the daemon's to checkpoint.
+	durable := c.commit.Sync
+	if c.cfg.Commit == nil {
+		durable = c.commit.Checkpoint
+	}
+	if err := durable(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("making the claims file durable: %w", err))
 	}
 	return errors.Join(errs...)
