@@ -21,12 +21,15 @@ import (
 // a Committer with a root writes each change to its record file as before
 // (visible at once, into a slot no crash may still need) and, at its
 // round, appends an entry per change to the root's current journal file.
-// The record files and directories are fsynced only by a checkpoint, once
-// the journal has grown past journalLimit: it starts the next journal
-// file (its name made durable first), fsyncs every file and directory
-// changed since the previous checkpoint, as a round did before, and
-// removes the older journal files. A power cut between the two leaves
-// both journals, replayed in order.
+// A new record is renamed into place by the round that journals it. The
+// record files and directories are fsynced only by a checkpoint: once the
+// journal has grown past journalLimit, at a clean stop (Checkpoint), or
+// when a round finds the disk full. It closes the current journal (the
+// next round starts a new one, its name made durable before any entry in
+// it can be acknowledged), fsyncs every file and directory changed since
+// the previous checkpoint, as a round did before, and removes the older
+// journal files. A power cut in between leaves several journals, replayed
+// in order.
 //
 // Journal files are named .journal-<epoch> in the root. Each entry is
 //
@@ -43,9 +46,10 @@ import (
 // New replays the journals before anything reads a record: for every path
 // their entries name, the last entry wins. A put whose record file holds
 // no version as new (none, an older one, or a torn one) is written to the
-// file afresh, durably; a removal removes the file or directory if a
-// power cut brought it back; a directory made is made. Then the journals
-// are removed: every record file holds what they held.
+// file afresh, durably (one kept under the new record's name is renamed
+// into place); a removal removes the file or directory if a power cut
+// brought it back; a directory made is made. Then the journals are
+// removed: every record file holds what they held.
 const (
 	journalMagic  = "CSJ1"
 	journalHeader = 20
