@@ -223,3 +223,32 @@ func TestWorkDirIsOwned(t *testing.T) {
 		t.Fatalf("c1 after the work dir came back and the agent restarted: %v", c)
 	}
 }
+
+// A clean stop checkpoints the work dir: every record in its own file,
+// no journal left (a release without the journal reads the work dir
+// whole); the next start finds every container.
+func TestCleanStopLeavesNoJournal(t *testing.T) {
+	testhelp.NeedRoot(t)
+	h := newHarness(t)
+	sweepOnExit(t, h)
+	const typ = "clean.stop"
+	h.dataPlugin(typ)
+	cfg := metricsConfig(h)
+	h.start(cfg)
+	h.waitPlugin(typ, "ready", ready)
+	h.mustPrepare("c1", h.dir("sb1"), "", volumeSpec{plugin: typ, id: "vol-a", path: "d"})
+	if js, _ := filepath.Glob(filepath.Join(h.work, ".journal-*")); len(js) == 0 {
+		t.Fatal("no journal while the agent runs: the test would show nothing")
+	}
+	h.halt()
+	if js, _ := filepath.Glob(filepath.Join(h.work, ".journal-*")); len(js) != 0 {
+		t.Errorf("journals left by a clean stop: %v", js)
+	}
+	globOne(t, filepath.Join(h.work, "isolators/volume/csi/c1/volumes.state"))
+	h.launch(cfg)
+	h.waitRecovered()
+	if c := h.container("c1"); c == nil || c.Phase != agentv1.ContainerStatus_PREPARED {
+		t.Fatalf("c1 after the restart: %v; want PREPARED", c)
+	}
+	h.mustCleanup("c1")
+}
