@@ -65,9 +65,12 @@ func (a *Agent) startCluster(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Registered without capacity: no plugin call on the start's path
+	// (publishNodeInfo asks, in the background).
+	info := a.nodeInfo(ctx, fence, nil)
 	c, err := cluster.Join(ctx, cluster.Config{
 		Endpoints: cc.Endpoints, TLS: cc.TLS, Prefix: cc.Prefix, NodeID: a.cfg.NodeID,
-		Info:     a.nodeInfo(ctx, fence, map[string]int64{}),
+		Info:     info,
 		StateDir: filepath.Join(a.cfg.WorkDir, clusterDir), Commit: a.commit,
 		InUse:    a.iso.Tracks,
 		LeaseTTL: cc.LeaseTTL, CallTimeout: cc.CallTimeout,
@@ -82,7 +85,7 @@ func (a *Agent) startCluster(ctx context.Context) (stop func(), err error) {
 	published := make(chan struct{})
 	go func() {
 		defer close(published)
-		a.publishNodeInfo(pctx, c, fence)
+		a.publishNodeInfo(pctx, c, fence, info)
 	}()
 	return func() {
 		stopInfo()
@@ -107,12 +110,12 @@ const (
 // capacityTimeout bounds one plugin's GetCapacity for the node's info.
 const capacityTimeout = 5 * time.Second
 
-// publishNodeInfo keeps what the node registers current, until ctx ends:
-// rebuilt after plugin changes (at most once per nodeInfoSettle), with
-// each plugin's capacity asked when it first appears and every
-// nodeInfoInterval.
-func (a *Agent) publishNodeInfo(ctx context.Context, c *cluster.Cluster, fence []string) {
-	var last *cluster.NodeInfo
+// publishNodeInfo keeps what the node registers (joined is what it joined
+// with) current, until ctx ends: rebuilt after plugin changes (at most
+// once per nodeInfoSettle), with each plugin's capacity asked when it
+// first appears and every nodeInfoInterval.
+func (a *Agent) publishNodeInfo(ctx context.Context, c *cluster.Cluster, fence []string, joined cluster.NodeInfo) {
+	last := &joined
 	capacity := map[string]int64{}
 	tick := time.NewTicker(nodeInfoInterval)
 	defer tick.Stop()
@@ -143,8 +146,8 @@ func (a *Agent) publishNodeInfo(ctx context.Context, c *cluster.Cluster, fence [
 
 // nodeInfo is what the node registers: its ready node plugins with their
 // topology, max volumes and (where the controller offers GET_CAPACITY)
-// available capacity, asked unless capacity has the plugin's, the
-// agent's version and the fencing networks.
+// available capacity, asked unless capacity has the plugin's (never with
+// a nil capacity), the agent's version and the fencing networks.
 func (a *Agent) nodeInfo(ctx context.Context, fence []string, capacity map[string]int64) cluster.NodeInfo {
 	info := cluster.NodeInfo{AgentVersion: version.Version, FenceAddresses: fence}
 	statuses, _ := a.set.Statuses()
@@ -159,7 +162,7 @@ func (a *Agent) nodeInfo(ctx context.Context, fence []string, capacity map[strin
 		}
 		pi := cluster.PluginInfo{Type: ps.Type, Topology: st.AccessibleTopology, MaxVolumes: st.MaxVolumesPerNode}
 		avail, known := capacity[ps.Type]
-		if cst, cconn, _ := r.Instance(pluginconfig.ControllerService); !known && cconn != nil &&
+		if cst, cconn, _ := r.Instance(pluginconfig.ControllerService); capacity != nil && !known && cconn != nil &&
 			slices.Contains(cst.ControllerCapabilities, csi.ControllerServiceCapability_RPC_GET_CAPACITY.String()) {
 			cctx, cancel := context.WithTimeout(ctx, capacityTimeout)
 			resp, err := csi.NewControllerClient(cconn).GetCapacity(cctx, &csi.GetCapacityRequest{})

@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/mount"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
@@ -96,7 +95,7 @@ func (s *reclaimNodeServer) NodeReclaimSpace(ctx context.Context, req *rs.NodeRe
 	if err := mount.SettleFrees(fsPath); err != nil {
 		return nil, fmt.Errorf("reclaim volume %s: %w", id, err)
 	}
-	if err := syncFS(fsPath); err != nil {
+	if err := atomicfile.SyncFS(fsPath); err != nil {
 		return nil, err
 	}
 	pre, err := Allocated(vol.Path)
@@ -165,18 +164,6 @@ func canDiscard(d loopdev.Device) (bool, error) {
 		return false, fmt.Errorf("device %s: %w", d.Path, err)
 	}
 	return strings.TrimSpace(string(b)) != "0", nil
-}
-
-func syncFS(path string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("syncfs %s: %w", path, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("syncfs %s: %w", path, err)
-	}
-	return nil
 }
 
 type reclaimControllerServer struct {

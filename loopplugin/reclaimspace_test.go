@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	rs "github.com/csiagent/csiagent/proto/reclaimspace"
 )
@@ -63,7 +64,7 @@ func writeAndDelete(t *testing.T, dir string, n int) {
 
 func syncDirFS(t *testing.T, dir string) {
 	t.Helper()
-	if err := syncFS(dir); err != nil {
+	if err := atomicfile.SyncFS(dir); err != nil {
 		t.Fatal(err)
 	}
 }

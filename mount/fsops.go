@@ -51,16 +51,9 @@ type fstrimRange struct {
 // device gave back; measure the device to know. Filesystems or devices
 // without discard support fail with EOPNOTSUPP.
 func Trim(path string) (uint64, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return 0, fmt.Errorf("trim %s: open: %w", path, err)
-	}
-	defer unix.Close(fd)
 	r := fstrimRange{start: 0, len: math.MaxUint64, minLen: 0}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlFITRIM, uintptr(unsafe.Pointer(&r))); errno != 0 {
-		return 0, fmt.Errorf("trim %s: FITRIM: %w", path, errno)
-	}
-	return r.len, nil
+	err := onFS(path, "trim", func(fd int) error { return ioctlPtr(fd, ioctlFITRIM, "FITRIM", unsafe.Pointer(&r)) })
+	return r.len, err
 }
 
 // SettleFrees makes the frees of files deleted before the call final on
@@ -71,21 +64,38 @@ func Trim(path string) (uint64, error) {
 // preallocations past the end of files, space a trim wants back too).
 // Other filesystems free at unlink: nothing to do.
 func SettleFrees(path string) error {
+	return onFS(path, "settle frees on", func(fd int) error {
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err != nil {
+			return fmt.Errorf("statfs: %w", err)
+		}
+		if st.Type != unix.XFS_SUPER_MAGIC {
+			return nil
+		}
+		e := xfsEOFBlocks{version: xfsEOFBlocksVersion, flags: xfsEOFFlagsSync}
+		return ioctlPtr(fd, ioctlXFSFreeEOFBlocks, "XFS_IOC_FREE_EOFBLOCKS", unsafe.Pointer(&e))
+	})
+}
+
+// onFS runs f on a descriptor of path (a directory or file of the
+// filesystem to act on; not followed if a symlink), its errors prefixed
+// with what and path.
+func onFS(path, what string, f func(fd int) error) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return fmt.Errorf("settle frees on %s: open: %w", path, err)
+		return fmt.Errorf("%s %s: open: %w", what, path, err)
 	}
 	defer unix.Close(fd)
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(fd, &st); err != nil {
-		return fmt.Errorf("settle frees on %s: statfs: %w", path, err)
+	if err := f(fd); err != nil {
+		return fmt.Errorf("%s %s: %w", what, path, err)
 	}
-	if st.Type != unix.XFS_SUPER_MAGIC {
-		return nil
-	}
-	e := xfsEOFBlocks{version: xfsEOFBlocksVersion, flags: xfsEOFFlagsSync}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), ioctlXFSFreeEOFBlocks, uintptr(unsafe.Pointer(&e))); errno != 0 {
-		return fmt.Errorf("settle frees on %s: XFS_IOC_FREE_EOFBLOCKS: %w", path, errno)
+	return nil
+}
+
+// ioctlPtr is an ioctl whose argument is a pointer to a struct.
+func ioctlPtr(fd int, req uintptr, name string, arg unsafe.Pointer) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg)); errno != 0 {
+		return fmt.Errorf("%s: %w", name, errno)
 	}
 	return nil
 }
@@ -127,15 +137,7 @@ func ThawFile(f *os.File) error {
 }
 
 func fsIoctl(path string, req uint, name string) error {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return fmt.Errorf("%s %s: open: %w", name, path, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.IoctlSetInt(fd, req, 0); err != nil {
-		return fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	return nil
+	return onFS(path, name, func(fd int) error { return unix.IoctlSetInt(fd, req, 0) })
 }
 
 // WhileFrozen freezes the filesystem that holds path, runs fn, and thaws it.

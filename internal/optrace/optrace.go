@@ -139,27 +139,13 @@ func sortedEvents(events []Event) []Event {
 	return out
 }
 
-// Wall is the operation's wall time: from With to Finish, or to now.
-func (t *Trace) Wall() time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.wall()
-}
-
+// wall is the operation's wall time: from With to Finish, or to now. The
+// caller holds mu.
 func (t *Trace) wall() time.Duration {
 	if t.end.IsZero() {
 		return time.Since(t.start)
 	}
 	return t.end.Sub(t.start)
-}
-
-// Untraced is the wall time no event covers: the wall time minus the
-// union of the events' intervals (events that overlap, nested or on other
-// goroutines, count once).
-func (t *Trace) Untraced() time.Duration {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.wall() - covered(sortedEvents(t.events))
 }
 
 // covered is the length of the union of the intervals of events, sorted
@@ -191,8 +177,9 @@ var kindOrder = []Kind{Lock, Commit, Plugin, Mount, Claim, Other}
 // String renders the trace as a table: a line per event in time order
 // (offset, duration, kind, name, in ms), then per kind the number of events
 // and their total duration (nested or concurrent events of a kind both
-// count), the untraced remainder (see Untraced), the wall time, and the
-// counters.
+// count), the untraced remainder (the wall time minus the union of the
+// events' intervals, which overlapping events cover once), the wall time,
+// and the counters.
 func (t *Trace) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()

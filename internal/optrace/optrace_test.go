@@ -34,8 +34,8 @@ func TestEventsInStartOrder(t *testing.T) {
 	if ev[1].Start < ev[0].Start || ev[1].Start+ev[1].Duration > ev[0].Start+ev[0].Duration {
 		t.Fatalf("inner %+v not within outer %+v", ev[1], ev[0])
 	}
-	if u := tr.Untraced(); u < 0 || u > tr.Wall() {
-		t.Fatalf("untraced %v outside [0, wall %v]", u, tr.Wall())
+	if u := tr.wall() - covered(ev); u < 0 || u > tr.wall() {
+		t.Fatalf("untraced %v outside [0, wall %v]", u, tr.wall())
 	}
 }
 
@@ -94,7 +94,7 @@ func TestString(t *testing.T) {
 		}
 	}
 	// The wall time is fixed by Finish.
-	if w := tr.Wall(); w != tr.Wall() {
+	if w := tr.wall(); w != tr.wall() {
 		t.Errorf("wall time moves after Finish")
 	}
 }
