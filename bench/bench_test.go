@@ -181,13 +181,14 @@ func TestOverhead(t *testing.T) {
 	} else {
 		t.Log("B1 overhead / floor budget: not computed: TestFloors did not run (-run 'TestFloors|TestOverhead')")
 	}
-	tracedPair(ctx, t, ap, prepareReq("traced"))
+	prep, clean := tracedPair(ctx, t, ap, prepareReq("traced"))
+	section("Benchmark 1 breakdown", "One Prepare and one Cleanup of the benchmark's volume after the measured pairs, traced in the agent (--debug-trace-calls, package optrace): offsets and durations in ms from the start of the agent's handler. The fsyncs run on the agent's commit goroutine: counted, not timed.\n\n"+prep+"\n"+clean)
 }
 
 // tracedPair runs one more Prepare and Cleanup through the agent (started
-// with --debug-trace-calls), each asking for its trace, logs the two
-// tables and adds them to the results as "Benchmark 1 breakdown".
-func tracedPair(ctx context.Context, t *testing.T, ap *agentProc, req *agentv1.PrepareRequest) {
+// with --debug-trace-calls), each asking for its trace, and returns the
+// two tables.
+func tracedPair(ctx context.Context, t *testing.T, ap *agentProc, req *agentv1.PrepareRequest) (prep, clean string) {
 	t.Helper()
 	ctx = metadata.AppendToOutgoingContext(ctx, agent.TraceHeader, "1")
 	traced := func(what string, call func(opts ...grpc.CallOption) error) string {
@@ -203,16 +204,16 @@ func tracedPair(ctx context.Context, t *testing.T, ap *agentProc, req *agentv1.P
 		}
 		return fmt.Sprintf("%s: %s as the client saw it (the wall below is the agent's handler's)\n\n```\n%s```\n", what, ms(client), table[0])
 	}
-	prep := traced("Prepare", func(opts ...grpc.CallOption) error {
+	prep = traced("Prepare", func(opts ...grpc.CallOption) error {
 		_, err := ap.api.Prepare(ctx, req, opts...)
 		return err
 	})
-	clean := traced("Cleanup", func(opts ...grpc.CallOption) error {
+	clean = traced("Cleanup", func(opts ...grpc.CallOption) error {
 		_, err := ap.api.Cleanup(ctx, &agentv1.CleanupRequest{ContainerId: req.GetContainerId()}, opts...)
 		return err
 	})
-	t.Logf("benchmark 1 breakdown:\n%s\n%s", prep, clean)
-	section("Benchmark 1 breakdown", "One Prepare and one Cleanup of the benchmark's volume after the measured pairs, traced in the agent (--debug-trace-calls, package optrace): offsets and durations in ms from the start of the agent's handler. The fsyncs run on the agent's commit goroutine: counted, not timed.\n\n"+prep+"\n"+clean)
+	t.Logf("%s\n%s", prep, clean)
+	return prep, clean
 }
 
 func waitPluginReady(t *testing.T, ap *agentProc, typ string) {
@@ -658,18 +659,21 @@ func TestClusterOverhead(t *testing.T) {
 	ec := etcdtest.Start(t)
 	t.Cleanup(ec.Close)
 	const nodeID = "bench-clustered"
-	with := newFast(t, "--node-id", nodeID, "--cluster-etcd-endpoints", strings.Join(ec.Endpoints, ","))
-	without := newFast(t, "--node-id", "bench-local")
+	with := newFast(t, "--node-id", nodeID, "--cluster-etcd-endpoints", strings.Join(ec.Endpoints, ","), "--debug-trace-calls")
+	without := newFast(t, "--node-id", "bench-local", "--debug-trace-calls")
 	waitClusterNode(t, with.ap, nodeID)
 	ctx := ctxT(t)
 	capability := mountCapMode(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 	for _, f := range []*fastSetup{with, without} {
 		mkdirs(t, filepath.Join(f.tmp, "sandbox"))
 	}
+	prepareReq := func(f *fastSetup, name string) *agentv1.PrepareRequest {
+		return &agentv1.PrepareRequest{ContainerId: "c-" + name, Sandbox: filepath.Join(f.tmp, "sandbox"),
+			Volumes: []*agentv1.Volume{mountVolumeCap(fastType, "v-"+name, "data", capability)}}
+	}
 	prepare := func(f *fastSetup, name string) {
 		t.Helper()
-		if _, err := f.ap.api.Prepare(ctx, &agentv1.PrepareRequest{ContainerId: "c-" + name, Sandbox: filepath.Join(f.tmp, "sandbox"),
-			Volumes: []*agentv1.Volume{mountVolumeCap(fastType, "v-"+name, "data", capability)}}); err != nil {
+		if _, err := f.ap.api.Prepare(ctx, prepareReq(f, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -739,6 +743,9 @@ func TestClusterOverhead(t *testing.T) {
 		figure:   fmt.Sprintf("%s (median; claim + release %s, %s fsyncs)", ms(median(a)), ms(median(extra)), fsyncs(fA0, fA1)),
 		baseline: fmt.Sprintf("%s without etcd (%s fsyncs)", ms(median(b)), fsyncs(fB0, fB1)),
 		ratio:    fmt.Sprintf("%.3f (median of %d pairs)", r, rounds), target: "≤ 1.3", pass: r <= 1.3})
+	prep, clean := tracedPair(ctx, t, with.ap, prepareReq(with, "traced"))
+	prepB, cleanB := tracedPair(ctx, t, without.ap, prepareReq(without, "traced"))
+	section("Benchmark 7 breakdown", "One Prepare and one Cleanup of a new volume after the measured pairs, traced in each agent (--debug-trace-calls): in the fleet, then without etcd. Offsets and durations in ms from the start of the agent's handler.\n\nIn the fleet:\n\n"+prep+"\n"+clean+"\nWithout etcd:\n\n"+prepB+"\n"+cleanB)
 }
 
 // waitClusterNode waits (at most a minute) until the agent's fleet lists

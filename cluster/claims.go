@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/optrace"
 )
 
 // Mode is how a claim is held.
@@ -176,6 +177,7 @@ func (c *Cluster) persistLocked() (uint64, error) {
 // setLocal changes (nil: removes) the local claim of key and writes the
 // claims file; durable waits until the change is durable.
 func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durable bool) error {
+	written := optrace.Begin(ctx, optrace.Other, "claims file write")
 	c.mu.Lock()
 	old, had := c.local[key]
 	if l == nil {
@@ -192,9 +194,11 @@ func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durab
 		}
 	}
 	c.mu.Unlock()
+	written()
 	if err != nil || !durable {
 		return err
 	}
+	defer optrace.Begin(ctx, optrace.Commit, "Wait: claims file durable")()
 	if err := c.commit.Wait(ctx, n); err != nil {
 		return fmt.Errorf("making the claims file durable: %w", err)
 	}
@@ -304,6 +308,7 @@ func (c *Cluster) revoke(ctx context.Context, key string, l LocalClaim, why stri
 func (c *Cluster) read(ctx context.Context, key string) (*claimRecord, int64, error) {
 	gctx, cancel := c.callCtx(ctx)
 	defer cancel()
+	defer optrace.Begin(ctx, optrace.Claim, "etcd Get")()
 	resp, err := c.client.Get(gctx, key)
 	if err != nil {
 		return nil, 0, c.etcdErr(ctx, "reading claim "+key, err)
@@ -340,6 +345,7 @@ func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRec
 	}
 	tctx, cancel := c.callCtx(ctx)
 	defer cancel()
+	defer optrace.Begin(ctx, optrace.Claim, "etcd Txn")()
 	resp, err := c.client.Txn(tctx).If(append([]clientv3.Cmp{cmp}, extra...)...).Then(op).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return false, nil, 0, c.etcdErr(ctx, what, err)
