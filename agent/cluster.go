@@ -40,7 +40,7 @@ type ClusterConfig struct {
 	LeaseTTL, CallTimeout time.Duration
 }
 
-// clusterDir holds the node's claims file in the work dir.
+// clusterDir holds the node's claim records in the work dir.
 const clusterDir = "cluster"
 
 // clusterCloseTimeout bounds revoking the lease at shutdown.
@@ -304,7 +304,7 @@ var clusterDescs = struct {
 	connected, held, pending, revoked, conflicts, lockWaits, locksHeld *prometheus.Desc
 }{
 	connected: prometheus.NewDesc("csi_agent_cluster_connected", "1 while the node is registered in the fleet and its last etcd call answered, else 0.", nil, nil),
-	held:      prometheus.NewDesc("csi_agent_cluster_claims_held", "Volume claims this node holds (its claims file).", nil, nil),
+	held:      prometheus.NewDesc("csi_agent_cluster_claims_held", "Volume claims this node holds (its claim records).", nil, nil),
 	pending:   prometheus.NewDesc("csi_agent_cluster_pending_releases", "Claims released here that etcd has not been told of yet (it did not answer).", nil, nil),
 	revoked:   prometheus.NewDesc("csi_agent_cluster_revoked_claims", "Claims released in etcd while this node held them (a dead-node release while it was away): refused for new use, reported.", nil, nil),
 	conflicts: prometheus.NewDesc("csi_agent_cluster_claim_conflicts_total", "Claims refused because another node held the volume.", nil, nil),

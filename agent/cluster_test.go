@@ -25,7 +25,7 @@ func TestClusterMetrics(t *testing.T) {
 # HELP csi_agent_cluster_claim_conflicts_total Claims refused because another node held the volume.
 # TYPE csi_agent_cluster_claim_conflicts_total counter
 csi_agent_cluster_claim_conflicts_total 5
-# HELP csi_agent_cluster_claims_held Volume claims this node holds (its claims file).
+# HELP csi_agent_cluster_claims_held Volume claims this node holds (its claim records).
 # TYPE csi_agent_cluster_claims_held gauge
 csi_agent_cluster_claims_held 2
 # HELP csi_agent_cluster_connected 1 while the node is registered in the fleet and its last etcd call answered, else 0.

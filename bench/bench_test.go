@@ -648,7 +648,7 @@ func TestReclaim(t *testing.T) {
 // TestClusterOverhead: Prepare + Cleanup of a new SINGLE_NODE_WRITER
 // volume through an agent in a fleet (csi-agent serve
 // --cluster-etcd-endpoints: the volume is claimed in etcd, one
-// transaction and the claims file made durable, before its first stage,
+// transaction and the claim's record written, before its first stage,
 // and released after its cleanup) against the same through an agent in no
 // cluster. A real 3-member etcd runs in the test process; each agent has
 // its own fast plugin (so the claim's cost is not hidden in a plugin's);
@@ -721,7 +721,7 @@ func TestClusterOverhead(t *testing.T) {
 		return fmt.Sprintf("%.1f", (f1-f0)/float64(rounds))
 	}
 
-	// Every claim was released: none in etcd, none in the claims file,
+	// Every claim was released: none in etcd, no claim record,
 	// none pending.
 	claims, err = with.ap.api.ClusterClaims(ctx, &agentv1.ClusterClaimsRequest{})
 	if err != nil {

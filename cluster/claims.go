@@ -2,11 +2,14 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -64,7 +67,7 @@ type claimRecord struct {
 
 func (r *claimRecord) holderList() []string { return slices.Sorted(maps.Keys(r.Holders)) }
 
-// State of a claim in this node's claims file.
+// State of a claim in this node's claim records.
 type State string
 
 const (
@@ -78,7 +81,7 @@ const (
 	StateRevoked State = "revoked"
 )
 
-// LocalClaim is a claim in this node's claims file.
+// LocalClaim is a claim in this node's claim records.
 type LocalClaim struct {
 	Plugin string    `json:"plugin"`
 	Volume string    `json:"volume"`
@@ -92,100 +95,195 @@ type LocalClaim struct {
 	Note string `json:"note,omitempty"`
 }
 
-// claimsFile is the claims file's name in Config.StateDir.
-const claimsFile = "cluster-claims"
+// claimsDir is the directory of the node's claim records in
+// Config.StateDir: one atomicfile record per claim, named by recordName,
+// so that taking or releasing a claim rewrites that claim alone whatever
+// the number the node holds.
+const claimsDir = "claims"
 
-// stateFile is the claims file's payload (an atomicfile record).
-type stateFile struct {
+// legacyClaimsFile is the claims file of earlier releases (every claim in
+// one record), imported once by Join.
+const legacyClaimsFile = "cluster-claims"
+
+// claimFile is a claim record's payload.
+type claimFile struct {
+	Version int    `json:"version"`
+	Node    string `json:"node"`
+	LocalClaim
+}
+
+// legacyStateFile is the payload of legacyClaimsFile.
+type legacyStateFile struct {
 	Version int          `json:"version"`
 	Node    string       `json:"node"`
 	Claims  []LocalClaim `json:"claims"`
 }
 
-const stateVersion = 1
+// The versions of the claim records and of the legacy claims file.
+const (
+	stateVersion       = 2
+	legacyStateVersion = 1
+)
 
-// openState sets up the Committer and loads the claims file.
+// recordName is a claim record's file name: a digest of its plugin and
+// volume id (fixed length, no caller-given byte in a path; the record
+// holds both, and its frame is bound to its path).
+func recordName(plugin, volume string) string {
+	sum := sha256.Sum256([]byte(plugin + "\x00" + volume))
+	return hex.EncodeToString(sum[:16])
+}
+
+// recordPath is where a claim's record lives.
+func (c *Cluster) recordPath(plugin, volume string) string {
+	return filepath.Join(c.dir, recordName(plugin, volume))
+}
+
+// openState sets up the Committer, loads the claim records and imports a
+// legacy claims file.
 func (c *Cluster) openState(ctx context.Context) error {
-	dir := filepath.Clean(c.cfg.StateDir)
-	c.path = filepath.Join(dir, claimsFile)
+	state := filepath.Clean(c.cfg.StateDir)
+	c.dir = filepath.Join(state, claimsDir)
 	c.commit = c.cfg.Commit
 	if c.commit == nil {
-		if err := atomicfile.MkdirAll(dir, 0o700); err != nil {
+		if err := atomicfile.MkdirAll(state, 0o700); err != nil {
 			return fmt.Errorf("creating the cluster state directory: %w", err)
 		}
-		if err := atomicfile.SyncFS(dir); err != nil {
+		if err := atomicfile.SyncFS(state); err != nil {
 			return fmt.Errorf("syncing the cluster state directory's filesystem before reading it: %w", err)
 		}
-		cm, err := atomicfile.New(dir)
+		cm, err := atomicfile.New(state)
 		if err != nil {
 			return err
 		}
 		c.commit = cm
-	} else {
-		if err := c.commit.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("creating the cluster state directory: %w", err)
-		}
-		wctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
-		err := c.commit.Sync(wctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("making the cluster state directory durable: %w", err)
-		}
 	}
-	b, _, err := atomicfile.ReadRecord(c.commit.Root(), c.path)
+	if err := c.commit.MkdirAll(c.dir, 0o700); err != nil {
+		return fmt.Errorf("creating the cluster state directory: %w", err)
+	}
+	if err := c.loadRecords(); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	if err := c.importLegacy(wctx, filepath.Join(state, legacyClaimsFile)); err != nil {
+		return err
+	}
+	if err := c.commit.Sync(wctx); err != nil {
+		return fmt.Errorf("making the cluster state directory durable: %w", err)
+	}
+	return nil
+}
+
+// loadRecords reads every claim record.
+func (c *Cluster) loadRecords() error {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		return fmt.Errorf("reading the claim records: %w", err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			continue // what a crash left of a record never acknowledged
+		}
+		path := filepath.Join(c.dir, e.Name())
+		b, _, err := atomicfile.ReadRecord(c.commit.Root(), path)
+		if err != nil {
+			return fmt.Errorf("reading the claim record %s: %w", path, err)
+		}
+		var f claimFile
+		if err := json.Unmarshal(b, &f); err != nil {
+			return fmt.Errorf("decoding the claim record %s: %w", path, err)
+		}
+		if f.Version != stateVersion {
+			return fmt.Errorf("the claim record %s has version %d; this agent reads version %d", path, f.Version, stateVersion)
+		}
+		if err := c.ownRecord(path, f.Node); err != nil {
+			return err
+		}
+		if recordName(f.Plugin, f.Volume) != e.Name() {
+			return fmt.Errorf("the claim record %s holds the claim on volume %q of plugin %q, which is not recorded under that name", path, f.Volume, f.Plugin)
+		}
+		l := f.LocalClaim
+		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
+	}
+	return nil
+}
+
+// ownRecord refuses a record of another node id.
+func (c *Cluster) ownRecord(path, node string) error {
+	if node == c.cfg.NodeID {
+		return nil
+	}
+	return fmt.Errorf("%w: %s holds a claim of node %q, not %q: a node id must stay the same across restarts (release node %q's claims, or restore its id)",
+		ErrInvalid, path, node, c.cfg.NodeID, node)
+}
+
+// importLegacy writes each claim of a legacy claims file as its own
+// record, makes them durable, then removes the file (a crash in between
+// imports it again, to the same records).
+func (c *Cluster) importLegacy(ctx context.Context, path string) error {
+	b, _, err := atomicfile.ReadRecord(c.commit.Root(), path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("reading the claims file: %w", err)
 	}
-	var st stateFile
+	var st legacyStateFile
 	if err := json.Unmarshal(b, &st); err != nil {
-		return fmt.Errorf("decoding the claims file %s: %w", c.path, err)
+		return fmt.Errorf("decoding the claims file %s: %w", path, err)
 	}
-	if st.Version != stateVersion {
-		return fmt.Errorf("the claims file %s has version %d; this agent reads version %d", c.path, st.Version, stateVersion)
+	if st.Version != legacyStateVersion {
+		return fmt.Errorf("the claims file %s has version %d; this agent reads version %d", path, st.Version, legacyStateVersion)
 	}
-	if st.Node != c.cfg.NodeID {
-		return fmt.Errorf("%w: the claims file %s holds the claims of node %q, not %q: a node id must stay the same across restarts (release node %q's claims, or restore its id)",
-			ErrInvalid, c.path, st.Node, c.cfg.NodeID, st.Node)
+	if err := c.ownRecord(path, st.Node); err != nil {
+		return err
 	}
 	for _, l := range st.Claims {
+		if _, err := c.putRecord(&l); err != nil {
+			return fmt.Errorf("importing the claims file %s: %w", path, err)
+		}
 		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
+	}
+	if err := c.commit.Sync(ctx); err != nil {
+		return fmt.Errorf("importing the claims file %s: %w", path, err)
+	}
+	if _, err := c.commit.Remove(path); err != nil {
+		return fmt.Errorf("removing the imported claims file: %w", err)
 	}
 	return nil
 }
 
-// persist writes the claims file (c.mu held) and returns the change to
-// wait for.
-func (c *Cluster) persistLocked() (uint64, error) {
-	st := stateFile{Version: stateVersion, Node: c.cfg.NodeID, Claims: make([]LocalClaim, 0, len(c.local))}
-	for _, k := range slices.Sorted(maps.Keys(c.local)) {
-		st.Claims = append(st.Claims, *c.local[k])
-	}
-	b, err := json.Marshal(st)
+// putRecord writes a claim's record and returns the change to wait for.
+func (c *Cluster) putRecord(l *LocalClaim) (uint64, error) {
+	b, err := json.Marshal(claimFile{Version: stateVersion, Node: c.cfg.NodeID, LocalClaim: *l})
 	if err != nil {
-		return 0, fmt.Errorf("encoding the claims file: %w", err)
+		return 0, fmt.Errorf("encoding the claim record: %w", err)
 	}
-	n, err := c.commit.Put(c.path, b, 0o600)
+	n, err := c.commit.Put(c.recordPath(l.Plugin, l.Volume), b, 0o600)
 	if err != nil {
-		return 0, fmt.Errorf("writing the claims file: %w", err)
+		return 0, fmt.Errorf("writing the claim record: %w", err)
 	}
 	return n, nil
 }
 
-// setLocal changes (nil: removes) the local claim of key and writes the
-// claims file; durable waits until the change is durable.
+// setLocal changes (nil: removes) the local claim of key and writes its
+// record; durable waits until the change is durable.
 func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durable bool) error {
-	written := optrace.Begin(ctx, optrace.Other, "claims file write")
+	written := optrace.Begin(ctx, optrace.Other, "claim record write")
 	c.mu.Lock()
 	old, had := c.local[key]
-	if l == nil {
-		delete(c.local, key)
-	} else {
+	var n uint64
+	var err error
+	switch {
+	case l != nil:
 		c.local[key] = l
+		n, err = c.putRecord(l)
+	case had:
+		delete(c.local, key)
+		if n, err = c.commit.Remove(c.recordPath(old.Plugin, old.Volume)); err != nil {
+			err = fmt.Errorf("removing the claim record: %w", err)
+		}
 	}
-	n, err := c.persistLocked()
 	if err != nil {
 		if had {
 			c.local[key] = old
@@ -195,12 +293,12 @@ func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durab
 	}
 	c.mu.Unlock()
 	written()
-	if err != nil || !durable {
+	if err != nil || !durable || n == 0 {
 		return err
 	}
-	defer optrace.Begin(ctx, optrace.Commit, "Wait: claims file durable")()
+	defer optrace.Begin(ctx, optrace.Commit, "Wait: claim record durable")()
 	if err := c.commit.Wait(ctx, n); err != nil {
-		return fmt.Errorf("making the claims file durable: %w", err)
+		return fmt.Errorf("making the claim record durable: %w", err)
 	}
 	return nil
 }
@@ -222,10 +320,10 @@ const maxCASAttempts = 16
 // Claim takes this node's claim on a volume before the volume comes onto
 // the node (see the package doc for where). It returns nil at once when
 // the access mode needs no claim, and when this node holds the claim
-// already (etcd is asked when connected; unreachable, the claims file
-// answers). A claim held by another node: ErrConflict, naming it. A new
+// already (etcd is asked when connected; unreachable, the claim records
+// answer). A claim held by another node: ErrConflict, naming it. A new
 // claim with etcd unreachable: ErrUnavailable. A revoked claim:
-// ErrRevoked until Release. The claim is in the claims file before Claim
+// ErrRevoked until Release. The claim is in its record before Claim
 // returns nil, durable with the caller's next wait on Config.Commit (a
 // claim lost with a power cut before that is an orphan in etcd, released
 // by the reconciler once the volume is not on the node).
@@ -271,7 +369,7 @@ func (c *Cluster) confirm(ctx context.Context, key string, l LocalClaim) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		c.log.Warn("cluster: etcd did not confirm a claim this node holds; using its claims file", "plugin", l.Plugin, "volume", l.Volume, "error", err)
+		c.log.Warn("cluster: etcd did not confirm a claim this node holds; using its claim record", "plugin", l.Plugin, "volume", l.Volume, "error", err)
 		return nil
 	}
 	if why := lostReason(rec, c.cfg.NodeID); why != "" {
@@ -433,7 +531,7 @@ func grant(rec *claimRecord, plugin, volumeID, node string, want Mode) (next *cl
 }
 
 // undo drops a claim this node just took but could not record durably:
-// from the claims file (the record may be written, not durable) and from
+// from its record (which may be written, not durable) and from
 // etcd; what etcd keeps, the reconciler releases as an orphan.
 func (c *Cluster) undo(ctx context.Context, key, plugin, volumeID string) {
 	if err := c.setLocal(ctx, key, nil, false); err != nil {
@@ -499,7 +597,7 @@ var errCmp = errors.New("release condition failed")
 
 // Release gives up this node's claim after the volume left the node (see
 // the package doc for where). It always returns nil unless ctx ends
-// before the release is recorded: the release is in the claims file,
+// before the release is recorded: the release is in the claim's record,
 // durably, first, and with it every change made on Config.Commit before
 // the call (the caller's teardown: the Committer's rounds are ordered);
 // etcd not answering leaves it pending, and the reconciler finishes it.
@@ -534,7 +632,7 @@ func (c *Cluster) Release(ctx context.Context, plugin, volumeID string) error {
 		return nil
 	}
 	if err := c.setLocal(ctx, key, nil, false); err != nil {
-		c.log.Error("cluster: removing a released claim from the claims file; the reconciler retries", "plugin", plugin, "volume", volumeID, "error", err)
+		c.log.Error("cluster: removing a released claim's record; the reconciler retries", "plugin", plugin, "volume", volumeID, "error", err)
 	}
 	return nil
 }
@@ -546,7 +644,7 @@ func (c *Cluster) pokeReconciler() {
 	}
 }
 
-// reconcile brings the claims file and etcd together: pending releases
+// reconcile brings the claim records and etcd together: pending releases
 // are finished; a claim held here but not in etcd is revoked; a claim
 // etcd holds for this node that the file does not know is released once
 // InUse says false. Stops at the first etcd error (the next round
@@ -595,7 +693,7 @@ func (c *Cluster) reconcileOnce(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// reconcileLocal reconciles one claim of the claims file; listed: the
+// reconcileLocal reconciles one claim of the claim records; listed: the
 // listing showed this node holding it.
 func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) error {
 	unlock, err := c.volumes.Lock(ctx, key)
@@ -650,8 +748,8 @@ func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) e
 }
 
 // reconcileOrphan releases a claim etcd holds for this node that the
-// claims file does not know (a crash between etcd's commit and the
-// file's), once nothing uses the volume.
+// claim records do not know (a crash between etcd's commit and the
+// record's), once nothing uses the volume.
 func (c *Cluster) reconcileOrphan(ctx context.Context, key string) error {
 	unlock, err := c.volumes.Lock(ctx, key)
 	if err != nil {
@@ -666,7 +764,7 @@ func (c *Cluster) reconcileOrphan(ctx context.Context, key string) error {
 		return err
 	}
 	if c.cfg.InUse(rec.Plugin, rec.Volume) {
-		c.log.Warn("cluster: etcd holds a claim for this node that its claims file does not know, and the volume is in use here; kept", "plugin", rec.Plugin, "volume", rec.Volume)
+		c.log.Warn("cluster: etcd holds a claim for this node that its claim records do not know, and the volume is in use here; kept", "plugin", rec.Plugin, "volume", rec.Volume)
 		return nil
 	}
 	if err := c.removeHolder(ctx, key); err != nil {
@@ -676,7 +774,7 @@ func (c *Cluster) reconcileOrphan(ctx context.Context, key string) error {
 	return nil
 }
 
-// Local lists the claims file, sorted by plugin and volume; it never
+// Local lists the claim records, sorted by plugin and volume; it never
 // calls etcd.
 func (c *Cluster) Local() []LocalClaim {
 	c.mu.Lock()

@@ -98,7 +98,7 @@ type Config struct {
 	// restarts (its claims are recorded under it).
 	NodeID string
 	Info   NodeInfo
-	// StateDir holds the node's claims file (claimsFile), made if missing.
+	// StateDir holds the node's claim records (claimsDir), made if missing.
 	StateDir string
 	// Commit, when set, is the daemon's Committer; StateDir must be below
 	// its root. Nil: Join makes one rooted at StateDir.
@@ -132,7 +132,7 @@ type Cluster struct {
 	log    *slog.Logger
 
 	commit *atomicfile.Committer
-	path   string // the claims file
+	dir    string // the claim records (claimsDir)
 
 	// volumes serialises Claim, Release and the reconciler per claim key.
 	volumes keyedlock.Map
@@ -159,7 +159,7 @@ type Cluster struct {
 	wg      sync.WaitGroup
 }
 
-// Join checks cfg, loads the node's claims file and starts registering
+// Join checks cfg, loads the node's claim records and starts registering
 // the node and reconciling its claims in the background; it does not
 // wait for etcd (a node starts with its local claims when etcd is down:
 // Stats().Connected tells when it is registered). Close stops it.
@@ -260,7 +260,7 @@ func (t TLSFiles) config() (*tls.Config, error) {
 }
 
 // Close stops the background work, revokes the node's lease (it is
-// listed as down at once; its claims stay) and makes the claims file's
+// listed as down at once; its claims stay) and makes its claim records'
 // last changes durable, within ctx.
 func (c *Cluster) Close(ctx context.Context) error {
 	return c.shutdown(ctx, true)
@@ -293,14 +293,14 @@ func (c *Cluster) shutdown(ctx context.Context, revoke bool) error {
 	if err := c.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
 		errs = append(errs, fmt.Errorf("closing the etcd client: %w", err))
 	}
-	// Its own Committer is checkpointed (the claims file alone holds the
-	// claims, no journal); the daemon's is the daemon's to checkpoint.
+	// Its own Committer is checkpointed (the claim records alone hold
+	// the claims, no journal); the daemon's is the daemon's to checkpoint.
 	durable := c.commit.Sync
 	if c.cfg.Commit == nil {
 		durable = c.commit.Checkpoint
 	}
 	if err := durable(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("making the claims file durable: %w", err))
+		errs = append(errs, fmt.Errorf("making the claim records durable: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -509,7 +509,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]NodeStatus, error) {
 type Stats struct {
 	// Connected: the node is registered and its last etcd call answered.
 	Connected bool
-	// ClaimsHeld counts the claims this node holds (its claims file).
+	// ClaimsHeld counts the claims this node holds (its claim records).
 	ClaimsHeld int
 	// PendingReleases counts released claims etcd has not been told of.
 	PendingReleases int

@@ -3,8 +3,11 @@ package cluster
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -180,7 +183,7 @@ func TestSharedReadersAndModes(t *testing.T) {
 	}
 }
 
-func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
+func TestRestartFromClaimRecordsWithoutEtcd(t *testing.T) {
 	skipShort(t)
 	ec := etcdtest.Start(t)
 	dir := t.TempDir()
@@ -195,7 +198,7 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 	dead := []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePorts(t, 1)[0])}
 	a2 := newNode(t, dead, "node-a", dir, false)
 	if err := a2.Claim(ctx, "loop", "v1", rwo); err != nil {
-		t.Fatalf("a claim held in the claims file, etcd down: %v", err)
+		t.Fatalf("a claim held in its record, etcd down: %v", err)
 	}
 	start := time.Now()
 	err := a2.Claim(ctx, "loop", "v2", rwo)
@@ -217,17 +220,17 @@ func TestRestartFromClaimsFileWithoutEtcd(t *testing.T) {
 	}
 	a2.close(t)
 
+	// Another node id on the same claim records is refused.
+	_, err = Join(ctx, Config{Endpoints: dead, NodeID: "node-x", StateDir: dir, InUse: func(string, string) bool { return false }})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("claim records of another node: %v", err)
+	}
+
 	// Back with etcd: the reconciler finishes the pending release.
 	a3 := newNode(t, ec.Endpoints, "node-a", dir, true)
 	waitFor(t, 10*time.Second, "the pending release finished", func() bool { return len(a3.Local()) == 0 })
 	if h := holders(t, a3, "loop", "v1"); h != nil {
 		t.Fatalf("etcd still shows %v holding v1", h)
-	}
-
-	// Another node id on the same claims file is refused.
-	_, err = Join(ctx, Config{Endpoints: dead, NodeID: "node-x", StateDir: dir, InUse: func(string, string) bool { return false }})
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "node-a") {
-		t.Fatalf("a claims file of another node: %v", err)
 	}
 }
 
@@ -459,7 +462,7 @@ func TestEarlierRunsClaimReleasedWhenUnused(t *testing.T) {
 }
 
 // A claim etcd holds for this node without a record here (a crash
-// between etcd's commit and the claims file's) is released once unused.
+// between etcd's commit and the claim record's) is released once unused.
 func TestOrphanClaimReleasedWhenUnused(t *testing.T) {
 	skipShort(t)
 	ec := etcdtest.Start(t)
@@ -589,8 +592,8 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-// A claim is durable in the claims file before Claim returns: when the
-// file cannot be made durable, the claim fails and is undone in etcd.
+// A claim is in its record before Claim returns, durable with the
+// caller's next durable point; a release is durable before etcd is told.
 func TestClaimAndReleaseDurability(t *testing.T) {
 	skipShort(t)
 	ec := etcdtest.Start(t)
@@ -643,5 +646,147 @@ func TestClaimAndReleaseDurability(t *testing.T) {
 	}
 	if h := holders(t, n, "loop", "v2"); !slices.Equal(h, []string{"node-a"}) {
 		t.Fatalf("etcd after a release that could not be made durable: %v", h)
+	}
+}
+
+// TestClaimCostDoesNotGrowWithClaimsHeld: a claim taken or released
+// rewrites that claim's record alone, so a node holding many claims pays
+// for one claim what a node holding one does: no record of all the
+// claims replaced (a durable rewrite, two fsyncs under the Committer's lock) per
+// change once it outgrows a record slot.
+func TestClaimCostDoesNotGrowWithClaimsHeld(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	root := t.TempDir()
+	commit, err := atomicfile.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t, time.Minute)
+	stateDir := filepath.Join(root, "cluster")
+	c, err := Join(ctx, Config{Endpoints: ec.Endpoints, Prefix: "/test", NodeID: "node-a", StateDir: stateDir, Commit: commit,
+		InUse: func(string, string) bool { return true }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c.Close(cctx)
+	})
+	waitFor(t, 10*time.Second, "node-a registered", func() bool { return c.Stats().Connected })
+	const held, measured = 100, 20
+	for i := range held {
+		if err := c.Claim(ctx, "loop", fmt.Sprintf("held-%03d", i), rwo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := commit.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, f0, _ := commit.Stats()
+	for i := range measured {
+		v := fmt.Sprintf("new-%03d", i)
+		if err := c.Claim(ctx, "loop", v, rwo); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(ctx, "loop", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := commit.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, f1, _ := commit.Stats()
+	// One commit round (one journal fdatasync) per claim and per
+	// release at most; a release waits for one.
+	if got, limit := f1-f0, uint64(2*measured); got > limit {
+		t.Errorf("%d claims and releases with %d claims held cost %d fsyncs, want at most %d (one round each)", measured, held, got, limit)
+	}
+	// No record grows with the claims held.
+	err = filepath.WalkDir(stateDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err == nil && info.Size() > 3*4096 {
+			t.Errorf("%s is %d bytes with %d claims held: the claims' state grows into one record", p, info.Size(), held)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// All still there after a restart.
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := Join(ctx, Config{Endpoints: ec.Endpoints, Prefix: "/test", NodeID: "node-a", StateDir: stateDir, Commit: commit,
+		InUse: func(string, string) bool { return true }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close(ctx)
+	if l := c2.Local(); len(l) != held || l[0].Volume != "held-000" || l[held-1].Volume != fmt.Sprintf("held-%03d", held-1) {
+		t.Fatalf("after a restart the node knows %d claims (%v…), want the %d it held", len(l), l[:min(3, len(l))], held)
+	}
+}
+
+// TestImportsLegacyClaimsFile: the claims file of earlier releases (every
+// claim in one record) is imported once into the claim records and
+// removed; one of another node id is refused.
+func TestImportsLegacyClaimsFile(t *testing.T) {
+	dir := t.TempDir()
+	writeLegacy := func(node string) {
+		t.Helper()
+		commit, err := atomicfile.New(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+		b, err := json.Marshal(legacyStateFile{Version: legacyStateVersion, Node: node, Claims: []LocalClaim{
+			{Plugin: "loop", Volume: "v1", Mode: Exclusive, State: StateHeld, Since: since, Rev: 7},
+			{Plugin: "loop", Volume: "a/../v2", Mode: Shared, State: StateReleasing, Since: since},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := commit.Put(filepath.Join(dir, legacyClaimsFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := commit.Checkpoint(testCtx(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := []string{fmt.Sprintf("http://127.0.0.1:%d", etcdtest.FreePorts(t, 1)[0])}
+	join := func(node string) (*Cluster, error) {
+		return Join(testCtx(t, 10*time.Second), Config{Endpoints: dead, NodeID: node, StateDir: dir, InUse: func(string, string) bool { return true },
+			CallTimeout: testCall, ReconcileInterval: time.Hour})
+	}
+	writeLegacy("node-b")
+	if _, err := join("node-a"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "node-b") {
+		t.Fatalf("a legacy claims file of another node: %v, want ErrInvalid naming node-b", err)
+	}
+	writeLegacy("node-a")
+	for run := range 2 { // imported, then read from the records
+		c, err := join("node-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := c.Local()
+		if len(l) != 2 || l[0].Volume != "a/../v2" || l[0].State != StateReleasing || l[0].Mode != Shared ||
+			l[1].Volume != "v1" || l[1].State != StateHeld || l[1].Rev != 7 {
+			t.Errorf("run %d: local claims %+v, want the legacy file's two", run, l)
+		}
+		if err := c.Close(testCtx(t, 10*time.Second)); err != nil && !errors.Is(err, ErrUnavailable) && !strings.Contains(err.Error(), "lease") {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, legacyClaimsFile)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("run %d: the legacy claims file is still there: %v", run, err)
+		}
+		ents, err := os.ReadDir(filepath.Join(dir, claimsDir))
+		if err != nil || len(ents) != 2 {
+			t.Fatalf("run %d: claim records %v %v, want two", run, ents, err)
+		}
 	}
 }

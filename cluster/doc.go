@@ -19,9 +19,9 @@
 // and MULTI_NODE_SINGLE_WRITER, shared by the MULTI_NODE_READER_ONLY
 // readers, none for MULTI_NODE_MULTI_WRITER (ModeOf). A claim is never
 // bound to a lease: a host that dies keeps its claims (partitioned, it may
-// still be writing) until ReleaseNode. The node records its claims in its
-// claims file (Config.StateDir/cluster-claims, an atomicfile record on
-// the daemon's Committer: written before Claim returns, durable with the
+// still be writing) until ReleaseNode. The node records each claim in a
+// record of its own (Config.StateDir/claims/, atomicfile records on the
+// daemon's Committer: written before Claim returns, durable with the
 // caller's next durable point, which a Prepare's answer waits for), so it
 // restarts knowing them without etcd. A Release's record is durable
 // before etcd is told, and with it the caller's teardown written before
@@ -35,23 +35,23 @@
 // (ControllerUnpublishVolume, else NodeUnstageVolume, else
 // NodeUnpublishVolume) is durable in its checkpoint. It calls Claim
 // again before each new container of a volume already on the node: a
-// claim the node holds answers from the claims file (after a round trip
+// claim the node holds answers from its record (after a round trip
 // to etcd when connected, which finds a revocation), a revoked one
 // refuses the new container (ErrRevoked).
 //
 // Fail closed: when etcd does not answer (no quorum, unreachable; every
 // call is bounded by Config.CallTimeout), a Claim this node holds
-// succeeds from its claims file, a new one fails ErrUnavailable, and
+// succeeds from its record, a new one fails ErrUnavailable, and
 // Release records a pending release (durably) and returns nil; the
 // reconciler finishes it when etcd is back, unless the volume is on the
 // node again by then (InUse: recovery brought it up for a user whose
 // cleanup was interrupted), when the claim stays held. The reconciler (after each
 // registration, each pending release and every Config.ReconcileInterval)
-// works both ways: a claim the file holds but etcd shows gone or another
+// works both ways: a claim recorded here that etcd shows gone or another
 // node's is marked revoked (logged as an error, listed by Revoked and
 // counted in Stats; new Claims refused with ErrRevoked until Release;
-// nothing is unmounted), and a claim etcd holds for this node that the
-// file does not know (a crash between the two writes) is released once
+// nothing is unmounted), and a claim etcd holds for this node that no
+// record here knows (a crash between the two writes) is released once
 // Config.InUse says the volume is not on the node. A claim an earlier run
 // of the node recorded, on a volume InUse says is not on the node (the
 // agent stopped between the volume's teardown and its release), is
@@ -66,7 +66,7 @@
 // Lock takes an etcd mutex (concurrency.Mutex) per object kind and id on
 // the node's session, bounded by the caller's deadline. Claims reads every
 // claim and lock of the cluster (csi-agent cluster claims); Local and
-// Revoked read this node's claims file; Stats are the counters for
+// Revoked read this node's claim records; Stats are the counters for
 // metrics (connected, claims held, pending releases, revoked, conflicts,
 // lock waits, locks held).
 //
@@ -81,17 +81,23 @@
 //	                                  "holders": {node: since}}, no lease
 //	P/locks/<kind>/<id>/<lease hex>  concurrency.Mutex keys on the holder's lease
 //
-// # Claims file
+// # Claim records
 //
 // One atomicfile record (framed, checksummed, written in slots; see
-// package atomicfile) holding JSON:
+// package atomicfile) per claim, in Config.StateDir/claims/, named by the
+// hex of the first 16 bytes of SHA-256(plugin NUL volume id) (no
+// caller-given byte in a path, whatever the id's length), holding JSON:
 //
-//	{"version": 1, "node": "<node id>",
-//	 "claims": [{"plugin", "volume", "mode", "state": "held"|"releasing"|"revoked",
-//	             "since", "note"}]}
+//	{"version": 2, "node": "<node id>", "plugin", "volume",
+//	 "mode", "state": "held"|"releasing"|"revoked", "since", "rev", "note"}
 //
-// A file of another node id is refused at Join (ErrInvalid): claims are
-// taken under the node id, which must not change.
+// Taking, releasing or revoking a claim writes or removes its record
+// alone: the cost of a claim does not grow with the claims the node
+// holds. A record of another node id is refused at Join (ErrInvalid):
+// claims are taken under the node id, which must not change. The claims
+// file of earlier releases (Config.StateDir/cluster-claims, version 1:
+// every claim in one record) is imported once by Join: each claim is
+// written as its record, durably, then the file is removed.
 //
 // # Errors
 //
@@ -108,7 +114,7 @@
 //	                fencer) and without nodeIsDown    FailedPrecondition
 //	ErrNotFound     ReleaseNode of a node that never registered  NotFound
 //	ErrInvalid      a bad config, an access mode without a claim rule, a
-//	                Lock without a deadline, a claims file of another
+//	                Lock without a deadline, a claim record of another
 //	                node                              InvalidArgument
 //	the ctx's error when the caller's context ended first.
 //
