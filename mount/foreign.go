@@ -49,7 +49,12 @@ import (
 //
 // Each is described as "<mount point> in the mount namespace of pid <pid>"
 // (the mount point as that process sees it, from its root; one pid per
-// namespace). Nothing mounted at target: nil.
+// namespace). A namespace no process holds (a descriptor or a bind mount
+// of its nsfs file keeps it; the kernel lists it) is read with
+// listmount(2) (Linux 6.11), its mounts described as "<mount point> in
+// mount namespace <inode>, which no process holds ..." (from the
+// namespace's root); all of them count, wherever they are. Nothing
+// mounted at target: nil.
 //
 // The namespaces are found in one pass over /proc/[0-9]*/ns/mnt, each
 // read once whatever the number of its processes (a process that exits
@@ -59,7 +64,7 @@ import (
 // costs microseconds a process; where the kernel lists mount namespaces
 // itself (nsfs NS_MNT_GET_NEXT, recent Linux), a scan that finds the same
 // namespaces as the last pass, each still holding the process that pass
-// found in it, reads them through those processes without a pass. Concurrent calls share scans: a call waits for the next scan to
+// found in it (or none, as then), reads them without a pass. Concurrent calls share scans: a call waits for the next scan to
 // start (one begun before the call would miss the caller's latest
 // unmounts) and that one scan answers every call waiting for it.
 func ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {
@@ -122,8 +127,11 @@ type scanner struct {
 	next    *scanBatch // the calls waiting for the next scan
 	running bool
 	// pids is a process in each mount namespace the last /proc pass
-	// found, by namespace; the scanning goroutine alone uses it.
-	pids map[uint64]int
+	// found, by namespace, and orphans the namespaces the kernel listed
+	// then that it found no process in; the scanning goroutine alone uses
+	// them.
+	pids    map[uint64]int
+	orphans map[uint64]bool
 }
 
 type scanBatch struct {
@@ -219,19 +227,28 @@ func (s *scanner) scan(queries []*foreignQuery) error {
 }
 
 // namespace is a mount namespace other than the agent's and the
-// processes in it (their pids, in /proc's order).
+// processes in it (their pids, in /proc's order); one no process holds
+// has none, and its kernel id (id) to read it by.
 type namespace struct {
 	ino  uint64
 	pids []int
+	id   uint64
 }
 
 // namespaces lists the host's other mount namespaces with their
 // processes: from the pids the last pass found (known) when the kernel's
 // list of namespaces (mountNamespaces) shows the same ones, each still
-// holding its process (unless pass), else from a pass over /proc.
+// holding its process or still holding none (unless pass), else from a
+// pass over /proc. The namespaces the kernel lists that no process is in
+// (a descriptor or a bind mount of the namespace keeps it) come with their
+// ids.
 func (s *scanner) namespaces(self uint64, pass bool) (nss []namespace, known bool, err error) {
-	if !pass && s.pids != nil {
-		if nss, ok := s.known(self); ok {
+	listed, lerr := mountNamespaces()
+	if lerr != nil {
+		listed = nil // a kernel that does not list them
+	}
+	if !pass && s.pids != nil && listed != nil {
+		if nss, ok := s.known(self, listed); ok {
 			return nss, true, nil
 		}
 	}
@@ -240,7 +257,7 @@ func (s *scanner) namespaces(self uint64, pass bool) (nss []namespace, known boo
 		return nil, false, err
 	}
 	at := map[uint64]int{}
-	s.pids = map[uint64]int{}
+	s.pids, s.orphans = map[uint64]int{}, map[uint64]bool{}
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil || pid <= 0 {
@@ -262,40 +279,59 @@ func (s *scanner) namespaces(self uint64, pass bool) (nss []namespace, known boo
 		}
 		nss[i].pids = append(nss[i].pids, pid)
 	}
+	for _, r := range listed {
+		if _, seen := at[r.ino]; !seen && r.ino != self {
+			nss = append(nss, namespace{ino: r.ino, id: r.id})
+			s.orphans[r.ino] = true
+		}
+	}
 	return nss, false, nil
 }
 
 // known is the namespaces of the last pass, if the kernel lists exactly
-// those besides self and each still holds the process found in it.
-func (s *scanner) known(self uint64) ([]namespace, bool) {
-	inos, err := mountNamespaces()
-	if err != nil {
-		return nil, false
-	}
-	var nss []namespace
-	for _, ns := range inos {
-		if ns == self {
+// those besides self, each holding the process the pass found in it or,
+// for one the pass found none in, still listed.
+func (s *scanner) known(self uint64, listed []nsRef) ([]namespace, bool) {
+	var nss, held []namespace
+	for _, r := range listed {
+		if r.ino == self {
 			continue
 		}
-		pid, ok := s.pids[ns]
+		if s.orphans[r.ino] {
+			held = append(held, namespace{ino: r.ino, id: r.id})
+			continue
+		}
+		pid, ok := s.pids[r.ino]
 		if !ok {
 			return nil, false
 		}
-		if cur, err := MountNamespace(pid); err != nil || cur != ns {
+		if cur, err := MountNamespace(pid); err != nil || cur != r.ino {
 			return nil, false
 		}
-		nss = append(nss, namespace{ino: ns, pids: []int{pid}})
+		nss = append(nss, namespace{ino: r.ino, pids: []int{pid}})
 	}
 	slices.SortFunc(nss, func(a, b namespace) int { return a.pids[0] - b.pids[0] })
-	return nss, true
+	return append(nss, held...), true
 }
 
-// readNamespaces reads the mounts of the queries' devices in each of nss
-// through the first of its processes still there, and adds what counts to
-// the queries' answers. stale: every process of one namespace is gone
-// (for a known namespace, a pass finds others, or that it is gone).
+// readNamespaces reads the mounts of the queries' devices in each of nss,
+// through the first of its processes still there (for one no process
+// holds, with listmount: its mounts count whatever their path, since no
+// root directory tells a host-made namespace's copies apart), and adds
+// what counts to the queries' answers. stale: every process of one
+// namespace is gone (for a known namespace, a pass finds others, or that
+// it is gone). A namespace no process holds that cannot be read (gone
+// meanwhile, or a kernel before 6.11, which cannot list another
+// namespace's mounts) is not examined.
 func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt unix.Stat_t) (stale bool, err error) {
 	for _, ns := range nss {
+		if len(ns.pids) == 0 {
+			ms, err := nsMounts(ns.id, func(m *mountinfo.Info) bool { return byDev[devOf(m)] != nil })
+			if err == nil {
+				addForeign(ms, byDev, func() bool { return false }, fmt.Sprintf("in mount namespace %d, which no process holds (a descriptor or a bind mount of it keeps it)", ns.ino))
+			}
+			continue
+		}
 		var ms []*mountinfo.Info
 		pid := 0
 		for _, p := range ns.pids {
@@ -311,19 +347,27 @@ func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt un
 			return true, nil
 		}
 		hostRoot := sync.OnceValue(func() bool { return sameRoot(pid, rootSt) })
-		for _, m := range ms {
-			for _, q := range byDev[devOf(m)] {
-				if !q.same(m) || propagated(m, q.groups) {
-					continue
-				}
-				if slices.Contains(q.owned, m.Mountpoint) && hostRoot() {
-					continue
-				}
-				q.out = append(q.out, fmt.Sprintf("%s in the mount namespace of pid %d", m.Mountpoint, pid))
-			}
-		}
+		addForeign(ms, byDev, hostRoot, fmt.Sprintf("in the mount namespace of pid %d", pid))
 	}
 	return false, nil
+}
+
+// addForeign adds to the queries' answers the mounts of ms (of one
+// namespace, described by where) that are theirs and count: not tied to
+// their own mounts by propagation, and not at one of their own paths in a
+// namespace with the agent's root (hostRoot).
+func addForeign(ms []*mountinfo.Info, byDev map[string][]*foreignQuery, hostRoot func() bool, where string) {
+	for _, m := range ms {
+		for _, q := range byDev[devOf(m)] {
+			if !q.same(m) || propagated(m, q.groups) {
+				continue
+			}
+			if slices.Contains(q.owned, m.Mountpoint) && hostRoot() {
+				continue
+			}
+			q.out = append(q.out, m.Mountpoint+" "+where)
+		}
+	}
 }
 
 // lookOwn sets the query's facts from the agent's namespace: the top

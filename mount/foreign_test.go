@@ -3,6 +3,7 @@ package mount_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -242,4 +243,71 @@ func TestForeignMountsAfterItsProcessLeft(t *testing.T) {
 	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || len(got) != 0 {
 		t.Fatalf("once the namespace is gone: %q, %v", got, err)
 	}
+}
+
+// TestForeignMountsInANamespaceNoProcessHolds: a mount namespace whose
+// last process exited while a descriptor keeps it (as a bind mount of its
+// nsfs file would) still holds the volume's filesystem: it is found, and
+// gone once the namespace is.
+func TestForeignMountsInANamespaceNoProcessHolds(t *testing.T) {
+	testhelp.NeedRoot(t)
+	if !kernelAtLeast(t, 6, 12) {
+		t.Skip("the kernel lists mount namespaces (nsfs NS_MNT_GET_NEXT) from Linux 6.12 only; before, a namespace no process holds cannot be found")
+	}
+	base := testhelp.LeakCheckedDir(t)
+	top := filepath.Join(base, "top")
+	vol := filepath.Join(top, "vol")
+	mkdirs(t, top)
+	mountTmpfs(t, top)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
+	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
+	c := startNSChild(t, filepath.Join(base, "croot"), false)
+	mkdirs(t, vol)
+	mountTmpfs(t, vol) // after the child: it has no copy
+	c.moveInto(t, vol, "/data", false)
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", c.pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	must(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			unix.Close(fd)
+		}
+	})
+	must(t, unix.Kill(c.pid, unix.SIGKILL))
+	waitGone(t, c.pid)
+	got, err := mount.ForeignMounts(context.Background(), vol, nil)
+	if err != nil || len(got) != 1 || !strings.Contains(got[0], "which no process holds") || !strings.Contains(got[0], "/data") {
+		t.Fatalf("ForeignMounts = %q, %v; want the copy at /data in the namespace no process holds", got, err)
+	}
+	t.Logf("found: %q", got)
+	// Asked again: from the namespaces the last pass found, the same.
+	if again, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || !slices.Equal(again, got) {
+		t.Fatalf("asked again: %q, %v; want %q", again, err, got)
+	}
+	unix.Close(fd)
+	closed = true
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := mount.ForeignMounts(context.Background(), vol, nil)
+		if err == nil && len(got) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("once the namespace is gone: %q, %v", got, err)
+		}
+		time.Sleep(10 * time.Millisecond) // the namespace is freed asynchronously (RCU)
+	}
+}
+
+// kernelAtLeast reports whether the running kernel is major.minor or
+// later.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	must(t, unix.Uname(&u))
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", u.Release[:], err)
+	}
+	return ma > major || ma == major && mi >= minor
 }

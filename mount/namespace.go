@@ -266,12 +266,18 @@ type mntNSInfo struct {
 	id       uint64
 }
 
-// mountNamespaces lists the identities (as MountNamespace gives them) of
-// every mount namespace of the host the caller may act on (root: all),
-// the calling thread's included, from the kernel's own list: no pass over
-// /proc. An error (a kernel without these ioctls) says nothing of the
-// host's namespaces.
-func mountNamespaces() ([]uint64, error) {
+// nsRef is a mount namespace as the kernel lists it: its identity as
+// MountNamespace gives it (ino) and its unique id (for listmount and
+// statmount; 0 for the caller's own).
+type nsRef struct {
+	ino, id uint64
+}
+
+// mountNamespaces lists every mount namespace of the host the caller may
+// act on (root: all), the calling thread's included, from the kernel's
+// own list: no pass over /proc. An error (a kernel without these ioctls)
+// says nothing of the host's namespaces.
+func mountNamespaces() ([]nsRef, error) {
 	self, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("listing mount namespaces: %w", err)
@@ -281,7 +287,7 @@ func mountNamespaces() ([]uint64, error) {
 	if err := unix.Fstat(self, &st); err != nil {
 		return nil, fmt.Errorf("listing mount namespaces: %w", err)
 	}
-	out := []uint64{st.Ino}
+	out := []nsRef{{ino: st.Ino}}
 	for _, req := range []uintptr{ioctlNSMntGetPrev, ioctlNSMntGetNext} {
 		fd := self
 		for {
@@ -301,7 +307,7 @@ func mountNamespaces() ([]uint64, error) {
 				unix.Close(fd)
 				return nil, fmt.Errorf("listing mount namespaces: %w", err)
 			}
-			out = append(out, st.Ino)
+			out = append(out, nsRef{ino: st.Ino, id: info.id})
 		}
 	}
 	return out, nil
