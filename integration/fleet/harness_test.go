@@ -146,9 +146,12 @@ func (f *fleet) newHost(node string, i int) *host {
 		_ = plugin.Wait()
 		logf.Close()
 	})
+	// Its controller too (--node-only: no attach): the node registers the
+	// pool's capacity (GetCapacity).
 	cfg, _ := json.Marshal(map[string]any{
-		"type":      loopType,
-		"endpoints": []any{map[string]any{"csi_service": "NODE_SERVICE", "endpoint": "unix://" + sock}},
+		"type": loopType,
+		"endpoints": []any{map[string]any{"csi_service": "NODE_SERVICE", "endpoint": "unix://" + sock},
+			map[string]any{"csi_service": "CONTROLLER_SERVICE", "endpoint": "unix://" + sock}},
 	})
 	if err := os.WriteFile(filepath.Join(h.conf, "loop.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
