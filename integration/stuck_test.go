@@ -137,6 +137,9 @@ func TestForceCleanup(t *testing.T) {
 	cfg := fastConfig(h)
 	cfg.RPCTimeout = time.Second
 	h.start(cfg)
+	// Ready first: a Prepare waits for a starting plugin only up to the
+	// RPC timeout, 1 s here, which a start on a loaded machine exceeds.
+	h.waitPlugin("t", "ready", ready)
 	vol, gone := volumeSpec{plugin: "t", id: "v", path: "d"}, volumeSpec{plugin: "t", id: "u", path: "e"}
 	sb := h.dir("sb")
 	h.mustPrepare("c", sb, "", vol, gone)
