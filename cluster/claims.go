@@ -185,18 +185,8 @@ func (c *Cluster) loadRecords() error {
 			continue // what a crash left of a record never acknowledged
 		}
 		path := filepath.Join(c.dir, e.Name())
-		b, _, err := atomicfile.ReadRecord(c.commit.Root(), path)
-		if err != nil {
-			return fmt.Errorf("reading the claim record %s: %w", path, err)
-		}
 		var f claimFile
-		if err := json.Unmarshal(b, &f); err != nil {
-			return fmt.Errorf("decoding the claim record %s: %w", path, err)
-		}
-		if f.Version != stateVersion {
-			return fmt.Errorf("the claim record %s has version %d; this agent reads version %d", path, f.Version, stateVersion)
-		}
-		if err := c.ownRecord(path, f.Node); err != nil {
+		if err := c.readState(path, "the claim record", &f, stateVersion); err != nil {
 			return err
 		}
 		if recordName(f.Plugin, f.Volume) != e.Name() {
@@ -208,34 +198,45 @@ func (c *Cluster) loadRecords() error {
 	return nil
 }
 
-// ownRecord refuses a record of another node id.
-func (c *Cluster) ownRecord(path, node string) error {
-	if node == c.cfg.NodeID {
-		return nil
+// stamped is a state record's payload: its version and node id.
+type stamped interface {
+	stamp() (version int, node string)
+}
+
+func (f *claimFile) stamp() (int, string)       { return f.Version, f.Node }
+func (f *legacyStateFile) stamp() (int, string) { return f.Version, f.Node }
+
+// readState decodes the state record at path (what it is, for errors)
+// into v, which must have version want and this node's id (a record of
+// another node is ErrInvalid: claims are taken under the node id).
+func (c *Cluster) readState(path, what string, v stamped, want int) error {
+	b, _, err := atomicfile.ReadRecord(c.commit.Root(), path)
+	if err != nil {
+		return fmt.Errorf("reading %s %s: %w", what, path, err)
 	}
-	return fmt.Errorf("%w: %s holds a claim of node %q, not %q: a node id must stay the same across restarts (release node %q's claims, or restore its id)",
-		ErrInvalid, path, node, c.cfg.NodeID, node)
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("decoding %s %s: %w", what, path, err)
+	}
+	switch version, node := v.stamp(); {
+	case version != want:
+		return fmt.Errorf("%s %s has version %d; this agent reads version %d", what, path, version, want)
+	case node != c.cfg.NodeID:
+		return fmt.Errorf("%w: %s %s holds claims of node %q, not %q: a node id must stay the same across restarts (release node %q's claims, or restore its id)",
+			ErrInvalid, what, path, node, c.cfg.NodeID, node)
+	}
+	return nil
 }
 
 // importLegacy writes each claim of a legacy claims file as its own
 // record, makes them durable, then removes the file (a crash in between
 // imports it again, to the same records).
 func (c *Cluster) importLegacy(ctx context.Context, path string) error {
-	b, _, err := atomicfile.ReadRecord(c.commit.Root(), path)
+	var st legacyStateFile
+	err := c.readState(path, "the claims file", &st, legacyStateVersion)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading the claims file: %w", err)
-	}
-	var st legacyStateFile
-	if err := json.Unmarshal(b, &st); err != nil {
-		return fmt.Errorf("decoding the claims file %s: %w", path, err)
-	}
-	if st.Version != legacyStateVersion {
-		return fmt.Errorf("the claims file %s has version %d; this agent reads version %d", path, st.Version, legacyStateVersion)
-	}
-	if err := c.ownRecord(path, st.Node); err != nil {
 		return err
 	}
 	for _, l := range st.Claims {

@@ -204,16 +204,7 @@ func TestForeignMountsConcurrent(t *testing.T) {
 // is still looked at (through it), and the mounts it holds are found.
 func TestForeignMountsAfterItsProcessLeft(t *testing.T) {
 	testhelp.NeedRoot(t)
-	base := testhelp.LeakCheckedDir(t)
-	top := filepath.Join(base, "top")
-	vol := filepath.Join(top, "vol")
-	mkdirs(t, top)
-	mountTmpfs(t, top)
-	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
-	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
-	c := startNSChild(t, filepath.Join(base, "croot"), false)
-	mkdirs(t, vol)
-	mountTmpfs(t, vol) // after the child: it has no copy
+	vol, c := volumeBesideChild(t)
 	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || len(got) != 0 {
 		t.Fatalf("before the bind: %q, %v", got, err)
 	}
@@ -254,16 +245,7 @@ func TestForeignMountsInANamespaceNoProcessHolds(t *testing.T) {
 	if !kernelAtLeast(t, 6, 12) {
 		t.Skip("the kernel lists mount namespaces (nsfs NS_MNT_GET_NEXT) from Linux 6.12 only; before, a namespace no process holds cannot be found")
 	}
-	base := testhelp.LeakCheckedDir(t)
-	top := filepath.Join(base, "top")
-	vol := filepath.Join(top, "vol")
-	mkdirs(t, top)
-	mountTmpfs(t, top)
-	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
-	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
-	c := startNSChild(t, filepath.Join(base, "croot"), false)
-	mkdirs(t, vol)
-	mountTmpfs(t, vol) // after the child: it has no copy
+	vol, c := volumeBesideChild(t)
 	c.moveInto(t, vol, "/data", false)
 	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", c.pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	must(t, err)
@@ -310,4 +292,22 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 		t.Fatalf("kernel release %q: %v", u.Release[:], err)
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// volumeBesideChild mounts a tmpfs "volume" on a private mount after
+// starting a child in a mount namespace of its own (which therefore has
+// no copy of it), and returns both.
+func volumeBesideChild(t *testing.T) (string, nsChild) {
+	t.Helper()
+	base := testhelp.LeakCheckedDir(t)
+	top := filepath.Join(base, "top")
+	vol := filepath.Join(top, "vol")
+	mkdirs(t, top)
+	mountTmpfs(t, top)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
+	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
+	c := startNSChild(t, filepath.Join(base, "croot"), false)
+	mkdirs(t, vol)
+	mountTmpfs(t, vol) // after the child: it has no copy
+	return vol, c
 }
