@@ -391,53 +391,95 @@ func within(root, path string) bool {
 // visible on return, durable once Wait says so for the returned change.
 // A new file is made in its directory, which must exist. Changes to one
 // path are serialised by the caller.
+//
+// A path not written since the Committer was made is read, and a new
+// record file written, without holding the Committer's lock, so that
+// concurrent Puts of new records make their files at once: no round or
+// checkpoint touches a path before its first change is noted. A version
+// written into an existing file's slot is written under the lock, which a
+// checkpoint holds to choose the slots it makes durable.
 func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.checkRootLocked(); err != nil {
-		return 0, err
-	}
-	n, err := c.putLocked(path, payload, perm)
-	if err != nil {
-		// A file or directory gone may be the root gone.
-		if rerr := c.checkRootLocked(); rerr != nil {
-			return 0, rerr
-		}
-	}
-	return n, err
-}
-
-func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (uint64, error) {
 	id := c.identity(path)
 	if len(id) > maxIdentity {
 		return 0, fmt.Errorf("writing %s: path longer than %d bytes below %s", path, maxIdentity, c.root)
 	}
-	st := c.slots[path]
-	if st == nil {
-		var err error
-		if st, err = c.loadSlots(path); err != nil {
-			return 0, err
-		}
+	c.mu.Lock()
+	err := c.checkRootLocked()
+	st, gen := c.slots[path], c.removedGen[path]+1
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
 	}
+	if st == nil {
+		loaded, err := c.loadSlots(path)
+		if err != nil {
+			return 0, c.failed(err)
+		}
+		if loaded == nil {
+			return c.putNew(path, id, gen, payload, perm)
+		}
+		c.mu.Lock()
+		c.setSlotsLocked(path, loaded)
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, err := c.putLocked(path, id, payload, perm)
+	if err != nil {
+		return 0, c.failedLocked(err)
+	}
+	return n, nil
+}
+
+// failed is err, or the Committer's root error if the root is gone (a
+// file or directory gone may be the root gone).
+func (c *Committer) failed(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failedLocked(err)
+}
+
+func (c *Committer) failedLocked(err error) error {
+	if rerr := c.checkRootLocked(); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+func (c *Committer) setSlotsLocked(path string, st *slotState) {
+	if c.slots == nil {
+		c.slots = map[string]*slotState{}
+	}
+	c.slots[path] = st
+}
+
+// putNew writes a new record file's first version, gen, under
+// newName(path) (renamed into place by the round that makes it durable,
+// once its content is: a name that survives a power cut always has a
+// version, and versions put before that round share its one fsync), then
+// notes it.
+func (c *Committer) putNew(path, id string, gen uint64, payload []byte, perm os.FileMode) (uint64, error) {
+	data := frame(gen, id, payload)
+	if err := writeNew(newName(path), data, perm); err != nil {
+		return 0, c.failed(fmt.Errorf("writing %s: %w", path, err))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.removedGen, path)
+	c.setSlotsLocked(path, &slotState{gen: gen, durable: -1, flight: -1, pending: 0, fresh: true})
+	c.writes.Add(1)
+	return c.noteLocked(path, filepath.Dir(path), content{data: data, perm: perm, slot: 0}), nil
+}
+
+// putLocked writes a new version into the existing record file of path
+// (its slots known).
+func (c *Committer) putLocked(path, id string, payload []byte, perm os.FileMode) (uint64, error) {
+	st := c.slots[path]
 	dir := ""
 	var data []byte
 	switch {
-	case st == nil:
-		// A new file: written under newName(path) and renamed into place
-		// by the round that makes it durable, once its content is (fsync,
-		// then rename, then the directory's fsync): a name that survives
-		// a power cut always has a version, and versions put before that
-		// round share its one fsync.
-		gen := c.removedGen[path] + 1
-		data = frame(gen, id, payload)
-		if err := writeNew(newName(path), data, perm); err != nil {
-			return 0, fmt.Errorf("writing %s: %w", path, err)
-		}
-		delete(c.removedGen, path)
-		st = &slotState{gen: gen, durable: -1, flight: -1, pending: 0, fresh: true}
-		dir = filepath.Dir(path)
 	case st.whole || headerSize(id)+len(payload) > slotSize:
 		// Replaced whole, durably at once (temp file fsynced before the
 		// rename): the old file's slots are not overwritten.
@@ -463,10 +505,7 @@ func (c *Committer) putLocked(path string, payload []byte, perm os.FileMode) (ui
 		}
 		st.gen, st.pending = st.gen+1, slot
 	}
-	if c.slots == nil {
-		c.slots = map[string]*slotState{}
-	}
-	c.slots[path] = st
+	c.setSlotsLocked(path, st)
 	c.writes.Add(1)
 	slot := st.pending
 	if slot < 0 {
@@ -519,16 +558,21 @@ func (c *Committer) fsync() func(string) error {
 }
 
 // Remove removes a file or an empty directory; a missing one is not an
-// error. The removal is committed with the next round.
+// error. The removal is committed with the next round. The file is
+// forgotten under the Committer's lock (a round then renames nothing into
+// place for it) and unlinked without it.
 func (c *Committer) Remove(path string) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.checkRootLocked(); err != nil {
+	err := c.checkRootLocked()
+	st := c.slots[path]
+	delete(c.slots, path)
+	c.mu.Unlock()
+	if err != nil {
 		return 0, err
 	}
-	st := c.slots[path]
+	known := st
 	if st == nil && c.journaled() {
 		// Its generation goes into the journal's entry.
 		var err error
@@ -536,15 +580,16 @@ func (c *Committer) Remove(path string) (uint64, error) {
 			return 0, err
 		}
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := unlink(path); err != nil {
+		if known != nil { // still there: as it was
+			c.mu.Lock()
+			c.setSlotsLocked(path, known)
+			c.mu.Unlock()
+		}
 		return 0, err
 	}
-	// A new record not renamed into place yet, or what a crash left of
-	// one.
-	if err := os.Remove(newName(path)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.EISDIR) {
-		return 0, err
-	}
-	delete(c.slots, path)
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	gone := content{removed: true}
 	if st != nil && c.journaled() {
 		gone.gen = st.gen
@@ -554,6 +599,20 @@ func (c *Committer) Remove(path string) (uint64, error) {
 		c.removedGen[path] = st.gen
 	}
 	return c.noteLocked(path, filepath.Dir(path), gone), nil
+}
+
+// unlink removes path (a file or an empty directory) and what a crash
+// may have left under its new record's name; missing ones are not errors.
+func unlink(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	// A new record not renamed into place yet, or what a crash left of
+	// one.
+	if err := os.Remove(newName(path)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.EISDIR) {
+		return err
+	}
+	return nil
 }
 
 // noteLocked records a change to commit (a file's new content, a
