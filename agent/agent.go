@@ -88,7 +88,9 @@ type Config struct {
 	ResyncInterval time.Duration
 	// CrashPoint is for crash tests only: see isolator.Config.
 	CrashPoint func(point string)
-	// BootID is for reboot tests only: see isolator.Config.
+	// BootID is for reboot tests only: see isolator.Config; the work
+	// dir's journals are replayed as after a power cut when it is not
+	// the boot they were written in (atomicfile.Open).
 	BootID string
 
 	// ReclaimDefaults is the reclaim policy of plugins whose config does
@@ -248,7 +250,7 @@ func New(cfg Config) (*Agent, error) {
 
 // newAgent makes the Agent of New, its work dir locked.
 func newAgent(cfg Config) (*Agent, error) {
-	commit, err := atomicfile.New(cfg.WorkDir)
+	commit, err := atomicfile.Open(cfg.WorkDir, cfg.BootID)
 	if err != nil {
 		return nil, err
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/bootid"
 	"github.com/csiagent/csiagent/internal/defaults"
 	"github.com/csiagent/csiagent/internal/keyedlock"
 )
@@ -243,11 +242,10 @@ func New(cfg Config) (*Isolator, error) {
 	}
 	bootID := cfg.BootID
 	if bootID == "" {
-		b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-		if err != nil {
-			return nil, fmt.Errorf("reading boot id: %w", err)
+		var err error
+		if bootID, err = bootid.Current(); err != nil {
+			return nil, err
 		}
-		bootID = strings.TrimSpace(string(b))
 	}
 	iso := &Isolator{
 		cfg:           cfg,
@@ -269,7 +267,7 @@ func New(cfg Config) (*Isolator, error) {
 		if err := atomicfile.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 			return nil, fmt.Errorf("creating the work directory: %w", err)
 		}
-		c, err := atomicfile.New(cfg.WorkDir)
+		c, err := atomicfile.Open(cfg.WorkDir, bootID)
 		if err != nil {
 			return nil, err
 		}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/bootid"
 	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/pluginconfig"
@@ -372,12 +373,11 @@ func StartTicks(pid int) (uint64, error) {
 	return st.startTicks, err
 }
 
+// bootID is this boot's id, "" if unreadable (a record then never
+// matches: its process is not adopted).
 func bootID() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+	id, _ := bootid.Current()
+	return id
 }
 
 func readRecord(root, path string) (*processRecord, error) {

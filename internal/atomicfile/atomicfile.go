@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/bootid"
 )
 
 // Write replaces path with data, durably: temp file, fsync, rename,
@@ -218,17 +220,28 @@ type Committer struct {
 // made with.
 var ErrRootReplaced = errors.New("work directory removed or replaced while the agent runs")
 
-// New makes the Committer of root, an existing directory, after
+// New is Open on this boot.
+func New(root string) (*Committer, error) { return Open(root, "") }
+
+// Open makes the Committer of root, an existing directory, after
 // replaying what journals a predecessor left there (see journal.go), so
-// that every record file holds its last acknowledged version when New
-// returns.
-func New(root string) (*Committer, error) {
+// that every record file holds its last acknowledged version when Open
+// returns. boot is this boot's id ("": the kernel's; tests of a power cut
+// give another); the journals' boot is recorded in root (bootFile) before
+// any journal is made.
+func Open(root, boot string) (*Committer, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(root, &st); err != nil {
 		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}
+	if boot == "" {
+		var err error
+		if boot, err = bootid.Current(); err != nil {
+			return nil, fmt.Errorf("opening %s: %w", root, err)
+		}
+	}
 	root = filepath.Clean(root)
-	epoch, err := replay(root)
+	epoch, err := replay(root, boot)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}

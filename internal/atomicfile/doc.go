@@ -13,9 +13,11 @@
 // record files and their directories are fsynced by a checkpoint, once
 // the journal has grown large, at a clean stop (Checkpoint), or at once
 // when the disk is full (the journal cannot grow; the files' slots are
-// reserved). New replays the journals a predecessor left before anything
-// reads a record, so that every record file holds its last acknowledged
-// version. A new record is written under a name of its own and renamed
+// reserved). Open (New: on this boot) replays the journals a predecessor
+// left before anything reads a record, so that every record file holds
+// its last acknowledged version: after a power cut (journals of another
+// boot) the journals are applied; after the process alone died (this
+// boot) the files, which hold every change it made, are kept as they are. A new record is written under a name of its own and renamed
 // into place once the journal holds it (ReadRecord reads it there
 // meanwhile). A Committer without a root has no journal: each round
 // fsyncs the files and directories it changed.

@@ -43,13 +43,17 @@ import (
 // A journal is only ever appended to; its first invalid entry ends it (a
 // torn append was never acknowledged, and nothing after it was either).
 //
-// New replays the journals before anything reads a record: for every path
-// their entries name, the last entry wins. A put whose record file holds
-// no version as new (none, an older one, or a torn one) is written to the
-// file afresh, durably (one kept under the new record's name is renamed
-// into place); a removal removes the file or directory if a power cut
-// brought it back; a directory made is made. Then the journals are
-// removed: every record file holds what they held.
+// Open replays the journals before anything reads a record: for every
+// path their entries name, the last entry wins. A put whose record file
+// holds no version as new (none, an older one, or a torn one) is written
+// to the file afresh, durably (one kept under the new record's name is
+// renamed into place); a removal removes the file or directory if a power
+// cut brought it back; a directory made is made. Then the journals are
+// removed: every record file holds what they held. Journals of the boot
+// Open runs in (bootFile) were left by a process that died, with the page
+// cache intact: the files hold every change, the journal's and later ones
+// (a record removed after its last entry must stay removed, one made
+// again after its removal must stay), so only lost renames are redone.
 const (
 	journalMagic  = "CSJ1"
 	journalHeader = 20
@@ -226,24 +230,70 @@ func journals(root string) ([]string, []uint64, error) {
 	return names, epochs, nil
 }
 
+// bootFile, in the root, holds the id of the boot the journals there were
+// written in: made durable by Open, before any journal.
+const bootFile = ".journal.boot"
+
 // replay brings the record files up to the journals in root (see the
-// comment at the top), removes them, and returns the next epoch. The
-// root's filesystem is synced first: what a crashed predecessor left
-// visible is then durable, and a record file holding a newer version than
-// the journal's keeps it.
-func replay(root string) (uint64, error) {
+// comment at the top), removes them, records boot as the journals' boot
+// in bootFile, and returns the next epoch. The root's filesystem is
+// synced first: what a crashed predecessor left visible is then durable,
+// and a record file holding a newer version than the journal's keeps it.
+//
+// Journals of this very boot (bootFile says so) were left by a process
+// that died, not by the host: every change it made is in the files, and
+// a change it made after its last journal entry (a record removed, or
+// made again after a removal) is newer than the entry. The files are
+// then the truth: the replay only puts into place the new records whose
+// rename was lost. Journals of an earlier boot, or of a release without
+// bootFile, are applied.
+func replay(root, boot string) (uint64, error) {
 	names, epochs, err := journals(root)
-	if err != nil || len(names) == 0 {
+	if err != nil {
 		return 0, err
 	}
-	if err := SyncFS(root); err != nil {
+	if len(names) > 0 {
+		if err := applyJournals(root, names, sameBoot(root, boot)); err != nil {
+			return 0, err
+		}
+	}
+	if err := recordBoot(root, boot); err != nil {
 		return 0, err
+	}
+	if len(names) == 0 {
+		return 0, nil
+	}
+	return epochs[len(epochs)-1] + 1, nil
+}
+
+// sameBoot reports whether root's journals were written in boot.
+func sameBoot(root, boot string) bool {
+	b, err := os.ReadFile(filepath.Join(root, bootFile))
+	return err == nil && strings.TrimSpace(string(b)) == boot
+}
+
+// recordBoot makes boot the journals' boot, durably, unless it is.
+func recordBoot(root, boot string) error {
+	if sameBoot(root, boot) {
+		return nil
+	}
+	if err := Write(filepath.Join(root, bootFile), []byte(boot+"\n"), 0o600); err != nil {
+		return fmt.Errorf("recording the journal's boot: %w", err)
+	}
+	return nil
+}
+
+// applyJournals replays the journals names (oldest first) and removes
+// them; sameBoot: only lost renames (see replay).
+func applyJournals(root string, names []string, sameBoot bool) error {
+	if err := SyncFS(root); err != nil {
+		return err
 	}
 	last := map[string]entry{}
 	for _, n := range names {
 		b, err := os.ReadFile(n)
 		if err != nil {
-			return 0, fmt.Errorf("reading the journal: %w", err)
+			return fmt.Errorf("reading the journal: %w", err)
 		}
 		for _, e := range decodeEntries(b) {
 			last[e.v.id] = e
@@ -257,24 +307,28 @@ func replay(root string) (uint64, error) {
 	slices.SortFunc(ids, func(a, b string) int { return cmp.Compare(len(a), len(b)) })
 	var errs []error
 	for _, id := range ids {
-		if e := last[id]; e.kind != entryRemove {
+		switch e := last[id]; {
+		case sameBoot && e.kind == entryPut:
+			_, err := renameLost(root, e)
+			errs = append(errs, err)
+		case !sameBoot && e.kind != entryRemove:
 			errs = append(errs, applyEntry(root, e))
 		}
 	}
 	for _, id := range slices.Backward(ids) {
-		if e := last[id]; e.kind == entryRemove {
+		if e := last[id]; !sameBoot && e.kind == entryRemove {
 			errs = append(errs, applyEntry(root, e))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, fmt.Errorf("replaying the journal: %w", err)
+		return fmt.Errorf("replaying the journal: %w", err)
 	}
 	for _, n := range names {
 		if err := os.Remove(n); err != nil {
-			return 0, fmt.Errorf("removing the replayed journal: %w", err)
+			return fmt.Errorf("removing the replayed journal: %w", err)
 		}
 	}
-	return epochs[len(epochs)-1] + 1, nil
+	return nil
 }
 
 // applyEntry makes what one entry says of its path durably true.
@@ -303,15 +357,8 @@ func applyEntry(root string, e entry) error {
 		}
 		return nil
 	}
-	if gen, at, ok := newestGen(root, p); ok && gen >= e.v.gen {
-		if at == p {
-			return nil
-		}
-		// Kept under its new name (its rename was lost): into place.
-		if err := os.Rename(at, p); err != nil {
-			return fmt.Errorf("renaming %s into place: %w", at, err)
-		}
-		return syncFile(filepath.Dir(p))
+	if kept, err := renameLost(root, e); kept || err != nil {
+		return err
 	}
 	if err := MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
@@ -323,6 +370,27 @@ func applyEntry(root string, e entry) error {
 		return err
 	}
 	return nil
+}
+
+// renameLost reports whether the record file of put entry e holds its
+// version or a newer one, under its name or, when its rename was lost,
+// under its new record's name, which it then renames into place.
+func renameLost(root string, e entry) (bool, error) {
+	p := filepath.Join(root, filepath.FromSlash(e.v.id))
+	if !within(root, p) || p == root {
+		return false, fmt.Errorf("journal entry for %q: outside %s", e.v.id, root)
+	}
+	gen, at, ok := newestGen(root, p)
+	if !ok || gen < e.v.gen {
+		return false, nil
+	}
+	if at == p {
+		return true, nil
+	}
+	if err := os.Rename(at, p); err != nil {
+		return true, fmt.Errorf("renaming %s into place: %w", at, err)
+	}
+	return true, syncFile(filepath.Dir(p))
 }
 
 // newestGen is the generation of the version ReadRecord would return for

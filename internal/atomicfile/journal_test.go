@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/csiagent/csiagent/internal/bootid"
 )
 
 // newCommitter is a Committer of a new root.
@@ -42,8 +44,12 @@ func journalFiles(t *testing.T, root string) map[string][]byte {
 	return out
 }
 
+// rebooted is the boot after a simulated power cut.
+const rebooted = "the boot after the power cut"
+
 // powerCutKeepingJournals leaves root as a power cut that kept only the
-// journals can: every record file and directory made since is gone.
+// journals can: every record file and directory made since is gone (the
+// next Open is on another boot: rebooted).
 func powerCutKeepingJournals(t *testing.T, root string) {
 	t.Helper()
 	js := journalFiles(t, root)
@@ -55,6 +61,9 @@ func powerCutKeepingJournals(t *testing.T, root string) {
 		t.Fatal(err)
 	}
 	for _, de := range des {
+		if de.Name() == bootFile { // durable before any journal
+			continue
+		}
 		if err := os.RemoveAll(filepath.Join(root, de.Name())); err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +123,7 @@ func TestReplayRestoresAcknowledgedChanges(t *testing.T) {
 	}
 
 	for i := range 2 { // the replay, then a restart with nothing to replay
-		if _, err := New(root); err != nil {
+		if _, err := Open(root, rebooted); err != nil {
 			t.Fatal(err)
 		}
 		if got := readString(t, root, a); got != "a2" {
@@ -159,7 +168,7 @@ func TestReplayStopsAtATornEntry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := New(root); err != nil {
+	if _, err := Open(root, rebooted); err != nil {
 		t.Fatal(err)
 	}
 	if got := readString(t, root, p); got != "p1" {
@@ -285,7 +294,7 @@ func TestReplayRenamesANewRecordIntoPlace(t *testing.T) {
 	if err := os.Rename(p, newName(p)); err != nil { // the rename lost
 		t.Fatal(err)
 	}
-	if _, err := New(root); err != nil {
+	if _, err := Open(root, rebooted); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(p); err != nil {
@@ -296,5 +305,63 @@ func TestReplayRenamesANewRecordIntoPlace(t *testing.T) {
 	}
 	if got := readString(t, root, p); got != "p1" {
 		t.Errorf("p = %q, want p1", got)
+	}
+}
+
+// A process that died (same boot: the page cache kept every change it
+// made) leaves the files as the truth: a record removed, or made again
+// after a journaled removal, after the journal's last entry for it stays
+// as the files have it, and a lost rename is still put into place. The
+// same journals after a power cut (another boot) are applied.
+func TestSameBootReplayKeepsTheFiles(t *testing.T) {
+	state := func(boot string) (string, string) {
+		root, c := newCommitter(t)
+		gone, back := filepath.Join(root, "gone"), filepath.Join(root, "back")
+		putDurably(t, c, gone, "removed since")
+		putDurably(t, c, back, "first life")
+		n, err := c.Remove(back)
+		if err == nil {
+			err = c.Wait(context.Background(), n)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The process's last changes, which its death kept out of the
+		// journal: gone removed, back made again.
+		if err := os.Remove(gone); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(back, frame(2, Identity(root, back), []byte("second life")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(root, boot); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range []string{gone, back} {
+			b, _, err := ReadRecord(root, p)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				got = append(got, "-")
+			case err != nil:
+				t.Fatal(err)
+			default:
+				got = append(got, string(b))
+			}
+		}
+		if js := journalFiles(t, root); len(js) != 0 {
+			t.Errorf("journals left after the replay: %d", len(js))
+		}
+		return got[0], got[1]
+	}
+	bootNow, err := bootid.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone, back := state(bootNow); gone != "-" || back != "second life" {
+		t.Errorf("after the process died: gone = %q, back = %q; want it removed and its second life", gone, back)
+	}
+	if gone, back := state(rebooted); gone != "removed since" || back != "-" {
+		t.Errorf("after a power cut: gone = %q, back = %q; want the journal's: its version, and removed", gone, back)
 	}
 }
