@@ -321,7 +321,7 @@ const maxCASAttempts = 16
 // Claim takes this node's claim on a volume before the volume comes onto
 // the node (see the package doc for where). It returns nil at once when
 // the access mode needs no claim, and when this node holds the claim
-// already (etcd is asked when connected; unreachable, the claim records
+// already (etcd is asked unless down; unreachable, the claim records
 // answer). A claim held by another node: ErrConflict, naming it. A new
 // claim with etcd unreachable: ErrUnavailable. A revoked claim:
 // ErrRevoked until Release. The claim is in its record before Claim
@@ -358,11 +358,14 @@ func (c *Cluster) revokedErr(l LocalClaim) error {
 		ErrRevoked, l.Volume, l.Plugin, l.Note)
 }
 
-// confirm checks a claim held locally against etcd when connected: still
-// ours, nil; gone or another node's, revoked. etcd not answering: the
-// local record stands (fail closed keeps what this node holds).
+// confirm checks a claim held locally against etcd unless etcd is down:
+// still ours, nil; gone or another node's, revoked. etcd not answering:
+// the local record stands (fail closed keeps what this node holds). At
+// the start, before the node has registered, etcd is asked: a node back
+// after its claims were released must find so before a new container
+// gets the volume.
 func (c *Cluster) confirm(ctx context.Context, key string, l LocalClaim) error {
-	if !c.connected.Load() {
+	if c.down.Load() {
 		return nil
 	}
 	rec, _, err := c.read(ctx, key)
@@ -412,7 +415,7 @@ func (c *Cluster) read(ctx context.Context, key string) (*claimRecord, int64, er
 	if err != nil {
 		return nil, 0, c.etcdErr(ctx, "reading claim "+key, err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	if len(resp.Kvs) == 0 {
 		return nil, 0, nil
 	}
@@ -449,7 +452,7 @@ func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRec
 	if err != nil {
 		return false, nil, 0, c.etcdErr(ctx, what, err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	if resp.Succeeded {
 		return true, nil, resp.Header.GetRevision(), nil
 	}
@@ -623,7 +626,7 @@ func (c *Cluster) Release(ctx context.Context, plugin, volumeID string) error {
 			return fmt.Errorf("releasing volume %s of plugin %s: %w", volumeID, plugin, err)
 		}
 	}
-	if !c.connected.Load() {
+	if c.down.Load() {
 		c.pokeReconciler()
 		return nil
 	}
@@ -664,7 +667,7 @@ func (c *Cluster) reconcileOnce(ctx context.Context) error {
 	if err != nil {
 		return c.etcdErr(ctx, "listing claims", err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	inEtcd := map[string]bool{} // claim keys etcd shows this node holding
 	for _, kv := range resp.Kvs {
 		rec, err := decodeClaim(kv.Key, kv.Value)

@@ -145,6 +145,10 @@ type Cluster struct {
 	held    map[string]lockHeld    // locks held, by mutex key
 
 	connected atomic.Bool
+	// down: the last etcd call did not answer (false at the start, before
+	// any call: etcd is asked then). Claim and Release skip etcd while it
+	// is down, answering from the node's claim records.
+	down      atomic.Bool
 	conflicts atomic.Uint64
 	lockWaits atomic.Uint64
 	// reconciles counts reconcile rounds (tests wait on it).
@@ -310,6 +314,12 @@ func (c *Cluster) callCtx(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(ctx, c.cfg.CallTimeout)
 }
 
+// answered notes that etcd answered a call.
+func (c *Cluster) answered() {
+	c.connected.Store(true)
+	c.down.Store(false)
+}
+
 // etcdErr classifies a failed etcd call: the caller's own end stays
 // what it is; anything else means etcd did not answer (ErrUnavailable).
 // what names the call.
@@ -318,6 +328,7 @@ func (c *Cluster) etcdErr(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 	c.connected.Store(false)
+	c.down.Store(true)
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %s: etcd at %s did not answer within %s (no quorum, or unreachable): %w",
 			ErrUnavailable, what, strings.Join(c.cfg.Endpoints, ","), c.cfg.CallTimeout, err)
@@ -358,6 +369,7 @@ func (c *Cluster) run(ctx context.Context) {
 			clear(c.held)
 			c.mu.Unlock()
 			c.connected.Store(false)
+			c.down.Store(true)
 			c.log.Warn("cluster: the node's lease was lost (etcd unreachable for its TTL, or revoked); registering again; locks held are lost")
 			retry.Reset(0)
 		case <-reconcile.C:
@@ -420,7 +432,7 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	c.mu.Lock()
 	c.session = s
 	c.mu.Unlock()
-	c.connected.Store(true)
+	c.answered()
 	c.log.Info("cluster: node registered", "lease", fmt.Sprintf("%x", int64(lease.ID)), "ttl", c.ttlSeconds())
 	return s, nil
 }
@@ -471,7 +483,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]NodeStatus, error) {
 	if err != nil {
 		return nil, c.etcdErr(ctx, "listing the nodes", err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	byID := map[string]*NodeStatus{}
 	var order []string
 	for _, kv := range resp.Kvs {

@@ -52,10 +52,17 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// holders is what etcd shows holding plugin/volume.
+// holders is what etcd shows holding plugin/volume (asked again while
+// etcd is unavailable: a read right after a leader's death can fail
+// "leader changed").
 func holders(t *testing.T, n *testNode, plugin, volume string) []string {
 	t.Helper()
-	st, err := n.Claims(testCtx(t, 5*time.Second))
+	var st Status
+	var err error
+	waitFor(t, 10*time.Second, "etcd to answer", func() bool {
+		st, err = n.Claims(testCtx(t, 5*time.Second))
+		return !errors.Is(err, ErrUnavailable)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -792,4 +799,31 @@ func onCommitter(t *testing.T, endpoints []string) (Config, *atomicfile.Committe
 	}
 	return Config{Endpoints: endpoints, Prefix: "/test", NodeID: "node-a", StateDir: filepath.Join(root, "cluster"), Commit: commit,
 		InUse: func(string, string) bool { return false }, LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile}, commit
+}
+
+// TestReturningNodeAsksEtcdFirst: a node restarted after its claim was
+// released in etcd refuses a new container on the volume (ErrRevoked)
+// from its first Claim, before it has registered: etcd is asked unless
+// it is known down.
+func TestReturningNodeAsksEtcdFirst(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	dir := t.TempDir()
+	a := newNode(t, ec.Endpoints, "node-a", dir, true, "loop/v1")
+	ctx := testCtx(t, 30*time.Second)
+	if err := a.Claim(ctx, "loop", "v1", rwo); err != nil {
+		t.Fatal(err)
+	}
+	a.crash(t)
+	// Released while node-a was away (as ReleaseNode does, without the
+	// wait for its lease).
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
+	if _, err := b.client.Delete(ctx, b.keys.claim("loop", "v1")); err != nil {
+		t.Fatal(err)
+	}
+	a2 := newNode(t, ec.Endpoints, "node-a", dir, false, "loop/v1")
+	err := a2.Claim(ctx, "loop", "v1", rwo)
+	if !errors.Is(err, ErrRevoked) {
+		t.Fatalf("the returned node's first claim on a volume released while it was away: %v (registered: %v); want ErrRevoked", err, a2.Stats().Connected)
+	}
 }

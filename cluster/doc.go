@@ -36,8 +36,9 @@
 // NodeUnpublishVolume) is durable in its checkpoint. It calls Claim
 // again before each new container of a volume already on the node: a
 // claim the node holds answers from its record (after a round trip
-// to etcd when connected, which finds a revocation), a revoked one
-// refuses the new container (ErrRevoked).
+// to etcd unless etcd is down, which finds a revocation: right after a
+// restart too, before the node has registered), a revoked one refuses
+// the new container (ErrRevoked).
 //
 // Fail closed: when etcd does not answer (no quorum, unreachable; every
 // call is bounded by Config.CallTimeout), a Claim this node holds

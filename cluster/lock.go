@@ -203,7 +203,7 @@ func (c *Cluster) Claims(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, c.etcdErr(ctx, "reading the cluster's claims and locks", err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	leases, err := c.leaseNodes(resp.Responses[2].GetResponseRange().GetKvs())
 	if err != nil {
 		return Status{}, err

@@ -32,7 +32,7 @@ func (c *Cluster) ReleaseNode(ctx context.Context, node, volume string, nodeIsDo
 	if err != nil {
 		return nil, c.etcdErr(ctx, "reading node "+node, err)
 	}
-	c.connected.Store(true)
+	c.answered()
 	infoKV, aliveKV := resp.Responses[0].GetResponseRange().GetKvs(), resp.Responses[1].GetResponseRange().GetKvs()
 	if len(infoKV) == 0 {
 		return nil, fmt.Errorf("%w: node %q never registered under %s (csi-agent cluster nodes lists the nodes)", ErrNotFound, node, c.cfg.Prefix)
