@@ -257,9 +257,7 @@ func replay(root, boot string) (uint64, error) {
 			return 0, err
 		}
 	}
-	if err := recordBoot(root, boot); err != nil {
-		return 0, err
-	}
+	recordBoot(root, boot)
 	if len(names) == 0 {
 		return 0, nil
 	}
@@ -272,15 +270,45 @@ func sameBoot(root, boot string) bool {
 	return err == nil && strings.TrimSpace(string(b)) == boot
 }
 
-// recordBoot makes boot the journals' boot, durably, unless it is.
-func recordBoot(root, boot string) error {
+// recordBoot makes boot the journals' boot, durably, unless it is. The
+// file is rewritten in place (a boot id fits in the block it has: a full
+// disk does not stop it); one that cannot be written is removed. Either
+// way a start never fails on it: without a file naming this boot, a later
+// start in this boot replays the journals as after a power cut, as before
+// the file existed (a file left naming an earlier boot can never name a
+// later one).
+func recordBoot(root, boot string) {
 	if sameBoot(root, boot) {
-		return nil
+		return
 	}
-	if err := Write(filepath.Join(root, bootFile), []byte(boot+"\n"), 0o600); err != nil {
-		return fmt.Errorf("recording the journal's boot: %w", err)
+	p := filepath.Join(root, bootFile)
+	if err := rewriteInPlace(p, []byte(boot+"\n")); err != nil {
+		os.Remove(p)
 	}
-	return nil
+}
+
+// rewriteInPlace replaces path's content with data, durably (the file,
+// and the root's entry when it is new).
+func rewriteInPlace(path string, data []byte) error {
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt(data, 0)
+	if err == nil {
+		err = f.Truncate(int64(len(data)))
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && statErr != nil {
+		err = syncFile(filepath.Dir(path))
+	}
+	return err
 }
 
 // applyJournals replays the journals names (oldest first) and removes
