@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -220,6 +221,24 @@ func (h *held) sweep(log *slog.Logger) {
 	}
 }
 
+// claimWait bounds how long a device just unmounted may stay claimed (the
+// kernel may finish releasing a filesystem's device after the unmount
+// returns) before it counts as held elsewhere.
+const claimWait = 2 * time.Second
+
+// claimedAfterUnmount is loopdev.Claimed, asked again for up to claimWait
+// while it says claimed.
+func claimedAfterUnmount(d loopdev.Device) (bool, error) {
+	deadline := time.Now().Add(claimWait)
+	for {
+		claimed, err := loopdev.Claimed(d)
+		if err != nil || !claimed || time.Now().After(deadline) {
+			return claimed, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // detachIdle detaches the volume's loop devices that nothing is mounted
 // from: left over by an unstage, by the unpublish of a read-only block
 // target, or by a crash between attaching and mounting. Callers hold the
@@ -243,6 +262,16 @@ func (p *Plugin) detachIdle(vol Volume) error {
 	for _, d := range ds {
 		if len(byDev[d.Name]) > 0 {
 			continue
+		}
+		// Mounted nowhere here, but its filesystem may live on in a copy
+		// of a mount that another mount namespace keeps: detached, the
+		// next stage would attach a second device and run a second
+		// instance of the filesystem beside it, each overwriting the
+		// other's blocks.
+		if claimed, err := claimedAfterUnmount(d); err != nil {
+			return fmt.Errorf("volume %s: %w", vol.ID, err)
+		} else if claimed {
+			return preconditionf("volume %s: its filesystem is still mounted outside this mount namespace (%s is held: another mount namespace keeps a copy of its mount); it stays attached, and is detached by the next call once that mount is gone", vol.ID, d.Path)
 		}
 		p.held.release(d.Name)
 		if err := loopdev.Detach(d, vol.Path); err != nil {

@@ -22,7 +22,14 @@
 // topology excludes the node is refused, and NodeGetInfo reports
 // Config.MaxVolumesPerNode (0: no limit) for the CO to enforce. NodePublishVolume bind-mounts
 // staging onto the target (read-only if asked). Unpublish and unstage undo
-// each step. NodeReclaimSpace runs FITRIM, which punches holes into the image
+// each step; unstage detaches a device only once no filesystem claims it
+// (an exclusive open succeeds, waited for up to 2 s after the unmount): a
+// copy of the staging mount that another mount namespace keeps (one made
+// while the volume was staged, with private propagation) keeps the
+// filesystem alive there, and a second device attached for the next stage
+// would run a second instance of it beside the first. Such an unstage
+// fails FailedPrecondition, saying so, with the device attached; the next
+// call detaches it once that mount is gone. NodeReclaimSpace runs FITRIM, which punches holes into the image
 // through the loop device's discard support, after the filesystem's frees
 // of deleted files are final, and answers once the discards have reached
 // the image (xfs finishes both in the background); ControllerReclaimSpace

@@ -1,6 +1,7 @@
 package loopplugin
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,15 +10,18 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/csiagent/csiagent/internal/loopdev"
 	"github.com/csiagent/csiagent/internal/testhelp"
@@ -568,5 +572,62 @@ func TestBlockDeviceDetachByContainer(t *testing.T) {
 	e.unstage(t, id, staging)
 	if got, err := loopdev.FindAll(img); err != nil || len(got) != 0 {
 		t.Fatalf("after unstage: devices = %+v, %v", got, err)
+	}
+}
+
+// TestUnstageKeepsADeviceMountedElsewhere: a mount namespace made while
+// the volume was staged keeps a private copy of the staging mount, which
+// the unstage's unmount does not reach: the filesystem lives on there, so
+// its device stays attached (FailedPrecondition saying why) instead of
+// being detached and attached again for the next stage, a second instance
+// of the filesystem beside the first. Once that namespace is gone the
+// unstage detaches it.
+func TestUnstageKeepsADeviceMountedElsewhere(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelInfo)
+	id := e.createVolume(t, "held", 64<<20)
+	img := filepath.Join(e.pool, id+".img")
+	staging := filepath.Join(e.dir, "staging")
+	c := mountCap("", snw)
+	e.stage(t, id, staging, c)
+
+	// A process that made itself a mount namespace meanwhile (its copies
+	// of the host's mounts private).
+	child := exec.Command("/bin/sh", "-c", "echo ready && exec sleep 60")
+	child.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			_ = child.Process.Kill()
+			_ = child.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+
+	ctx := context.Background()
+	_, err = e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "still mounted outside this mount namespace") {
+		t.Fatalf("unstage with the filesystem mounted in another namespace: %v; want FailedPrecondition saying so", err)
+	}
+	if devs, err := loopdev.FindAll(img); err != nil || len(devs) != 1 {
+		t.Fatalf("devices of the image: %v, %v; want it still attached", devs, err)
+	}
+	stop()
+	if _, err := e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatalf("unstage once the other namespace is gone: %v", err)
+	}
+	if devs, err := loopdev.FindAll(img); err != nil || len(devs) != 0 {
+		t.Fatalf("devices of the image after the unstage: %v, %v; want none", devs, err)
 	}
 }

@@ -355,6 +355,24 @@ func sysDevice(name string) (Device, error) {
 		ReadOnly: strings.TrimSpace(string(ro)) == "1"}, nil
 }
 
+// Claimed reports whether a filesystem (or another exclusive user, such
+// as device-mapper) holds dev: an exclusive open fails with EBUSY. A
+// filesystem mounted in any mount namespace claims its device, so one
+// still mounted where its unmount here does not reach (a copy of the
+// mount in another namespace) is found. A device gone is not claimed.
+func Claimed(dev Device) (bool, error) {
+	f, err := os.OpenFile(dev.Path, os.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, unix.EBUSY):
+		return true, nil
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, unix.ENXIO):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("checking %s for a holder: %w", dev.Path, err)
+	}
+	return false, f.Close()
+}
+
 // Detach detaches dev if it is still backed by the file at backing (same
 // device and inode). A device that is already detached, or that now backs
 // another file, is left alone and counts as done. If the device is still
