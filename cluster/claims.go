@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,24 +95,24 @@ type LocalClaim struct {
 }
 
 // claimsDir is the directory of the node's claim records in
-// Config.StateDir: one atomicfile record per claim, named by recordName,
-// so that taking or releasing a claim rewrites that claim alone whatever
-// the number the node holds.
+// Config.StateDir: claimBuckets atomicfile records at most, each holding
+// the claims whose digest falls in it (bucketName), so that taking or
+// releasing a claim rewrites a record of about 1/claimBuckets of the
+// claims, in a slot of a file that stays (a bucket emptied is kept), not a
+// record of them all.
 const claimsDir = "claims"
+
+// claimBuckets is the number of claim records: a bucket fits a record
+// slot up to about 15 claims, so a node holding up to about 1,000 claims
+// never replaces a record whole.
+const claimBuckets = 64
 
 // legacyClaimsFile is the claims file of earlier releases (every claim in
 // one record), imported once by Join.
 const legacyClaimsFile = "cluster-claims"
 
-// claimFile is a claim record's payload.
-type claimFile struct {
-	Version int    `json:"version"`
-	Node    string `json:"node"`
-	LocalClaim
-}
-
-// legacyStateFile is the payload of legacyClaimsFile.
-type legacyStateFile struct {
+// stateFile is the payload of a claim record, and of legacyClaimsFile.
+type stateFile struct {
 	Version int          `json:"version"`
 	Node    string       `json:"node"`
 	Claims  []LocalClaim `json:"claims"`
@@ -125,17 +124,12 @@ const (
 	legacyStateVersion = 1
 )
 
-// recordName is a claim record's file name: a digest of its plugin and
-// volume id (fixed length, no caller-given byte in a path; the record
-// holds both, and its frame is bound to its path).
-func recordName(plugin, volume string) string {
+// bucketName is the name of the claim record holding the claim of plugin
+// on volume: its bucket, from a digest of both (no caller-given byte in a
+// path; the record holds them, and its frame is bound to its path).
+func bucketName(plugin, volume string) string {
 	sum := sha256.Sum256([]byte(plugin + "\x00" + volume))
-	return hex.EncodeToString(sum[:16])
-}
-
-// recordPath is where a claim's record lives.
-func (c *Cluster) recordPath(plugin, volume string) string {
-	return filepath.Join(c.dir, recordName(plugin, volume))
+	return fmt.Sprintf("%02x", sum[0]%claimBuckets)
 }
 
 // openState sets up the Committer, loads the claim records and imports a
@@ -185,15 +179,16 @@ func (c *Cluster) loadRecords() error {
 			continue // what a crash left of a record never acknowledged
 		}
 		path := filepath.Join(c.dir, e.Name())
-		var f claimFile
+		var f stateFile
 		if err := c.readState(path, "the claim record", &f, stateVersion); err != nil {
 			return err
 		}
-		if recordName(f.Plugin, f.Volume) != e.Name() {
-			return fmt.Errorf("the claim record %s holds the claim on volume %q of plugin %q, which is not recorded under that name", path, f.Volume, f.Plugin)
+		for _, l := range f.Claims {
+			if bucketName(l.Plugin, l.Volume) != e.Name() {
+				return fmt.Errorf("the claim record %s holds the claim on volume %q of plugin %q, which is not recorded there", path, l.Volume, l.Plugin)
+			}
+			c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
 		}
-		l := f.LocalClaim
-		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
 	}
 	return nil
 }
@@ -203,8 +198,7 @@ type stamped interface {
 	stamp() (version int, node string)
 }
 
-func (f *claimFile) stamp() (int, string)       { return f.Version, f.Node }
-func (f *legacyStateFile) stamp() (int, string) { return f.Version, f.Node }
+func (f *stateFile) stamp() (int, string) { return f.Version, f.Node }
 
 // readState decodes the state record at path (what it is, for errors)
 // into v, which must have version want and this node's id (a record of
@@ -231,7 +225,7 @@ func (c *Cluster) readState(path, what string, v stamped, want int) error {
 // record, makes them durable, then removes the file (a crash in between
 // imports it again, to the same records).
 func (c *Cluster) importLegacy(ctx context.Context, path string) error {
-	var st legacyStateFile
+	var st stateFile
 	err := c.readState(path, "the claims file", &st, legacyStateVersion)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -239,12 +233,19 @@ func (c *Cluster) importLegacy(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	buckets := map[string]bool{}
 	for _, l := range st.Claims {
-		if _, err := c.putRecord(&l); err != nil {
+		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
+		buckets[bucketName(l.Plugin, l.Volume)] = true
+	}
+	for b := range buckets {
+		if _, err := c.persistLocked(b); err != nil {
+			c.mu.Unlock()
 			return fmt.Errorf("importing the claims file %s: %w", path, err)
 		}
-		c.local[c.keys.claim(l.Plugin, l.Volume)] = &l
 	}
+	c.mu.Unlock()
 	if err := c.commit.Sync(ctx); err != nil {
 		return fmt.Errorf("importing the claims file %s: %w", path, err)
 	}
@@ -254,13 +255,20 @@ func (c *Cluster) importLegacy(ctx context.Context, path string) error {
 	return nil
 }
 
-// putRecord writes a claim's record and returns the change to wait for.
-func (c *Cluster) putRecord(l *LocalClaim) (uint64, error) {
-	b, err := json.Marshal(claimFile{Version: stateVersion, Node: c.cfg.NodeID, LocalClaim: *l})
+// persistLocked writes claim record bucket (c.mu held) from the local
+// claims and returns the change to wait for.
+func (c *Cluster) persistLocked(bucket string) (uint64, error) {
+	st := stateFile{Version: stateVersion, Node: c.cfg.NodeID, Claims: []LocalClaim{}}
+	for _, k := range slices.Sorted(maps.Keys(c.local)) {
+		if l := c.local[k]; bucketName(l.Plugin, l.Volume) == bucket {
+			st.Claims = append(st.Claims, *l)
+		}
+	}
+	b, err := json.Marshal(st)
 	if err != nil {
 		return 0, fmt.Errorf("encoding the claim record: %w", err)
 	}
-	n, err := c.commit.Put(c.recordPath(l.Plugin, l.Volume), b, 0o600)
+	n, err := c.commit.Put(filepath.Join(c.dir, bucket), b, 0o600)
 	if err != nil {
 		return 0, fmt.Errorf("writing the claim record: %w", err)
 	}
@@ -273,18 +281,19 @@ func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durab
 	written := optrace.Begin(ctx, optrace.Other, "claim record write")
 	c.mu.Lock()
 	old, had := c.local[key]
-	var n uint64
-	var err error
-	switch {
-	case l != nil:
-		c.local[key] = l
-		n, err = c.putRecord(l)
-	case had:
-		delete(c.local, key)
-		if n, err = c.commit.Remove(c.recordPath(old.Plugin, old.Volume)); err != nil {
-			err = fmt.Errorf("removing the claim record: %w", err)
-		}
+	if l == nil && !had {
+		c.mu.Unlock()
+		written()
+		return nil
 	}
+	at := l
+	if at == nil {
+		at = old
+		delete(c.local, key)
+	} else {
+		c.local[key] = l
+	}
+	n, err := c.persistLocked(bucketName(at.Plugin, at.Volume))
 	if err != nil {
 		if had {
 			c.local[key] = old
@@ -294,7 +303,7 @@ func (c *Cluster) setLocal(ctx context.Context, key string, l *LocalClaim, durab
 	}
 	c.mu.Unlock()
 	written()
-	if err != nil || !durable || n == 0 {
+	if err != nil || !durable {
 		return err
 	}
 	defer optrace.Begin(ctx, optrace.Commit, "Wait: claim record durable")()

@@ -652,10 +652,10 @@ func TestClaimAndReleaseDurability(t *testing.T) {
 }
 
 // TestClaimCostDoesNotGrowWithClaimsHeld: a claim taken or released
-// rewrites that claim's record alone, so a node holding many claims pays
+// rewrites its bucket's record alone, so a node holding many claims pays
 // for one claim what a node holding one does: no record of all the
-// claims replaced (a durable rewrite, two fsyncs under the Committer's lock) per
-// change once it outgrows a record slot.
+// claims replaced (a durable rewrite, two fsyncs under the Committer's
+// lock) per change once it outgrows a record slot.
 func TestClaimCostDoesNotGrowWithClaimsHeld(t *testing.T) {
 	skipShort(t)
 	ec := etcdtest.Start(t)
@@ -741,7 +741,7 @@ func TestImportsLegacyClaimsFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		since := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-		b, err := json.Marshal(legacyStateFile{Version: legacyStateVersion, Node: node, Claims: []LocalClaim{
+		b, err := json.Marshal(stateFile{Version: legacyStateVersion, Node: node, Claims: []LocalClaim{
 			{Plugin: "loop", Volume: "v1", Mode: Exclusive, State: StateHeld, Since: since, Rev: 7},
 			{Plugin: "loop", Volume: "a/../v2", Mode: Shared, State: StateReleasing, Since: since},
 		}})
@@ -782,8 +782,8 @@ func TestImportsLegacyClaimsFile(t *testing.T) {
 			t.Fatalf("run %d: the legacy claims file is still there: %v", run, err)
 		}
 		ents, err := os.ReadDir(filepath.Join(dir, claimsDir))
-		if err != nil || len(ents) != 2 {
-			t.Fatalf("run %d: claim records %v %v, want two", run, ents, err)
+		if err != nil || len(ents) == 0 || len(ents) > 2 {
+			t.Fatalf("run %d: claim records %v %v, want the two claims' buckets", run, ents, err)
 		}
 	}
 }

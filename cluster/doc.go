@@ -19,8 +19,8 @@
 // and MULTI_NODE_SINGLE_WRITER, shared by the MULTI_NODE_READER_ONLY
 // readers, none for MULTI_NODE_MULTI_WRITER (ModeOf). A claim is never
 // bound to a lease: a host that dies keeps its claims (partitioned, it may
-// still be writing) until ReleaseNode. The node records each claim in a
-// record of its own (Config.StateDir/claims/, atomicfile records on the
+// still be writing) until ReleaseNode. The node records its claims in its
+// claim records (Config.StateDir/claims/, atomicfile records on the
 // daemon's Committer: written before Claim returns, durable with the
 // caller's next durable point, which a Prepare's answer waits for), so it
 // restarts knowing them without etcd. A Release's record is durable
@@ -84,21 +84,25 @@
 //
 // # Claim records
 //
-// One atomicfile record (framed, checksummed, written in slots; see
-// package atomicfile) per claim, in Config.StateDir/claims/, named by the
-// hex of the first 16 bytes of SHA-256(plugin NUL volume id) (no
-// caller-given byte in a path, whatever the id's length), holding JSON:
+// The node's claims are in at most 64 atomicfile records (framed,
+// checksummed, written in slots; see package atomicfile) in
+// Config.StateDir/claims/, each holding the claims whose digest falls in
+// it: the record named by the first byte of SHA-256(plugin NUL volume id)
+// modulo 64, in two hex digits (no caller-given byte in a path), holding
+// JSON:
 //
-//	{"version": 2, "node": "<node id>", "plugin", "volume",
-//	 "mode", "state": "held"|"releasing"|"revoked", "since", "rev", "note"}
+//	{"version": 2, "node": "<node id>",
+//	 "claims": [{"plugin", "volume", "mode", "state": "held"|"releasing"|"revoked",
+//	             "since", "rev", "note"}]}
 //
-// Taking, releasing or revoking a claim writes or removes its record
-// alone: the cost of a claim does not grow with the claims the node
-// holds. A record of another node id is refused at Join (ErrInvalid):
+// Taking, releasing or revoking a claim rewrites its bucket alone, in a
+// slot of a file that stays (an emptied bucket is kept): no file made or
+// removed per claim, and no record replaced whole below about 1,000
+// claims. A record of another node id is refused at Join (ErrInvalid):
 // claims are taken under the node id, which must not change. The claims
 // file of earlier releases (Config.StateDir/cluster-claims, version 1:
-// every claim in one record) is imported once by Join: each claim is
-// written as its record, durably, then the file is removed.
+// every claim in one record) is imported once by Join: its claims are
+// written to their buckets, durably, then the file is removed.
 //
 // # Errors
 //

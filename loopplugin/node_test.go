@@ -481,13 +481,9 @@ func TestVolumeStatsAndHealth(t *testing.T) {
 // cleans up.
 func TestBlockDeviceDetachByContainer(t *testing.T) {
 	testhelp.NeedRoot(t)
-	e := newEnv(t, slog.LevelInfo)
-	id := e.createVolume(t, "victim", 16<<20)
-	img := filepath.Join(e.pool, id+".img")
-	staging := filepath.Join(e.dir, "staging")
-	rw, ro := filepath.Join(e.dir, "pods", "rw", "dev"), filepath.Join(e.dir, "pods", "ro", "dev")
 	c := blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
-	e.stage(t, id, staging, c)
+	e, id, img, staging := stagedVolume(t, "victim", 16<<20, c)
+	rw, ro := filepath.Join(e.dir, "pods", "rw", "dev"), filepath.Join(e.dir, "pods", "ro", "dev")
 	e.publish(t, id, staging, rw, c, false)
 	e.publish(t, id, staging, ro, c, true)
 	before, err := loopdev.FindAll(img)
@@ -584,12 +580,7 @@ func TestBlockDeviceDetachByContainer(t *testing.T) {
 // unstage detaches it.
 func TestUnstageKeepsADeviceMountedElsewhere(t *testing.T) {
 	testhelp.NeedRoot(t)
-	e := newEnv(t, slog.LevelInfo)
-	id := e.createVolume(t, "held", 64<<20)
-	img := filepath.Join(e.pool, id+".img")
-	staging := filepath.Join(e.dir, "staging")
-	c := mountCap("", snw)
-	e.stage(t, id, staging, c)
+	e, id, img, staging := stagedVolume(t, "held", 64<<20, mountCap("", snw))
 
 	// A process that made itself a mount namespace meanwhile (its copies
 	// of the host's mounts private).
@@ -630,4 +621,16 @@ func TestUnstageKeepsADeviceMountedElsewhere(t *testing.T) {
 	if devs, err := loopdev.FindAll(img); err != nil || len(devs) != 0 {
 		t.Fatalf("devices of the image after the unstage: %v, %v; want none", devs, err)
 	}
+}
+
+// stagedVolume starts a plugin, creates a volume of size and stages it
+// with c; it returns the plugin, the volume's id, its image and its
+// staging path.
+func stagedVolume(t *testing.T, name string, size int64, c *csi.VolumeCapability) (e *testEnv, id, img, staging string) {
+	t.Helper()
+	e = newEnv(t, slog.LevelInfo)
+	id = e.createVolume(t, name, size)
+	img, staging = filepath.Join(e.pool, id+".img"), filepath.Join(e.dir, "staging")
+	e.stage(t, id, staging, c)
+	return e, id, img, staging
 }
