@@ -329,7 +329,7 @@ type cloneID struct {
 // setOn records the clone's identity in a container's mount record, and
 // the device it gives (a block volume's).
 func (id cloneID) setOn(m *statev1.ContainerMount) {
-	m.MountId, m.RootDev, m.RootIno, m.BlockDevice = id.mount, id.root.Dev, id.root.Ino, id.root.BlockDevice
+	m.MountId, m.RootDev, m.RootIno, m.BlockDevice, m.UniqueMountId = id.mount, id.root.Dev, id.root.Ino, id.root.BlockDevice, id.root.UniqueID
 }
 
 // clone makes the detached mount tree of source for a container mount
@@ -357,7 +357,8 @@ func (iso *Isolator) clone(ctx context.Context, source string, readOnly bool) (*
 // mount namespace: looked up inside a container's, that path is the
 // container's to make.
 func mountIdentity(m *statev1.ContainerMount) mount.Identity {
-	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath(), RootDev: m.GetRootDev(), RootIno: m.GetRootIno()}
+	id := mount.Identity{ID: m.GetMountId(), Parent: m.GetParentMountId(), Source: m.GetHostPath(), RootDev: m.GetRootDev(), RootIno: m.GetRootIno(),
+		UniqueID: m.GetUniqueMountId()}
 	var st unix.Stat_t
 	if id.RootIno == 0 && id.Source != "" && unix.Stat(id.Source, &st) == nil {
 		id.RootDev, id.RootIno = st.Dev, st.Ino

@@ -287,7 +287,7 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 		for _, m := range cp.Mounts {
 			// The roots and devices too: the volumes are staged
 			// anew, on other devices.
-			m.MountId, m.ParentMountId, m.RootDev, m.RootIno, m.BlockDevice = 0, 0, 0, 0, 0
+			m.MountId, m.ParentMountId, m.RootDev, m.RootIno, m.BlockDevice, m.UniqueMountId = 0, 0, 0, 0, 0, 0
 		}
 		if cp.MountNamespace != 0 {
 			// Its namespace went with the boot; its inode number

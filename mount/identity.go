@@ -50,6 +50,13 @@ type Identity struct {
 	// it resolves in the calling thread's namespace, which may be a
 	// container's (where the container can make that path anything).
 	RootDev, RootIno uint64
+	// UniqueID is the mount's unique id (statx STATX_MNT_ID_UNIQUE, Linux
+	// 6.8: never reused), read from the clone when it was made; 0 when
+	// not recorded. ID is reused once a mount is gone, and a later mount of
+	// the same filesystem and root (the volume's staging mount, or a
+	// filesystem on a loop device of the same number) cannot be told apart
+	// from ours by it; with UniqueID, a mount of ours that is gone is Gone.
+	UniqueID uint64
 }
 
 // ErrUnverified is returned (wrapped) by UnmountOwn when a mount with the
@@ -61,6 +68,8 @@ var ErrUnverified = errors.New("has the recorded mount id but its root cannot be
 // Root is what RootOf reads of a mount tree's root.
 type Root struct {
 	Dev, Ino uint64 // for Identity
+	// UniqueID is the mount's unique id, 0 where the kernel has none.
+	UniqueID uint64
 	// BlockDevice is the device number (st_rdev) of a root that is a
 	// block device node (a block volume's), else 0.
 	BlockDevice uint64
@@ -76,7 +85,23 @@ func RootOf(f *os.File) (Root, error) {
 	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
 		r.BlockDevice = st.Rdev
 	}
+	var stx unix.Statx_t
+	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID_UNIQUE, &stx); err == nil && stx.Mask&unix.STATX_MNT_ID_UNIQUE != 0 {
+		r.UniqueID = stx.Mnt_id
+	}
 	return r, nil
+}
+
+// uniqueGone reports whether the mount's recorded unique id names no
+// mount in the calling thread's mount namespace (statmount ENOENT): ours
+// is gone, whoever has its reusable id now. False when not recorded or
+// when the kernel cannot say.
+func (id Identity) uniqueGone() bool {
+	if id.UniqueID == 0 {
+		return false
+	}
+	_, err := statmountReq(mntIDReq{Size: mntIDReqSizeVer0, MntID: id.UniqueID, Param: statmountSBBasic})
+	return errors.Is(err, unix.ENOENT)
 }
 
 // root is the inode a mount of id must have at its root, and whether it
@@ -186,6 +211,9 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 	if !ok {
 		return Result{}, fmt.Errorf("%w: %s is not below %s", ErrOutsideRoot, mountPoint, rootPath)
 	}
+	if id.uniqueGone() {
+		return Result{Where: Gone}, nil
+	}
 	if id.ID == 0 {
 		if id.ID, err = in.madeAt(rel, id); err != nil || id.ID == 0 {
 			return Result{Where: Gone}, err
@@ -231,7 +259,7 @@ func unmountOwn(ctx context.Context, root, mountPoint string, id Identity) (Resu
 
 // rootGone is UnmountOwn for a root that does not exist: see there.
 func rootGone(root string, id Identity) (Result, error) {
-	if id.ID == 0 {
+	if id.ID == 0 || id.uniqueGone() {
 		return Result{Where: Gone}, nil
 	}
 	info, err := mountByID(id.ID)

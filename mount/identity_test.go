@@ -482,3 +482,41 @@ func TestUnmountOwnRootGone(t *testing.T) {
 		}
 	})
 }
+
+// TestUnmountOwnIDReused: our mount is gone and the kernel gave its mount
+// id to a later bind of the same filesystem and root outside the root (in
+// the cluster soak, the volume's new staging mount; in make test, a
+// filesystem on a loop device of the same number): with the unique id
+// recorded, ours is Gone, and that mount is not touched.
+func TestUnmountOwnIDReused(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newAttackEnv(t)
+	e.prepare(t, "/x/run")
+	f, err := os.OpenFile(e.mp, unix.O_PATH|unix.O_CLOEXEC, 0)
+	must(t, err)
+	r, err := mount.RootOf(f)
+	f.Close()
+	must(t, err)
+	if r.UniqueID == 0 {
+		t.Skip("the kernel has no unique mount ids (statx STATX_MNT_ID_UNIQUE, Linux 6.8)")
+	}
+	id := e.id
+	id.RootDev, id.RootIno, id.UniqueID = r.Dev, r.Ino, r.UniqueID
+	must(t, unix.Unmount(e.mp, 0))
+	// The same filesystem bound outside the root: the kernel hands out
+	// the lowest free mount id, ours.
+	other := filepath.Join(e.base, "other")
+	mkdirs(t, other)
+	must(t, unix.Mount(e.src, other, "", unix.MS_BIND, ""))
+	if got := readMountID(t, other); got != id.ID {
+		t.Skipf("the new mount got id %d, not the freed %d (another mount on the host took it meanwhile)", got, id.ID)
+	}
+	before := e.table(t)
+	res, err := mount.UnmountOwn(context.Background(), e.root, e.mp, id)
+	if err != nil || res.Where != mount.Gone {
+		t.Fatalf("UnmountOwn with our mount gone and its id reused outside the root = %+v, %v; want Gone", res, err)
+	}
+	if after := e.table(t); !slices.Equal(after, before) {
+		t.Errorf("the mount table changed:\nbefore %q\nafter  %q", before, after)
+	}
+}

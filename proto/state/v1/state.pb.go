@@ -1042,7 +1042,13 @@ type ContainerMount struct {
 	RootIno uint64 `protobuf:"varint,11,opt,name=root_ino,json=rootIno,proto3" json:"root_ino,omitempty"`
 	// For a block volume, the device number (st_rdev) of the device node
 	// the container was given, read from the clone; 0 otherwise.
-	BlockDevice   uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
+	BlockDevice uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
+	// The mount's unique id (statx STATX_MNT_ID_UNIQUE, Linux 6.8: never
+	// reused), read from the clone; 0: not known (an older kernel, or a
+	// record of an earlier release). mount_id is reused once the mount is
+	// gone; this one tells a later mount of the same filesystem and root
+	// from ours.
+	UniqueMountId uint64 `protobuf:"varint,13,opt,name=unique_mount_id,json=uniqueMountId,proto3" json:"unique_mount_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,6 +1163,13 @@ func (x *ContainerMount) GetRootIno() uint64 {
 func (x *ContainerMount) GetBlockDevice() uint64 {
 	if x != nil {
 		return x.BlockDevice
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetUniqueMountId() uint64 {
+	if x != nil {
+		return x.UniqueMountId
 	}
 	return 0
 }
@@ -1534,7 +1547,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x04Type\x12\v\n" +
 	"\aUNKNOWN\x10\x00\x12\r\n" +
 	"\tREFERENCE\x10\x01\x12\t\n" +
-	"\x05VALUE\x10\x02\"\x94\x03\n" +
+	"\x05VALUE\x10\x02\"\xbc\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -1550,7 +1563,8 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\broot_dev\x18\n" +
 	" \x01(\x04R\arootDev\x12\x19\n" +
 	"\broot_ino\x18\v \x01(\x04R\arootIno\x12!\n" +
-	"\fblock_device\x18\f \x01(\x04R\vblockDevice\"\x8b\x02\n" +
+	"\fblock_device\x18\f \x01(\x04R\vblockDevice\x12&\n" +
+	"\x0funique_mount_id\x18\r \x01(\x04R\runiqueMountId\"\x8b\x02\n" +
 	"\rReclaimResult\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
