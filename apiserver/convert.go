@@ -103,7 +103,7 @@ func Mounts(ms []*statev1.ContainerMount) []*agentv1.ContainerMount {
 			PluginName: m.GetPluginName(), VolumeId: m.GetVolumeId(), ContainerPath: m.GetContainerPath(),
 			HostPath: m.GetHostPath(), MountPoint: m.GetMountPoint(), Readonly: m.GetReadonly(),
 			MountId: m.GetMountId(), ParentMountId: m.GetParentMountId(), MountNamespace: m.GetMountNamespace(),
-			RootDev: m.GetRootDev(), RootIno: m.GetRootIno(), BlockDevice: m.GetBlockDevice(),
+			RootDev: m.GetRootDev(), RootIno: m.GetRootIno(), BlockDevice: m.GetBlockDevice(), UniqueMountId: m.GetUniqueMountId(),
 		})
 	}
 	return out

@@ -2163,7 +2163,11 @@ type ContainerMount struct {
 	// and minor as unix.Major and unix.Minor decode them) of the device node
 	// the container was given; 0 otherwise. The OCI hook checks the
 	// container's device cgroup allows it.
-	BlockDevice   uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
+	BlockDevice uint64 `protobuf:"varint,12,opt,name=block_device,json=blockDevice,proto3" json:"block_device,omitempty"`
+	// The mount's unique id (statx STATX_MNT_ID_UNIQUE, Linux 6.8: never
+	// reused, unlike mount_id), read from the mount when it was made; 0: not
+	// known (an older kernel, or an earlier release's record).
+	UniqueMountId uint64 `protobuf:"varint,13,opt,name=unique_mount_id,json=uniqueMountId,proto3" json:"unique_mount_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2278,6 +2282,13 @@ func (x *ContainerMount) GetRootIno() uint64 {
 func (x *ContainerMount) GetBlockDevice() uint64 {
 	if x != nil {
 		return x.BlockDevice
+	}
+	return 0
+}
+
+func (x *ContainerMount) GetUniqueMountId() uint64 {
+	if x != nil {
+		return x.UniqueMountId
 	}
 	return 0
 }
@@ -4564,7 +4575,7 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\x1cnamed_mounts_from_annotation\x18\b \x01(\bR\x19namedMountsFromAnnotation\x12\x18\n" +
 	"\amanager\x18\t \x01(\tR\amanager\"L\n" +
 	"\x0fPrepareResponse\x129\n" +
-	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\x94\x03\n" +
+	"\x06mounts\x18\x01 \x03(\v2!.csiagent.agent.v1.ContainerMountR\x06mounts\"\xbc\x03\n" +
 	"\x0eContainerMount\x12\x1f\n" +
 	"\vplugin_name\x18\x01 \x01(\tR\n" +
 	"pluginName\x12\x1b\n" +
@@ -4580,7 +4591,8 @@ const file_proto_agent_v1_agent_proto_rawDesc = "" +
 	"\broot_dev\x18\n" +
 	" \x01(\x04R\arootDev\x12\x19\n" +
 	"\broot_ino\x18\v \x01(\x04R\arootIno\x12!\n" +
-	"\fblock_device\x18\f \x01(\x04R\vblockDevice\"I\n" +
+	"\fblock_device\x18\f \x01(\x04R\vblockDevice\x12&\n" +
+	"\x0funique_mount_id\x18\r \x01(\x04R\runiqueMountId\"I\n" +
 	"\x0eCleanupRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x14\n" +
 	"\x05force\x18\x02 \x01(\bR\x05force\"\x11\n" +
