@@ -185,7 +185,7 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		started: time.Now().UTC(),
 	}
 	if err := c.openState(ctx); err != nil {
-		return nil, err
+		return nil, errors.Join(err, c.closeOwnState(ctx))
 	}
 	c.client, err = clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Endpoints,
@@ -201,12 +201,22 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		Logger: zap.NewNop(),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: etcd client for %s: %w", ErrInvalid, strings.Join(cfg.Endpoints, ","), err)
+		return nil, errors.Join(fmt.Errorf("%w: etcd client for %s: %w", ErrInvalid, strings.Join(cfg.Endpoints, ","), err), c.closeOwnState(ctx))
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	c.stop = stop
 	c.wg.Go(func() { c.run(runCtx) })
 	return c, nil
+}
+
+// closeOwnState ends a Join that failed: a Committer Join made for
+// itself (no Config.Commit) is checkpointed, so that no commit round of it
+// outlives the call in the state directory.
+func (c *Cluster) closeOwnState(ctx context.Context) error {
+	if c.cfg.Commit != nil || c.commit == nil {
+		return nil
+	}
+	return c.commit.Checkpoint(ctx)
 }
 
 func (cfg *Config) check() error {
