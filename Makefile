@@ -11,8 +11,8 @@ STATICCHECK_VERSION := v0.8.2
 # deadline exceeded" and no failing input (golang/go#75804, fixed in Go
 # 1.27); a count has no deadline to race. 10000x: 1 to 10 s a target here.
 FUZZTIME     ?= 10000x
-# each fuzz target's whole go test run (seed corpus, then FUZZTIME of
-# fuzzing): keep it above FUZZTIME
+# bounds each fuzz target's whole run (its seed corpus, then FUZZTIME
+# executions)
 FUZZ_TIMEOUT ?= 10m
 # Fuzz targets that start a whole isolator or a bundle per input (tens of
 # executions a second: FUZZTIME's count would take them minutes), so make

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -11,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -255,15 +255,21 @@ func (c *Cluster) importLegacy(ctx context.Context, path string) error {
 	return nil
 }
 
+// byPluginVolume orders local claims by plugin, then volume id.
+func byPluginVolume(a, b LocalClaim) int {
+	return cmp.Or(strings.Compare(a.Plugin, b.Plugin), strings.Compare(a.Volume, b.Volume))
+}
+
 // persistLocked writes claim record bucket (c.mu held) from the local
 // claims and returns the change to wait for.
 func (c *Cluster) persistLocked(bucket string) (uint64, error) {
 	st := stateFile{Version: stateVersion, Node: c.cfg.NodeID, Claims: []LocalClaim{}}
-	for _, k := range slices.Sorted(maps.Keys(c.local)) {
-		if l := c.local[k]; bucketName(l.Plugin, l.Volume) == bucket {
+	for _, l := range c.local {
+		if bucketName(l.Plugin, l.Volume) == bucket {
 			st.Claims = append(st.Claims, *l)
 		}
 	}
+	slices.SortFunc(st.Claims, byPluginVolume)
 	b, err := json.Marshal(st)
 	if err != nil {
 		return 0, fmt.Errorf("encoding the claim record: %w", err)
@@ -796,12 +802,7 @@ func (c *Cluster) Local() []LocalClaim {
 	for _, l := range c.local {
 		out = append(out, *l)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Plugin != out[j].Plugin {
-			return out[i].Plugin < out[j].Plugin
-		}
-		return out[i].Volume < out[j].Volume
-	})
+	slices.SortFunc(out, byPluginVolume)
 	return out
 }
 

@@ -252,12 +252,15 @@ func replay(root, boot string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	same := sameBoot(root, boot)
 	if len(names) > 0 {
-		if err := applyJournals(root, names, sameBoot(root, boot)); err != nil {
+		if err := applyJournals(root, names, same); err != nil {
 			return 0, err
 		}
 	}
-	recordBoot(root, boot)
+	if !same {
+		recordBoot(root, boot)
+	}
 	if len(names) == 0 {
 		return 0, nil
 	}
@@ -270,7 +273,7 @@ func sameBoot(root, boot string) bool {
 	return err == nil && strings.TrimSpace(string(b)) == boot
 }
 
-// recordBoot makes boot the journals' boot, durably, unless it is. The
+// recordBoot makes boot the journals' boot, durably. The
 // file is rewritten in place (a boot id fits in the block it has: a full
 // disk does not stop it); one that cannot be written is removed. Either
 // way a start never fails on it: without a file naming this boot, a later
@@ -278,9 +281,6 @@ func sameBoot(root, boot string) bool {
 // the file existed (a file left naming an earlier boot can never name a
 // later one).
 func recordBoot(root, boot string) {
-	if sameBoot(root, boot) {
-		return
-	}
 	p := filepath.Join(root, bootFile)
 	if err := rewriteInPlace(p, []byte(boot+"\n")); err != nil {
 		os.Remove(p)
