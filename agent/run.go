@@ -256,11 +256,18 @@ const checkpointTimeout = 10 * time.Second
 // checkpoint leaves, once everything has stopped, every record in its own
 // file and no journal (atomicfile.Committer.Checkpoint): a release before
 // the journal reads the work dir whole. One that fails or is cut short
-// leaves the journal, which the next start replays.
+// leaves the journal, which the next start replays. Then the start image
+// (atomicfile.Committer.WriteImage) for the next start.
 func (a *Agent) checkpoint() {
 	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
 	defer cancel()
 	if err := a.commit.Checkpoint(ctx); err != nil {
 		a.log.Error("checkpointing the work dir at stop; the next start replays its journal", "error", err)
+		return
+	}
+	// With the journal gone, the next start may read its records from
+	// one file (a cache it checks against each record file's stat).
+	if err := a.commit.WriteImage(ctx); err != nil {
+		a.log.Warn("writing the start image at stop; the next start reads every record file", "error", err)
 	}
 }

@@ -98,7 +98,7 @@ func TestLoadsPreviousReleaseCheckpoints(t *testing.T) {
 		t.Fatalf("after an update: legacy=%v err=%v", legacy, err)
 	}
 	got := &statev1.VolumeCheckpoint{}
-	if err := readCheckpoint(iso.commit.Root(), path, got); err != nil || got.GetLastError() != "x" || !slices.Equal(got.GetUsers(), []string{"c1"}) {
+	if err := readCheckpoint(iso.commit, path, got); err != nil || got.GetLastError() != "x" || !slices.Equal(got.GetUsers(), []string{"c1"}) {
 		t.Fatalf("updated record %s: %v", b, err)
 	}
 }
@@ -165,7 +165,7 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 		}
 		// On disk too, for the next start.
 		onDisk := &statev1.VolumeCheckpoint{}
-		if err := readCheckpoint(iso.commit.Root(), filepath.Join(v.dir, volumeStateFile), onDisk); err != nil || !slices.Equal(slices.Sorted(slices.Values(onDisk.GetUsers())), tc.users) {
+		if err := readCheckpoint(iso.commit, filepath.Join(v.dir, volumeStateFile), onDisk); err != nil || !slices.Equal(slices.Sorted(slices.Values(onDisk.GetUsers())), tc.users) {
 			t.Errorf("%s on disk: %v, %v", tc.vol, onDisk.GetUsers(), err)
 		}
 	}

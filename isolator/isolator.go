@@ -274,9 +274,15 @@ func New(cfg Config) (*Isolator, error) {
 		c.Fsync = cfg.Fsync
 		iso.commit = c
 	}
-	if err := iso.load(); err != nil {
+	start := time.Now()
+	err := iso.load()
+	// Every record of the work dir the isolator needs is read: the start
+	// image (atomicfile.Committer.ReadRecord) is no longer needed.
+	iso.commit.ReleaseImage()
+	if err != nil {
 		return nil, err
 	}
+	iso.log.Info("records loaded", "containers", len(iso.containers), "volumes", len(iso.volumes), "from_start_image", iso.commit.ImageReads(), "took", time.Since(start))
 	return iso, nil
 }
 

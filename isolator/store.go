@@ -205,7 +205,7 @@ func (iso *Isolator) load() error {
 	if err != nil {
 		return fmt.Errorf("loading container checkpoints: %w", err)
 	}
-	cps, errs := readCheckpoints(iso.commit.Root(), files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
+	cps, errs := readCheckpoints(iso.commit, files, func() *statev1.ContainerCheckpoint { return &statev1.ContainerCheckpoint{} })
 	type corruptRecord struct {
 		id, dir, aside string
 		cause          error
@@ -229,7 +229,7 @@ func (iso *Isolator) load() error {
 	if err != nil {
 		return fmt.Errorf("loading volume checkpoints: %w", err)
 	}
-	vcps, errs := readCheckpoints(iso.commit.Root(), files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
+	vcps, errs := readCheckpoints(iso.commit, files, func() *statev1.VolumeCheckpoint { return &statev1.VolumeCheckpoint{} })
 	for i, f := range files {
 		if errors.Is(errs[i], fs.ErrNotExist) {
 			continue
@@ -344,7 +344,7 @@ func checkpointFiles(roots []string, name string) ([]string, error) {
 const loadWorkers = 64
 
 // readCheckpoints reads and decodes files in parallel.
-func readCheckpoints[T proto.Message](root string, files []string, mk func() T) ([]T, []error) {
+func readCheckpoints[T proto.Message](commit *atomicfile.Committer, files []string, mk func() T) ([]T, []error) {
 	out, errs := make([]T, len(files)), make([]error, len(files))
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -352,7 +352,7 @@ func readCheckpoints[T proto.Message](root string, files []string, mk func() T) 
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(files); i = int(next.Add(1) - 1) {
 				out[i] = mk()
-				errs[i] = readCheckpoint(root, files[i], out[i])
+				errs[i] = readCheckpoint(commit, files[i], out[i])
 			}
 		})
 	}
@@ -361,9 +361,10 @@ func readCheckpoints[T proto.Message](root string, files []string, mk func() T) 
 }
 
 // readCheckpoint reads a checkpoint record's newest valid version (see
-// atomicfile.ReadRecord), or a plain JSON file of the previous release.
-func readCheckpoint(root, path string, m proto.Message) error {
-	b, _, err := atomicfile.ReadRecord(root, path)
+// atomicfile.Committer.ReadRecord: from the start image while it is
+// right), or a plain JSON file of the previous release.
+func readCheckpoint(commit *atomicfile.Committer, path string, m proto.Message) error {
+	b, _, err := commit.ReadRecord(path)
 	if err != nil {
 		return err
 	}

@@ -271,7 +271,7 @@ func FuzzCheckpointDecode(f *testing.F) {
 				t.Fatal(err)
 			}
 			again := &statev1.VolumeCheckpoint{}
-			if err := readCheckpoint(work, filepath.Join(vdir, volumeStateFile), again); err != nil || !proto.Equal(cp, again) {
+			if err := readCheckpoint(iso.commit, filepath.Join(vdir, volumeStateFile), again); err != nil || !proto.Equal(cp, again) {
 				t.Fatalf("checkpoint changed across write and read: %v", err)
 			}
 		}

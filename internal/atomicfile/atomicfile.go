@@ -208,6 +208,19 @@ type Committer struct {
 	ckDirs     map[string]bool
 	removedGen map[string]uint64
 
+	// image is the start image (image.go) until the loaders release it,
+	// guarded by imageMu (a read holds it shared while it uses the
+	// mapping); imageHits counts the reads it served.
+	imageMu   sync.RWMutex
+	image     *startImage
+	imageHits atomic.Uint64
+	// imageFileMu serialises the removal of the image's file, which
+	// imageFileGone says is done (see dropImageFile).
+	imageFileMu   sync.Mutex
+	imageFileGone atomic.Bool
+	// kept, guarded by mu, is the records the next image holds.
+	kept map[string]struct{}
+
 	// Fsync, when set, replaces the fsync of a file or directory by name
 	// (tests inject failures and delays).
 	Fsync func(path string) error
@@ -241,11 +254,15 @@ func Open(root, boot string) (*Committer, error) {
 		}
 	}
 	root = filepath.Clean(root)
-	epoch, err := replay(root, boot)
+	epoch, replayed, err := replay(root, boot)
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}
-	return &Committer{root: root, rootDev: st.Dev, rootIno: st.Ino, nextEpoch: epoch}, nil
+	c := &Committer{root: root, rootDev: st.Dev, rootIno: st.Ino, nextEpoch: epoch}
+	if !replayed {
+		c.image = loadImage(root)
+	}
+	return c, nil
 }
 
 // journaled reports whether rounds go to the journal (a Committer with
@@ -382,6 +399,9 @@ func (c *Committer) MkdirAll(dir string, perm os.FileMode) error {
 	if err := c.checkRoot(); err != nil {
 		return err
 	}
+	if err := c.dropImageFile(); err != nil {
+		return err
+	}
 	if c.root != "" && !within(c.root, dir) {
 		return fmt.Errorf("creating %s: outside %s", dir, c.root)
 	}
@@ -422,6 +442,9 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 	err := c.checkRootLocked()
 	st, gen := c.slots[path], c.removedGen[path]+1
 	c.mu.Unlock()
+	if err == nil {
+		err = c.dropImageFile()
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -577,6 +600,9 @@ func (c *Committer) fsync() func(string) error {
 func (c *Committer) Remove(path string) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
+	if err := c.dropImageFile(); err != nil {
+		return 0, err
+	}
 	c.mu.Lock()
 	err := c.checkRootLocked()
 	st := c.slots[path]
@@ -636,6 +662,7 @@ func (c *Committer) noteLocked(file, dir string, data content) uint64 {
 	}
 	if file != "" {
 		c.files[file] = data
+		c.keepLocked(file, !data.removed && !data.dir)
 	}
 	if dir != "" {
 		c.dirs[dir] = true

@@ -17,10 +17,17 @@
 // left before anything reads a record, so that every record file holds
 // its last acknowledged version: after a power cut (journals of another
 // boot) the journals are applied; after the process alone died (this
-// boot) the files, which hold every change it made, are kept as they are. A new record is written under a name of its own and renamed
-// into place once the journal holds it (ReadRecord reads it there
-// meanwhile). A Committer without a root has no journal: each round
-// fsyncs the files and directories it changed.
+// boot) the files, which hold every change it made, are kept as they
+// are. A new record is written under a name of its own and renamed into
+// place once the journal holds it (ReadRecord reads it there meanwhile).
+// A Committer without a root has no journal: each round fsyncs the files
+// and directories it changed.
+//
+// At a clean stop, WriteImage copies every record read or written into
+// one file, the start image (image.go), so that the next start reads one
+// file rather than one per record; Committer.ReadRecord serves a record
+// from it while a stat of the record's file says it is unchanged, and
+// the image's file is removed before the next change.
 //
 // Wait blocks until a given write is durable (what must hold across a
 // power loss). A root removed or replaced stops every later change

@@ -236,7 +236,8 @@ const bootFile = ".journal.boot"
 
 // replay brings the record files up to the journals in root (see the
 // comment at the top), removes them, records boot as the journals' boot
-// in bootFile, and returns the next epoch. The root's filesystem is
+// in bootFile, and returns the next epoch and whether there were
+// journals. The root's filesystem is
 // synced first: what a crashed predecessor left visible is then durable,
 // and a record file holding a newer version than the journal's keeps it.
 //
@@ -247,24 +248,24 @@ const bootFile = ".journal.boot"
 // then the truth: the replay only puts into place the new records whose
 // rename was lost. Journals of an earlier boot, or of a release without
 // bootFile, are applied.
-func replay(root, boot string) (uint64, error) {
+func replay(root, boot string) (uint64, bool, error) {
 	names, epochs, err := journals(root)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	same := sameBoot(root, boot)
 	if len(names) > 0 {
 		if err := applyJournals(root, names, same); err != nil {
-			return 0, err
+			return 0, true, err
 		}
 	}
 	if !same {
 		recordBoot(root, boot)
 	}
 	if len(names) == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
-	return epochs[len(epochs)-1] + 1, nil
+	return epochs[len(epochs)-1] + 1, true, nil
 }
 
 // sameBoot reports whether root's journals were written in boot.
