@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -317,6 +318,24 @@ type binaryAgent struct {
 	client agentv1.AgentClient
 }
 
+// stop stops the agent cleanly (SIGTERM), within waitTimeout.
+func (ba *binaryAgent) stop() error {
+	if err := ba.cmd.Process.Signal(unix.SIGTERM); err != nil {
+		return err
+	}
+	defer ba.conn.Close()
+	select {
+	case <-ba.exited:
+	case <-time.After(waitTimeout):
+		ba.kill()
+		return fmt.Errorf("the agent did not stop within %v of SIGTERM", waitTimeout)
+	}
+	if !ba.cmd.ProcessState.Success() {
+		return fmt.Errorf("the agent's clean stop: %v", ba.cmd.ProcessState)
+	}
+	return nil
+}
+
 func (ba *binaryAgent) kill() {
 	_ = ba.cmd.Process.Signal(unix.SIGKILL)
 	<-ba.exited
@@ -394,8 +413,9 @@ func (ba *binaryAgent) waitPluginReady(typ string) error {
 // TestCrashStateWorkload is the workload TestCrashStates records under
 // strace: it runs only as that test's child. It starts csi-agent serve,
 // runs three workers, each preparing and cleaning up its two containers
-// on random volumes (shared between workers), marks each call's start and
-// acknowledgement in the trace, and ends by killing the agent (SIGKILL).
+// on random volumes (shared between workers), with a clean stop and a new
+// agent halfway, marks each call's start and acknowledgement in the
+// trace, and ends by killing the agent (SIGKILL).
 func TestCrashStateWorkload(t *testing.T) {
 	spec := os.Getenv(crashWorkloadEnv)
 	if spec == "" {
@@ -406,6 +426,7 @@ func TestCrashStateWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, confDir: w.Conf, work: w.Work, run: w.Run}
+	t.Cleanup(func() { killPlugins(t, w.Work) })
 	ba, err := startBinaryAgent(h, w.Log)
 	if err != nil {
 		t.Fatal(err)
@@ -421,41 +442,69 @@ func TestCrashStateWorkload(t *testing.T) {
 			}
 		}
 	})
-	var wg sync.WaitGroup
-	errs := make(chan error, len(ids))
-	for worker := range len(ids) / 2 {
-		mine := ids[2*worker : 2*worker+2]
-		rng := rand.New(rand.NewPCG(w.Seed, uint64(worker)))
-		wg.Go(func() {
-			// prepare a, prepare b, cleanup a, prepare a, cleanup b:
-			// a ends prepared, b cleaned up; each on 1-2 volumes.
-			for _, step := range []struct {
-				id      string
-				prepare bool
-			}{{mine[0], true}, {mine[1], true}, {mine[0], false}, {mine[0], true}, {mine[1], false}} {
-				if err := workloadStep(ba.client, w, step.id, step.prepare, rng); err != nil {
-					errs <- err
-					return
+	// prepare a, prepare b; a clean stop and a new agent (which starts
+	// from the start image); cleanup a, prepare a, cleanup b: a ends
+	// prepared, b cleaned up; each on 1-2 volumes.
+	type step struct {
+		id      string
+		prepare bool
+	}
+	rngs := make([]*rand.Rand, len(ids)/2)
+	for worker := range rngs {
+		rngs[worker] = rand.New(rand.NewPCG(w.Seed, uint64(worker)))
+	}
+	run := func(steps func(a, b string) []step) {
+		var wg sync.WaitGroup
+		errs := make(chan error, len(ids))
+		for worker := range len(ids) / 2 {
+			mine := ids[2*worker : 2*worker+2]
+			wg.Go(func() {
+				for _, st := range steps(mine[0], mine[1]) {
+					if err := workloadStep(ba.client, w, st.id, st.prepare, rngs[worker]); err != nil {
+						errs <- err
+						return
+					}
 				}
-			}
-		})
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+	run(func(a, b string) []step { return []step{{a, true}, {b, true}} })
+	if err := ba.stop(); err != nil {
+		t.Fatal(err)
 	}
+	if ba, err = startBinaryAgent(h, w.Log); err != nil {
+		t.Fatal(err)
+	}
+	defer ba.kill()
+	if err := ba.waitPluginReady(w.Type); err != nil {
+		t.Fatal(err)
+	}
+	if log, _ := os.ReadFile(w.Log); !regexp.MustCompile(`records loaded.*from_start_image=[1-9]`).Match(log) {
+		t.Fatalf("the agent after the clean stop read no record from the start image; its log:\n%s", lastLines(log, 20))
+	}
+	run(func(a, b string) []step { return []step{{a, false}, {a, true}, {b, false}} })
 	crashstate.Mark("done")
-	// The power cut: the agent and its plugin die (strace ends with the
-	// last process it traces).
+	// The power cut: the agent and then (a cleanup) its plugin die.
 	ba.kill()
-	records, _ := filepath.Glob(filepath.Join(w.Work, "csi", "*", "*", "containers", "*", "process.json"))
+}
+
+// killPlugins kills the plugin processes the agent on work started:
+// strace ends with the last process it traces, whether the workload
+// ended or failed.
+func killPlugins(t *testing.T, work string) {
+	records, _ := filepath.Glob(filepath.Join(work, "csi", "*", "*", "containers", "*", "process.json"))
 	for _, f := range records {
 		var rec struct {
 			PID int `json:"pid"`
 		}
-		if err := readProcessRecord(w.Work, f, &rec); err != nil {
-			t.Fatal(err)
+		if err := readProcessRecord(work, f, &rec); err != nil {
+			t.Error(err)
+			continue
 		}
 		killAndWait(t, rec.PID)
 	}
