@@ -303,10 +303,11 @@ func (c *Committer) ReleaseImage() {
 // of this file). It is for a clean stop, after Checkpoint, once nothing
 // writes records any more; a record that changed since its last
 // checkpoint, or that cannot be read whole, is left out (read from its
-// file at the next start), and a failure leaves no image.
-func (c *Committer) WriteImage(ctx context.Context) error {
+// file at the next start), and a failure leaves no image. It returns how
+// many records the image holds.
+func (c *Committer) WriteImage(ctx context.Context) (int, error) {
 	if !c.journaled() {
-		return nil
+		return 0, nil
 	}
 	c.mu.Lock()
 	paths := make([]string, 0, len(c.kept))
@@ -320,7 +321,7 @@ func (c *Committer) WriteImage(ctx context.Context) error {
 	n := 0
 	for _, p := range paths {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("writing the start image: %w", err)
+			return 0, fmt.Errorf("writing the start image: %w", err)
 		}
 		id, st, payload, ok := c.imageRecord(p)
 		if !ok {
@@ -359,9 +360,9 @@ func (c *Committer) WriteImage(ctx context.Context) error {
 		c.imageFileMu.Unlock()
 	}
 	if err != nil {
-		return fmt.Errorf("writing the start image: %w", err)
+		return 0, fmt.Errorf("writing the start image: %w", err)
 	}
-	return nil
+	return n, nil
 }
 
 // imageRecord reads one record file for the image: its identity, its

@@ -17,7 +17,7 @@ func stopCleanly(t *testing.T, c *Committer) {
 	if err := c.Checkpoint(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WriteImage(context.Background()); err != nil {
+	if _, err := c.WriteImage(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
