@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/agent"
@@ -402,7 +402,7 @@ func TestRecoveryAndIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	bootID := string(boot[:len(boot)-1])
-	marshal := protojson.MarshalOptions{UseProtoNames: true, Multiline: true}
+	marshal := proto.MarshalOptions{Deterministic: true}
 	now := timestamppb.Now()
 	bind := func(src, dst string) {
 		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {

@@ -13,10 +13,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/csiagent/csiagent/agent"
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // allocated is a file's allocated bytes (st_blocks × 512), as du sees it.
@@ -231,12 +234,16 @@ func TestFirstReclaimShownNotWritten(t *testing.T) {
 	if next := v.NextReclaim.AsTime(); !next.After(before) || next.After(before.Add(time.Hour+time.Second)) {
 		t.Errorf("next reclaim %v; want within the hour after %v", next, before)
 	}
-	b, err := os.ReadFile(filepath.Join(h.work, "csi", "thin", "default", "volumes", "v", "volume.state"))
+	b, _, err := atomicfile.ReadRecord(h.work, filepath.Join(h.work, "csi", "thin", "default", "volumes", "v", "volume.state"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(b), "next_reclaim") {
-		t.Errorf("the first slot was checkpointed:\n%s", b)
+	var cp statev1.VolumeCheckpoint
+	if err := proto.Unmarshal(b, &cp); err != nil {
+		t.Fatal(err)
+	}
+	if cp.NextReclaim != nil {
+		t.Errorf("the first slot was checkpointed: %v", &cp)
 	}
 	h.mustCleanup("c")
 }

@@ -35,8 +35,15 @@ import (
 // version, nor into one whose version a commit round is making durable:
 // a power cut can damage only versions that nobody was told are durable.
 const (
-	recordMagic       = "CSR2"
-	legacyRecordMagic = "CSR1"
+	// MagicPrefix begins every frame's magic. A frame at a slot's offset
+	// inside a larger version's payload (one a power cut tore at its
+	// start) would be read as a version of the record: a caller whose
+	// payloads may hold attacker-chosen bytes keeps this prefix out of
+	// them (text payloads that escape control bytes, as JSON does, cannot
+	// hold a frame's length field).
+	MagicPrefix       = "CSR"
+	recordMagic       = MagicPrefix + "2"
+	legacyRecordMagic = MagicPrefix + "1"
 	legacyHeader      = 20
 	slotSize          = 4096
 	recordSlots       = 3
