@@ -326,19 +326,21 @@ func TestThroughput(t *testing.T) {
 	})
 	f2 := f.ap.metric(t, "csi_agent_checkpoint_fsyncs_total")
 	vols := float64(containers * perContainer)
-	fsyncs := func(a, b float64) string {
-		if a < 0 || b < 0 {
-			return "n/a"
+	// The full-size targets (issue 30), whatever the size (a smoke run
+	// only checks that the benchmark works): each phase within 0.6 s, at
+	// most 1.2 fsyncs a volume.
+	const limit, fsyncLimit = 600 * time.Millisecond, 1.2
+	phase := func(name string, took time.Duration, a, b float64) {
+		perVolume, ok := "n/a", a >= 0 && b >= 0
+		if ok {
+			perVolume = fmt.Sprintf("%.1f", (b-a)/vols)
+			ok = (b-a)/vols <= fsyncLimit
 		}
-		return fmt.Sprintf("%.1f", (b-a)/vols)
+		report(t, result{name: name, figure: fmt.Sprintf("%.3f s, %.0f volumes/s, %s fsyncs/volume", took.Seconds(), vols/took.Seconds(), perVolume),
+			baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.1f s, ≤ %.1f fsyncs/volume", limit.Seconds(), fsyncLimit), pass: took <= limit && ok})
 	}
-	// The full-size targets, whatever the size (a smoke run only checks
-	// that the benchmark works).
-	limit := time.Second
-	report(t, result{name: fmt.Sprintf("2. throughput: Prepare %d volumes (%d containers, 16 concurrent), fast plugin", int(vols), containers),
-		figure: fmt.Sprintf("%.3f s, %.0f volumes/s, %s fsyncs/volume", prep.Seconds(), vols/prep.Seconds(), fsyncs(f0, f1)), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.1f s", limit.Seconds()), pass: prep <= limit})
-	report(t, result{name: fmt.Sprintf("2. throughput: Cleanup %d volumes", int(vols)),
-		figure: fmt.Sprintf("%.3f s, %.0f volumes/s, %s fsyncs/volume", clean.Seconds(), vols/clean.Seconds(), fsyncs(f1, f2)), baseline: "-", ratio: "-", target: fmt.Sprintf("≤ %.1f s", limit.Seconds()), pass: clean <= limit})
+	phase(fmt.Sprintf("2. throughput: Prepare %d volumes (%d containers, 16 concurrent), fast plugin", int(vols), containers), prep, f0, f1)
+	phase(fmt.Sprintf("2. throughput: Cleanup %d volumes", int(vols)), clean, f1, f2)
 }
 
 // TestMountScale: Prepare latency with 10,000 unrelated mounts on the host
@@ -501,9 +503,10 @@ func TestRecoveryAndIdle(t *testing.T) {
 	rssReady := procStatus(t, pid, "VmRSS")
 	readBytes := procIO(t, pid, "read_bytes")
 	checkRecovered(ap)
+	// Issue 30's target: half the time reading the files takes.
 	r := ap.ready.Seconds() / floor.Seconds()
 	report(t, result{name: fmt.Sprintf("4. recovery: start to READY=1 with %d published volumes, page cache dropped", vols), figure: fmt.Sprintf("%.3f s, %.1f MiB read from the disk", ap.ready.Seconds(), float64(readBytes)/(1<<20)),
-		baseline: fmt.Sprintf("%.3f s reading the checkpoint files cold", floor.Seconds()), ratio: fmt.Sprintf("%.2f", r), target: fmt.Sprintf("≤ %.2f s", limit.Seconds()), pass: ap.ready <= limit})
+		baseline: fmt.Sprintf("%.3f s reading the checkpoint files cold", floor.Seconds()), ratio: fmt.Sprintf("%.2f", r), target: "≤ 0.50", pass: r <= 0.5})
 
 	// Idle: let the start-up work end, then measure.
 	waitQuiet(t, pid)

@@ -273,19 +273,35 @@ func (c *Committer) journaled() bool { return c.root != "" }
 func (c *Committer) Root() string { return c.root }
 
 // checkRoot fails, for good, once the root is not the directory the
-// Committer was made with.
+// Committer was made with. The root is stat'ed without the lock (every
+// Put and Remove checks it; a round checks again before it acknowledges
+// anything).
 func (c *Committer) checkRoot() error {
+	var st unix.Stat_t
+	var err error
+	if c.root != "" {
+		err = unix.Stat(c.root, &st)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.checkRootLocked()
+	return c.rootCheckedLocked(&st, err)
 }
 
 func (c *Committer) checkRootLocked() error {
+	var st unix.Stat_t
+	var err error
+	if c.rootErr == nil && c.root != "" {
+		err = unix.Stat(c.root, &st)
+	}
+	return c.rootCheckedLocked(&st, err)
+}
+
+// rootCheckedLocked records what a stat of the root (st, err) says.
+func (c *Committer) rootCheckedLocked(st *unix.Stat_t, err error) error {
 	if c.rootErr != nil || c.root == "" {
 		return c.rootErr
 	}
-	var st unix.Stat_t
-	switch err := unix.Stat(c.root, &st); {
+	switch {
 	case err != nil:
 		c.rootErr = fmt.Errorf("%w: %s: %w; restart the agent once the work directory is back", ErrRootReplaced, c.root, err)
 	case st.Dev != c.rootDev || st.Ino != c.rootIno:
@@ -438,16 +454,16 @@ func (c *Committer) Put(path string, payload []byte, perm os.FileMode) (uint64, 
 	if len(id) > maxIdentity {
 		return 0, fmt.Errorf("writing %s: path longer than %d bytes below %s", path, maxIdentity, c.root)
 	}
-	c.mu.Lock()
-	err := c.checkRootLocked()
-	st, gen := c.slots[path], c.removedGen[path]+1
-	c.mu.Unlock()
+	err := c.checkRoot()
 	if err == nil {
 		err = c.dropImageFile()
 	}
 	if err != nil {
 		return 0, err
 	}
+	c.mu.Lock()
+	st, gen := c.slots[path], c.removedGen[path]+1
+	c.mu.Unlock()
 	if st == nil {
 		loaded, err := c.loadSlots(path)
 		if err != nil {
@@ -600,17 +616,17 @@ func (c *Committer) fsync() func(string) error {
 func (c *Committer) Remove(path string) (uint64, error) {
 	c.changing.RLock()
 	defer c.changing.RUnlock()
-	if err := c.dropImageFile(); err != nil {
-		return 0, err
+	err := c.checkRoot()
+	if err == nil {
+		err = c.dropImageFile()
 	}
-	c.mu.Lock()
-	err := c.checkRootLocked()
-	st := c.slots[path]
-	delete(c.slots, path)
-	c.mu.Unlock()
 	if err != nil {
 		return 0, err
 	}
+	c.mu.Lock()
+	st := c.slots[path]
+	delete(c.slots, path)
+	c.mu.Unlock()
 	known := st
 	if st == nil && c.journaled() {
 		// Its generation goes into the journal's entry.
