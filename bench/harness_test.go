@@ -28,8 +28,9 @@ import (
 )
 
 var (
-	full    = flag.Bool("full", false, "run every benchmark at full size (make bench); default: a short smoke run")
-	outFile = flag.String("out", "", "also write the result table (markdown) to this file")
+	full     = flag.Bool("full", false, "run every benchmark at full size (make bench); default: a short smoke run")
+	outFile  = flag.String("out", "", "also write the result table (markdown) to this file")
+	diskRoot = flag.String("disk-dir", "/var/tmp", "the directory the agents' work dirs go under: run the benchmarks on the filesystem (and mount options) your --work-dir uses")
 )
 
 // bins are the binaries under test, built once.
@@ -170,7 +171,7 @@ func size(smoke, fullSize int) int {
 // fsync costs what it costs), removed at the end.
 func diskDir(t *testing.T) string {
 	t.Helper()
-	d, err := os.MkdirTemp("/var/tmp", "csiagent-bench-")
+	d, err := os.MkdirTemp(*diskRoot, "csiagent-bench-")
 	if err != nil {
 		t.Fatal(err)
 	}
