@@ -22,6 +22,25 @@ func stopCleanly(t *testing.T, c *Committer) {
 	}
 }
 
+// stoppedWith is a root whose Committer wrote recs and stopped cleanly.
+func stoppedWith(t *testing.T, recs map[string]string) string {
+	t.Helper()
+	root, c := newCommitter(t)
+	putRecords(t, c, root, recs)
+	stopCleanly(t, c)
+	return root
+}
+
+// reopen is New(root), as the next start does.
+func reopen(t *testing.T, root string) *Committer {
+	t.Helper()
+	c, err := New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // putRecords writes records name → payload below root, durably.
 func putRecords(t *testing.T, c *Committer, root string, recs map[string]string) {
 	t.Helper()
@@ -58,14 +77,9 @@ func readAll(t *testing.T, c *Committer, root string, names ...string) map[strin
 }
 
 func TestImageServesRecordsAfterACleanStop(t *testing.T) {
-	root, c := newCommitter(t)
-	putRecords(t, c, root, map[string]string{"a": "one", "b": "two"})
-	stopCleanly(t, c)
+	root := stoppedWith(t, map[string]string{"a": "one", "b": "two"})
 
-	c2, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := reopen(t, root)
 	got := readAll(t, c2, root, "a", "b")
 	if got["a"] != "one" || got["b"] != "two" {
 		t.Fatalf("read %v", got)
@@ -76,10 +90,7 @@ func TestImageServesRecordsAfterACleanStop(t *testing.T) {
 	// Records read from the image are in the next one.
 	c2.ReleaseImage()
 	stopCleanly(t, c2)
-	c3, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c3 := reopen(t, root)
 	if got := readAll(t, c3, root, "a", "b"); got["a"] != "one" || got["b"] != "two" || c3.imageHits.Load() != 2 {
 		t.Fatalf("after a second stop: read %v, %d from the image", got, c3.imageHits.Load())
 	}
@@ -88,9 +99,7 @@ func TestImageServesRecordsAfterACleanStop(t *testing.T) {
 // A record written after the image, by anyone, is read from its file:
 // the image is a cache checked against each file's stat.
 func TestImageNeverServesAChangedRecord(t *testing.T) {
-	root, c := newCommitter(t)
-	putRecords(t, c, root, map[string]string{"a": "one", "b": "two", "gone": "x"})
-	stopCleanly(t, c)
+	root := stoppedWith(t, map[string]string{"a": "one", "b": "two", "gone": "x"})
 	image, err := os.ReadFile(filepath.Join(root, imageFile))
 	if err != nil {
 		t.Fatal(err)
@@ -99,10 +108,7 @@ func TestImageNeverServesAChangedRecord(t *testing.T) {
 	// Another Committer (as a release without the image, which would
 	// leave the image's file: put back below) changes a, to a version of
 	// the same size, and removes gone; its clean stop leaves no journal.
-	other, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := reopen(t, root)
 	other.ReleaseImage()
 	putRecords(t, other, root, map[string]string{"a": "ONE"})
 	if _, err := other.Remove(filepath.Join(root, "gone")); err != nil {
@@ -118,10 +124,7 @@ func TestImageNeverServesAChangedRecord(t *testing.T) {
 	if err := os.Rename(filepath.Join(root, "b.tmp"), filepath.Join(root, "b")); err != nil {
 		t.Fatal(err)
 	}
-	again, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := reopen(t, root)
 	putRecords(t, again, root, map[string]string{"a": "one again"})
 	if err := again.Checkpoint(context.Background()); err != nil {
 		t.Fatal(err)
@@ -130,10 +133,7 @@ func TestImageNeverServesAChangedRecord(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, imageFile), image, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := reopen(t, root)
 	if c2.image == nil {
 		t.Fatal("the image was not loaded")
 	}
@@ -152,13 +152,8 @@ func TestImageNeverServesAChangedRecord(t *testing.T) {
 
 // A start that replays a journal (a crash) does not use the image.
 func TestImageIgnoredAfterACrash(t *testing.T) {
-	root, c := newCommitter(t)
-	putRecords(t, c, root, map[string]string{"a": "one"})
-	stopCleanly(t, c)
-	c2, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := stoppedWith(t, map[string]string{"a": "one"})
+	c2 := reopen(t, root)
 	putRecords(t, c2, root, map[string]string{"b": "two"}) // its journal stays: a crash
 	c3, err := Open(root, rebooted)
 	if err != nil {
@@ -180,9 +175,7 @@ func TestImageDamagedIsIgnored(t *testing.T) {
 		"empty":          func([]byte) []byte { return nil },
 	} {
 		t.Run(name, func(t *testing.T) {
-			root, c := newCommitter(t)
-			putRecords(t, c, root, map[string]string{"a": "one"})
-			stopCleanly(t, c)
+			root := stoppedWith(t, map[string]string{"a": "one"})
 			p := filepath.Join(root, imageFile)
 			b, err := os.ReadFile(p)
 			if err != nil {
@@ -191,10 +184,7 @@ func TestImageDamagedIsIgnored(t *testing.T) {
 			if err := os.WriteFile(p, damage(b), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			c2, err := New(root)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c2 := reopen(t, root)
 			if c2.image != nil {
 				t.Fatal("a damaged image was loaded")
 			}
@@ -208,13 +198,8 @@ func TestImageDamagedIsIgnored(t *testing.T) {
 // The image's file goes, durably, before the first change after a start:
 // an image on disk never predates a change of this release.
 func TestImageFileRemovedBeforeTheFirstChange(t *testing.T) {
-	root, c := newCommitter(t)
-	putRecords(t, c, root, map[string]string{"a": "one"})
-	stopCleanly(t, c)
-	c2, err := New(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := stoppedWith(t, map[string]string{"a": "one"})
+	c2 := reopen(t, root)
 	if _, err := os.Stat(filepath.Join(root, imageFile)); err != nil {
 		t.Fatalf("the image is gone before any change: %v", err)
 	}
