@@ -100,8 +100,8 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *statev1.StaticPr
 // JSON, 9 KB: each of its writes replaced the file whole, with two
 // fsyncs under the Committer's lock), and encodes in a fifteenth of the
 // time. (With Docker's container ids and ceph-csi's volume ids it takes
-// 4.2 KB, just over a slot.) Records of earlier releases, JSON, are still read
-// (readCheckpoint).
+// 4.2 KB, just over a slot.) Records of earlier releases, JSON, are
+// still read (readCheckpoint).
 //
 // One that holds a record frame's magic anywhere ("CSR", from a string
 // an API caller gave) is written as JSON instead: binary, such a string

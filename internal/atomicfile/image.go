@@ -21,21 +21,23 @@ import (
 // random read of a directory block, an inode and the file: most of a cold
 // start's time).
 //
-// It is a cache, never the truth. Its file is removed, durably, before
-// the first change a Committer makes after its start (dropImageFile): an
-// image on disk was written after the last change this release made. Each entry keeps what a stat of its
-// file returned when the image was written (device, inode, size, mtime,
-// ctime, nanoseconds): ReadRecord returns an entry only while a stat of
-// the file still says so, and reads the file otherwise. A file written
-// since, by this release or any other (a slot write or a rename moves the
-// ctime, which no caller can set back), is read from the file. The image
-// is loaded only when the start found no journal: then every change made
-// after the image was either made durable by a checkpoint, its inode with
-// it (a stat sees its ctime), or never acknowledged, and a change never
-// acknowledged may be lost (the image's older version is then the one
-// read, as if the change had been lost with the power). With a journal
-// left (a crash), the replay may leave a file whose data is newer than
-// its inode, so the image is not used.
+// It is a cache, never the truth:
+//   - Its file is removed, durably, before the first change a Committer
+//     makes after its start (dropImageFile): an image on disk was written
+//     after the last change this release made.
+//   - Each entry keeps what a stat of its file returned when the image was
+//     written (device, inode, size, mtime, ctime, in nanoseconds).
+//     ReadRecord returns an entry only while a stat of the file still says
+//     so, and reads the file otherwise: a file written since, by this
+//     release or any other (a slot write, a rename over it), has another
+//     ctime, which no caller can set back.
+//   - It is loaded only when the start found no journal. Then every change
+//     made after the image was either made durable by a checkpoint, its
+//     inode with it (a stat sees its ctime), or never acknowledged, and a
+//     change never acknowledged may be lost (the image's older version is
+//     read, as if the change had been lost with the power). With a journal
+//     left (a crash), the replay may leave a file whose data is newer than
+//     its inode.
 //
 // The stat is taken through the file's handle (name_to_handle_at(2)) when
 // the filesystem and the caller's capabilities allow: an inode read, not
@@ -48,9 +50,9 @@ import (
 // CRC32C u32 of everything before it. An entry: identity length u16 |
 // identity | device u64 | inode u64 | size i64 | mtime ns i64 | ctime ns
 // i64 | handle type i32 | handle length u16 (0: none) | handle | payload
-// length u32 | payload. An image that is torn, truncated or
-// damaged fails its CRC and is ignored whole. It is written without an
-// fsync: one lost with a power cut is ignored the same way.
+// length u32 | payload. An image that is torn, truncated or damaged fails
+// its CRC and is ignored whole. It is written without an fsync: one lost
+// or torn by a power cut is ignored the same way.
 const (
 	imageFile  = ".records.image"
 	imageMagic = "CSIMG001"

@@ -237,9 +237,9 @@ const bootFile = ".journal.boot"
 // replay brings the record files up to the journals in root (see the
 // comment at the top), removes them, records boot as the journals' boot
 // in bootFile, and returns the next epoch and whether there were
-// journals. The root's filesystem is
-// synced first: what a crashed predecessor left visible is then durable,
-// and a record file holding a newer version than the journal's keeps it.
+// journals. The root's filesystem is synced first: what a crashed
+// predecessor left visible is then durable, and a record file holding a
+// newer version than the journal's keeps it.
 //
 // Journals of this very boot (bootFile says so) were left by a process
 // that died, not by the host: every change it made is in the files, and
