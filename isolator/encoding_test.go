@@ -141,3 +141,19 @@ func TestCheckpointWithFrameMagicIsJSON(t *testing.T) {
 		t.Fatalf("a checkpoint without the magic: %q, %v; want binary", plain, err)
 	}
 }
+
+// A container id of 123 bytes encodes as 0x0a 0x7b ('{') ...: still
+// binary, never JSON (it was read as JSON and the container quarantined).
+func TestDecodeCheckpointIDOf123Bytes(t *testing.T) {
+	for _, n := range []int{10, 123, 128} {
+		cp := &statev1.ContainerCheckpoint{ContainerId: strings.Repeat("x", n), Phase: statev1.ContainerCheckpoint_PREPARED}
+		b, err := encodeCheckpoint(cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &statev1.ContainerCheckpoint{}
+		if err := decodeCheckpoint(b, got); err != nil || !proto.Equal(got, cp) {
+			t.Errorf("id of %d bytes: read back %v (%v)", n, got, err)
+		}
+	}
+}

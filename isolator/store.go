@@ -405,7 +405,10 @@ func decodeCheckpoint(b []byte, m proto.Message) error {
 	if len(b) == 0 {
 		return errors.New("empty file")
 	}
-	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+	// b[0] itself, never after trimming: a binary record starts with a
+	// tag and a length, and 0x0a (field 1) followed by a length of 123
+	// (0x7b, '{') read as JSON once the "newline" was trimmed.
+	if b[0] == '{' {
 		return protojson.Unmarshal(b, m)
 	}
 	return proto.Unmarshal(b, m)
