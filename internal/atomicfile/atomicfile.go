@@ -218,6 +218,7 @@ type Committer struct {
 	// imageFileGone says is done (see dropImageFile).
 	imageFileMu   sync.Mutex
 	imageFileGone atomic.Bool
+	imageSyncOwed bool // guarded by imageFileMu
 	// kept, guarded by mu, is the records the next image holds.
 	kept map[string]struct{}
 
@@ -261,6 +262,8 @@ func Open(root, boot string) (*Committer, error) {
 	c := &Committer{root: root, rootDev: st.Dev, rootIno: st.Ino, nextEpoch: epoch}
 	if !replayed {
 		c.image = loadImage(root)
+	} else if err := c.dropImageFile(); err != nil {
+		return nil, fmt.Errorf("opening %s: %w", root, err)
 	}
 	return c, nil
 }

@@ -44,7 +44,9 @@ import (
 // the lookup of the record's directory too (after a reboot a random read
 // each; a quarter of a cold start's reads). The ctime moves when the
 // inode is linked, unlinked or renamed, so a handle whose inode's stamp
-// is unchanged still names the file at the record's path.
+// is unchanged still has the name it had in its directory; a directory
+// above it renamed (an operator's restore: mv d d.old; mkdir d; cp ...)
+// is not seen. Whoever changes the work dir by hand removes the image.
 //
 // Format (little endian): magic "CSIMG001" | entry count u32 | entries |
 // CRC32C u32 of everything before it. An entry: identity length u16 |
@@ -243,7 +245,9 @@ func (c *Committer) ReadRecord(path string) (payload []byte, legacy bool, err er
 
 // dropImageFile removes the image's file, durably, once: before the
 // Committer's first change (the image in memory stays, each entry checked
-// against its file's stamp). A change fails if it cannot be removed.
+// against its file's stamp), and at an Open that replays journals (an
+// image beside journals predates their changes: a later start without
+// journals must not load it). A change fails if it cannot be removed.
 func (c *Committer) dropImageFile() error {
 	if !c.journaled() || c.imageFileGone.Load() {
 		return nil
@@ -253,14 +257,18 @@ func (c *Committer) dropImageFile() error {
 	if c.imageFileGone.Load() {
 		return nil
 	}
-	switch err := os.Remove(filepath.Join(c.root, imageFile)); {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return fmt.Errorf("removing the start image before a change: %w", err)
-	default:
+	err := os.Remove(filepath.Join(c.root, imageFile))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing the start image: %w", err)
+	}
+	// A removal whose fsync failed is owed one still (the file is gone
+	// from the next attempt's view, not from the disk's).
+	if err == nil || c.imageSyncOwed {
+		c.imageSyncOwed = true
 		if err := c.fsync()(c.root); err != nil {
-			return fmt.Errorf("removing the start image before a change: %w", err)
+			return fmt.Errorf("removing the start image: %w", err)
 		}
+		c.imageSyncOwed = false
 	}
 	c.imageFileGone.Store(true)
 	return nil

@@ -231,3 +231,25 @@ func TestImageFileRemovedBeforeTheFirstChange(t *testing.T) {
 		t.Fatalf("read %v, %d from the image", got, c2.imageHits.Load())
 	}
 }
+
+// An image left beside journals (a release without the image, or a
+// change after the stop's checkpoint) is removed by the start that
+// replays them: a later start without journals must not load it.
+func TestImageRemovedByAReplay(t *testing.T) {
+	root := stoppedWith(t, map[string]string{"a": "one"})
+	image, err := os.ReadFile(filepath.Join(root, imageFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := reopen(t, root)
+	putRecords(t, c2, root, map[string]string{"a": "two"}) // its journal stays: a crash
+	if err := os.WriteFile(filepath.Join(root, imageFile), image, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(root, rebooted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, imageFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the image outlived the replay: %v", err)
+	}
+}
