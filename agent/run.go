@@ -261,6 +261,11 @@ const checkpointTimeout = 10 * time.Second
 func (a *Agent) checkpoint() {
 	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
 	defer cancel()
+	// The records a cleanup left to remove go first: else the next start
+	// finds them, and finishes those cleanups again.
+	if err := a.iso.SettleRemovals(ctx); err != nil {
+		a.log.Warn("removing the records of finished cleanups at stop; the next start finishes them", "error", err)
+	}
 	if err := a.commit.Checkpoint(ctx); err != nil {
 		a.log.Error("checkpointing the work dir at stop; the next start replays its journal", "error", err)
 		return

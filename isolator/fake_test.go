@@ -443,16 +443,31 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 // RemoveEmptyTree refuses a tree with a mount at or below it (in the
 // model), then is the real one.
 func (f *fakeMounter) RemoveEmptyTree(dir string) error {
+	if err := f.mountedWithin(dir); err != nil {
+		return err
+	}
+	return mount.RemoveEmptyTree(dir)
+}
+
+func (f *fakeMounter) CheckEmptyTree(dir string) error {
+	if err := f.mountedWithin(dir); err != nil {
+		return err
+	}
+	return mount.CheckEmptyTree(dir)
+}
+
+// mountedWithin fails with mount.ErrMounted when the model has a mount at
+// or below dir in f's namespace.
+func (f *fakeMounter) mountedWithin(dir string) error {
 	dir = filepath.Clean(dir)
 	f.t.mu.Lock()
+	defer f.t.mu.Unlock()
 	for _, m := range f.t.mounts {
 		if m.ns == f.ns && m.path != "/" && within(dir, m.path) {
-			f.t.mu.Unlock()
-			return fmt.Errorf("remove tree %s: %s: %w", dir, m.path, mount.ErrMounted)
+			return fmt.Errorf("tree %s: %s: %w", dir, m.path, mount.ErrMounted)
 		}
 	}
-	f.t.mu.Unlock()
-	return mount.RemoveEmptyTree(dir)
+	return nil
 }
 
 // fakeNode is a CSI node service that mounts into the model: staging

@@ -179,6 +179,10 @@ type Config struct {
 	// Claims, when set, claims volumes across the fleet (see Claims);
 	// nil: one host, no claims.
 	Claims Claims
+	// Deferred runs the work an answer need not wait for (the removals a
+	// cleanup or a teardown leaves: see removal); nil: a goroutine each.
+	// The fake world's crash tests run it on the calling goroutine.
+	Deferred func(func())
 }
 
 // Isolator prepares and cleans up containers' CSI volumes.
@@ -218,6 +222,9 @@ type Isolator struct {
 	// rebuildLeft: a missing volume record could not be rebuilt yet
 	// (rebuildMissingVolumes).
 	rebuildLeft atomic.Bool
+	// removals are the forgotten records and mount directories not
+	// removed yet.
+	removals removals
 }
 
 // New makes an Isolator; Run recovers its state and keeps it converged.

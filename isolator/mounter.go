@@ -31,6 +31,7 @@ type Mounter interface {
 	MoveTreeBeneath(tree, target *os.File) error
 	UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error)
 	RemoveEmptyTree(dir string) error
+	CheckEmptyTree(dir string) error
 	// ForeignMounts describes where the volume mounted at target is
 	// mounted in the other mount namespaces, besides copies of its own
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
@@ -93,6 +94,8 @@ func (kernelMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id 
 }
 
 func (kernelMounts) RemoveEmptyTree(dir string) error { return mount.RemoveEmptyTree(dir) }
+
+func (kernelMounts) CheckEmptyTree(dir string) error { return mount.CheckEmptyTree(dir) }
 
 // mounter is the Mounter of an operation whose context is ctx: iso.mounts,
 // each call of which is recorded as a mount event of ctx's trace when ctx
@@ -167,6 +170,11 @@ func (t tracedMounts) UnmountOwn(ctx context.Context, root, mountPoint string, i
 func (t tracedMounts) RemoveEmptyTree(dir string) error {
 	defer t.tr.Begin(optrace.Mount, "RemoveEmptyTree")()
 	return t.m.RemoveEmptyTree(dir)
+}
+
+func (t tracedMounts) CheckEmptyTree(dir string) error {
+	defer t.tr.Begin(optrace.Mount, "CheckEmptyTree")()
+	return t.m.CheckEmptyTree(dir)
 }
 
 func (t tracedMounts) ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {

@@ -674,9 +674,9 @@ func (iso *Isolator) cleanupLocked(ctx context.Context, c *container, force bool
 		}
 		return fmt.Errorf("cleaning up container %s: %w", c.id, err)
 	}
-	if err := checkpointStep(ctx, "forget container record", func() error { return iso.forgetContainer(c) }); err != nil {
-		return err
-	}
+	forget := optrace.Begin(ctx, optrace.Other, "forget container record")
+	iso.forgetContainer(c)
+	forget()
 	if err := iso.durable(ctx, c, intent); err != nil {
 		return err
 	}

@@ -115,6 +115,7 @@ func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) (uint64,
 	if err != nil {
 		return 0, fmt.Errorf("checkpointing: %w", err)
 	}
+	iso.claimDir(dir)
 	path := filepath.Join(dir, name)
 	n, err := iso.commit.Put(path, b, 0o600)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -163,9 +164,9 @@ func (iso *Isolator) setState(v *volume, state vstate) error {
 	return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.State = state })
 }
 
-// forgetVolume removes a torn-down volume's checkpoint and directory.
+// forgetVolume removes a torn-down volume's checkpoint and directory now
+// (with claims: see teardownDirs).
 func (iso *Isolator) forgetVolume(v *volume) error {
-	v.pending = nil
 	return iso.forget("volume", v.key.String(), v.dir, volumeStateFile, func() { delete(iso.volumes, v.key) })
 }
 
@@ -208,10 +209,10 @@ func (iso *Isolator) setPhase(c *container, phase statev1.ContainerCheckpoint_Ph
 	return iso.updateContainer(c, func(cp *statev1.ContainerCheckpoint) { cp.Phase = phase })
 }
 
-// forgetContainer removes a cleaned-up container's checkpoint and
-// directory.
-func (iso *Isolator) forgetContainer(c *container) error {
-	return iso.forget("container", c.id, c.dir, containerStateFile, func() { delete(iso.containers, c.id) })
+// forgetContainer forgets a cleaned-up container; its checkpoint and
+// directory are removed after the answer (removeLater).
+func (iso *Isolator) forgetContainer(c *container) {
+	iso.removeLater(&removal{kind: "container", name: c.id, dir: c.dir, file: containerStateFile}, func() { delete(iso.containers, c.id) })
 }
 
 // load reads every checkpoint. A corrupt file is moved aside and
@@ -477,7 +478,10 @@ func (iso *Isolator) reconstruct(key volumeKey, dir, aside string) *statev1.Volu
 func (iso *Isolator) CorruptRecords() uint64 { return iso.corrupt.Load() }
 
 // CheckpointStats reports the checkpoint writes made since start, the
-// fsyncs that made them durable, and the changes not yet durable.
+// fsyncs that made them durable, and the changes not yet durable: those
+// made and not yet in a commit round, and the removals not yet made
+// (removeLater).
 func (iso *Isolator) CheckpointStats() (writes, fsyncs uint64, pending int64) {
-	return iso.commit.Stats()
+	writes, fsyncs, pending = iso.commit.Stats()
+	return writes, fsyncs, pending + int64(iso.RemovalsPending())
 }

@@ -34,7 +34,7 @@ func TestUnitTrace(t *testing.T) {
 	clean.Finish()
 	wantSteps(t, "cleanup", clean, "lock container lock", "other checkpoint container CLEANING", "mount UnmountOwn",
 		"lock volume lock", "mount ForeignMounts", "other checkpoint volume: first step", "plugin NodeUnpublishVolume",
-		"plugin NodeUnstageVolume", "mount RemoveEmptyTree", "other forget volume record", "other forget container record",
+		"plugin NodeUnstageVolume", "mount CheckEmptyTree", "other forget volume record", "other forget container record",
 		"commit Wait: container record durable")
 	for _, tr := range []*optrace.Trace{prep, clean} {
 		if s := tr.String(); !strings.Contains(s, "checkpoint writes: ") || !strings.Contains(s, "fsyncs: ") {

@@ -53,8 +53,14 @@ func newWorld(t *testing.T) *world {
 // newTestIsolator is New, for a test: once the test ends, the commit
 // rounds still running end before its temporary directories are removed
 // (a round may still make the work dir's journal).
+// The removals an answer leaves (Config.Deferred) run on the calling
+// goroutine unless cfg says otherwise: a crash point stops all of the
+// isolator's work, and a test sees the work dir as the answer left it.
 func newTestIsolator(t *testing.T, cfg Config) (*Isolator, error) {
 	t.Helper()
+	if cfg.Deferred == nil {
+		cfg.Deferred = func(f func()) { f() }
+	}
 	iso, err := New(cfg)
 	if err == nil {
 		t.Cleanup(func() {

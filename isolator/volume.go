@@ -478,18 +478,36 @@ func (iso *Isolator) clearError(v *volume) error {
 	return iso.updateVolume(v, func(cp *statev1.VolumeCheckpoint) { cp.LastError = "" })
 }
 
-// teardownDirs removes a torn-down volume's mount directories (never
-// across a mount point) and forgets it; with Config.Claims, its claim is
-// released (Release makes the teardown durable first), whether or not
-// ctx has ended (ctx's values, such as a trace, go with it).
+// teardownDirs forgets a torn-down volume: its record and its mount
+// directories (never across a mount point) are removed after the answer
+// (removeLater), once a check finds they could be (nothing mounted in
+// them, no data: mount.CheckEmptyTree). With Config.Claims, the record is removed first, then its claim
+// released (Release makes the removal durable first), whether or not ctx
+// has ended (ctx's values, such as a trace, go with it): the claim goes
+// with the answer, and no record of the volume may outlive it.
 func (iso *Isolator) teardownDirs(ctx context.Context, v *volume) error {
-	if err := iso.mounter(ctx).RemoveEmptyTree(filepath.Dir(v.cp.TargetPath)); err != nil {
+	tree := filepath.Dir(v.cp.TargetPath)
+	if err := iso.mounter(ctx).CheckEmptyTree(tree); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
-	if err := checkpointStep(ctx, "forget volume record", func() error { return iso.forgetVolume(v) }); err != nil {
+	v.pending = nil
+	c := iso.cfg.Claims
+	err := checkpointStep(ctx, "forget volume record", func() error {
+		r := &removal{kind: "volume", name: v.key.String(), tree: tree, dir: v.dir, file: volumeStateFile}
+		if c == nil {
+			iso.removeLater(r, func() { delete(iso.volumes, v.key) })
+			return nil
+		}
+		r.file = ""
+		if err := iso.forgetVolume(v); err != nil {
+			return err
+		}
+		iso.removeLater(r, func() {})
+		return nil
+	})
+	if err != nil {
 		return err
 	}
-	c := iso.cfg.Claims
 	if c == nil {
 		return nil
 	}

@@ -1,0 +1,181 @@
+package isolator
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+)
+
+// removal is what a finished teardown or cleanup leaves to remove after
+// its answer: a volume's mount directories (tree) and the record file
+// (file) and directory (dir) of a volume or container that memory has
+// already forgotten. file "" keeps the record (already removed); tree ""
+// has none.
+//
+// None of it needs to be gone before the answer. A record left by a crash
+// is a container CLEANING or a volume without users in a teardown state,
+// which recovery finishes (each step idempotent), as after a crash just
+// before the removal; a mount tree no record claims is removed by
+// recovery (removeOrphanDirs). Done in the answer, these unlinks and
+// rmdirs were a third of a Cleanup's own time (each waits for its discard
+// on a filesystem mounted discard).
+type removal struct {
+	kind, name string // "volume" or "container", and which, for the logs
+	tree       string
+	dir, file  string
+	started    bool
+	done       chan struct{}
+}
+
+// removals holds the removals not finished yet, by record directory.
+type removals struct {
+	mu      sync.Mutex
+	pending map[string]*removal
+	idle    chan struct{} // closed when pending empties; nil: none waits
+	sem     chan struct{} // limits the removals running at once
+}
+
+// maxParallelRemovals is how many removals run at once: each mostly waits
+// on the disk.
+const maxParallelRemovals = 4
+
+// removeLater forgets r's record (drop, under iso.mu) at once and removes
+// what r names in the background (Config.Deferred). A record written to
+// r.dir meanwhile (the same container or volume again) cancels it
+// (claimDir).
+func (iso *Isolator) removeLater(r *removal, drop func()) {
+	iso.mu.Lock()
+	drop()
+	iso.mu.Unlock()
+	iso.cfg.OnChange()
+	r.done = make(chan struct{})
+	rm := &iso.removals
+	rm.mu.Lock()
+	if rm.pending == nil {
+		rm.pending = map[string]*removal{}
+		rm.sem = make(chan struct{}, maxParallelRemovals)
+	}
+	for old := rm.pending[r.dir]; old != nil; old = rm.pending[r.dir] {
+		if !old.started {
+			// r removes what old would have.
+			delete(rm.pending, old.dir)
+			close(old.done)
+			continue
+		}
+		rm.mu.Unlock()
+		<-old.done
+		rm.mu.Lock()
+	}
+	rm.pending[r.dir] = r
+	rm.mu.Unlock()
+	run := iso.cfg.Deferred
+	if run == nil {
+		run = func(f func()) { go f() }
+	}
+	run(func() { iso.remove(r) })
+}
+
+// remove does removal r unless a write to its directory cancelled it.
+func (iso *Isolator) remove(r *removal) {
+	rm := &iso.removals
+	rm.sem <- struct{}{}
+	defer func() { <-rm.sem }()
+	rm.mu.Lock()
+	if rm.pending[r.dir] != r {
+		rm.mu.Unlock()
+		return
+	}
+	r.started = true
+	rm.mu.Unlock()
+	defer iso.finish(r)
+	if r.tree != "" {
+		if err := iso.mounts.RemoveEmptyTree(r.tree); err != nil {
+			// Left for the next start (removeOrphanDirs; the record,
+			// kept, has the teardown redone first).
+			iso.log.Error("removing a torn-down volume's mount directories; left, with its record, for the next start", r.kind, r.name, "error", err)
+			return
+		}
+	}
+	if r.file == "" {
+		return
+	}
+	if _, err := iso.commit.Remove(filepath.Join(r.dir, r.file)); err != nil {
+		iso.log.Error("removing a record; the next start finishes its "+r.kind+"'s cleanup", r.kind, r.name, "error", err)
+		return
+	}
+	if _, err := iso.commit.Remove(r.dir); err != nil {
+		iso.log.Warn("removing "+r.kind+" checkpoint directory", r.kind, r.name, "error", err)
+	}
+	iso.cfg.CrashPoint("checkpoint " + r.kind + " removed")
+}
+
+// finish ends removal r: a write waiting for its directory goes on.
+func (iso *Isolator) finish(r *removal) {
+	rm := &iso.removals
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	rm.dropLocked(r)
+}
+
+// dropLocked takes r out of the pending removals (rm.mu held) and wakes
+// whoever waits for it or for none to be left.
+func (rm *removals) dropLocked(r *removal) {
+	delete(rm.pending, r.dir)
+	close(r.done)
+	if len(rm.pending) == 0 && rm.idle != nil {
+		close(rm.idle)
+		rm.idle = nil
+	}
+}
+
+// claimDir, before a record is written into dir, cancels the removal of
+// dir not started yet, or waits for the one running to end: the record
+// then is the new one's, and whatever the removal would have removed is
+// the new one's too.
+func (iso *Isolator) claimDir(dir string) {
+	rm := &iso.removals
+	rm.mu.Lock()
+	r := rm.pending[dir]
+	if r == nil {
+		rm.mu.Unlock()
+		return
+	}
+	if !r.started {
+		rm.dropLocked(r)
+		rm.mu.Unlock()
+		return
+	}
+	rm.mu.Unlock()
+	<-r.done
+}
+
+// RemovalsPending is the number of removals not done yet.
+func (iso *Isolator) RemovalsPending() int {
+	rm := &iso.removals
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	return len(rm.pending)
+}
+
+// SettleRemovals waits until every removal is done, or ctx ends: at a
+// clean stop, so that the start image (atomicfile.WriteImage) and the
+// next start find none left.
+func (iso *Isolator) SettleRemovals(ctx context.Context) error {
+	rm := &iso.removals
+	rm.mu.Lock()
+	if len(rm.pending) == 0 {
+		rm.mu.Unlock()
+		return nil
+	}
+	if rm.idle == nil {
+		rm.idle = make(chan struct{})
+	}
+	idle := rm.idle
+	rm.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,130 @@
+package isolator
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// deferredQueue is a Config.Deferred that keeps the work until the test
+// runs it.
+type deferredQueue struct{ fs []func() }
+
+func (q *deferredQueue) later(f func()) { q.fs = append(q.fs, f) }
+
+func (q *deferredQueue) runAll() {
+	fs := q.fs
+	q.fs = nil
+	for _, f := range fs {
+		f()
+	}
+}
+
+// recordFiles lists the container and volume record files under the
+// world's work dir.
+func recordFiles(t *testing.T, w *world) []string {
+	t.Helper()
+	var out []string
+	for _, pattern := range []string{
+		filepath.Join(w.work, "isolators", "volume", "csi", "*", containerStateFile),
+		filepath.Join(w.work, "csi", "*", "*", "volumes", "*", volumeStateFile),
+	} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m...)
+	}
+	return out
+}
+
+// TestRemovalAfterTheAnswer: a Cleanup answers with its container and its
+// volume forgotten; their records and the volume's mount directories are
+// removed after it (Config.Deferred), and counted until then.
+func TestRemovalAfterTheAnswer(t *testing.T) {
+	w := newWorld(t)
+	q := &deferredQueue{}
+	iso := w.isolator(Config{Deferred: q.later})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	before := recordFiles(t, w)
+	if len(before) != 2 {
+		t.Fatalf("records after the Prepare: %v; want the container's and the volume's", before)
+	}
+	w.cleanup(iso, "c1")
+	if c, v := iso.ListContainers(), iso.ListVolumes(); len(c)+len(v) > 0 {
+		t.Errorf("after the Cleanup's answer: containers %v, volumes %v; want none", c, v)
+	}
+	if got := recordFiles(t, w); len(got) != 2 {
+		t.Errorf("records at the answer: %v; want both, removed after it", got)
+	}
+	if n := iso.RemovalsPending(); n != 2 {
+		t.Errorf("RemovalsPending() = %d at the answer; want 2", n)
+	}
+	q.runAll()
+	if n := iso.RemovalsPending(); n != 0 {
+		t.Errorf("RemovalsPending() = %d once they ran; want 0", n)
+	}
+	if err := iso.SettleRemovals(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
+
+// TestRemovalCancelledByTheSameContainerAgain: a container prepared again
+// (same id, same volume) before its earlier Cleanup's removals ran keeps
+// its records and mounts: the new records' writes cancel the removals.
+func TestRemovalCancelledByTheSameContainerAgain(t *testing.T) {
+	w := newWorld(t)
+	q := &deferredQueue{}
+	iso := w.isolator(Config{Deferred: q.later})
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	w.prepare(iso, req)
+	w.cleanup(iso, "c1")
+	w.prepare(iso, req)
+	q.runAll()
+	if n := iso.RemovalsPending(); n != 0 {
+		t.Errorf("RemovalsPending() = %d; want 0", n)
+	}
+	if got := recordFiles(t, w); len(got) != 2 {
+		t.Fatalf("records of the container prepared again: %v; want its own and its volume's", got)
+	}
+	w.check(iso)
+	if _, err := os.Stat(filepath.Join(w.work, "isolators", "volume", "csi", "c1", containerStateFile)); err != nil {
+		t.Fatal(err)
+	}
+	// And a new isolator on the same work dir finds it prepared.
+	iso2 := w.run(Config{})
+	if c := containerOf(iso2, "c1"); c == nil {
+		t.Fatal("c1 lost across a restart")
+	}
+	w.check(iso2)
+	w.cleanup(iso2, "c1")
+	w.checkEmpty(iso2)
+}
+
+// TestCrashBeforeTheRemoval: the agent dies after a Cleanup's answer,
+// before its removals: the next start finishes the cleanup from the
+// records left (a container CLEANING, a volume without users) and
+// leaves nothing.
+func TestCrashBeforeTheRemoval(t *testing.T) {
+	for _, reboot := range []bool{false, true} {
+		t.Run(map[bool]string{false: "restart", true: "reboot"}[reboot], func(t *testing.T) {
+			w := newWorld(t)
+			q := &deferredQueue{}
+			iso := w.isolator(Config{Deferred: q.later})
+			w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+			w.prepare(iso, w.request("c2", vol{"plain", "vol-2", "data", false}))
+			w.cleanup(iso, "c1")
+			w.cleanup(iso, "c2")
+			if got := recordFiles(t, w); len(got) != 4 {
+				t.Fatalf("records at the answers: %v; want 4", got)
+			}
+			// Dies: q never runs.
+			if reboot {
+				w.reboot()
+			}
+			w.checkEmpty(w.run(Config{}))
+		})
+	}
+}
