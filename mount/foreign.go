@@ -123,9 +123,12 @@ func (q *foreignQuery) same(m *mountinfo.Info) bool {
 
 // scanner batches ForeignMounts calls into scans (see ForeignMounts).
 type scanner struct {
-	mu      sync.Mutex
-	next    *scanBatch // the calls waiting for the next scan
-	running bool
+	mu   sync.Mutex
+	next *scanBatch // the calls waiting for the next scan
+	// wake tells the scanning goroutine (started by the first call, for
+	// the process's life: a goroutine started per scan grew its stack
+	// anew each time, a tenth of a scan's cost) that a batch waits.
+	wake chan struct{}
 	// pids is a process in each mount namespace the last /proc pass
 	// found, by namespace, and orphans the namespaces the kernel listed
 	// then that it found no process in; the scanning goroutine alone uses
@@ -142,6 +145,19 @@ type scanBatch struct {
 // foreign is the process's scanner: a scan covers the whole host.
 var foreign scanner
 
+// agentNamespace is the inode of the agent's mount namespace, looked up
+// once (a stat through /proc/thread-self was a third of a scan's cost).
+// It is the namespace of every thread the scanning goroutine can run on:
+// a thread moved into another namespace (InNamespace) is locked to its
+// goroutine while there, and never returned to the others.
+var agentNamespace = sync.OnceValues(func() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/mnt", &st); err != nil {
+		return 0, fmt.Errorf("the agent's mount namespace: %w", err)
+	}
+	return st.Ino, nil
+})
+
 // ask adds q to the next scan and waits until it is done or ctx ends (the
 // scan then goes on for the others; q is not read again).
 func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
@@ -151,11 +167,15 @@ func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
 	}
 	b := s.next
 	b.queries = append(b.queries, q)
-	if !s.running {
-		s.running = true
+	if s.wake == nil {
+		s.wake = make(chan struct{}, 1)
 		go s.run()
 	}
 	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 	select {
 	case <-b.done:
 		return nil
@@ -164,19 +184,17 @@ func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
 	}
 }
 
-// run scans for the waiting batches, one after the other, until none is
-// left.
+// run scans for the waiting batches, one after the other, each time it
+// is woken.
 func (s *scanner) run() {
-	for {
+	for range s.wake {
 		s.mu.Lock()
 		b := s.next
 		s.next = nil
-		if b == nil {
-			s.running = false
-			s.mu.Unlock()
-			return
-		}
 		s.mu.Unlock()
+		if b == nil {
+			continue // taken by the scan before
+		}
 		if err := s.scan(b.queries); err != nil {
 			for _, q := range b.queries {
 				if q.err == nil {
@@ -194,8 +212,8 @@ func (s *scanner) run() {
 // read of every other mount namespace's table, of which only the lines of
 // the queries' devices are parsed.
 func (s *scanner) scan(queries []*foreignQuery) error {
-	var self unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/mnt", &self); err != nil {
+	self, err := agentNamespace()
+	if err != nil {
 		return err
 	}
 	own := ownMounts{}
@@ -213,7 +231,7 @@ func (s *scanner) scan(queries []*foreignQuery) error {
 		return err
 	}
 	for pass := false; ; pass = true {
-		nss, known, err := s.namespaces(self.Ino, pass)
+		nss, known, err := s.namespaces(self, pass)
 		if err != nil {
 			return err
 		}
