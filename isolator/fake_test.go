@@ -456,6 +456,15 @@ func (f *fakeMounter) CheckEmptyTree(dir string) error {
 	return mount.CheckEmptyTree(dir)
 }
 
+func (f *fakeMounter) RecycleTree(pool *mount.TreePool, tree string) error {
+	if err := f.mountedWithin(tree); err != nil {
+		return err
+	}
+	return pool.Put(tree)
+}
+
+func (f *fakeMounter) TakeTree(pool *mount.TreePool, tree string) bool { return pool.Take(tree) }
+
 // mountedWithin fails with mount.ErrMounted when the model has a mount at
 // or below dir in f's namespace.
 func (f *fakeMounter) mountedWithin(dir string) error {

@@ -225,6 +225,8 @@ type Isolator struct {
 	// removals are the forgotten records and mount directories not
 	// removed yet.
 	removals removals
+	// pools holds each mount root's spare volume directories (treePool).
+	pools sync.Map
 }
 
 // New makes an Isolator; Run recovers its state and keeps it converged.

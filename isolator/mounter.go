@@ -32,6 +32,11 @@ type Mounter interface {
 	UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error)
 	RemoveEmptyTree(dir string) error
 	CheckEmptyTree(dir string) error
+	// RecycleTree puts a torn-down volume's tree into pool, or removes
+	// it (as mount.TreePool.Put); TakeTree moves one of pool's to tree
+	// (as mount.TreePool.Take).
+	RecycleTree(pool *mount.TreePool, tree string) error
+	TakeTree(pool *mount.TreePool, tree string) bool
 	// ForeignMounts describes where the volume mounted at target is
 	// mounted in the other mount namespaces, besides copies of its own
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
@@ -96,6 +101,10 @@ func (kernelMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id 
 func (kernelMounts) RemoveEmptyTree(dir string) error { return mount.RemoveEmptyTree(dir) }
 
 func (kernelMounts) CheckEmptyTree(dir string) error { return mount.CheckEmptyTree(dir) }
+
+func (kernelMounts) RecycleTree(pool *mount.TreePool, tree string) error { return pool.Put(tree) }
+
+func (kernelMounts) TakeTree(pool *mount.TreePool, tree string) bool { return pool.Take(tree) }
 
 // mounter is the Mounter of an operation whose context is ctx: iso.mounts,
 // each call of which is recorded as a mount event of ctx's trace when ctx
@@ -175,6 +184,16 @@ func (t tracedMounts) RemoveEmptyTree(dir string) error {
 func (t tracedMounts) CheckEmptyTree(dir string) error {
 	defer t.tr.Begin(optrace.Mount, "CheckEmptyTree")()
 	return t.m.CheckEmptyTree(dir)
+}
+
+func (t tracedMounts) RecycleTree(pool *mount.TreePool, tree string) error {
+	defer t.tr.Begin(optrace.Mount, "RecycleTree")()
+	return t.m.RecycleTree(pool, tree)
+}
+
+func (t tracedMounts) TakeTree(pool *mount.TreePool, tree string) bool {
+	defer t.tr.Begin(optrace.Mount, "TakeTree")()
+	return t.m.TakeTree(pool, tree)
 }
 
 func (t tracedMounts) ForeignMounts(ctx context.Context, target string, own []string) ([]string, error) {

@@ -115,6 +115,14 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) []volumeKey {
 		})
 	}
 	if recovery {
+		// The removals the pass's teardowns left go first: the
+		// directories they remove are not orphans, and a start ends
+		// with none left.
+		sctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
+		if err := iso.SettleRemovals(sctx); err != nil {
+			iso.log.Warn("recovery: the removals of torn-down volumes are not done; they go on", "error", err)
+		}
+		cancel()
 		iso.removeOrphanDirs()
 	}
 	return unmounted

@@ -89,7 +89,7 @@ func (iso *Isolator) remove(r *removal) {
 	rm.mu.Unlock()
 	defer iso.finish(r)
 	if r.tree != "" {
-		if err := iso.mounts.RemoveEmptyTree(r.tree); err != nil {
+		if err := iso.mounts.RecycleTree(iso.treePool(r.tree), r.tree); err != nil {
 			// Left for the next start (removeOrphanDirs; the record,
 			// kept, has the teardown redone first).
 			iso.log.Error("removing a torn-down volume's mount directories; left, with its record, for the next start", r.kind, r.name, "error", err)

@@ -316,6 +316,9 @@ func (w *world) checkEmpty(iso *Isolator) {
 			return err
 		}
 		rel, _ := filepath.Rel(w.work, p)
+		if e.IsDir() && e.Name() == spareTrees {
+			return fs.SkipDir // spare volume directories, empty (treePool)
+		}
 		if e.Name() == volumeStateFile || e.Name() == containerStateFile || strings.Count(rel, "/") >= 3 && strings.Contains(rel, "/mounts/") {
 			left = append(left, rel)
 		}

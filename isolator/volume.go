@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/optrace"
 	"github.com/csiagent/csiagent/internal/retrypolicy"
+	"github.com/csiagent/csiagent/mount"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
@@ -579,6 +581,35 @@ func (iso *Isolator) controllerUnpublish(ctx context.Context, node Node, v *volu
 
 // mkdirAll makes a staging or target directory (0750), recorded as the
 // mount event step of ctx's trace.
+// takeTree, for a volume whose directory (the parent of its staging and
+// target paths) does not exist, moves a spare one there from its mount
+// root's pool (treePool), if the pool has one.
+func (iso *Isolator) takeTree(ctx context.Context, v *volume) {
+	tree := filepath.Dir(v.cp.TargetPath)
+	if filepath.Dir(v.cp.StagingPath) != tree {
+		return // a layout of its own (not the agent's)
+	}
+	if _, err := os.Lstat(tree); errors.Is(err, fs.ErrNotExist) {
+		iso.mounter(ctx).TakeTree(iso.treePool(tree), tree)
+	}
+}
+
+// spareTrees is the directory of a mount root that holds its pool of
+// spare volume directories (mount.TreePool): a name no volume's directory
+// has (encodeVolumeID never starts with a '.').
+const spareTrees = ".spare"
+
+// maxSpareTrees is how many spare volume directories a mount root keeps.
+const maxSpareTrees = 1024
+
+// treePool is the pool of spare volume directories of the mount root that
+// holds tree.
+func (iso *Isolator) treePool(tree string) *mount.TreePool {
+	root := filepath.Dir(tree)
+	p, _ := iso.pools.LoadOrStore(root, &mount.TreePool{Dir: filepath.Join(root, spareTrees), Max: maxSpareTrees})
+	return p.(*mount.TreePool)
+}
+
 func mkdirAll(ctx context.Context, dir, step string) error {
 	defer optrace.Begin(ctx, optrace.Mount, step)()
 	return os.MkdirAll(dir, 0o750)
@@ -594,6 +625,7 @@ func (v *volume) attachment() map[string]string {
 }
 
 func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
+	iso.takeTree(ctx, v)
 	if err := mkdirAll(ctx, v.cp.StagingPath, "mkdir staging path"); err != nil {
 		return fmt.Errorf("volume %s: creating staging path: %w", v.key, err)
 	}
@@ -668,6 +700,7 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	if err != nil {
 		return err
 	}
+	iso.takeTree(ctx, v)
 	if err := mkdirAll(ctx, filepath.Dir(target), "mkdir target parent"); err != nil {
 		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
 	}

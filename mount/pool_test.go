@@ -1,0 +1,174 @@
+package mount
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// volumeTree makes dir with empty staging and target directories, as a
+// torn-down volume leaves it.
+func volumeTree(t *testing.T, dir string) {
+	t.Helper()
+	for _, d := range []string{"staging", "target"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// TestTreePoolReusesATree: an empty volume tree put into the pool is the
+// next tree taken, staging and target included, with the same inode: no
+// directory made or removed. A new pool on the same directory (the next
+// start) finds it.
+func TestTreePoolReusesATree(t *testing.T) {
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	volumeTree(t, a)
+	var before unix.Stat_t
+	if err := unix.Stat(filepath.Join(a, "staging"), &before); err != nil {
+		t.Fatal(err)
+	}
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4}
+	if err := p.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(a); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s after Put: %v; want it gone", a, err)
+	}
+	p2 := &TreePool{Dir: p.Dir, Max: 4}
+	if !p2.Take(b) {
+		t.Fatal("Take from a pool holding a tree: false")
+	}
+	if got := entries(t, b); !slices.Equal(got, []string{"staging", "target"}) {
+		t.Errorf("taken tree holds %v", got)
+	}
+	var after unix.Stat_t
+	if err := unix.Stat(filepath.Join(b, "staging"), &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Ino != before.Ino {
+		t.Errorf("staging's inode %d; want the pooled tree's %d", after.Ino, before.Ino)
+	}
+	if p2.Take(filepath.Join(root, "c")) {
+		t.Error("Take from an empty pool: true")
+	}
+}
+
+// TestTreePoolRemovesWhatItCannotKeep: a tree with an empty file in it,
+// or beyond Max, is removed; one with data is neither kept nor removed
+// (RemoveEmptyTree's error); Take never moves into place a tree that
+// holds a file, nor over an existing directory.
+func TestTreePoolRemovesWhatItCannotKeep(t *testing.T) {
+	root := t.TempDir()
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 1}
+	kept, over, withFile, withData := filepath.Join(root, "kept"), filepath.Join(root, "over"), filepath.Join(root, "file"), filepath.Join(root, "data")
+	for _, d := range []string{kept, over, withFile, withData} {
+		volumeTree(t, d)
+	}
+	if err := os.WriteFile(filepath.Join(withFile, "staging", "empty"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withData, "target", "data"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{kept, over, withFile} {
+		if err := p.Put(d); err != nil {
+			t.Fatalf("Put %s: %v", d, err)
+		}
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Put: %v; want it gone", d, err)
+		}
+	}
+	if got := entries(t, p.Dir); len(got) != 1 {
+		t.Errorf("pool holds %v; want one tree (Max 1)", got)
+	}
+	if err := p.Put(withData); !errors.Is(err, ErrNotEmpty) {
+		t.Errorf("Put of a tree holding data: %v; want ErrNotEmpty", err)
+	}
+	if _, err := os.Stat(filepath.Join(withData, "target", "data")); err != nil {
+		t.Errorf("the data: %v", err)
+	}
+	// The pooled tree gets a file: not taken.
+	spare := filepath.Join(p.Dir, entries(t, p.Dir)[0])
+	if err := os.WriteFile(filepath.Join(spare, "target", "data"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p.Take(filepath.Join(root, "new")) {
+		t.Error("Take moved a tree holding a file")
+	}
+	if _, err := os.Stat(filepath.Join(spare, "target", "data")); err != nil {
+		t.Errorf("the file in the pooled tree: %v", err)
+	}
+	// Over an existing directory: refused, the spare stays.
+	q := &TreePool{Dir: filepath.Join(root, ".spare2"), Max: 1}
+	volumeTree(t, kept)
+	if err := q.Put(kept); err != nil {
+		t.Fatal(err)
+	}
+	volumeTree(t, over)
+	if q.Take(over) {
+		t.Error("Take over an existing directory: true")
+	}
+	if got := entries(t, q.Dir); len(got) != 1 {
+		t.Errorf("pool after a refused Take: %v", got)
+	}
+}
+
+// TestTreePoolNeverMovesAMount: a tree with something mounted in it is
+// neither pooled nor removed (ErrMounted); a pooled tree that got a mount
+// is never taken.
+func TestTreePoolNeverMovesAMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a tmpfs")
+	}
+	root := t.TempDir()
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4}
+	a := filepath.Join(root, "a")
+	volumeTree(t, a)
+	staging := filepath.Join(a, "staging")
+	if err := unix.Mount("tmpfs", staging, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(staging, unix.MNT_DETACH) })
+	if err := p.Put(a); !errors.Is(err, ErrMounted) {
+		t.Fatalf("Put of a tree with a mount: %v; want ErrMounted", err)
+	}
+	if ok, err := IsMountPoint(staging); err != nil || !ok {
+		t.Fatalf("the mount at %s after Put: %v, %v", staging, ok, err)
+	}
+	if err := unix.Unmount(staging, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	spare := filepath.Join(p.Dir, entries(t, p.Dir)[0], "target")
+	if err := unix.Mount("tmpfs", spare, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(spare, unix.MNT_DETACH) })
+	if p.Take(filepath.Join(root, "b")) {
+		t.Error("Take moved a tree with a mount in it")
+	}
+	if ok, err := IsMountPoint(spare); err != nil || !ok {
+		t.Errorf("the mount in the pooled tree: %v, %v", ok, err)
+	}
+}
