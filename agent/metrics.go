@@ -112,7 +112,7 @@ func newMetrics(a *Agent) *metrics {
 		}, func() float64 { return float64(a.iso.CorruptRecords()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "csi_agent_checkpoint_pending",
-			Help: "Checkpoint changes (writes, removals) visible but not yet durable.",
+			Help: "Checkpoint changes (writes, removals) visible but not yet durable, and removals of the records and volume directories a cleanup left that are not made yet.",
 		}, func() float64 { _, _, p := a.iso.CheckpointStats(); return float64(p) }),
 	)
 	return m

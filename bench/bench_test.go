@@ -299,9 +299,10 @@ func TestThroughput(t *testing.T) {
 		if firstErr != nil {
 			t.Fatal(firstErr)
 		}
-		// The phase ends when every checkpoint it wrote is durable (the
-		// calls return once their intent records are; the rest follow
-		// in the agent's background commit rounds).
+		// The phase ends when every checkpoint it wrote is durable and
+		// every removal it left is made (the calls return once their
+		// intent records are durable; the rest follow in the agent's
+		// background commit rounds and removals).
 		for {
 			pending := f.ap.metric(t, "csi_agent_checkpoint_pending")
 			if pending < 0 {
