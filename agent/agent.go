@@ -282,11 +282,11 @@ func newAgent(cfg Config) (*Agent, error) {
 	a.iso = iso
 	a.reclaimer = reclaim.New(pervolume.Config[reclaim.Result]{
 		Name: reclaimJobName, Job: reclaimJob{a}, Policy: a.reclaimPolicy, MaxConcurrent: cfg.ReclaimMaxConcurrent,
-		Logger: cfg.Logger,
+		PokeSettle: schedulePokeSettle, Logger: cfg.Logger,
 	})
 	a.keyRotator = pervolume.New(pervolume.Config[keyRotation]{
 		Name: keyRotationJobName, Job: keyRotationJob{a}, Policy: a.keyRotationPolicy, MaxConcurrent: cfg.KeyRotationMaxConcurrent,
-		Logger: cfg.Logger,
+		PokeSettle: schedulePokeSettle, Logger: cfg.Logger,
 	})
 	cat, err := snapcat.Open(filepath.Join(cfg.WorkDir, snapshotsDir), a.log)
 	if err != nil {
@@ -363,6 +363,12 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 	}
 	a.pokeSchedules()
 }
+
+// schedulePokeSettle spaces the per-volume schedules' rescans that
+// pokes ask for (pervolume.Config.PokeSettle): every Prepare and Cleanup
+// pokes, and a rescan reads every volume; a new volume is scheduled that
+// much later at most.
+const schedulePokeSettle = 100 * time.Millisecond
 
 // pokeSchedules tells the per-volume schedules (reclaim, key rotation)
 // that volumes or policies changed.

@@ -110,6 +110,11 @@ type Config[R any] struct {
 	// MaxConcurrent caps this scheduler's calls in flight, periodic and
 	// RunNow together; not positive: DefaultMaxConcurrent.
 	MaxConcurrent int
+	// PokeSettle is the least time between a rescan and the next one a
+	// Poke asks for (pokes meanwhile share one): a host preparing and
+	// cleaning up containers back to back pokes after every call, and
+	// each rescan reads every volume. Zero: a poke rescans at once.
+	PokeSettle time.Duration
 	// Clock tells the time and makes timers; nil: RealClock().
 	Clock Clock
 	// Logger; nil: logs are discarded.

@@ -21,6 +21,7 @@ type Scheduler[R any] struct {
 	job           Job[R]
 	policyFn      func(string) Policy
 	maxConcurrent int
+	pokeSettle    time.Duration
 	clock         Clock
 	log           *slog.Logger
 
@@ -95,6 +96,7 @@ func New[R any](cfg Config[R]) *Scheduler[R] {
 		job:           cfg.Job,
 		policyFn:      cfg.Policy,
 		maxConcurrent: cfg.MaxConcurrent,
+		pokeSettle:    cfg.PokeSettle,
 		clock:         cfg.Clock,
 		log:           cfg.Logger,
 		wake:          make(chan struct{}, 1),
@@ -130,11 +132,16 @@ func (s *Scheduler[R]) Run(ctx context.Context) {
 		s.mu.Unlock()
 	}()
 
-	var rescanAt time.Time
+	var rescanAt, rescanned time.Time
 	for ctx.Err() == nil {
 		now := s.clock.Now()
-		if s.poked.Swap(false) || !now.Before(rescanAt) {
-			rescanAt = now.Add(s.rescan(now))
+		if s.poked.Swap(false) {
+			if due := rescanned.Add(s.pokeSettle); due.Before(rescanAt) {
+				rescanAt = due
+			}
+		}
+		if !now.Before(rescanAt) {
+			rescanAt, rescanned = now.Add(s.rescan(now)), now
 		}
 
 		s.mu.Lock()

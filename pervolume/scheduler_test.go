@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,6 +181,44 @@ func TestPokeAndRescan(t *testing.T) {
 	for range 1000 {
 		s.Poke()
 		h.s.Poke()
+	}
+}
+
+// TestPokeSettle: with PokeSettle, pokes right after a rescan share one
+// rescan, PokeSettle after it; a poke after a quiet spell rescans at once.
+// (Before it, every poke rescanned every volume: a host preparing
+// containers back to back rescanned after each.)
+func TestPokeSettle(t *testing.T) {
+	const iv, settleFor = 10 * time.Second, 100 * time.Millisecond
+	clock := pervolumetest.NewClock(t0)
+	f := newJob(clock)
+	f.add("a", "v1", time.Time{})
+	var rescans atomic.Int64
+	pol := policy(iv, 1)
+	h := start(t, clock, f, pervolume.Config[result]{PokeSettle: settleFor, Policy: func(p string) pervolume.Policy {
+		rescans.Add(1)
+		return pol(p)
+	}})
+	h.settle()
+	r0 := rescans.Load()
+	for range 5 {
+		h.s.Poke()
+	}
+	h.settle()
+	if n := rescans.Load() - r0; n != 0 {
+		t.Fatalf("%d rescans for pokes right after a rescan; want none before PokeSettle", n)
+	}
+	h.driveTo(clock.Now().Add(settleFor))
+	if n := rescans.Load() - r0; n != 1 {
+		t.Fatalf("%d rescans PokeSettle after 5 pokes; want 1", n)
+	}
+	// A quiet spell, then a poke: at once.
+	h.driveTo(clock.Now().Add(time.Second))
+	r1 := rescans.Load()
+	h.s.Poke()
+	h.settle()
+	if n := rescans.Load() - r1; n != 1 {
+		t.Fatalf("%d rescans for a poke after a quiet spell; want 1, at once", n)
 	}
 }
 
