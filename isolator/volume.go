@@ -483,10 +483,11 @@ func (iso *Isolator) clearError(v *volume) error {
 // teardownDirs forgets a torn-down volume: its record and its mount
 // directories (never across a mount point) are removed after the answer
 // (removeLater), once a check finds they could be (nothing mounted in
-// them, no data: mount.CheckEmptyTree). With Config.Claims, the record is removed first, then its claim
-// released (Release makes the removal durable first), whether or not ctx
-// has ended (ctx's values, such as a trace, go with it): the claim goes
-// with the answer, and no record of the volume may outlive it.
+// them, no data: mount.CheckEmptyTree). With Config.Claims, the record
+// is removed first, then its claim released (Release makes the removal
+// durable first), whether or not ctx has ended (ctx's values, such as a
+// trace, go with it): the claim goes with the answer, and no record of
+// the volume may outlive it.
 func (iso *Isolator) teardownDirs(ctx context.Context, v *volume) error {
 	tree := filepath.Dir(v.cp.TargetPath)
 	if err := iso.mounter(ctx).CheckEmptyTree(tree); err != nil {
@@ -579,8 +580,6 @@ func (iso *Isolator) controllerUnpublish(ctx context.Context, node Node, v *volu
 	return nil
 }
 
-// mkdirAll makes a staging or target directory (0750), recorded as the
-// mount event step of ctx's trace.
 // takeTree, for a volume whose directory (the parent of its staging and
 // target paths) does not exist, moves a spare one there from its mount
 // root's pool (treePool), if the pool has one.
@@ -606,10 +605,12 @@ const maxSpareTrees = 1024
 // holds tree.
 func (iso *Isolator) treePool(tree string) *mount.TreePool {
 	root := filepath.Dir(tree)
-	p, _ := iso.pools.LoadOrStore(root, &mount.TreePool{Dir: filepath.Join(root, spareTrees), Max: maxSpareTrees})
+	p, _ := iso.pools.LoadOrStore(root, &mount.TreePool{Dir: filepath.Join(root, spareTrees), Max: maxSpareTrees, Keep: []string{"staging"}})
 	return p.(*mount.TreePool)
 }
 
+// mkdirAll makes a staging or target directory (0750), recorded as the
+// mount event step of ctx's trace.
 func mkdirAll(ctx context.Context, dir, step string) error {
 	defer optrace.Begin(ctx, optrace.Mount, step)()
 	return os.MkdirAll(dir, 0o750)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -29,6 +30,10 @@ import (
 type TreePool struct {
 	Dir string
 	Max int // trees kept at most; beyond, Put removes
+	// Keep names the entries a tree keeps in the pool (a volume's
+	// staging directory, always a directory); Put removes the others
+	// (a target may be a directory or a file, by the volume's kind).
+	Keep []string
 
 	mu     sync.Mutex
 	loaded bool
@@ -50,6 +55,17 @@ func (p *TreePool) Put(tree string) error {
 func (p *TreePool) park(tree string) bool {
 	if !reusable(tree) {
 		return false
+	}
+	names, err := readNames(tree)
+	if err != nil {
+		return false
+	}
+	for _, name := range names {
+		if !slices.Contains(p.Keep, name) {
+			if err := unix.Rmdir(filepath.Join(tree, name)); err != nil {
+				return false
+			}
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -91,6 +107,16 @@ func (p *TreePool) Take(tree string) bool {
 		return true
 	}
 	return false
+}
+
+// readNames lists the entries of dir.
+func readNames(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
 }
 
 // loadLocked lists the trees a previous run left in Dir, once.

@@ -35,9 +35,9 @@ func entries(t *testing.T, dir string) []string {
 }
 
 // TestTreePoolReusesATree: an empty volume tree put into the pool is the
-// next tree taken, staging and target included, with the same inode: no
-// directory made or removed. A new pool on the same directory (the next
-// start) finds it.
+// next tree taken, with its staging directory (Keep; not its target,
+// which may have to be a file next time) and the same inodes. A new pool
+// on the same directory (the next start) finds it.
 func TestTreePoolReusesATree(t *testing.T) {
 	root := t.TempDir()
 	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
@@ -46,7 +46,7 @@ func TestTreePoolReusesATree(t *testing.T) {
 	if err := unix.Stat(filepath.Join(a, "staging"), &before); err != nil {
 		t.Fatal(err)
 	}
-	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4}
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4, Keep: []string{"staging"}}
 	if err := p.Put(a); err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +57,8 @@ func TestTreePoolReusesATree(t *testing.T) {
 	if !p2.Take(b) {
 		t.Fatal("Take from a pool holding a tree: false")
 	}
-	if got := entries(t, b); !slices.Equal(got, []string{"staging", "target"}) {
-		t.Errorf("taken tree holds %v", got)
+	if got := entries(t, b); !slices.Equal(got, []string{"staging"}) {
+		t.Errorf("taken tree holds %v; want staging alone (Keep)", got)
 	}
 	var after unix.Stat_t
 	if err := unix.Stat(filepath.Join(b, "staging"), &after); err != nil {
@@ -78,7 +78,7 @@ func TestTreePoolReusesATree(t *testing.T) {
 // holds a file, nor over an existing directory.
 func TestTreePoolRemovesWhatItCannotKeep(t *testing.T) {
 	root := t.TempDir()
-	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 1}
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 1, Keep: []string{"staging"}}
 	kept, over, withFile, withData := filepath.Join(root, "kept"), filepath.Join(root, "over"), filepath.Join(root, "file"), filepath.Join(root, "data")
 	for _, d := range []string{kept, over, withFile, withData} {
 		volumeTree(t, d)
@@ -108,13 +108,13 @@ func TestTreePoolRemovesWhatItCannotKeep(t *testing.T) {
 	}
 	// The pooled tree gets a file: not taken.
 	spare := filepath.Join(p.Dir, entries(t, p.Dir)[0])
-	if err := os.WriteFile(filepath.Join(spare, "target", "data"), []byte("x"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(spare, "staging", "data"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if p.Take(filepath.Join(root, "new")) {
 		t.Error("Take moved a tree holding a file")
 	}
-	if _, err := os.Stat(filepath.Join(spare, "target", "data")); err != nil {
+	if _, err := os.Stat(filepath.Join(spare, "staging", "data")); err != nil {
 		t.Errorf("the file in the pooled tree: %v", err)
 	}
 	// Over an existing directory: refused, the spare stays.
@@ -140,7 +140,7 @@ func TestTreePoolNeverMovesAMount(t *testing.T) {
 		t.Skip("needs root: mounts a tmpfs")
 	}
 	root := t.TempDir()
-	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4}
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4, Keep: []string{"staging"}}
 	a := filepath.Join(root, "a")
 	volumeTree(t, a)
 	staging := filepath.Join(a, "staging")
@@ -160,7 +160,7 @@ func TestTreePoolNeverMovesAMount(t *testing.T) {
 	if err := p.Put(a); err != nil {
 		t.Fatal(err)
 	}
-	spare := filepath.Join(p.Dir, entries(t, p.Dir)[0], "target")
+	spare := filepath.Join(p.Dir, entries(t, p.Dir)[0], "staging")
 	if err := unix.Mount("tmpfs", spare, "tmpfs", 0, ""); err != nil {
 		t.Fatal(err)
 	}
