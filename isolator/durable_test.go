@@ -141,6 +141,12 @@ func TestRecoveryRebuildsVolumesFromContainerRecords(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The seed's commit rounds end before the isolator starts, as a
+	// previous process's did: else they rename its new records under
+	// the new Committer's feet.
+	if err := seed.commit.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	iso, err := newTestIsolator(t, Config{WorkDir: work, Plugins: fakePlugins{}, BootID: "b"})
 	if err != nil {
 		t.Fatal(err)
