@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -123,12 +124,9 @@ func (q *foreignQuery) same(m *mountinfo.Info) bool {
 
 // scanner batches ForeignMounts calls into scans (see ForeignMounts).
 type scanner struct {
-	mu   sync.Mutex
-	next *scanBatch // the calls waiting for the next scan
-	// wake tells the scanning goroutine (started by the first call, for
-	// the process's life: a goroutine started per scan grew its stack
-	// anew each time, a tenth of a scan's cost) that a batch waits.
-	wake chan struct{}
+	mu      sync.Mutex
+	next    *scanBatch // the calls waiting for the next scan
+	running bool
 	// pids is a process in each mount namespace the last /proc pass
 	// found, by namespace, and orphans the namespaces the kernel listed
 	// then that it found no process in; the scanning goroutine alone uses
@@ -149,14 +147,22 @@ var foreign scanner
 // once (a stat through /proc/thread-self was a third of a scan's cost).
 // It is the namespace of every thread the scanning goroutine can run on:
 // a thread moved into another namespace (InNamespace) is locked to its
-// goroutine while there, and never returned to the others.
-var agentNamespace = sync.OnceValues(func() (uint64, error) {
+// goroutine while there, and never returned to the others. A failed
+// look-up is not kept: the next scan tries again.
+func agentNamespace() (uint64, error) {
+	if ino := selfNamespace.Load(); ino != 0 {
+		return ino, nil
+	}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/thread-self/ns/mnt", &st); err != nil {
 		return 0, fmt.Errorf("the agent's mount namespace: %w", err)
 	}
+	selfNamespace.Store(st.Ino)
 	return st.Ino, nil
-})
+}
+
+// selfNamespace caches agentNamespace's answer (0: not looked up yet).
+var selfNamespace atomic.Uint64
 
 // ask adds q to the next scan and waits until it is done or ctx ends (the
 // scan then goes on for the others; q is not read again).
@@ -167,15 +173,11 @@ func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
 	}
 	b := s.next
 	b.queries = append(b.queries, q)
-	if s.wake == nil {
-		s.wake = make(chan struct{}, 1)
+	if !s.running {
+		s.running = true
 		go s.run()
 	}
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default: // a wake-up is pending already
-	}
 	select {
 	case <-b.done:
 		return nil
@@ -184,17 +186,19 @@ func (s *scanner) ask(ctx context.Context, q *foreignQuery) error {
 	}
 }
 
-// run scans for the waiting batches, one after the other, each time it
-// is woken.
+// run scans for the waiting batches, one after the other, until none is
+// left.
 func (s *scanner) run() {
-	for range s.wake {
+	for {
 		s.mu.Lock()
 		b := s.next
 		s.next = nil
-		s.mu.Unlock()
 		if b == nil {
-			continue // taken by the scan before
+			s.running = false
+			s.mu.Unlock()
+			return
 		}
+		s.mu.Unlock()
 		if err := s.scan(b.queries); err != nil {
 			for _, q := range b.queries {
 				if q.err == nil {
