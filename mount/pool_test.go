@@ -172,3 +172,44 @@ func TestTreePoolNeverMovesAMount(t *testing.T) {
 		t.Errorf("the mount in the pooled tree: %v, %v", ok, err)
 	}
 }
+
+// TestCheckEmptyTree: CheckEmptyTree refuses what RemoveEmptyTree refuses
+// (data, a mount) and removes nothing, whatever it answers.
+func TestCheckEmptyTree(t *testing.T) {
+	root := t.TempDir()
+	empty, withData := filepath.Join(root, "empty"), filepath.Join(root, "data")
+	volumeTree(t, empty)
+	volumeTree(t, withData)
+	if err := os.WriteFile(filepath.Join(empty, "staging", "empty-file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withData, "target", "data"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckEmptyTree(empty); err != nil {
+		t.Errorf("CheckEmptyTree of empty directories and an empty file: %v", err)
+	}
+	if err := CheckEmptyTree(withData); !errors.Is(err, ErrNotEmpty) {
+		t.Errorf("CheckEmptyTree of a tree holding data: %v; want ErrNotEmpty", err)
+	}
+	if err := CheckEmptyTree(filepath.Join(root, "missing")); err != nil {
+		t.Errorf("CheckEmptyTree of a missing tree: %v; want nil (already removed)", err)
+	}
+	for _, p := range []string{filepath.Join(empty, "staging", "empty-file"), filepath.Join(empty, "target"), filepath.Join(withData, "target", "data")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s after the checks: %v; want it kept", p, err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Log("not root: the mount case is not run")
+		return
+	}
+	staging := filepath.Join(empty, "staging")
+	if err := unix.Mount("tmpfs", staging, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(staging, unix.MNT_DETACH) })
+	if err := CheckEmptyTree(empty); !errors.Is(err, ErrMounted) {
+		t.Errorf("CheckEmptyTree of a tree with a mount: %v; want ErrMounted", err)
+	}
+}
