@@ -57,9 +57,7 @@ func (iso *Isolator) removeLater(r *removal, drop func()) {
 	}
 	for old := rm.pending[r.dir]; old != nil; old = rm.pending[r.dir] {
 		if !old.started {
-			// r removes what old would have.
-			delete(rm.pending, old.dir)
-			close(old.done)
+			rm.forgetLocked(old) // r removes what old would have
 			continue
 		}
 		rm.mu.Unlock()
@@ -128,12 +126,19 @@ func (iso *Isolator) finish(r *removal) {
 // dropLocked takes r out of the pending removals (rm.mu held) and wakes
 // whoever waits for it or for none to be left.
 func (rm *removals) dropLocked(r *removal) {
-	delete(rm.pending, r.dir)
-	close(r.done)
+	rm.forgetLocked(r)
 	if len(rm.pending) == 0 && rm.idle != nil {
 		close(rm.idle)
 		rm.idle = nil
 	}
+}
+
+// forgetLocked takes r out of the pending removals (rm.mu held) and wakes
+// whoever waits for it; no one waiting for none to be left (see
+// dropLocked).
+func (rm *removals) forgetLocked(r *removal) {
+	delete(rm.pending, r.dir)
+	close(r.done)
 }
 
 // claimDir, before a record is written into dir, cancels the removal of

@@ -353,6 +353,9 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 			return v.cp.State, err
 		}
 	}
+	if want == stPublished {
+		iso.takeTree(ctx, v)
+	}
 	var reached vstate
 	for i, s := range steps {
 		if err := s.rpc(ctx, node, v); err != nil {
@@ -626,7 +629,6 @@ func (v *volume) attachment() map[string]string {
 }
 
 func (iso *Isolator) stage(ctx context.Context, node Node, v *volume) error {
-	iso.takeTree(ctx, v)
 	if err := mkdirAll(ctx, v.cp.StagingPath, "mkdir staging path"); err != nil {
 		return fmt.Errorf("volume %s: creating staging path: %w", v.key, err)
 	}
@@ -701,7 +703,6 @@ func (iso *Isolator) publishAt(ctx context.Context, node Node, v *volume, target
 	if err != nil {
 		return err
 	}
-	iso.takeTree(ctx, v)
 	if err := mkdirAll(ctx, filepath.Dir(target), "mkdir target parent"); err != nil {
 		return fmt.Errorf("volume %s: creating target parent: %w", v.key, err)
 	}

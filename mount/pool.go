@@ -53,11 +53,8 @@ func (p *TreePool) Put(tree string) error {
 }
 
 func (p *TreePool) park(tree string) bool {
-	if !reusable(tree) {
-		return false
-	}
-	names, err := readNames(tree)
-	if err != nil {
+	names, ok := reusable(tree)
+	if !ok {
 		return false
 	}
 	for _, name := range names {
@@ -95,7 +92,7 @@ func (p *TreePool) Take(tree string) bool {
 	for len(p.names) > 0 {
 		name := p.names[len(p.names)-1]
 		spare := filepath.Join(p.Dir, name)
-		if !reusable(spare) {
+		if _, ok := reusable(spare); !ok {
 			p.names = p.names[:len(p.names)-1]
 			_ = RemoveEmptyTree(spare)
 			continue
@@ -107,16 +104,6 @@ func (p *TreePool) Take(tree string) bool {
 		return true
 	}
 	return false
-}
-
-// readNames lists the entries of dir.
-func readNames(dir string) ([]string, error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return f.Readdirnames(-1)
 }
 
 // loadLocked lists the trees a previous run left in Dir, once.
@@ -134,41 +121,42 @@ func (p *TreePool) loadLocked() {
 }
 
 // reusable reports whether dir is a directory (not a symlink), not a
-// mount point, whose entries are all empty directories on its own mount.
-// A kernel without statx mount ids (before Linux 5.8) has none reusable.
-func reusable(dir string) bool {
+// mount point, whose entries are all empty directories on its own mount,
+// and names them. A kernel without statx mount ids (before Linux 5.8)
+// has none reusable.
+func reusable(dir string) (names []string, ok bool) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false
+		return nil, false
 	}
 	top := os.NewFile(uintptr(fd), dir)
 	defer top.Close()
 	var st unix.Statx_t
 	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_MNT_ID, &st); err != nil ||
 		st.Mask&unix.STATX_MNT_ID == 0 || st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		return false
+		return nil, false
 	}
 	mnt := st.Mnt_id
-	names, err := top.Readdirnames(-1)
+	names, err = top.Readdirnames(-1)
 	if err != nil {
-		return false
+		return nil, false
 	}
 	for _, name := range names {
 		var est unix.Statx_t
 		if err := unix.Statx(fd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_MNT_ID, &est); err != nil ||
 			est.Mode&unix.S_IFMT != unix.S_IFDIR || est.Mnt_id != mnt || est.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-			return false
+			return nil, false
 		}
 		sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return false
+			return nil, false
 		}
 		f := os.NewFile(uintptr(sub), name)
 		inner, err := f.Readdirnames(1)
 		f.Close()
 		if len(inner) > 0 || !errors.Is(err, io.EOF) {
-			return false
+			return nil, false
 		}
 	}
-	return true
+	return names, true
 }
