@@ -40,8 +40,9 @@ func Parse(r io.Reader, root string) (*Trace, error) {
 	for n := 1; ; n++ {
 		line, err := br.ReadString('\n')
 		if line != "" {
-			if perr := p.line(n, strings.TrimRight(line, "\r\n")); perr != nil {
-				return nil, fmt.Errorf("crashstate: strace log line %d: %w", n, perr)
+			line = strings.TrimRight(line, "\r\n")
+			if perr := p.line(n, line); perr != nil {
+				return nil, fmt.Errorf("crashstate: strace log line %d (%.200q): %w", n, line, perr)
 			}
 		}
 		if errors.Is(err, io.EOF) {
@@ -90,6 +91,11 @@ func (p *parser) line(n int, s string) error {
 		}
 		delete(p.pending, tid)
 		rest = start + strings.TrimPrefix(rest[i+len(" resumed>"):], " ")
+	}
+	if name, _, _ := strings.Cut(rest, "("); !modelled(name) {
+		// Not a call the model reads (e.g. a syscall this strace has no
+		// name for, syscall_0x...): its arguments are not parsed.
+		return nil
 	}
 	c, ok, err := splitCall(rest)
 	if err != nil || !ok {
@@ -394,6 +400,12 @@ func (p *parser) add(c call, op Op) {
 	p.trace.Ops = append(p.trace.Ops, op)
 }
 
+// modelled reports whether the model reads calls of the syscall name.
+func modelled(name string) bool {
+	_, ok := minArgs[name]
+	return ok
+}
+
 // wantArgs checks that a syscall has at least n arguments.
 func wantArgs(c call, n int) error {
 	if len(c.args) < n {
@@ -416,11 +428,7 @@ var minArgs = map[string]int{
 }
 
 func (p *parser) call(c call) error {
-	n, known := minArgs[c.name]
-	if !known {
-		return nil
-	}
-	if err := wantArgs(c, n); err != nil {
+	if err := wantArgs(c, minArgs[c.name]); err != nil {
 		return err
 	}
 	switch c.name {
