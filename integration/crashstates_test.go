@@ -112,7 +112,7 @@ func TestCrashStates(t *testing.T) {
 	trace, err := crashstate.Parse(f, h.work)
 	f.Close()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, keepTrace(t, traceLog))
 	}
 	t.Logf("recorded %d file-system operations under the work dir, %d markers", len(trace.Ops), len(trace.Markers))
 
@@ -137,7 +137,7 @@ func TestCrashStates(t *testing.T) {
 	for _, k := range ks {
 		states, err := trace.States(init, k, rng, 2)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v\n%s", err, keepTrace(t, traceLog))
 		}
 		all = append(all, states...)
 	}
@@ -163,6 +163,21 @@ func TestCrashStates(t *testing.T) {
 	}
 	t.Logf("crash states: %d recovered, %d violations", recovered, violations)
 	fmt.Printf("crash states: %d recovered, %d violations\n", recovered, violations)
+}
+
+// keepTrace copies the strace log a failure came from out of the test's
+// directories (which the test removes) and says where.
+func keepTrace(t *testing.T, traceLog string) string {
+	t.Helper()
+	data, err := os.ReadFile(traceLog)
+	if err != nil {
+		return fmt.Sprintf("strace log not kept: %v", err)
+	}
+	kept := filepath.Join(os.TempDir(), fmt.Sprintf("csiagent-crashstates-%d.strace", os.Getpid()))
+	if err := os.WriteFile(kept, data, 0o644); err != nil {
+		return fmt.Sprintf("strace log not kept: %v", err)
+	}
+	return "strace log kept in " + kept
 }
 
 // expectation is what a crash after some operation allows of a container.

@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -96,24 +95,9 @@ func startDockerd(dir string) (stop func()) {
 		dockerBroken = fmt.Sprintf("pidfd_open dockerd: %v", err)
 		return stop
 	}
-	// exited reports whether dockerd exits within timeout (-1: no bound).
-	exited := func(timeout time.Duration) bool {
-		ms := -1
-		if timeout >= 0 {
-			ms = int(timeout.Milliseconds())
-		}
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, ms)
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			return n == 1
-		}
-	}
 	stop = func() {
 		cmd.Process.Signal(syscall.SIGTERM)
-		if !exited(waitTimeout) {
+		if !pidfdExited(pidfd, waitTimeout) {
 			cmd.Process.Kill()
 		}
 		cmd.Wait()
@@ -137,7 +121,7 @@ func startDockerd(dir string) (stop func()) {
 			dockerSkip = fmt.Sprintf("dockerd does not start on this machine: %v: %s\n%s", err, out, tail(log))
 			return stop
 		}
-		if exited(100 * time.Millisecond) {
+		if pidfdExited(pidfd, 100*time.Millisecond) {
 			log, _ := os.ReadFile(logf.Name())
 			dockerSkip = "dockerd exited at start: " + tail(log)
 			return stop

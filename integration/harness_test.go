@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -188,9 +189,27 @@ func killAndWait(t *testing.T, pid int) {
 	defer unix.Close(fd)
 	_ = unix.Kill(-pid, unix.SIGKILL)
 	_ = unix.Kill(pid, unix.SIGKILL)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(fds, int(waitTimeout.Milliseconds())); n != 1 || err != nil {
+	if !pidfdExited(fd, waitTimeout) {
 		t.Errorf("process %d did not exit after SIGKILL", pid)
+	}
+}
+
+// pidfdExited reports whether the process of pidfd fd exits within
+// timeout (negative: no bound). A poll interrupted by a signal (the Go
+// runtime's own preemption signals among them) goes on waiting.
+func pidfdExited(fd int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		ms := -1
+		if timeout >= 0 {
+			ms = max(int(time.Until(deadline).Milliseconds()), 0)
+		}
+		n, err := unix.Poll(fds, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return n == 1
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -372,6 +373,42 @@ func (cc *crashCase) assertClean(c agentv1.AgentClient) {
 	if len(cr.Containers) > 0 || len(vr.Volumes) > 0 {
 		t.Fatalf("still tracked: containers %v, volumes %v", cr.Containers, vr.Volumes)
 	}
+	// The records go after the answers, in the background: gone before
+	// the agent is killed, or the next start (numbering crash points from
+	// 1) would finish the cleanup, crossing points of its own.
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		left := recordFiles(t, cc.h.work)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("records left %v after the cleanups", left)
+		}
+		time.Sleep(settlePoll)
+	}
+}
+
+// recordFiles lists the container and volume record files under work.
+func recordFiles(t *testing.T, work string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(work, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed meanwhile
+			}
+			return err
+		}
+		if name := d.Name(); !d.IsDir() && strings.HasSuffix(strings.TrimSuffix(name, ".new"), ".state") {
+			out = append(out, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // settle waits until the agent's state is a fixed point of recovery:
@@ -482,6 +519,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	}
 	all := traceLines(t, trace)
 	clean := all[len(prep):]
+	cc.assertClean(ca.client)
 	ca.kill()
 	t.Logf("prepare points: %q", prep)
 	t.Logf("cleanup points: %q", clean)
