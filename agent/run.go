@@ -259,19 +259,29 @@ const checkpointTimeout = 10 * time.Second
 // leaves the journal, which the next start replays. Then the start image
 // (atomicfile.Committer.WriteImage) for the next start.
 func (a *Agent) checkpoint() {
-	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
-	defer cancel()
 	// The records a cleanup left to remove go first: else the next start
-	// finds them, and finishes those cleanups again.
-	if err := a.iso.SettleRemovals(ctx); err != nil {
+	// finds them, and finishes those cleanups again. A disk slow enough
+	// to need more than their own bound leaves them to it, and the
+	// checkpoint its whole bound.
+	sctx, scancel := context.WithTimeout(context.Background(), checkpointTimeout/2)
+	err := a.iso.SettleRemovals(sctx)
+	scancel()
+	if err != nil {
 		a.log.Warn("removing the records of finished cleanups at stop; the next start finishes them", "error", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
+	defer cancel()
 	if err := a.commit.Checkpoint(ctx); err != nil {
 		a.log.Error("checkpointing the work dir at stop; the next start replays its journal", "error", err)
 		return
 	}
 	// With the journal gone, the next start may read its records from
-	// one file (a cache it checks against each record file's stat).
+	// one file (a cache it checks against each record file's stat),
+	// written once nothing writes records any more.
+	if n := a.iso.RemovalsPending(); n > 0 {
+		a.log.Warn("no start image at stop: removals still running; the next start reads every record file", "removals", n)
+		return
+	}
 	start := time.Now()
 	n, err := a.commit.WriteImage(ctx)
 	if err != nil {

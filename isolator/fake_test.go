@@ -463,7 +463,10 @@ func (f *fakeMounter) RecycleTree(pool *mount.TreePool, tree string) error {
 	return pool.Put(tree)
 }
 
-func (f *fakeMounter) TakeTree(pool *mount.TreePool, tree string) bool { return pool.Take(tree) }
+func (f *fakeMounter) TakeTree(pool *mount.TreePool, tree string) error {
+	_, err := pool.Take(tree)
+	return err
+}
 
 // mountedWithin fails with mount.ErrMounted when the model has a mount at
 // or below dir in f's namespace.

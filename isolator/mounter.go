@@ -33,10 +33,11 @@ type Mounter interface {
 	RemoveEmptyTree(dir string) error
 	CheckEmptyTree(dir string) error
 	// RecycleTree puts a torn-down volume's tree into pool, or removes
-	// it (as mount.TreePool.Put); TakeTree moves one of pool's to tree
-	// (as mount.TreePool.Take).
+	// it (as mount.TreePool.Put); TakeTree moves one of pool's to tree,
+	// if it has one fit (as mount.TreePool.Take: its error names the
+	// unfit ones it could not remove).
 	RecycleTree(pool *mount.TreePool, tree string) error
-	TakeTree(pool *mount.TreePool, tree string) bool
+	TakeTree(pool *mount.TreePool, tree string) error
 	// ForeignMounts describes where the volume mounted at target is
 	// mounted in the other mount namespaces, besides copies of its own
 	// mounts at target and own (as mount.ForeignMounts); nothing mounted
@@ -104,7 +105,10 @@ func (kernelMounts) CheckEmptyTree(dir string) error { return mount.CheckEmptyTr
 
 func (kernelMounts) RecycleTree(pool *mount.TreePool, tree string) error { return pool.Put(tree) }
 
-func (kernelMounts) TakeTree(pool *mount.TreePool, tree string) bool { return pool.Take(tree) }
+func (kernelMounts) TakeTree(pool *mount.TreePool, tree string) error {
+	_, err := pool.Take(tree)
+	return err
+}
 
 // mounter is the Mounter of an operation whose context is ctx: iso.mounts,
 // each call of which is recorded as a mount event of ctx's trace when ctx
@@ -191,7 +195,7 @@ func (t tracedMounts) RecycleTree(pool *mount.TreePool, tree string) error {
 	return t.m.RecycleTree(pool, tree)
 }
 
-func (t tracedMounts) TakeTree(pool *mount.TreePool, tree string) bool {
+func (t tracedMounts) TakeTree(pool *mount.TreePool, tree string) error {
 	defer t.tr.Begin(optrace.Mount, "TakeTree")()
 	return t.m.TakeTree(pool, tree)
 }

@@ -120,7 +120,7 @@ func (iso *Isolator) resync(ctx context.Context, recovery bool) []volumeKey {
 		// with none left.
 		sctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 		if err := iso.SettleRemovals(sctx); err != nil {
-			iso.log.Warn("recovery: the removals of torn-down volumes are not done; they go on", "error", err)
+			iso.log.Warn("recovery: the removals of torn-down volumes are not done; those not started are left to the next start", "error", err)
 		}
 		cancel()
 		iso.removeOrphanDirs()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+
+	"github.com/csiagent/csiagent/mount"
 )
 
 // removal is what a finished teardown or cleanup leaves to remove after
@@ -22,6 +24,7 @@ import (
 type removal struct {
 	kind, name string // "volume" or "container", and which, for the logs
 	tree       string
+	pool       *mount.TreePool // where tree goes, if fit; nil: removed
 	dir, file  string
 	started    bool
 	done       chan struct{}
@@ -87,10 +90,22 @@ func (iso *Isolator) remove(r *removal) {
 	rm.mu.Unlock()
 	defer iso.finish(r)
 	if r.tree != "" {
-		if err := iso.mounts.RecycleTree(iso.treePool(r.tree), r.tree); err != nil {
-			// Left for the next start (removeOrphanDirs; the record,
-			// kept, has the teardown redone first).
-			iso.log.Error("removing a torn-down volume's mount directories; left, with its record, for the next start", r.kind, r.name, "error", err)
+		var err error
+		if r.pool != nil {
+			err = iso.mounts.RecycleTree(r.pool, r.tree)
+		} else {
+			err = iso.mounts.RemoveEmptyTree(r.tree)
+		}
+		switch {
+		case err == nil:
+		case r.file != "":
+			// The record, kept, has the next start redo the teardown
+			// first (each step idempotent), then remove them.
+			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): left, with its record, for the next start", r.kind, r.name, "error", err)
+			return
+		default:
+			// Its record is gone with its claim: nothing names them.
+			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): left, and no record names them any more (its claim is released); remove them once what is mounted there is unmounted", r.kind, r.name, "path", r.tree, "error", err)
 			return
 		}
 	}
@@ -172,7 +187,9 @@ func (iso *Isolator) RemovalsPending() int {
 
 // SettleRemovals waits until every removal is done, or ctx ends: at a
 // clean stop, so that the start image (atomicfile.WriteImage) and the
-// next start find none left.
+// next start find none left. When ctx ends, the removals not started are
+// dropped (what they would have removed the next start finishes); those
+// running go on (RemovalsPending counts them).
 func (iso *Isolator) SettleRemovals(ctx context.Context) error {
 	rm := &iso.removals
 	rm.mu.Lock()
@@ -189,6 +206,13 @@ func (iso *Isolator) SettleRemovals(ctx context.Context) error {
 	case <-idle:
 		return nil
 	case <-ctx.Done():
+		rm.mu.Lock()
+		defer rm.mu.Unlock()
+		for _, r := range rm.pending {
+			if !r.started {
+				rm.dropLocked(r)
+			}
+		}
 		return ctx.Err()
 	}
 }

@@ -128,3 +128,27 @@ func TestCrashBeforeTheRemoval(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleRemovalsCutShort: removals not started when the settle's
+// deadline passes (a clean stop on a slow disk) are dropped, not run
+// later behind the stop's checkpoint; the next start finishes them.
+func TestSettleRemovalsCutShort(t *testing.T) {
+	w := newWorld(t)
+	q := &deferredQueue{}
+	iso := w.isolator(Config{Deferred: q.later})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	w.cleanup(iso, "c1")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := iso.SettleRemovals(ctx); err == nil {
+		t.Fatal("SettleRemovals with its context ended: nil; want its error")
+	}
+	if n := iso.RemovalsPending(); n != 0 {
+		t.Errorf("RemovalsPending() = %d after the settle was cut short; want 0 (dropped)", n)
+	}
+	q.runAll()
+	if got := recordFiles(t, w); len(got) != 2 {
+		t.Fatalf("records after the dropped removals' work ran: %v; want both kept", got)
+	}
+	w.checkEmpty(w.run(Config{}))
+}

@@ -492,14 +492,14 @@ func (iso *Isolator) clearError(v *volume) error {
 // trace, go with it): the claim goes with the answer, and no record of
 // the volume may outlive it.
 func (iso *Isolator) teardownDirs(ctx context.Context, v *volume) error {
-	tree := filepath.Dir(v.cp.TargetPath)
+	tree, pool := iso.volumeTree(v)
 	if err := iso.mounter(ctx).CheckEmptyTree(tree); err != nil {
 		return fmt.Errorf("volume %s: %w", v.key, err)
 	}
 	v.pending = nil
 	c := iso.cfg.Claims
 	err := checkpointStep(ctx, "forget volume record", func() error {
-		r := &removal{kind: "volume", name: v.key.String(), tree: tree, dir: v.dir, file: volumeStateFile}
+		r := &removal{kind: "volume", name: v.key.String(), tree: tree, pool: pool, dir: v.dir, file: volumeStateFile}
 		if c == nil {
 			iso.removeLater(r, func() { delete(iso.volumes, v.key) })
 			return nil
@@ -587,13 +587,26 @@ func (iso *Isolator) controllerUnpublish(ctx context.Context, node Node, v *volu
 // target paths) does not exist, moves a spare one there from its mount
 // root's pool (treePool), if the pool has one.
 func (iso *Isolator) takeTree(ctx context.Context, v *volume) {
-	tree := filepath.Dir(v.cp.TargetPath)
-	if filepath.Dir(v.cp.StagingPath) != tree {
-		return // a layout of its own (not the agent's)
+	tree, pool := iso.volumeTree(v)
+	if pool == nil {
+		return
 	}
 	if _, err := os.Lstat(tree); errors.Is(err, fs.ErrNotExist) {
-		iso.mounter(ctx).TakeTree(iso.treePool(tree), tree)
+		if err := iso.mounter(ctx).TakeTree(pool, tree); err != nil {
+			iso.log.Warn("taking a spare volume directory from the pool", "volume", v.key.String(), "error", err)
+		}
 	}
+}
+
+// volumeTree is v's directory (the parent of its target path) and, in
+// the agent's own layout (its staging path beside its target path), the
+// pool of its mount root: nil for a layout of its own.
+func (iso *Isolator) volumeTree(v *volume) (string, *mount.TreePool) {
+	tree := filepath.Dir(v.cp.TargetPath)
+	if filepath.Dir(v.cp.StagingPath) != tree {
+		return tree, nil
+	}
+	return tree, iso.treePool(tree)
 }
 
 // spareTrees is the directory of a mount root that holds its pool of

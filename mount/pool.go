@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,29 +39,33 @@ type TreePool struct {
 	mu     sync.Mutex
 	loaded bool
 	names  []string // the trees in Dir
-	seq    uint64
 }
 
 // Put moves tree into the pool if it is fit for reuse (nothing mounted at
-// or below it, every entry an empty directory) and the pool has room;
-// otherwise it removes it as RemoveEmptyTree does (and fails as it does:
-// never across a mount point, never data).
+// or below it, every entry an empty directory of this process's user) and
+// the pool has room; otherwise it removes it as RemoveEmptyTree does (and
+// fails as it does: never across a mount point, never data).
 func (p *TreePool) Put(tree string) error {
-	if p.park(tree) {
-		return nil
+	parked, err := p.park(tree)
+	if parked || err != nil {
+		return err
 	}
 	return RemoveEmptyTree(tree)
 }
 
-func (p *TreePool) park(tree string) bool {
+// park moves tree into the pool if it is fit and the pool has room. A
+// tree found unfit once in the pool (a mount made in it meanwhile: a
+// rename moves mounts with it) is moved back, to be refused by
+// RemoveEmptyTree; err says where it is if it cannot be.
+func (p *TreePool) park(tree string) (parked bool, err error) {
 	names, ok := reusable(tree)
 	if !ok {
-		return false
+		return false, nil
 	}
 	for _, name := range names {
 		if !slices.Contains(p.Keep, name) {
 			if err := unix.Rmdir(filepath.Join(tree, name)); err != nil {
-				return false
+				return false, nil
 			}
 		}
 	}
@@ -68,42 +73,54 @@ func (p *TreePool) park(tree string) bool {
 	defer p.mu.Unlock()
 	p.loadLocked()
 	if len(p.names) >= p.Max {
-		return false
+		return false, nil
 	}
 	if err := os.Mkdir(p.Dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return false
+		return false, nil
 	}
-	p.seq++
-	name := fmt.Sprintf("%d-%d", os.Getpid(), p.seq)
-	if err := unix.Renameat2(unix.AT_FDCWD, tree, unix.AT_FDCWD, filepath.Join(p.Dir, name), unix.RENAME_NOREPLACE); err != nil {
-		return false
+	// Unique across runs and boots (a pid is not).
+	name := fmt.Sprintf("%d-%x", os.Getpid(), rand.Uint64())
+	spare := filepath.Join(p.Dir, name)
+	if err := unix.Renameat2(unix.AT_FDCWD, tree, unix.AT_FDCWD, spare, unix.RENAME_NOREPLACE); err != nil {
+		return false, nil
+	}
+	if _, ok := reusable(spare); !ok {
+		if err := unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, tree, unix.RENAME_NOREPLACE); err != nil {
+			return false, fmt.Errorf("%s changed while it was moved into the pool, and could not be moved back: left as %s: %w", tree, spare, err)
+		}
+		return false, nil
 	}
 	p.names = append(p.names, name)
-	return true
+	return true, nil
 }
 
 // Take moves a tree of the pool to tree, which must not exist (its parent
 // must), and reports whether it did. A tree of the pool found unfit (a
-// mount or a file appeared in it) is removed if it can be, else left.
-func (p *TreePool) Take(tree string) bool {
+// mount or a file appeared in it) is removed if it can be; err says which
+// could not be (left in the pool's directory, never taken).
+func (p *TreePool) Take(tree string) (taken bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.loadLocked()
+	var errs []error
 	for len(p.names) > 0 {
 		name := p.names[len(p.names)-1]
 		spare := filepath.Join(p.Dir, name)
 		if _, ok := reusable(spare); !ok {
 			p.names = p.names[:len(p.names)-1]
-			_ = RemoveEmptyTree(spare)
+			if err := RemoveEmptyTree(spare); err != nil {
+				errs = append(errs, fmt.Errorf("an unfit tree in the pool: %w", err))
+			}
 			continue
 		}
 		if err := unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, tree, unix.RENAME_NOREPLACE); err != nil {
-			return false // tree exists, or its parent does not: the spare stays
+			// tree exists, or its parent does not: the spare stays.
+			return false, errors.Join(append(errs, fmt.Errorf("taking %s: %w", spare, err))...)
 		}
 		p.names = p.names[:len(p.names)-1]
-		return true
+		return true, errors.Join(errs...)
 	}
-	return false
+	return false, errors.Join(errs...)
 }
 
 // loadLocked lists the trees a previous run left in Dir, once.
@@ -122,7 +139,9 @@ func (p *TreePool) loadLocked() {
 
 // reusable reports whether dir is a directory (not a symlink), not a
 // mount point, whose entries are all empty directories on its own mount,
-// and names them. A kernel without statx mount ids (before Linux 5.8)
+// all of this process's user and group, writable by no one else, without
+// set-id or sticky bits (as this process makes them: what someone else
+// did to a tree is not handed to the next volume), and names them. A kernel without statx mount ids (before Linux 5.8)
 // has none reusable.
 func reusable(dir string) (names []string, ok bool) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -132,7 +151,7 @@ func reusable(dir string) (names []string, ok bool) {
 	top := os.NewFile(uintptr(fd), dir)
 	defer top.Close()
 	var st unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_TYPE|unix.STATX_MNT_ID, &st); err != nil ||
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, statxAsMade, &st); err != nil || !asMade(&st) ||
 		st.Mask&unix.STATX_MNT_ID == 0 || st.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 || st.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
 		return nil, false
 	}
@@ -143,8 +162,8 @@ func reusable(dir string) (names []string, ok bool) {
 	}
 	for _, name := range names {
 		var est unix.Statx_t
-		if err := unix.Statx(fd, name, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_MNT_ID, &est); err != nil ||
-			est.Mode&unix.S_IFMT != unix.S_IFDIR || est.Mnt_id != mnt || est.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		if err := unix.Statx(fd, name, unix.AT_SYMLINK_NOFOLLOW, statxAsMade, &est); err != nil || !asMade(&est) ||
+			est.Mnt_id != mnt || est.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
 			return nil, false
 		}
 		sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -159,4 +178,14 @@ func reusable(dir string) (names []string, ok bool) {
 		}
 	}
 	return names, true
+}
+
+// statxAsMade is what reusable asks statx for.
+const statxAsMade = unix.STATX_TYPE | unix.STATX_MODE | unix.STATX_UID | unix.STATX_GID | unix.STATX_MNT_ID
+
+// asMade reports whether st is a directory as this process makes them:
+// its user and group, writable by no one else, no set-id or sticky bit.
+func asMade(st *unix.Statx_t) bool {
+	return st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid() && int(st.Gid) == os.Getegid() &&
+		st.Mode&(unix.S_ISUID|unix.S_ISGID|unix.S_ISVTX|0o022) == 0
 }

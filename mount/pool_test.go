@@ -54,8 +54,8 @@ func TestTreePoolReusesATree(t *testing.T) {
 		t.Fatalf("%s after Put: %v; want it gone", a, err)
 	}
 	p2 := &TreePool{Dir: p.Dir, Max: 4}
-	if !p2.Take(b) {
-		t.Fatal("Take from a pool holding a tree: false")
+	if taken, err := p2.Take(b); !taken || err != nil {
+		t.Fatalf("Take from a pool holding a tree: %v, %v", taken, err)
 	}
 	if got := entries(t, b); !slices.Equal(got, []string{"staging"}) {
 		t.Errorf("taken tree holds %v; want staging alone (Keep)", got)
@@ -67,8 +67,46 @@ func TestTreePoolReusesATree(t *testing.T) {
 	if after.Ino != before.Ino {
 		t.Errorf("staging's inode %d; want the pooled tree's %d", after.Ino, before.Ino)
 	}
-	if p2.Take(filepath.Join(root, "c")) {
-		t.Error("Take from an empty pool: true")
+	if taken, err := p2.Take(filepath.Join(root, "c")); taken || err != nil {
+		t.Errorf("Take from an empty pool: %v, %v", taken, err)
+	}
+	// The same pid again (a restart in a new pid namespace, a reboot):
+	// the next start's trees do not collide with the pool's.
+	c, d := filepath.Join(root, "c"), filepath.Join(root, "d")
+	volumeTree(t, c)
+	volumeTree(t, d)
+	if err := p2.Put(c); err != nil {
+		t.Fatal(err)
+	}
+	p3 := &TreePool{Dir: p.Dir, Max: 4}
+	if err := p3.Put(d); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, p.Dir); len(got) != 2 {
+		t.Errorf("pool holds %v after two runs put a tree each; want 2", got)
+	}
+}
+
+// TestTreePoolKeepsOnlyTreesAsMade: a tree someone made writable by
+// others, or gave a sticky bit, is removed, not handed to the next volume.
+func TestTreePoolKeepsOnlyTreesAsMade(t *testing.T) {
+	root := t.TempDir()
+	p := &TreePool{Dir: filepath.Join(root, ".spare"), Max: 4, Keep: []string{"staging"}}
+	for name, mode := range map[string]os.FileMode{"world-writable": 0o777, "sticky": 0o750 | os.ModeSticky} {
+		tree := filepath.Join(root, name)
+		volumeTree(t, tree)
+		if err := os.Chmod(filepath.Join(tree, "staging"), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Put(tree); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(tree); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Put: %v; want it removed", tree, err)
+		}
+	}
+	if got := entries(t, p.Dir); len(got) != 0 {
+		t.Errorf("pool holds %v; want none", got)
 	}
 }
 
@@ -111,8 +149,8 @@ func TestTreePoolRemovesWhatItCannotKeep(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(spare, "staging", "data"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if p.Take(filepath.Join(root, "new")) {
-		t.Error("Take moved a tree holding a file")
+	if taken, err := p.Take(filepath.Join(root, "new")); taken || !errors.Is(err, ErrNotEmpty) {
+		t.Errorf("Take of a pool whose tree holds a file: %v, %v; want false, ErrNotEmpty", taken, err)
 	}
 	if _, err := os.Stat(filepath.Join(spare, "staging", "data")); err != nil {
 		t.Errorf("the file in the pooled tree: %v", err)
@@ -124,8 +162,8 @@ func TestTreePoolRemovesWhatItCannotKeep(t *testing.T) {
 		t.Fatal(err)
 	}
 	volumeTree(t, over)
-	if q.Take(over) {
-		t.Error("Take over an existing directory: true")
+	if taken, err := q.Take(over); taken || !errors.Is(err, unix.EEXIST) {
+		t.Errorf("Take over an existing directory: %v, %v; want false, EEXIST", taken, err)
 	}
 	if got := entries(t, q.Dir); len(got) != 1 {
 		t.Errorf("pool after a refused Take: %v", got)
@@ -165,8 +203,8 @@ func TestTreePoolNeverMovesAMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(spare, unix.MNT_DETACH) })
-	if p.Take(filepath.Join(root, "b")) {
-		t.Error("Take moved a tree with a mount in it")
+	if taken, err := p.Take(filepath.Join(root, "b")); taken || !errors.Is(err, ErrMounted) {
+		t.Errorf("Take of a pool whose tree has a mount: %v, %v; want false, ErrMounted", taken, err)
 	}
 	if ok, err := IsMountPoint(spare); err != nil || !ok {
 		t.Errorf("the mount in the pooled tree: %v, %v", ok, err)

@@ -103,10 +103,30 @@ func newFleet(t *testing.T, n int) *fleet {
 	}
 	// After the plugins' cleanups are registered, so it runs before them.
 	t.Cleanup(f.teardown)
+	t.Cleanup(f.logProblems) // before the teardown adds to the logs
 	for _, h := range f.hosts {
 		h.start()
 	}
 	return f
+}
+
+// logProblems, after a failure, shows what each agent logged above INFO.
+func (f *fleet) logProblems() {
+	if !f.t.Failed() {
+		return
+	}
+	for _, h := range f.hosts {
+		b, err := os.ReadFile(filepath.Join(h.extra, "agent.log"))
+		if err != nil {
+			f.t.Logf("%s: agent log: %v", h.node, err)
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if !strings.Contains(line, "level=INFO") && !strings.Contains(line, "level=DEBUG") {
+				f.t.Logf("%s: %s", h.node, strings.TrimSuffix(line, "\n"))
+			}
+		}
+	}
 }
 
 func mkdirs(t *testing.T, dirs ...string) {
