@@ -3,12 +3,14 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +30,44 @@ import (
 var bins struct{ agent, loop string }
 
 func TestMain(m *testing.M) {
+	if code, ownNamespace := inOwnMountNamespace(); !ownNamespace {
+		os.Exit(code)
+	}
 	os.Exit(testMain(m))
+}
+
+// ownNamespaceEnv marks the test binary run again in a mount namespace of
+// its own.
+const ownNamespaceEnv = "CSIAGENT_FLEET_OWN_MOUNT_NAMESPACE"
+
+// inOwnMountNamespace, as root, runs the test binary again in a mount
+// namespace of its own (private: its mounts are not propagated out) and
+// returns its exit code; ownNamespace is true in that run (or without
+// root: the tests skip). The hosts' mounts then have no copy in the
+// namespaces other processes of the machine make meanwhile (make test
+// runs ./integration beside this package): a copy is, rightly, a mount
+// elsewhere that keeps a volume from being torn down (and its claim
+// released) until it is gone.
+func inOwnMountNamespace() (code int, ownNamespace bool) {
+	if os.Geteuid() != 0 || os.Getenv(ownNamespaceEnv) != "" {
+		return 0, true
+	}
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), ownNamespaceEnv+"=1")
+	// Go makes / private (MS_REC|MS_PRIVATE) in the new namespace.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.As(err, &exit):
+		return exit.ExitCode(), false
+	default:
+		fmt.Fprintf(os.Stderr, "running the tests in a mount namespace of their own: %v\n", err)
+		return 1, false
+	}
 }
 
 func testMain(m *testing.M) int {
