@@ -35,7 +35,8 @@ type removals struct {
 	mu      sync.Mutex
 	pending map[string]*removal
 	idle    chan struct{} // closed when pending empties; nil: none waits
-	sem     chan struct{} // limits the removals running at once
+	queue   []*removal    // to run, oldest first (without Config.Deferred)
+	workers int           // goroutines running the queue
 }
 
 // maxParallelRemovals is how many removals run at once: each mostly waits
@@ -43,7 +44,8 @@ type removals struct {
 const maxParallelRemovals = 4
 
 // removeLater forgets r's record (drop, under iso.mu) at once and removes
-// what r names in the background (Config.Deferred). A record written to
+// what r names in the background (Config.Deferred, or the queue's
+// goroutines). A record written to
 // r.dir meanwhile (the same container or volume again) cancels it
 // (claimDir).
 func (iso *Isolator) removeLater(r *removal, drop func()) {
@@ -56,7 +58,6 @@ func (iso *Isolator) removeLater(r *removal, drop func()) {
 	rm.mu.Lock()
 	if rm.pending == nil {
 		rm.pending = map[string]*removal{}
-		rm.sem = make(chan struct{}, maxParallelRemovals)
 	}
 	for old := rm.pending[r.dir]; old != nil; old = rm.pending[r.dir] {
 		if !old.started {
@@ -68,19 +69,42 @@ func (iso *Isolator) removeLater(r *removal, drop func()) {
 		rm.mu.Lock()
 	}
 	rm.pending[r.dir] = r
-	rm.mu.Unlock()
-	run := iso.cfg.Deferred
-	if run == nil {
-		run = func(f func()) { go f() }
+	if run := iso.cfg.Deferred; run != nil {
+		rm.mu.Unlock()
+		run(func() { iso.remove(r) })
+		return
 	}
-	run(func() { iso.remove(r) })
+	// A queue and at most maxParallelRemovals goroutines, however many
+	// removals a Reconcile leaves at once.
+	rm.queue = append(rm.queue, r)
+	if rm.workers < maxParallelRemovals {
+		rm.workers++
+		go iso.runRemovals()
+	}
+	rm.mu.Unlock()
+}
+
+// runRemovals runs the queued removals until none is left.
+func (iso *Isolator) runRemovals() {
+	rm := &iso.removals
+	for {
+		rm.mu.Lock()
+		if len(rm.queue) == 0 {
+			rm.workers--
+			rm.mu.Unlock()
+			return
+		}
+		r := rm.queue[0]
+		rm.queue[0] = nil
+		rm.queue = rm.queue[1:]
+		rm.mu.Unlock()
+		iso.remove(r)
+	}
 }
 
 // remove does removal r unless a write to its directory cancelled it.
 func (iso *Isolator) remove(r *removal) {
 	rm := &iso.removals
-	rm.sem <- struct{}{}
-	defer func() { <-rm.sem }()
 	rm.mu.Lock()
 	if rm.pending[r.dir] != r {
 		rm.mu.Unlock()

@@ -2,6 +2,7 @@ package isolator
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -151,4 +152,41 @@ func TestSettleRemovalsCutShort(t *testing.T) {
 		t.Fatalf("records after the dropped removals' work ran: %v; want both kept", got)
 	}
 	w.checkEmpty(w.run(Config{}))
+}
+
+// TestRemovalsQueued: without Config.Deferred (the daemon), the removals
+// of many cleanups wait in a queue run by at most maxParallelRemovals
+// goroutines; every record goes.
+func TestRemovalsQueued(t *testing.T) {
+	w := newWorld(t)
+	iso := w.isolator(Config{})
+	iso.cfg.Deferred = nil
+	const n = 3 * maxParallelRemovals
+	for i := range n {
+		w.prepare(iso, w.request(fmt.Sprintf("c%d", i), vol{"plain", fmt.Sprintf("vol-%d", i), "data", false}))
+	}
+	for i := range n {
+		w.cleanup(iso, fmt.Sprintf("c%d", i))
+		rm := &iso.removals
+		rm.mu.Lock()
+		workers := rm.workers
+		rm.mu.Unlock()
+		if workers > maxParallelRemovals {
+			t.Fatalf("%d goroutines run the removals; want at most %d", workers, maxParallelRemovals)
+		}
+	}
+	if err := iso.SettleRemovals(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := recordFiles(t, w); len(got) > 0 {
+		t.Errorf("records after the removals settled: %v", got)
+	}
+	rm := &iso.removals
+	rm.mu.Lock()
+	defer rm.mu.Unlock()
+	// (Its goroutines end right after the last removal, which may be
+	// just after the settle.)
+	if len(rm.queue) != 0 {
+		t.Errorf("after the removals settled: %d queued; want none", len(rm.queue))
+	}
 }
