@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -208,13 +210,27 @@ func TestRoundsShareOneFsync(t *testing.T) {
 	root, c := newCommitter(t)
 	var mu sync.Mutex
 	var synced []string
+	// The first fsync (the first round's) waits until every record has
+	// been put: the rest then share the rounds after it, however the
+	// scheduler runs the goroutines (with -race on a busy machine they
+	// ran one after another, 44 fsyncs for 64 records).
+	const records = 64
+	var put atomic.Int32
+	allPut := make(chan struct{})
+	var first sync.Once
 	c.Fsync = func(p string) error {
 		mu.Lock()
 		synced = append(synced, p)
 		mu.Unlock()
+		first.Do(func() {
+			select {
+			case <-allPut:
+			case <-time.After(30 * time.Second):
+				t.Error("the records were not all put within 30 s")
+			}
+		})
 		return syncFile(p)
 	}
-	const records = 64
 	var wg sync.WaitGroup
 	for i := range records {
 		wg.Go(func() {
@@ -224,6 +240,9 @@ func TestRoundsShareOneFsync(t *testing.T) {
 				return
 			}
 			n, err := c.Put(filepath.Join(d, "state"), []byte("v"), 0o600)
+			if put.Add(1) == records {
+				close(allPut)
+			}
 			if err == nil {
 				err = c.Wait(context.Background(), n)
 			}
