@@ -33,7 +33,7 @@ type Mounter interface {
 	RemoveEmptyTree(dir string) error
 	CheckEmptyTree(dir string) error
 	// RecycleTree puts a torn-down volume's tree into pool, or removes
-	// it (as mount.TreePool.Put); TakeTree moves one of pool's to tree,
+	// it (as mount.TreePool.Put; a nil pool keeps none); TakeTree moves one of pool's to tree,
 	// if it has one fit (as mount.TreePool.Take: its error names the
 	// unfit ones it could not remove).
 	RecycleTree(pool *mount.TreePool, tree string) error

@@ -24,7 +24,7 @@ import (
 type removal struct {
 	kind, name string // "volume" or "container", and which, for the logs
 	tree       string
-	pool       *mount.TreePool // where tree goes, if fit; nil: removed
+	pool       *mount.TreePool // where tree goes, if fit (nil: removed)
 	dir, file  string
 	started    bool
 	done       chan struct{}
@@ -114,22 +114,12 @@ func (iso *Isolator) remove(r *removal) {
 	rm.mu.Unlock()
 	defer iso.finish(r)
 	if r.tree != "" {
-		var err error
-		if r.pool != nil {
-			err = iso.mounts.RecycleTree(r.pool, r.tree)
-		} else {
-			err = iso.mounts.RemoveEmptyTree(r.tree)
-		}
-		switch {
-		case err == nil:
-		case r.file != "":
-			// The record, kept, has the next start redo the teardown
-			// first (each step idempotent), then remove them.
-			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): left, with its record, for the next start", r.kind, r.name, "error", err)
-			return
-		default:
-			// Its record is gone with its claim: nothing names them.
-			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): left, and no record names them any more (its claim is released); remove them once what is mounted there is unmounted", r.kind, r.name, "path", r.tree, "error", err)
+		if err := iso.mounts.RecycleTree(r.pool, r.tree); err != nil {
+			left := "left, with its record, for the next start (which redoes the teardown first, each step idempotent)"
+			if r.file == "" {
+				left = "left, and no record names them any more (its claim is released); remove them once what is mounted there is unmounted"
+			}
+			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): "+left, r.kind, r.name, "path", r.tree, "error", err)
 			return
 		}
 	}

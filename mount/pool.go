@@ -43,12 +43,14 @@ type TreePool struct {
 
 // Put moves tree into the pool if it is fit for reuse (nothing mounted at
 // or below it, every entry an empty directory of this process's user) and
-// the pool has room; otherwise it removes it as RemoveEmptyTree does (and
-// fails as it does: never across a mount point, never data).
+// the pool has room; otherwise (or with no pool, p nil) it removes it as
+// RemoveEmptyTree does (and fails as it does: never across a mount point,
+// never data).
 func (p *TreePool) Put(tree string) error {
-	parked, err := p.park(tree)
-	if parked || err != nil {
-		return err
+	if p != nil {
+		if parked, err := p.park(tree); parked || err != nil {
+			return err
+		}
 	}
 	return RemoveEmptyTree(tree)
 }

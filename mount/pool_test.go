@@ -251,3 +251,17 @@ func TestCheckEmptyTree(t *testing.T) {
 		t.Errorf("CheckEmptyTree of a tree with a mount: %v; want ErrMounted", err)
 	}
 }
+
+// TestNoTreePoolRemoves: with no pool (a layout of its own), Put removes
+// the tree as RemoveEmptyTree does.
+func TestNoTreePoolRemoves(t *testing.T) {
+	tree := filepath.Join(t.TempDir(), "a")
+	volumeTree(t, tree)
+	var p *TreePool
+	if err := p.Put(tree); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tree); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after Put with no pool: %v; want it removed", tree, err)
+	}
+}
