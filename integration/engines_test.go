@@ -73,6 +73,10 @@ func startDockerd(dir string) (stop func()) {
 		dockerBroken = err.Error()
 		return stop
 	}
+	if err := removeDeadTestSpecs(); err != nil {
+		dockerBroken = err.Error()
+		return stop
+	}
 	sock := filepath.Join(dir, "docker.sock")
 	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
 	if err != nil {
@@ -142,6 +146,38 @@ func startDockerd(dir string) (stop func()) {
 		dockerBroken = "cannot make the test image: " + err.Error()
 	}
 	return stop
+}
+
+// The tests register their agents with Docker as plugins named
+// testDriver<random> by spec files in specDir (newEnvFor), which every
+// dockerd on the host reads.
+const (
+	specDir    = "/etc/docker/plugins"
+	testDriver = "csi-agent-test-"
+)
+
+// removeDeadTestSpecs removes the spec files a killed test run left whose
+// socket no longer answers. dockerd asks every plugin it finds there on
+// "docker volume ls", retrying one that does not answer for 30 s.
+func removeDeadTestSpecs() error {
+	specs, err := filepath.Glob(filepath.Join(specDir, testDriver+"*.spec"))
+	if err != nil {
+		return err
+	}
+	for _, spec := range specs {
+		b, err := os.ReadFile(spec)
+		if err != nil {
+			return fmt.Errorf("a test plugin spec: %w", err)
+		}
+		if c, err := net.DialTimeout("unix", strings.TrimPrefix(strings.TrimSpace(string(b)), "unix://"), time.Second); err == nil {
+			c.Close()
+			continue
+		}
+		if err := os.Remove(spec); err != nil {
+			return fmt.Errorf("the dead test plugin spec: %w", err)
+		}
+	}
+	return nil
 }
 
 // dockerdArgs runs a dockerd of the tests' own below dir (data root, exec
@@ -289,8 +325,8 @@ func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 	}
 	var rnd [6]byte
 	rand.Read(rnd[:])
-	e.driver = "csi-agent-test-" + hex.EncodeToString(rnd[:])
-	spec := filepath.Join("/etc/docker/plugins", e.driver+".spec")
+	e.driver = testDriver + hex.EncodeToString(rnd[:])
+	spec := filepath.Join(specDir, e.driver+".spec")
 	if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
 		t.Fatal(err)
 	}
