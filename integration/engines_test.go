@@ -48,12 +48,20 @@ var (
 	// podmanSkip says why podman does not run here, podmanBroken why the
 	// tests' own set-up failed.
 	podmanRoot, podmanSkip, podmanBroken string
+	// driver is the name of every test's agent as Docker's volume plugin
+	// (registerDriver); driverErr says why it could not be registered.
+	driverOnce sync.Once
+	driver     string
+	driverErr  error
 )
 
 // stopEngines stops what the tests started of the engines.
 func stopEngines() {
 	stopDockerd()
 	podmanCleanUp()
+	if driver != "" {
+		os.Remove(driverSpec())
+	}
 }
 
 // startDockerd starts a dockerd of the tests' own (own data root, exec
@@ -148,9 +156,9 @@ func startDockerd(dir string) (stop func()) {
 	return stop
 }
 
-// The tests register their agents with Docker as plugins named
-// testDriver<random> by spec files in specDir (newEnvFor), which every
-// dockerd on the host reads.
+// The tests register their agents with Docker as one plugin named
+// testDriver<random> by a spec file in specDir (registerDriver), which
+// every dockerd on the host reads.
 const (
 	specDir    = "/etc/docker/plugins"
 	testDriver = "csi-agent-test-"
@@ -323,21 +331,18 @@ func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 	if err := os.WriteFile(filepath.Join(e.conf, "loop.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var rnd [6]byte
-	rand.Read(rnd[:])
-	e.driver = testDriver + hex.EncodeToString(rnd[:])
-	spec := filepath.Join(specDir, e.driver+".spec")
-	if err := os.MkdirAll(filepath.Dir(spec), 0o755); err != nil {
-		t.Fatal(err)
+	driverOnce.Do(registerDriver)
+	if driverErr != nil {
+		t.Fatal(driverErr)
 	}
-	if err := os.WriteFile(spec, []byte("unix://"+e.socket+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	e.driver = driver
 	t.Cleanup(func() {
 		e.stopAgent()
 		plugin.Process.Kill()
 		plugin.Wait()
-		os.Remove(spec)
+		if to, _ := os.Readlink(driverSocket()); to == e.socket {
+			os.Remove(driverSocket())
+		}
 		// Mounts left behind fail the test in the leak check, which
 		// runs after this: the log says why they stayed.
 		if t.Failed() || len(mountsUnder(t, e.work)) > 0 {
@@ -347,8 +352,40 @@ func newEnvFor(t *testing.T, setups ...func(*env)) *env {
 		e.logs.Close()
 	})
 	e.startAgent()
+	// Docker's requests to the driver go to this agent from now on.
+	link := driverSocket() + ".new"
+	os.Remove(link)
+	if err := os.Symlink(e.socket, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(link, driverSocket()); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
+
+// registerDriver registers the tests' volume plugin with Docker: driver,
+// a spec file whose socket, driverSocket, is a symbolic link to the
+// socket of the running test's agent. One name serves every test, since
+// dockerd never forgets a volume driver it loaded: with a name per test,
+// every docker volume ls, and every volume name dockerd does not know,
+// asked each earlier test's dead driver, retrying for 15 s.
+func registerDriver() {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	driver = testDriver + hex.EncodeToString(rnd[:])
+	if driverErr = os.MkdirAll(specDir, 0o755); driverErr != nil {
+		return
+	}
+	driverErr = os.WriteFile(driverSpec(), []byte("unix://"+driverSocket()+"\n"), 0o644)
+}
+
+// driverSpec is the spec file of driver.
+func driverSpec() string { return filepath.Join(specDir, driver+".spec") }
+
+// driverSocket is driver's socket: a link to the socket of the running
+// test's agent.
+func driverSocket() string { return filepath.Join(engineDir, "docker-plugin.sock") }
 
 // startAgent runs csi-agent serve and waits for its plugin socket.
 func (e *env) startAgent() {
@@ -975,8 +1012,7 @@ func TestEnginesRemoveOnlyTheirOwnVolumes(t *testing.T) {
 	}
 	// Docker learns of the volume as a user would: docker volume ls, or a
 	// create with the same options (no change). (A name Docker does not
-	// know is looked for on every volume driver it ever loaded, here the
-	// stale ones of earlier tests.)
+	// know is looked for on every volume driver it ever loaded.)
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "podmans")
 	docker(t, "volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol2", "roots")
 	if out := dockerFails(t, "volume", "rm", "podmans"); !strings.Contains(out, "was created by podman, not docker") || !strings.Contains(out, "podman volume rm podmans") {
