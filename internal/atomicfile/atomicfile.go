@@ -326,9 +326,11 @@ type slotState struct {
 	durable, flight, pending int
 	// epoch counts whole-file replacements, which void the slots.
 	epoch uint64
-	// whole: the next version replaces the file (a large version fills
-	// it, or the file is not in the record format).
-	whole bool
+	// slotSize is the file's slot size (record.go); whole: the next
+	// version replaces the file (a version larger than maxSlot fills it,
+	// or the file is not in the record format).
+	slotSize int
+	whole    bool
 	// fresh: the file does not exist under its name yet; its versions are
 	// written to newName(path), which the round that makes them durable
 	// renames into place.
@@ -374,11 +376,12 @@ func (c *Committer) loadSlots(path string) (*slotState, error) {
 	}
 	st := &slotState{durable: -1, flight: -1, pending: -1}
 	vs, _, foreign := versions(b, c.identity(path))
-	if len(vs) == 0 || foreign != "" || vs[0].size() > slotSize || len(b) > recordSlots*slotSize {
+	if len(vs) == 0 || foreign != "" || vs[0].slotSize == 0 || len(b) > recordSlots*vs[0].slotSize ||
+		slices.ContainsFunc(vs, func(v version) bool { return v.slotSize != vs[0].slotSize }) {
 		st.whole = true
 	}
 	if len(vs) > 0 {
-		st.gen, st.durable = vs[0].gen, vs[0].slot
+		st.gen, st.durable, st.slotSize = vs[0].gen, vs[0].slot, vs[0].slotSize
 	}
 	return st, nil
 }
@@ -516,14 +519,15 @@ func (c *Committer) setSlotsLocked(path string, st *slotState) {
 // version, and versions put before that round share its one fsync), then
 // notes it.
 func (c *Committer) putNew(path, id string, gen uint64, payload []byte, perm os.FileMode) (uint64, error) {
-	data := frame(gen, id, payload)
-	if err := writeNew(newName(path), data, perm); err != nil {
+	slot := slotFor(headerSize(id) + len(payload))
+	data := frame(gen, id, payload, slot)
+	if err := writeNew(newName(path), data, perm, reserved(slot, len(data))); err != nil {
 		return 0, c.failed(fmt.Errorf("writing %s: %w", path, err))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.removedGen, path)
-	c.setSlotsLocked(path, &slotState{gen: gen, durable: -1, flight: -1, pending: 0, fresh: true})
+	c.setSlotsLocked(path, &slotState{gen: gen, durable: -1, flight: -1, pending: 0, slotSize: slot, whole: slot == 0, fresh: true})
 	c.writes.Add(1)
 	return c.noteLocked(path, filepath.Dir(path), content{data: data, perm: perm, slot: 0}), nil
 }
@@ -535,11 +539,13 @@ func (c *Committer) putLocked(path, id string, payload []byte, perm os.FileMode)
 	dir := ""
 	var data []byte
 	switch {
-	case st.whole || headerSize(id)+len(payload) > slotSize:
-		// Replaced whole, durably at once (temp file fsynced before the
-		// rename): the old file's slots are not overwritten.
-		data = frame(st.gen+1, id, payload)
-		if err := write(path, data, perm, c.fsync(), recordSlots*slotSize); err != nil {
+	case st.whole || headerSize(id)+len(payload) > st.slotSize:
+		// Replaced whole, with slots that hold this version, durably at
+		// once (temp file fsynced before the rename): the old file's
+		// slots are not overwritten.
+		size := slotFor(headerSize(id) + len(payload))
+		data = frame(st.gen+1, id, payload, size)
+		if err := write(path, data, perm, c.fsync(), int64(reserved(size, len(data)))); err != nil {
 			return 0, err
 		}
 		if st.fresh {
@@ -547,15 +553,15 @@ func (c *Committer) putLocked(path, id string, payload []byte, perm os.FileMode)
 		}
 		c.fsyncs.Add(2)
 		st = &slotState{gen: st.gen + 1, durable: 0, flight: -1, pending: -1,
-			epoch: st.epoch + 1, whole: len(data) > slotSize}
+			epoch: st.epoch + 1, slotSize: size, whole: size == 0}
 		dir = filepath.Dir(path)
 	default:
-		data = frame(st.gen+1, id, payload)
+		data = frame(st.gen+1, id, payload, st.slotSize)
 		slot := st.pending
 		if slot < 0 {
 			slot = st.freeSlot()
 		}
-		if err := writeAt(st.at(path), data, int64(slot)*slotSize); err != nil {
+		if err := writeAt(st.at(path), data, int64(slot*st.slotSize)); err != nil {
 			return 0, err
 		}
 		st.gen, st.pending = st.gen+1, slot
@@ -571,14 +577,14 @@ func (c *Committer) putLocked(path, id string, payload []byte, perm os.FileMode)
 
 // writeNew writes a new record file's first version at name (replacing
 // what a crash may have left there), its slots reserved.
-func writeNew(name string, data []byte, perm os.FileMode) error {
+func writeNew(name string, data []byte, perm os.FileMode, reserve int) error {
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm)
 	if err != nil {
 		return err
 	}
 	if _, err = f.Write(data); err == nil {
 		// Best effort: without it a later version may need a block.
-		_ = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, recordSlots*slotSize)
+		_ = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, int64(reserve))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -1042,7 +1048,8 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 		return false, nil
 	}
 	c.fsyncs.Add(2)
-	if err := write(path, data.data, data.perm, fsync, recordSlots*slotSize); err != nil {
+	size := slotOf(data.data)
+	if err := write(path, data.data, data.perm, fsync, int64(reserved(size, len(data.data)))); err != nil {
 		return true, err
 	}
 	// The file now holds this one version, durable, in slot 0.
@@ -1052,7 +1059,7 @@ func (c *Committer) rewrite(path string, data content, fsync func(string) error)
 			os.Remove(newName(path))
 		}
 		*st = slotState{gen: st.gen, durable: 0, flight: -1, pending: -1,
-			epoch: st.epoch + 1, whole: len(data.data) > slotSize}
+			epoch: st.epoch + 1, slotSize: size, whole: size == 0}
 	}
 	c.mu.Unlock()
 	return true, nil

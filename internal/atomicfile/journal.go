@@ -196,9 +196,9 @@ func (c *Committer) journalEntries(files map[string]content) []byte {
 		d := files[p]
 		switch {
 		case d.dir:
-			b = encodeEntry(b, entryMkdir, d.perm, frame(0, c.identity(p), nil))
+			b = encodeEntry(b, entryMkdir, d.perm, frame(0, c.identity(p), nil, 0))
 		case d.removed:
-			b = encodeEntry(b, entryRemove, 0, frame(d.gen, c.identity(p), nil))
+			b = encodeEntry(b, entryRemove, 0, frame(d.gen, c.identity(p), nil, 0))
 		default:
 			b = encodeEntry(b, entryPut, d.perm, d.data)
 		}
@@ -392,7 +392,7 @@ func applyEntry(root string, e entry) error {
 	if err := MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	if err := write(p, e.body, e.mode.Perm(), syncFile, recordSlots*slotSize); err != nil {
+	if err := write(p, e.body, e.mode.Perm(), syncFile, int64(reserved(slotOf(e.body), len(e.body)))); err != nil {
 		return err
 	}
 	if err := os.Remove(newName(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {

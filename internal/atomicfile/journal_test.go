@@ -120,7 +120,7 @@ func TestReplayRestoresAcknowledgedChanges(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(again), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(again, frame(2, Identity(root, again), []byte("first life, v2")), 0o600); err != nil {
+	if err := os.WriteFile(again, frame(2, Identity(root, again), []byte("first life, v2"), pageSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -350,7 +350,7 @@ func TestSameBootReplayKeepsTheFiles(t *testing.T) {
 		if err := os.Remove(gone); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(back, frame(2, Identity(root, back), []byte("second life")), 0o600); err != nil {
+		if err := os.WriteFile(back, frame(2, Identity(root, back), []byte("second life"), pageSize), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := Open(root, boot); err != nil {

@@ -13,40 +13,55 @@ import (
 )
 
 // A record file holds up to recordSlots framed versions of one record, at
-// offsets 0, slotSize, 2*slotSize; a version larger than a slot fills a
-// file of its own (slot 0 only). Each frame is
+// offsets 0, S and 2*S, where S, the file's slot size, is a power of two
+// from pageSize to maxSlot chosen when the file is written whole: the
+// smallest that holds its version (slotFor), so that a record of a few
+// KiB (a container with ten volumes) takes new versions in place like a
+// small one. A version larger than the file's slots replaces the file
+// whole, with slots sized for it; one larger than maxSlot fills a file of
+// its own (S 0: slot 0 only). Each frame is
 //
-//	magic "CSR2" | payload length u32 | generation u64 | CRC32C u32 |
-//	identity length u16 | identity | payload
+//	magic "CSR3" | payload length u32 | generation u64 | CRC32C u32 |
+//	identity length u16 | log2(S/pageSize)+1, or 0 for S 0, u8 |
+//	identity | payload
 //
 // with the CRC over everything after the magic but the CRC itself (little
 // endian). The identity is the record's path relative to the Committer's
 // root (its kind and key: "csi/T/N/volumes/V/volume.state"): a frame is
 // bound to its file, so a valid frame copied into another record file (a
 // misdirected write, a restored backup, an operator's cp) is not taken as
-// that file's version. Frames of the previous format ("CSR1", the same
-// without the identity) are still read.
+// that file's version. Every frame of a file states the same S (a file's
+// slot size changes only with a whole replacement). Frames of the
+// previous formats are still read: "CSR2" (the same without S, whose
+// files have 4 KiB slots but for a larger version filling the file) and
+// "CSR1" (also without the identity).
 //
-// The reader takes the valid frame with the highest generation: a torn or
-// half-written frame fails its CRC and is skipped, so what it returns is
-// always a complete version that was written, never a mix.
+// The reader looks for frames at every pageSize boundary, since a torn
+// slot 0 hides S, and takes a frame only at a slot of the S it states:
+// the valid one with the highest generation. A torn or half-written frame
+// fails its CRC and is skipped, so what it returns is always a complete
+// version that was written, never a mix.
 //
 // The Committer never writes into the slot holding the newest durable
 // version, nor into one whose version a commit round is making durable:
 // a power cut can damage only versions that nobody was told are durable.
 const (
-	// MagicPrefix begins every frame's magic. A frame at a slot's offset
+	// MagicPrefix begins every frame's magic. A frame at a page boundary
 	// inside a larger version's payload (one a power cut tore at its
 	// start) would be read as a version of the record: a caller whose
 	// payloads may hold attacker-chosen bytes keeps this prefix out of
 	// them (text payloads that escape control bytes, as JSON does, cannot
 	// hold a frame's length field).
 	MagicPrefix       = "CSR"
-	recordMagic       = MagicPrefix + "2"
+	recordMagic       = MagicPrefix + "3"
+	csr2Magic         = MagicPrefix + "2"
 	legacyRecordMagic = MagicPrefix + "1"
 	legacyHeader      = 20
-	slotSize          = 4096
-	recordSlots       = 3
+	// pageSize is the smallest slot, and the slot of "CSR2" files;
+	// maxSlot the largest.
+	pageSize    = 4096
+	maxSlot     = 64 << 10
+	recordSlots = 3
 	// maxIdentity bounds a frame's identity (a path within the root).
 	maxIdentity = 1024
 )
@@ -63,20 +78,51 @@ var (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // headerSize is the size of a frame's header for identity id.
-func headerSize(id string) int { return legacyHeader + 2 + len(id) }
+func headerSize(id string) int { return legacyHeader + 3 + len(id) }
 
-// frame encodes one version of the record identified by id.
-func frame(gen uint64, id string, payload []byte) []byte {
+// slotFor is the slot size of a file written whole with a frame of n
+// bytes: the smallest power of two from pageSize that holds it, or 0 (the
+// frame fills the file) above maxSlot.
+func slotFor(n int) int {
+	for s := pageSize; s <= maxSlot; s *= 2 {
+		if n <= s {
+			return s
+		}
+	}
+	return 0
+}
+
+// reserved is what a file of slot size slot, written whole with a frame
+// of n bytes, may grow to: the space reserved for it.
+func reserved(slot, n int) int {
+	if slot == 0 {
+		return n
+	}
+	return recordSlots * slot
+}
+
+// frame encodes one version of the record identified by id, in a file
+// whose slot size is slot.
+func frame(gen uint64, id string, payload []byte, slot int) []byte {
 	h := headerSize(id)
 	b := make([]byte, h+len(payload))
 	copy(b, recordMagic)
 	binary.LittleEndian.PutUint32(b[4:], uint32(len(payload)))
 	binary.LittleEndian.PutUint64(b[8:], gen)
 	binary.LittleEndian.PutUint16(b[20:], uint16(len(id)))
-	copy(b[22:], id)
+	for s := slot; s >= pageSize; s /= 2 {
+		b[22]++
+	}
+	copy(b[23:], id)
 	copy(b[h:], payload)
 	binary.LittleEndian.PutUint32(b[16:], frameCRC(b))
 	return b
+}
+
+// slotOf is the slot size a frame this package made states.
+func slotOf(frame []byte) int {
+	v, _ := parseFrame(frame)
+	return v.slotSize
 }
 
 // frameCRC is the CRC of a frame: everything after the magic but the CRC.
@@ -93,6 +139,9 @@ type version struct {
 	// id is the frame's identity; legacy frames have none.
 	id     string
 	legacy bool
+	// header is the frame's header size; slotSize the slot size it
+	// states (pageSize for the previous formats, see versions).
+	header, slotSize int
 }
 
 // parseFrame decodes the frame at the start of b, if valid.
@@ -100,18 +149,28 @@ func parseFrame(b []byte) (v version, ok bool) {
 	if len(b) < legacyHeader {
 		return v, false
 	}
-	h := legacyHeader
+	v.header, v.slotSize = legacyHeader, pageSize
 	switch string(b[:4]) {
 	case legacyRecordMagic:
 		v.legacy = true
-	case recordMagic:
+	case csr2Magic:
 		if len(b) < legacyHeader+2 {
 			return v, false
 		}
-		h = headerSize("") + int(binary.LittleEndian.Uint16(b[20:]))
+		v.header = legacyHeader + 2 + int(binary.LittleEndian.Uint16(b[20:]))
+	case recordMagic:
+		if len(b) < legacyHeader+3 || b[22] > 5 {
+			return v, false
+		}
+		v.header = headerSize("") + int(binary.LittleEndian.Uint16(b[20:]))
+		v.slotSize = 0
+		if b[22] > 0 {
+			v.slotSize = pageSize << (b[22] - 1)
+		}
 	default:
 		return v, false
 	}
+	h := v.header
 	n := int(binary.LittleEndian.Uint32(b[4:]))
 	if h > len(b) || n > len(b)-h {
 		return v, false
@@ -121,38 +180,28 @@ func parseFrame(b []byte) (v version, ok bool) {
 		return v, false
 	}
 	if !v.legacy {
-		v.id = string(b[22:h])
+		v.id = string(b[h-int(binary.LittleEndian.Uint16(b[20:])) : h])
 	}
 	v.gen, v.payload = binary.LittleEndian.Uint64(b[8:]), b[h:]
 	return v, true
 }
 
 // size is the frame's size on disk.
-func (v version) size() int {
-	if v.legacy {
-		return legacyHeader + len(v.payload)
-	}
-	return headerSize(v.id) + len(v.payload)
-}
+func (v version) size() int { return v.header + len(v.payload) }
 
 // versions lists the valid frames of a record file's content, newest
 // first. framed reports whether the content is in the record format at
 // all (false: a file of the previous release, plain content); foreign
 // names the identity of a valid frame that is not id's ("" if none).
 func versions(b []byte, id string) (vs []version, framed bool, foreign string) {
-	for s := range recordSlots {
-		off := s * slotSize
-		if off >= len(b) {
-			break
-		}
-		end := min(off+slotSize, len(b))
-		if s == 0 {
-			end = len(b) // a large version fills the file
-		}
-		if len(b[off:]) >= 4 && (string(b[off:off+4]) == recordMagic || string(b[off:off+4]) == legacyRecordMagic) {
+	for off := 0; off+4 <= len(b); off += pageSize {
+		switch string(b[off : off+4]) {
+		case recordMagic, csr2Magic, legacyRecordMagic:
 			framed = true
+		default:
+			continue
 		}
-		v, ok := parseFrame(b[off:end])
+		v, ok := parseFrame(b[off:])
 		if !ok {
 			continue
 		}
@@ -160,11 +209,20 @@ func versions(b []byte, id string) (vs []version, framed bool, foreign string) {
 			foreign = v.id
 			continue
 		}
-		v.slot = s
-		vs = append(vs, v)
-		if s == 0 && v.size() > slotSize {
-			break // a large version: no other slots
+		if off == 0 && v.slotSize == pageSize && v.size() > pageSize && string(b[:4]) != recordMagic {
+			v.slotSize = 0 // a large version of the previous formats
 		}
+		if v.slotSize == 0 {
+			if off == 0 {
+				return []version{v}, framed, foreign // it fills the file
+			}
+			continue
+		}
+		if off%v.slotSize != 0 || off/v.slotSize >= recordSlots || v.size() > v.slotSize {
+			continue // not where a file of its slot size has a slot
+		}
+		v.slot = off / v.slotSize
+		vs = append(vs, v)
 	}
 	slices.SortFunc(vs, func(a, b version) int { return cmp.Compare(b.gen, a.gen) })
 	return vs, framed, foreign

@@ -3,6 +3,7 @@ package atomicfile
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,12 +12,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
 // Frames round-trip; any change of a byte is detected.
 func TestRecordFrameDetectsDamage(t *testing.T) {
-	f := frame(7, "csi/t/n/volumes/v/volume.state", []byte(`{"state":"PUBLISHED"}`))
+	f := frame(7, "csi/t/n/volumes/v/volume.state", []byte(`{"state":"PUBLISHED"}`), 2*pageSize)
 	v, ok := parseFrame(f)
 	if !ok || v.gen != 7 || string(v.payload) != `{"state":"PUBLISHED"}` || v.id != "csi/t/n/volumes/v/volume.state" {
 		t.Fatalf("round trip: %+v %v", v, ok)
@@ -54,7 +56,7 @@ func TestRecordReadsAndReplacesLegacyFiles(t *testing.T) {
 // A file in the record format with no valid version is reported as such.
 func TestRecordAllSlotsDamaged(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state")
-	f := frame(1, path, []byte("x"))
+	f := frame(1, path, []byte("x"), pageSize)
 	f[len(f)-1] = 'y'
 	if err := os.WriteFile(path, f, 0o600); err != nil {
 		t.Fatal(err)
@@ -103,8 +105,11 @@ func TestRecordPowerCut(t *testing.T) {
 	states, steps := 0, 0
 	for i := 1; i <= 60; i++ {
 		size := 50 + rng.IntN(3000)
-		if i%17 == 0 {
-			size = slotSize + 100 // a large version: replaced whole
+		switch {
+		case i%17 == 0:
+			size = maxSlot + 100 // a version filling a file of its own
+		case i%5 == 0:
+			size = rng.IntN(5 * pageSize) // slots of 4, 8, 16 or 32 KiB
 		}
 		if i%20 == 0 {
 			// A restart: the file's filesystem synced (as the isolator
@@ -216,9 +221,9 @@ func mustRead(t *testing.T, path string) []byte {
 // flight: a slot is always free (the newest found counts as durable).
 func TestRecordPutsWhileRoundInFlightOnLoadedFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state")
-	img := make([]byte, 2*slotSize)
-	copy(img, frame(1, path, []byte("one")))
-	copy(img[slotSize:], frame(2, path, []byte("two")))
+	img := make([]byte, 2*pageSize)
+	copy(img, frame(1, path, []byte("one"), pageSize))
+	copy(img[pageSize:], frame(2, path, []byte("two"), pageSize))
 	if err := os.WriteFile(path, img, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -281,5 +286,119 @@ func TestFailedDirectoryFsyncRedoesItsEntries(t *testing.T) {
 	}
 	if b, _, err := ReadRecord("", path); err != nil || string(b) != "v1" {
 		t.Errorf("read %q, %v", b, err)
+	}
+}
+
+// A record of a few KiB takes its new versions in place, in slots sized
+// for it, as a small one does (before, any version over 4 KiB replaced
+// the file whole, with two fsyncs); only a version that outgrows the
+// file's slots replaces it, and the slots do not shrink.
+func TestRecordSlotsSizedToTheRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	var c Committer
+	put := func(size int) {
+		t.Helper()
+		payload := strings.Repeat("x", size)
+		n, err := c.Put(path, []byte(payload), 0o600)
+		if err == nil {
+			err = c.Wait(context.Background(), n)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _, err := ReadRecord("", path); err != nil || string(b) != payload {
+			t.Fatalf("read back %d bytes, %v; want %d", len(b), err, size)
+		}
+	}
+	inode := func() uint64 {
+		t.Helper()
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	put(4300) // a container with ten volumes, made with them
+	first := inode()
+	for i := range 20 {
+		put(4000 + 150*i) // up to 6850 bytes: within 8 KiB slots
+	}
+	if ino, fsyncs := inode(), c.fsyncs.Load(); ino != first || fsyncs > 25 {
+		t.Errorf("after 20 versions of 4-7 KiB: inode %d (was %d), %d fsyncs; want them in place", ino, first, fsyncs)
+	}
+	if st, _ := os.Stat(path); st.Size() > 3*8192 {
+		t.Errorf("the file is %d bytes, more than three 8 KiB slots", st.Size())
+	}
+	put(20000) // outgrows its slots: replaced with 32 KiB ones
+	grown := inode()
+	if grown == first {
+		t.Error("a version larger than the file's slots was written into them")
+	}
+	put(100)
+	put(30000)
+	if inode() != grown {
+		t.Error("versions within the grown slots replaced the file")
+	}
+	put(maxSlot + 1) // a file of its own
+	put(10)
+}
+
+// frameV2 is a frame of the previous format ("CSR2": 4 KiB slots, no
+// slot size).
+func frameV2(gen uint64, id string, payload []byte) []byte {
+	b := frame(gen, id, payload, pageSize)
+	b = append(b[:22:22], b[23:]...)
+	copy(b, csr2Magic)
+	binary.LittleEndian.PutUint32(b[16:], frameCRC(b))
+	return b
+}
+
+// Files of the previous format (4 KiB slots; a larger version filling the
+// file) are read, and take new versions; a frame found where its own slot
+// size has no slot is not a version.
+func TestRecordReadsPreviousFormat(t *testing.T) {
+	dir := t.TempDir()
+	slotted, large := filepath.Join(dir, "slotted"), filepath.Join(dir, "large")
+	img := make([]byte, pageSize+100)
+	copy(img, frameV2(1, slotted, []byte("one")))
+	copy(img[pageSize:], frameV2(2, slotted, []byte("two")))
+	if err := os.WriteFile(slotted, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("b", 6000)
+	if err := os.WriteFile(large, frameV2(5, large, []byte(big)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{slotted: "two", large: big} {
+		if b, legacy, err := ReadRecord("", path); err != nil || legacy || string(b) != want {
+			t.Fatalf("%s: read %d bytes %v %v", path, len(b), legacy, err)
+		}
+	}
+	var c Committer
+	for path, want := range map[string]string{slotted: "three", large: "small now"} {
+		n, err := c.Put(path, []byte(want), 0o600)
+		if err == nil {
+			err = c.Wait(context.Background(), n)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _, err := ReadRecord("", path); err != nil || string(b) != want {
+			t.Fatalf("%s after a put: %q %v", path, b, err)
+		}
+	}
+	if vs, _, _ := versions(mustRead(t, slotted), slotted); len(vs) != 2 || vs[0].slot != 0 || vs[1].slot != 1 {
+		t.Errorf("the previous format's file after a put holds %+v, want the new version in slot 0 beside the durable one in its 4 KiB slot 1", vs)
+	}
+	// An 8 KiB-slot frame at 4 KiB is at no slot of its file.
+	odd := filepath.Join(dir, "odd")
+	img = make([]byte, pageSize)
+	copy(img, frame(1, odd, []byte("one"), 2*pageSize))
+	img = append(img, frame(9, odd, []byte("misplaced"), 2*pageSize)...)
+	if err := os.WriteFile(odd, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, err := ReadRecord("", odd); err != nil || string(b) != "one" {
+		t.Errorf("a frame off its slot grid: read %q %v, want one", b, err)
 	}
 }
