@@ -115,6 +115,11 @@ func TestCrashStates(t *testing.T) {
 		t.Fatalf("%v\n%s", err, keepTrace(t, traceLog))
 	}
 	t.Logf("recorded %d file-system operations under the work dir, %d markers", len(trace.Ops), len(trace.Markers))
+	if !slices.ContainsFunc(trace.Ops, func(op crashstate.Op) bool {
+		return op.Kind == crashstate.OpWrite && op.Offset > 0 && op.Offset%8192 == 0 && len(op.Data) > 4096
+	}) {
+		t.Error("the workload wrote no record version into a slot of 8 KiB")
+	}
 
 	// Recover crash states: boundaries spread over the whole trace, each
 	// marker's among them (what was acknowledged changes there).
@@ -542,7 +547,13 @@ func workloadStep(c agentv1.AgentClient, w crashWorkload, id string, prepare boo
 	vols := slices.Clone(w.Volumes)
 	rng.Shuffle(len(vols), func(i, j int) { vols[i], vols[j] = vols[j], vols[i] })
 	for _, v := range vols[:1+rng.IntN(2)] {
-		req.Volumes = append(req.Volumes, volumeSpec{plugin: w.Type, id: v, path: "d-" + v}.volume())
+		vol := volumeSpec{plugin: w.Type, id: v, path: "d-" + v}.volume()
+		if v == w.Volumes[0] {
+			// Its records, and those of the containers using it, are
+			// over 4 KiB: files with larger slots crash too.
+			vol.Source.CsiVolume.StaticProvisioning.VolumeContext = map[string]string{"padding": strings.Repeat("p", 5000)}
+		}
+		req.Volumes = append(req.Volumes, vol)
 	}
 	crashstate.Mark(markBeginPrepare + id)
 	resp, err := c.Prepare(ctx, req)
