@@ -96,19 +96,17 @@ func (iso *Isolator) newVolume(key volumeKey, p Plugin, static *statev1.StaticPr
 // atomicfile.Committer). It returns the write's number for Wait.
 //
 // A checkpoint is binary protobuf, as Mesos checkpoints its own: a
-// container with ten volumes takes 2.3 KB, one record slot (as multiline
-// JSON, 9 KB: each of its writes replaced the file whole, with two
-// fsyncs under the Committer's lock), and encodes in a fifteenth of the
-// time. (With Docker's container ids and ceph-csi's volume ids it takes
-// 4.2 KB, just over a slot.) Records of earlier releases, JSON, are
-// still read (readCheckpoint).
+// container with ten volumes takes 2.2 KB, a 4 KiB record slot (4.1 KB,
+// an 8 KiB slot, with Docker's container ids and ceph-csi's volume ids;
+// as multiline JSON, 9 KB), and encodes in a fifteenth of the time.
+// Records of earlier releases, JSON, are still read (readCheckpoint).
 //
 // One that holds a record frame's magic anywhere ("CSR", from a string
 // an API caller gave) is written as JSON instead: binary, such a string
 // could carry a whole forged frame (a string may hold any valid UTF-8,
-// NUL included), which a reader would find at a slot's offset inside a
-// version larger than a slot whose first bytes a power cut tore
-// (atomicfile's versions). JSON escapes the bytes below 0x20 that every
+// NUL included), which a reader would find at a page boundary inside a
+// larger version whose first bytes a power cut tore (atomicfile's
+// versions). JSON escapes the bytes below 0x20 that every
 // frame's length field holds, so no JSON record can carry one.
 func (iso *Isolator) writeCheckpoint(dir, name string, m proto.Message) (uint64, error) {
 	b, err := encodeCheckpoint(m)
