@@ -299,13 +299,7 @@ func TestRecordSlotsSizedToTheRecord(t *testing.T) {
 	put := func(size int) {
 		t.Helper()
 		payload := strings.Repeat("x", size)
-		n, err := c.Put(path, []byte(payload), 0o600)
-		if err == nil {
-			err = c.Wait(context.Background(), n)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		putDurably(t, &c, path, payload)
 		if b, _, err := ReadRecord("", path); err != nil || string(b) != payload {
 			t.Fatalf("read back %d bytes, %v; want %d", len(b), err, size)
 		}
@@ -376,13 +370,7 @@ func TestRecordReadsPreviousFormat(t *testing.T) {
 	}
 	var c Committer
 	for path, want := range map[string]string{slotted: "three", large: "small now"} {
-		n, err := c.Put(path, []byte(want), 0o600)
-		if err == nil {
-			err = c.Wait(context.Background(), n)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		putDurably(t, &c, path, want)
 		if b, _, err := ReadRecord("", path); err != nil || string(b) != want {
 			t.Fatalf("%s after a put: %q %v", path, b, err)
 		}
