@@ -81,10 +81,13 @@ hostpathplugin: ## build bin/hostpathplugin, csi-driver-host-path from third_par
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
 	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \
-		echo "go test -race: every package but the end-to-end ones ($(E2E_PKGS))"; \
+		echo "$$(date +%T) go test -race: every package but the end-to-end ones ($(E2E_PKGS))"; \
 		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
+	@echo "$$(date +%T) the end-to-end packages"
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
+	@echo "$$(date +%T) fuzz"
 	$(MAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)"
+	@echo "$$(date +%T) make test done"
 
 unit: ## the fast tests while editing: every package but the end-to-end ones, -race and -short (root tests, and the few slow ones, skip themselves; make test runs them); go test's cache reruns only what changed
 	$(GO) test -short -race -timeout $(UNIT_TIMEOUT) $$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS)))
