@@ -126,7 +126,9 @@ func TestDockerdKilledReleasesVolume(t *testing.T) {
 	t.Cleanup(func() { exec.Command("docker", "-H", d.host, "rm", "-f", "-v", "holder").Run() })
 	e.loopVolume("vol1")
 	d.docker("volume", "create", "-d", e.driver, "--opt", "plugin=loop.test", "--opt", "volume_id=vol1", "data")
-	d.docker("run", "-d", "--name", "holder", "--network", "none", "-v", "data:/data", image, "sleep", "600")
+	// Its sleep, pid 1, ignores SIGTERM: dockerd back stops it after
+	// --stop-timeout (default 10 s) and only then answers.
+	d.docker("run", "-d", "--name", "holder", "--stop-timeout", "1", "--network", "none", "-v", "data:/data", image, "sleep", "600")
 	d.docker("exec", "holder", "sh", "-c", "echo kept > /data/f")
 	// Docker's mount stays while its container runs, check after check.
 	time.Sleep(time.Second) // several check intervals: what is checked is that nothing happens
