@@ -83,10 +83,13 @@ test: deps ## run every test (root tests included when run as root; TestSoak is 
 	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \
 		echo "$$(date +%T) go test -race: every package but the end-to-end ones ($(E2E_PKGS))"; \
 		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
-	@echo "$$(date +%T) the end-to-end packages"
-	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS)
-	@echo "$$(date +%T) fuzz"
-	$(MAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)"
+	@# ./integration, the longest, beside the others one after the other
+	@# and then the fuzz targets: two at a time, as go test -p 2 ran them.
+	@echo "$$(date +%T) the end-to-end packages ($(E2E_PKGS)), then fuzz"
+	@$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
+		$(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $(filter-out ./integration,$(E2E_PKGS)); rc=$$?; \
+		if [ $$rc -eq 0 ]; then echo "$$(date +%T) fuzz"; $(MAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)" || rc=$$?; fi; \
+		wait $$integration || rc=$$?; exit $$rc
 	@echo "$$(date +%T) make test done"
 
 unit: ## the fast tests while editing: every package but the end-to-end ones, -race and -short (root tests, and the few slow ones, skip themselves; make test runs them); go test's cache reruns only what changed

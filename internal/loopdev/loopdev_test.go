@@ -195,6 +195,29 @@ func TestReadOnlyCannotBeRebacked(t *testing.T) {
 	}
 }
 
+// A read-only device, detached, does not stay read-only for the next
+// attacher (csi-driver-host-path's losetup got one, and its "writable"
+// block volume refused writes).
+func TestDetachClearsReadOnly(t *testing.T) {
+	testhelp.NeedRoot(t)
+	img := image(t, 8<<20)
+	dev, f, err := loopdev.Attach(context.Background(), img, loopdev.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := loopdev.Detach(dev, img); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/block", dev.Name, "ro"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(b)) != "0" {
+		t.Errorf("%s is read-only (ro %s) after its detach", dev.Name, strings.TrimSpace(string(b)))
+	}
+}
+
 // While Hold's descriptor is open, an opener's LOOP_CLR_FD (no capability
 // needed) cannot detach the device; a later Hold clears the autoclear mark
 // it left.
