@@ -110,6 +110,10 @@ func newMetrics(a *Agent) *metrics {
 			Name: "csi_agent_records_corrupt_total",
 			Help: "Record files found corrupt at start (torn, damaged, or holding another record's frame): each kept under <work-dir>/corrupt/, its container quarantined or its volume rebuilt.",
 		}, func() float64 { return float64(a.iso.CorruptRecords()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "csi_agent_removals_failed_total",
+			Help: "Removals after a cleanup's answer that failed: a torn-down volume's mount directories that something was mounted or written in since (left in place; with claims no record names them any more), or a record (the next start finishes its cleanup). The log's error says which.",
+		}, func() float64 { return float64(a.iso.RemovalsFailed()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "csi_agent_checkpoint_pending",
 			Help: "Checkpoint changes (writes, removals) visible but not yet durable, and removals of the records and volume directories a cleanup left that are not made yet.",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/csiagent/csiagent/mount"
 )
@@ -37,6 +38,9 @@ type removals struct {
 	idle    chan struct{} // closed when pending empties; nil: none waits
 	queue   []*removal    // to run, oldest first (without Config.Deferred)
 	workers int           // goroutines running the queue
+	// failed counts the removals that left mount directories or a record
+	// (RemovalsFailed).
+	failed atomic.Uint64
 }
 
 // maxParallelRemovals is how many removals run at once: each mostly waits
@@ -120,6 +124,7 @@ func (iso *Isolator) remove(r *removal) {
 				left = "left, and no record names them any more (its claim is released); remove them once what is mounted there is unmounted"
 			}
 			iso.log.Error("removing a torn-down volume's mount directories (something was mounted or written in them after the teardown): "+left, r.kind, r.name, "path", r.tree, "error", err)
+			rm.failed.Add(1)
 			return
 		}
 	}
@@ -128,6 +133,7 @@ func (iso *Isolator) remove(r *removal) {
 	}
 	if _, err := iso.commit.Remove(filepath.Join(r.dir, r.file)); err != nil {
 		iso.log.Error("removing a record; the next start finishes its "+r.kind+"'s cleanup", r.kind, r.name, "error", err)
+		rm.failed.Add(1)
 		return
 	}
 	if _, err := iso.commit.Remove(r.dir); err != nil {
@@ -190,6 +196,11 @@ func (iso *Isolator) claimDir(dir string) {
 	rm.mu.Unlock()
 	<-r.done
 }
+
+// RemovalsFailed counts the removals since start that left a torn-down
+// volume's mount directories (something was mounted or written in them),
+// or a record (the next start finishes that cleanup).
+func (iso *Isolator) RemovalsFailed() uint64 { return iso.removals.failed.Load() }
 
 // RemovalsPending is the number of removals not done yet.
 func (iso *Isolator) RemovalsPending() int {

@@ -190,3 +190,36 @@ func TestRemovalsQueued(t *testing.T) {
 		t.Errorf("after the removals settled: %d queued; want none", len(rm.queue))
 	}
 }
+
+// TestRemovalFailureCounted: a torn-down volume's mount directories that
+// something wrote into before their removal ran are left, with an error
+// logged, and counted (RemovalsFailed: csi_agent_removals_failed_total),
+// the only trace of them once no record names them.
+func TestRemovalFailureCounted(t *testing.T) {
+	w := newWorld(t)
+	q := &deferredQueue{}
+	iso := w.isolator(Config{Deferred: q.later})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	var staging string
+	filepath.WalkDir(w.work, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() && d.Name() == "staging" {
+			staging = p
+		}
+		return err
+	})
+	if staging == "" {
+		t.Fatal("no staging directory under the work dir")
+	}
+	w.cleanup(iso, "c1")
+	if err := os.WriteFile(filepath.Join(staging, "late"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q.runAll()
+	if n := iso.RemovalsFailed(); n != 1 {
+		t.Errorf("RemovalsFailed() = %d after a removal found data in the volume's directories; want 1", n)
+	}
+	if _, err := os.Stat(filepath.Join(staging, "late")); err != nil {
+		t.Errorf("the data written after the teardown: %v; want it left", err)
+	}
+	os.Remove(filepath.Join(staging, "late"))
+}
