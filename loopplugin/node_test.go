@@ -634,3 +634,34 @@ func stagedVolume(t *testing.T, name string, size int64, c *csi.VolumeCapability
 	e.stage(t, id, staging, c)
 	return e, id, img, staging
 }
+
+// TestSharedReaderLeavesNoReadOnlyDevice: a shared reader's read-only loop
+// device, which the kernel unbinds by itself once its filesystem is
+// unmounted (AutoClear), does not stay read-only for the host's next
+// attacher (csi-driver-host-path's losetup got one: its writable block
+// volume refused writes).
+func TestSharedReaderLeavesNoReadOnlyDevice(t *testing.T) {
+	testhelp.NeedRoot(t)
+	e := newEnv(t, slog.LevelInfo, func(c *Config) { c.SharedPool = true })
+	id := e.createVolume(t, "shared", 32<<20)
+	staging := filepath.Join(e.dir, "staging")
+	e.stage(t, id, staging, mountCap("ext4", snw)) // its filesystem made
+	e.unstage(t, id, staging)
+	e.stage(t, id, staging, mountCap("ext4", csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY))
+	m, ok, err := mount.Lookup(staging)
+	if err != nil || !ok {
+		t.Fatalf("the reader's staging: %v, %v", ok, err)
+	}
+	dev := filepath.Base(m.Source)
+	if ro, _ := os.ReadFile(filepath.Join("/sys/block", dev, "ro")); strings.TrimSpace(string(ro)) != "1" {
+		t.Fatalf("the reader's device %s is not read-only (ro %q)", dev, ro)
+	}
+	e.unstage(t, id, staging)
+	ro, err := os.ReadFile(filepath.Join("/sys/block", dev, "ro"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(ro)) != "0" {
+		t.Errorf("%s is read-only (ro %s) after the reader's unstage", dev, strings.TrimSpace(string(ro)))
+	}
+}

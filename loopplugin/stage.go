@@ -187,8 +187,10 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 	if err != nil {
 		return err
 	}
+	var staged loopdev.Device // the device of the filesystem unmounted here
 	if mounted {
-		if _, ok := ds.withFS(m); !ok {
+		d, ok := ds.withFS(m)
+		if !ok {
 			// Another volume is mounted here: this one is not staged at
 			// this path. Leave the other alone.
 			return p.detachIdle(vol)
@@ -196,6 +198,7 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 		if err := mount.Unmount(ctx, staging); err != nil {
 			return fmt.Errorf("unstage volume %s: %w", vol.ID, err)
 		}
+		staged = d
 	}
 	if rdev, bound, err := boundDevice(file); err != nil {
 		return err
@@ -215,9 +218,13 @@ func (p *Plugin) unstage(ctx context.Context, vol Volume, staging string) error 
 			return fmt.Errorf("unstage volume %s: %w", vol.ID, err)
 		}
 	}
-	// A mounted filesystem's autoclear device is usually gone already.
+	// A mounted filesystem's autoclear device is usually gone already;
+	// a shared reader's read-only one leaves its policy behind.
 	if err := p.detachIdle(vol); err != nil {
 		return err
+	}
+	if err := loopdev.ReleaseReadOnly(staged); err != nil {
+		p.log.Warn("unstaged; the read-only device stays read-only for its next user", "volume", vol.ID, "error", err)
 	}
 	if len(all) > 0 {
 		p.log.Info("unstaged", "volume", vol.ID, "staging", staging)

@@ -146,6 +146,13 @@ func (p *Poller) Run(ctx context.Context) {
 		for k := range p.due {
 			if !seen[k] {
 				delete(p.due, k)
+			}
+		}
+		// A result of a volume no longer listed goes too, unless newer
+		// than the list: a poll that ended after its volume went, or a
+		// Refresh of a volume the next scan lists.
+		for k, s := range p.last {
+			if !seen[k] && !p.busy[k] && s.At.Before(scanned) {
 				delete(p.last, k)
 			}
 		}

@@ -114,3 +114,54 @@ func TestRefresh(t *testing.T) {
 		t.Errorf("after Refresh: %+v %v, %d polls", s, ok, f.count("x"))
 	}
 }
+
+// blockingSource holds each poll until release is closed.
+type blockingSource struct {
+	mu      sync.Mutex
+	vols    []Volume
+	started chan struct{} // one send per poll
+	release chan struct{}
+}
+
+func (b *blockingSource) Volumes() []Volume {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.vols)
+}
+
+func (b *blockingSource) Poll(ctx context.Context, v Volume) Stats {
+	b.started <- struct{}{}
+	<-b.release
+	return Stats{Bytes: Usage{Known: true, Total: 1}}
+}
+
+// A volume unpublished while its poll runs is forgotten all the same: the
+// poll's result, kept when it ended, no longer stays for good (its
+// volume_stats gauges outlived the volume; TestPollerStaggersCapsAndForgets
+// failed on it now and then).
+func TestPollerForgetsVolumeGoneDuringItsPoll(t *testing.T) {
+	b := &blockingSource{vols: []Volume{{Plugin: "p", ID: "a"}}, started: make(chan struct{}, 16), release: make(chan struct{})}
+	p := New(Config{Source: b, Interval: 50 * time.Millisecond, MaxConcurrent: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-b.started
+	b.mu.Lock()
+	b.vols = nil // unpublished, its poll still running
+	b.mu.Unlock()
+	waitFor(t, "a no longer scheduled", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		_, due := p.due[Key{"p", "a"}]
+		return !due
+	})
+	close(b.release)
+	waitFor(t, "a forgotten", func() bool { _, ok := p.Get("p", "a"); return !ok && !p.busyWith(Key{"p", "a"}) })
+}
+
+func (p *Poller) busyWith(k Key) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.busy[k]
+}

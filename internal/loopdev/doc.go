@@ -8,11 +8,12 @@
 // the same path. Detach checks the same identity through LOOP_GET_STATUS64
 // right before LOOP_CLR_FD, so it never detaches a device that was reused for
 // another file in between. A read-only device (Options.ReadOnly, a
-// read-only policy, BLKROSET) gets its policy lifted by Detach once it is
-// unbound: the policy outlives the binding, and the host's next attacher
-// would get a device that refuses writes. One the kernel detaches by
-// itself (AutoClear) keeps the policy until Attach, which sets it either
-// way, reuses the device.
+// read-only policy, BLKROSET) gets its policy lifted once it is unbound,
+// by Detach or, for one the kernel detaches by itself (AutoClear), by
+// ReleaseReadOnly after its last user is gone: the policy outlives the
+// binding, and the host's next attacher would get a device that refuses
+// writes. A device unbound with nobody calling either (its holder killed)
+// keeps the policy until Attach, which sets it either way, reuses it.
 //
 // Use AutoClear for devices that a mounted filesystem keeps open: the kernel
 // then detaches the device by itself once the last user (the mount) goes

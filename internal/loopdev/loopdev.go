@@ -410,34 +410,37 @@ func Detach(dev Device, backing string) error {
 	// gone: give the kernel a moment. Someone else holding it open keeps
 	// it bound until they close it, which is still a detach.
 	f.Close() // the deferred Close is then a no-op
-	waitUnbound(dev)
-	if dev.ReadOnly {
-		return clearReadOnly(dev)
-	}
-	return nil
+	return ReleaseReadOnly(dev)
 }
 
-// clearReadOnly lifts the read-only policy Attach set (Options.ReadOnly)
-// from dev once it is unbound: the policy outlives the binding, and the
-// next attacher, another program's losetup included, would get a device
-// that refuses writes. The exclusive open keeps attachers out meanwhile
+// ReleaseReadOnly lifts the read-only policy Attach set (Options.ReadOnly)
+// from dev once the device is unbound (waited for briefly: the kernel
+// unbinds an AutoClear device after its last close, asynchronously on
+// recent kernels). The policy outlives the binding, and the next
+// attacher, another program's losetup included, would get a device that
+// refuses writes. The exclusive open keeps attachers out meanwhile
 // (LOOP_CONFIGURE claims the device); a device bound again, or claimed by
 // someone (still held open by a user of the volume, which the kernel
-// detaches at its last close), keeps its policy.
-func clearReadOnly(dev Device) error {
+// detaches at its last close), keeps its policy. Detach calls it; call it
+// after the last user of an AutoClear device is gone (an unmount).
+func ReleaseReadOnly(dev Device) error {
+	if !dev.ReadOnly {
+		return nil
+	}
+	waitUnbound(dev)
 	f, err := os.OpenFile(dev.Path, os.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.EBUSY) || errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("detach %s: clearing its read-only policy: %w", dev.Path, err)
+		return fmt.Errorf("%s: clearing its read-only policy: %w", dev.Path, err)
 	}
 	defer f.Close()
 	if _, err := unix.IoctlLoopGetStatus64(int(f.Fd())); !errors.Is(err, unix.ENXIO) {
 		return nil // bound again, or not a loop device any more
 	}
 	if err := unix.IoctlSetPointerInt(int(f.Fd()), unix.BLKROSET, 0); err != nil {
-		return fmt.Errorf("detach %s: clearing its read-only policy: BLKROSET: %w", dev.Path, err)
+		return fmt.Errorf("%s: clearing its read-only policy: BLKROSET: %w", dev.Path, err)
 	}
 	return nil
 }
