@@ -89,7 +89,9 @@ func createHostpathVolume(ctx context.Context, t *testing.T, ctrl csi.Controller
 		req.CapacityRange = &csi.CapacityRange{RequiredBytes: 16 << 20}
 		req.VolumeCapabilities[0].AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	}
-	vol, err := ctrl.CreateVolume(ctx, req)
+	// The plugin's socket may exist before it listens (WaitForSocket
+	// sees the bind): wait for the connection rather than fail on it.
+	vol, err := ctrl.CreateVolume(ctx, req, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatalf("CreateVolume %s: %v", name, err)
 	}
