@@ -84,10 +84,10 @@ hostpathplugin: ## build bin/hostpathplugin, csi-driver-host-path from third_par
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
 	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \
-		echo "$$(date +%T) go test -race: every package but the end-to-end ones ($(E2E_PKGS))"; \
+		echo "$$(date +%T) the race set: every package but the end-to-end ones ($(E2E_PKGS))"; \
 		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
 	@# ./integration, the longest, beside the others one after the other
-	@# and then the fuzz targets: two at a time, as go test -p 2 ran them.
+	@# and then the fuzz targets: two at a time, as -p 2 ran them.
 	@echo "$$(date +%T) the end-to-end packages ($(E2E_PKGS)), then fuzz"
 	@$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
 		$(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $(filter-out ./integration,$(E2E_PKGS)); rc=$$?; \

@@ -392,7 +392,7 @@ func applyEntry(root string, e entry) error {
 	if err := MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	if err := write(p, e.body, e.mode.Perm(), syncFile, int64(reserved(slotOf(e.body), len(e.body)))); err != nil {
+	if err := write(p, e.body, e.mode.Perm(), syncFile, int64(reserved(e.v.slotSize, len(e.body)))); err != nil {
 		return err
 	}
 	if err := os.Remove(newName(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {

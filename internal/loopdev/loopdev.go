@@ -410,6 +410,7 @@ func Detach(dev Device, backing string) error {
 	// gone: give the kernel a moment. Someone else holding it open keeps
 	// it bound until they close it, which is still a detach.
 	f.Close() // the deferred Close is then a no-op
+	waitUnbound(dev)
 	return ReleaseReadOnly(dev)
 }
 
