@@ -36,14 +36,7 @@ const (
 // checkpoint, a bind mount, an unmount, a gRPC round trip.
 func TestFloors(t *testing.T) {
 	n := size(50, 500)
-	dir := diskDir(t)
-	start := time.Now()
-	for i := range n {
-		if err := atomicfile.Write(filepath.Join(dir, "f"), []byte(fmt.Sprintf(`{"n": %d}`, i)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	durable := time.Since(start) / time.Duration(n)
+	durable := durableFloor(t, filepath.Join(diskDir(t), "f"), n)
 
 	tmp := privateTmpfs(t)
 	src := filepath.Join(tmp, "src")
@@ -69,22 +62,48 @@ func TestFloors(t *testing.T) {
 	c := csi.NewIdentityClient(dial(t, sock))
 	ctx := ctxT(t)
 	_, _ = c.Probe(ctx, &csi.ProbeRequest{})
-	s := time.Now()
-	for range n {
-		if _, err := c.Probe(ctx, &csi.ProbeRequest{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rtt := time.Since(s) / time.Duration(n)
+	rtt := rttFloor(ctx, t, c, n)
 	setFloors(floors{durable: durable, rtt: rtt})
 	report(t, result{name: "floor: durable checkpoint (write, fsync, rename, fsync dir)", figure: ms(durable), baseline: "-", ratio: "-", target: "~0.6 ms (the issue's estimate)", info: true})
 	report(t, result{name: "floor: bind mount / unmount", figure: fmt.Sprintf("%.1f µs / %.1f µs", float64(bindT)/float64(n)/1e3, float64(umountT)/float64(n)/1e3), baseline: "-", ratio: "-", target: "~20 µs / ~15 µs (the issue's estimate)", info: true})
 	report(t, result{name: "floor: gRPC round trip (unix socket)", figure: fmt.Sprintf("%.1f µs", float64(rtt)/1e3), baseline: "-", ratio: "-", target: "tens of µs (the issue's estimate)", info: true})
 }
 
+// durableFloor is the mean of n durable checkpoints (atomicfile.Write:
+// write, fsync, rename, directory fsync) of a small record at path.
+func durableFloor(t *testing.T, path string, n int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for i := range n {
+		if err := atomicfile.Write(path, []byte(fmt.Sprintf(`{"n": %d}`, i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return time.Since(start) / time.Duration(n)
+}
+
+// rttFloor is the mean of n gRPC round trips (Probe on the test plugin,
+// which answers at once).
+func rttFloor(ctx context.Context, t *testing.T, c csi.IdentityClient, n int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for range n {
+		if _, err := c.Probe(ctx, &csi.ProbeRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return time.Since(start) / time.Duration(n)
+}
+
 // TestOverhead: Prepare + Cleanup of one volume through the agent against
 // the same work done directly on the same csi-loop-plugin process,
-// interleaved A B A B.
+// interleaved A B A B, each pair followed by samples of the floors
+// (durable checkpoints and round trips) once the agent has settled. The
+// floors measured once, in a loop before (TestFloors), are not those the
+// pairs run in: a durable checkpoint took 1.2-1.6 ms between the pairs
+// and 0.8 ms in TestFloors' loop, in the same run (the pairs' own I/O,
+// such as each unstage's unmount writing the loop volume back to its
+// image file, shares the disk with the fsyncs after it).
 func TestOverhead(t *testing.T) {
 	rounds := size(3, 30)
 	base := diskDir(t)
@@ -104,6 +123,11 @@ func TestOverhead(t *testing.T) {
 	waitPluginReady(t, ap, loopType)
 	node := csi.NewNodeClient(dial(t, sock))
 	ctx := ctxT(t)
+	floorSock := filepath.Join(base, "floor.sock")
+	startPlugin(t, floorSock, bins.test)
+	floorPlugin := csi.NewIdentityClient(dial(t, floorSock))
+	_, _ = floorPlugin.Probe(ctx, &csi.ProbeRequest{})
+	floorFile := filepath.Join(base, "floor")
 
 	direct := filepath.Join(base, "direct")
 	staging, target := filepath.Join(direct, "staging"), filepath.Join(direct, "target")
@@ -155,32 +179,40 @@ func TestOverhead(t *testing.T) {
 	// Warm up both (the first stage formats the volume).
 	viaAgent(-1)
 	directly()
-	var a, b []time.Duration
-	var ratios []float64
+	// What the agent adds at least: 3 durable checkpoints and 2 more
+	// gRPC round trips (the caller's to the agent), sampled after each
+	// pair (10 of each).
+	const floorSamples = 10
+	var a, b, durables, rtts []time.Duration
+	var ratios, overBudget []float64
 	for i := range rounds {
 		da := viaAgent(i)
 		db := directly()
-		a, b = append(a, da), append(b, db)
+		// The floors on a quiet disk: the agent's work after its
+		// answers (removals, the commit round) done.
+		waitSettled(t, ap)
+		fd := durableFloor(t, floorFile, floorSamples)
+		fr := rttFloor(ctx, t, floorPlugin, floorSamples)
+		a, b, durables, rtts = append(a, da), append(b, db), append(durables, fd), append(rtts, fr)
 		ratios = append(ratios, float64(da)/float64(db))
+		overBudget = append(overBudget, float64(da-db)/float64(3*fd+2*fr))
 	}
 	r := medianF(ratios)
 	report(t, result{name: "1. overhead: Prepare+Cleanup, 1 volume, csi-loop-plugin", figure: ms(median(a)) + " (median)", baseline: ms(median(b)) + " direct", ratio: fmt.Sprintf("%.3f (median of %d pairs)", r, rounds), target: "≤ 1.10", pass: r <= 1.10})
+	ob := medianF(overBudget)
+	once := ""
 	if f, ok := measuredFloors(); ok {
-		// What the agent adds at least: 3 durable checkpoints and 2
-		// more gRPC round trips (the caller's to the agent).
-		budget := 3*f.durable + 2*f.rtt
-		over := median(a) - median(b)
-		report(t, result{
-			name:     "B1 overhead / floor budget",
-			figure:   fmt.Sprintf("%.2f", float64(over)/float64(budget)),
-			baseline: fmt.Sprintf("%s overhead (agent − direct medians) / %s budget (3 × %s durable checkpoint + 2 × %.1f µs gRPC round trip, floors of this run)", ms(over), ms(budget), ms(f.durable), float64(f.rtt)/1e3),
-			ratio:    "-",
-			target:   "-",
-			info:     true,
-		})
-	} else {
-		t.Log("B1 overhead / floor budget: not computed: TestFloors did not run (-run 'TestFloors|TestOverhead')")
+		once = fmt.Sprintf("; with the medians and the floors measured once before (TestFloors): %.2f", float64(median(a)-median(b))/float64(3*f.durable+2*f.rtt))
 	}
+	report(t, result{
+		name:   "B1 overhead / floor budget",
+		figure: fmt.Sprintf("%.2f", ob),
+		baseline: fmt.Sprintf("median over the %d pairs of (agent − direct) ÷ (3 durable checkpoints + 2 gRPC round trips, sampled after the pair; medians %s and %.1f µs); overhead %s (agent − direct medians)%s",
+			rounds, ms(median(durables)), float64(median(rtts))/1e3, ms(median(a)-median(b)), once),
+		ratio:  "-",
+		target: "≤ 1.2",
+		pass:   ob <= 1.2,
+	})
 	prep, clean := tracedPair(ctx, t, ap, prepareReq("traced"))
 	section("Benchmark 1 breakdown", "One Prepare and one Cleanup of the benchmark's volume after the measured pairs, traced in the agent (--debug-trace-calls, package optrace): offsets and durations in ms from the start of the agent's handler. The fsyncs run on the agent's commit goroutine: counted, not timed.\n\n"+prep+"\n"+clean)
 }
@@ -303,16 +335,7 @@ func TestThroughput(t *testing.T) {
 		// every removal it left is made (the calls return once their
 		// intent records are durable; the rest follow in the agent's
 		// background commit rounds and removals).
-		for {
-			pending := f.ap.metric(t, "csi_agent_checkpoint_pending")
-			if pending < 0 {
-				t.Fatal("the agent exports no csi_agent_checkpoint_pending")
-			}
-			if pending == 0 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitSettled(t, f.ap)
 		return time.Since(start)
 	}
 	f0 := f.ap.metric(t, "csi_agent_checkpoint_fsyncs_total")

@@ -433,6 +433,23 @@ func (ap *agentProc) metric(t *testing.T, name string) float64 {
 	return -1
 }
 
+// waitSettled waits until every checkpoint the agent wrote is durable and
+// every removal it left after an answer is made
+// (csi_agent_checkpoint_pending is 0).
+func waitSettled(t *testing.T, ap *agentProc) {
+	t.Helper()
+	for {
+		pending := ap.metric(t, "csi_agent_checkpoint_pending")
+		if pending < 0 {
+			t.Fatal("the agent exports no csi_agent_checkpoint_pending")
+		}
+		if pending == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // metricsAddr finds the port the agent's metrics listener bound (":0").
 func (ap *agentProc) metricsAddr(t *testing.T) string {
 	t.Helper()
