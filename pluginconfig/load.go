@@ -62,7 +62,8 @@ func Load(dir string) (*Set, error) {
 }
 
 // LoadContext reads every entry of dir (following symlinks; names
-// starting with '.' are skipped) as one CSIPluginInfo. Each must reach a
+// starting with '.', and editors' "name~" backups and "#name#" autosaves,
+// are skipped) as one CSIPluginInfo. Each must reach a
 // regular file: a FIFO, device, socket, dangling symlink or directory
 // named *.json is an error for that entry (other directories are skipped,
 // as Mesos does). Its error is for a directory that cannot be read at
@@ -75,7 +76,8 @@ func LoadContext(ctx context.Context, dir string) (*Set, error) {
 
 // load is LoadContext where owners (type -> file) says which file held
 // each type before: on a duplicate type the holder keeps it, so a new
-// file cannot take over a running plugin.
+// file cannot take over a running plugin, and neither can any other file
+// while the holder is invalid.
 func load(ctx context.Context, dir string, owners map[string]string) (*Set, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -88,7 +90,7 @@ func load(ctx context.Context, dir string, owners map[string]string) (*Set, erro
 	set := &Set{Plugins: map[string]*Plugin{}}
 	var good []parsed
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
+		if skipName(e.Name()) {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
@@ -113,7 +115,19 @@ func load(ctx context.Context, dir string, owners map[string]string) (*Set, erro
 		return 1
 	}
 	sort.SliceStable(good, func(i, j int) bool { return rank(good[i]) < rank(good[j]) })
+	invalid := map[string]bool{}
+	for _, fe := range set.Errors {
+		invalid[fe.File] = true
+	}
 	for _, p := range good {
+		if owner := owners[p.info.Type]; owner != "" && owner != p.file && invalid[owner] {
+			// The holder is being edited (or broken): it keeps its type,
+			// with its last good config, rather than hand it to a copy
+			// (a backup, an editor's autosave).
+			set.Errors = append(set.Errors, &FileError{File: p.file, Err: fieldErr("type",
+				"%q is defined in %s, which is invalid now and keeps its last good config; each plugin type may be defined in one file only", p.info.Type, owner)})
+			continue
+		}
 		if prev, ok := set.Plugins[p.info.Type]; ok {
 			set.Errors = append(set.Errors, &FileError{File: p.file, Err: fieldErr("type",
 				"%q is already defined in %s; each plugin type may be defined in one file only", p.info.Type, prev.File)})
@@ -123,6 +137,14 @@ func load(ctx context.Context, dir string, owners map[string]string) (*Set, erro
 	}
 	sort.Slice(set.Errors, func(i, j int) bool { return set.Errors[i].File < set.Errors[j].File })
 	return set, nil
+}
+
+// skipName reports whether a directory entry is not read at all: hidden
+// files (an editor's swap file, a ConfigMap's "..data"), an editor's
+// backup ("a.json~") and autosave ("#a.json#") copies.
+func skipName(name string) bool {
+	return strings.HasPrefix(name, ".") || strings.HasSuffix(name, "~") ||
+		len(name) > 1 && strings.HasPrefix(name, "#") && strings.HasSuffix(name, "#")
 }
 
 // errSkipDir is loadFile's answer for a directory that is not named like a

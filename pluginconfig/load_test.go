@@ -254,3 +254,20 @@ func writeFile(t *testing.T, dir, name, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestLoadSkipsEditorCopies: an editor's backup ("a.json~") and autosave
+// ("#a.json#") of a config are not read: they would define its type again
+// (the first by name, "#a.json#", would even take it at a start).
+func TestLoadSkipsEditorCopies(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+	writeFile(t, dir, "a.json~", pluginJSON("a", "backup"))
+	writeFile(t, dir, "#a.json#", pluginJSON("a", "autosave"))
+	set, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Errors) > 0 || len(set.Plugins) != 1 || set.Plugins["a"].File != filepath.Join(dir, "a.json") {
+		t.Fatalf("plugins %v, errors %v; want a from a.json alone", set.Plugins, set.Errors)
+	}
+}

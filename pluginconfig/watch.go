@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
 
 	"github.com/csiagent/csiagent/internal/defaults"
 )
@@ -19,6 +22,11 @@ const (
 	DefaultDebounce = 100 * time.Millisecond
 	DefaultMaxDelay = time.Second
 )
+
+// dirCheckInterval is how often the watcher checks that the directory it
+// watches is still the one at its path (a swap inotify cannot see: a
+// symlink above it changed).
+const dirCheckInterval = 10 * time.Second
 
 // EventKind says what happened to a plugin.
 type EventKind int
@@ -95,9 +103,26 @@ type Watcher struct {
 	fsw     *fsnotify.Watcher
 	updates chan Update
 	rescan  chan struct{}
+	// dir is cfg.Dir absolute and clean, parent the directory it is in
+	// ("" when dir is "/"), watched for dir's own replacement.
+	dir, parent string
+	dirID       fileID // the directory the watch on dir is on (zero: to be watched anew)
 
 	plugins  map[string]*Plugin
 	reported map[string]string // file -> error text last reported
+	sentErrs string            // errorsKey of the last Update sent
+}
+
+// fileID identifies a file whatever its path.
+type fileID struct{ dev, ino uint64 }
+
+// statID is the identity of the file path reaches (symlinks followed).
+func statID(path string) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileID{}, err
+	}
+	return fileID{st.Dev, st.Ino}, nil
 }
 
 // Watch loads cfg.Dir and watches it until ctx ends. The first Update
@@ -106,19 +131,31 @@ type Watcher struct {
 // closed when ctx ends. Watch fails when the directory cannot be read or
 // watched; a bad file is never a reason to fail.
 //
-// Only the directory itself is watched: a change inside a file that a
-// symlink points to outside it is seen at the next directory event or
-// Rescan. Kubernetes ConfigMap volumes work, because their update swaps
-// the "..data" symlink inside the directory.
+// The directory is watched, and so is the directory it is in, for its
+// own replacement: renamed over, removed and made again, or a symlink to
+// it swapped (ln -sfn); the new directory is watched from then on. A
+// change inside a file that a symlink points to outside it is seen at the
+// next directory event or Rescan, and a directory whose path changes its
+// target higher up (a symlinked parent swapped) within 10 s. Kubernetes
+// ConfigMap volumes work, because their update swaps the "..data" symlink
+// inside the directory.
 func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
 	defaults.Set(&cfg.Debounce, DefaultDebounce)
 	defaults.Set(&cfg.MaxDelay, DefaultMaxDelay)
 	cfg.Logger = defaults.Logger(cfg.Logger)
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("watching plugin config directory %s: %w", cfg.Dir, err)
+	}
 	fsw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("watching plugin config directory: %w", err)
 	}
-	if err := fsw.Add(cfg.Dir); err != nil {
+	id, err := statID(dir)
+	if err == nil {
+		err = fsw.Add(dir)
+	}
+	if err != nil {
 		fsw.Close()
 		return nil, fmt.Errorf("watching plugin config directory %s: %w", cfg.Dir, err)
 	}
@@ -127,8 +164,17 @@ func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
 		fsw:      fsw,
 		updates:  make(chan Update),
 		rescan:   make(chan struct{}, 1),
+		dir:      dir,
+		dirID:    id,
 		plugins:  map[string]*Plugin{},
 		reported: map[string]string{},
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := fsw.Add(parent); err != nil {
+			cfg.Logger.Warn("cannot watch the plugin config directory's parent: a replaced directory is seen within 10 s", "dir", parent, "error", err)
+		} else {
+			w.parent = parent
+		}
 	}
 	first, err := w.reload(ctx)
 	if err != nil {
@@ -158,6 +204,8 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 	}
 	timer := time.NewTimer(0)
 	<-timer.C
+	check := time.NewTicker(dirCheckInterval)
+	defer check.Stop()
 	var burstStart time.Time // zero: no reload pending
 	arm := func(d time.Duration) {
 		now := time.Now()
@@ -178,8 +226,21 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 			if !ok {
 				return
 			}
+			if ev.Name == w.dir {
+				// The directory itself was removed, renamed, or made
+				// (or its symlink replaced): watch what is there at the
+				// reload, whatever its inode number (a directory made
+				// again may reuse the old one's).
+				w.dirID = fileID{}
+			} else if w.parent != "" && filepath.Dir(ev.Name) == w.parent {
+				continue // a sibling of the directory
+			}
 			w.cfg.Logger.Debug("plugin config directory event", "event", ev.String())
 			arm(w.cfg.Debounce)
+		case <-check.C:
+			if id, err := statID(w.dir); err != nil || id != w.dirID {
+				arm(0)
+			}
 		case err, ok := <-w.fsw.Errors:
 			if !ok {
 				return
@@ -197,22 +258,36 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 				return // the reload was cut short: nothing to report
 			}
 			if err != nil {
+				w.dirID = fileID{} // its watch may be gone with it
 				u = w.dirError(err)
 			}
-			if len(u.Events) > 0 && !w.send(ctx, u) {
+			if (len(u.Events) > 0 || errorsKey(u.Errors) != w.sentErrs) && !w.send(ctx, u) {
 				return
 			}
 		}
 	}
 }
 
+// send delivers u; an Update goes out when plugins changed, and also
+// when only the files in error did (a file fixed back to its last good
+// config: the receivers' list of errors must lose it).
 func (w *Watcher) send(ctx context.Context, u Update) bool {
 	select {
 	case w.updates <- u:
+		w.sentErrs = errorsKey(u.Errors)
 		return true
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// errorsKey sums up a list of file errors for comparison.
+func errorsKey(errs []*FileError) string {
+	var b strings.Builder
+	for _, fe := range errs {
+		b.WriteString(fe.File + "\x00" + fe.Err.Error() + "\x00")
+	}
+	return b.String()
 }
 
 // dirError reports, once, that the directory itself could not be read.
@@ -237,12 +312,9 @@ func (w *Watcher) reload(ctx context.Context) (Update, error) {
 	if err != nil {
 		return Update{}, err
 	}
-	if _, ok := w.reported[w.cfg.Dir]; ok {
-		// The directory is back (it may have been recreated): watch it anew.
-		delete(w.reported, w.cfg.Dir)
-		if err := w.fsw.Add(w.cfg.Dir); err != nil {
-			return Update{}, fmt.Errorf("watching plugin config directory %s: %w", w.cfg.Dir, err)
-		}
+	delete(w.reported, w.cfg.Dir)
+	if err := w.watchDir(); err != nil {
+		return Update{}, err
 	}
 	next := make(map[string]*Plugin, len(set.Plugins))
 	for t, p := range set.Plugins {
@@ -300,6 +372,27 @@ func (w *Watcher) reload(ctx context.Context) (Update, error) {
 	})
 	w.plugins = next
 	return Update{Events: events, Plugins: w.snapshot(), Errors: set.Errors}, nil
+}
+
+// watchDir moves the directory's watch to the directory now at its path,
+// if that is another one (replaced, or made again after its removal,
+// which ended the watch).
+func (w *Watcher) watchDir() error {
+	id, err := statID(w.dir)
+	if err == nil && id == w.dirID {
+		return nil
+	}
+	_ = w.fsw.Remove(w.dir) // gone with its directory, or on the old one
+	if err == nil {
+		err = w.fsw.Add(w.dir)
+	}
+	if err != nil {
+		w.dirID = fileID{}
+		return fmt.Errorf("watching plugin config directory %s: %w", w.cfg.Dir, err)
+	}
+	w.dirID = id
+	w.cfg.Logger.Info("plugin config directory replaced; watching the new one", "dir", w.cfg.Dir)
+	return nil
 }
 
 func (w *Watcher) snapshot() map[string]*Plugin {

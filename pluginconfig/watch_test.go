@@ -208,6 +208,101 @@ func TestWatch(t *testing.T) {
 		}
 	})
 
+	t.Run("an invalid holder keeps its type from a copy", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+		writeFile(t, dir, "a.json.bak", pluginJSON("a", "backup"))
+		w, _ := startWatch(t, dir)
+		if u := nextUpdate(t, w); u.Plugins["a"].File != filepath.Join(dir, "a.json") {
+			t.Fatalf("a is defined by %s; want a.json (first by name)", u.Plugins["a"].File)
+		}
+		writeFile(t, dir, "a.json", "{")
+		u := nextUpdate(t, w)
+		if !strings.Contains(summary(u), "invalid:a") || command(u, "a") != "v1" || u.Plugins["a"].File != filepath.Join(dir, "a.json") {
+			t.Fatalf("a.json broken: %q, a = %q from %s; want a.json's last good config kept", summary(u), command(u, "a"), u.Plugins["a"].File)
+		}
+		writeFile(t, dir, "a.json", pluginJSON("a", "v2"))
+		if u = nextUpdate(t, w); !strings.Contains(summary(u), "changed:a") || command(u, "a") != "v2" {
+			t.Fatalf("a.json fixed: %q, a = %q", summary(u), command(u, "a"))
+		}
+	})
+
+	t.Run("a fixed file clears its error", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+		w, _ := startWatch(t, dir)
+		nextUpdate(t, w)
+		writeFile(t, dir, "a.json", "{")
+		if u := nextUpdate(t, w); summary(u) != "invalid:a" || len(u.Errors) != 1 {
+			t.Fatalf("broken: %q, errors %v", summary(u), u.Errors)
+		}
+		// Restored as it was: no plugin changes, but the error is gone.
+		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+		if u := nextUpdate(t, w); len(u.Errors) != 0 || summary(u) != "" {
+			t.Fatalf("restored: %q, errors %v; want an update with no error", summary(u), u.Errors)
+		}
+	})
+
+	t.Run("a directory replaced by a rename is still watched", func(t *testing.T) {
+		base := t.TempDir()
+		dir := filepath.Join(base, "conf")
+		mkdir(t, dir)
+		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+		w, _ := startWatch(t, dir)
+		nextUpdate(t, w)
+		next := filepath.Join(base, "conf.new")
+		mkdir(t, next)
+		writeFile(t, next, "a.json", pluginJSON("a", "v2"))
+		rename(t, dir, filepath.Join(base, "conf.old"))
+		rename(t, next, dir)
+		waitCommand(t, w, "a", "v2")
+		writeFile(t, dir, "a.json", pluginJSON("a", "v3"))
+		waitCommand(t, w, "a", "v3")
+	})
+
+	t.Run("a directory removed and made again later is watched", func(t *testing.T) {
+		base := t.TempDir()
+		dir := filepath.Join(base, "conf")
+		mkdir(t, dir)
+		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+		w, _ := startWatch(t, dir)
+		nextUpdate(t, w)
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if u := nextUpdate(t, w); len(u.Errors) != 1 || u.Errors[0].File != dir || command(u, "a") != "v1" {
+			t.Fatalf("directory gone: errors %v, a = %q; want the directory's error, a kept", u.Errors, command(u, "a"))
+		}
+		mkdir(t, dir)
+		writeFile(t, dir, "a.json", pluginJSON("a", "v2"))
+		waitCommand(t, w, "a", "v2")
+		writeFile(t, dir, "a.json", pluginJSON("a", "v3"))
+		waitCommand(t, w, "a", "v3")
+	})
+
+	t.Run("a symlinked directory swapped is followed", func(t *testing.T) {
+		base := t.TempDir()
+		v1, v2 := filepath.Join(base, "v1"), filepath.Join(base, "v2")
+		mkdir(t, v1)
+		mkdir(t, v2)
+		writeFile(t, v1, "a.json", pluginJSON("a", "v1"))
+		writeFile(t, v2, "a.json", pluginJSON("a", "v2"))
+		dir := filepath.Join(base, "conf")
+		if err := os.Symlink(v1, dir); err != nil {
+			t.Fatal(err)
+		}
+		w, _ := startWatch(t, dir)
+		nextUpdate(t, w)
+		// ln -sfn: a new link renamed over the old one.
+		if err := os.Symlink(v2, dir+".tmp"); err != nil {
+			t.Fatal(err)
+		}
+		rename(t, dir+".tmp", dir)
+		waitCommand(t, w, "a", "v2")
+		writeFile(t, v2, "a.json", pluginJSON("a", "v3"))
+		waitCommand(t, w, "a", "v3")
+	})
+
 	t.Run("rescan sees changes behind symlinks", func(t *testing.T) {
 		dir, outside := t.TempDir(), t.TempDir()
 		writeFile(t, outside, "real.json", pluginJSON("a", "v1"))
@@ -243,4 +338,38 @@ func TestWatch(t *testing.T) {
 			t.Fatal("want an error for a missing directory")
 		}
 	})
+}
+
+func mkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rename(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.Rename(from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitCommand waits for the update that gives plugin typ the command
+// want (an error or another change may come first).
+func waitCommand(t *testing.T, w *Watcher, typ, want string) {
+	t.Helper()
+	deadline := time.After(updateTimeout)
+	for {
+		select {
+		case u, ok := <-w.Updates():
+			if !ok {
+				t.Fatal("updates channel closed")
+			}
+			if command(u, typ) == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("plugin %s never got command %q within %v", typ, want, updateTimeout)
+		}
+	}
 }
