@@ -388,18 +388,7 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 	}
 	f.t.mu.Lock()
 	defer f.t.mu.Unlock()
-	showsSource := func(m *fakeMount) bool {
-		if id.RootIno != 0 {
-			// Recorded, the root's identity decides; Source is not
-			// looked up (mount.Identity).
-			return uint64(m.rootStat.Dev) == id.RootDev && m.rootStat.Ino == id.RootIno
-		}
-		if id.Source == "" {
-			return true
-		}
-		dev, dir := f.t.shows(hostNS, filepath.Clean(id.Source))
-		return m.dev == dev && m.root == dir
-	}
+	showsSource := func(m *fakeMount) bool { return f.t.showsSource(m, id) }
 	if serr != nil {
 		// The root is gone: so is any mount that was below it, unless
 		// the root moved with it.
@@ -417,13 +406,8 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 		}
 		id.ID = top.id
 	}
-	var m *fakeMount
-	for _, x := range f.t.mounts {
-		if x.ns == f.ns && x.id == id.ID {
-			m = x
-		}
-	}
-	if m == nil || !showsSource(m) {
+	m := f.t.byID(f.ns, id)
+	if m == nil {
 		return mount.Result{Where: mount.Gone}, nil
 	}
 	where := mount.AtRecorded
@@ -438,6 +422,50 @@ func (f *fakeMounter) UnmountOwn(_ context.Context, root, mountPoint string, id 
 	}
 	f.t.unmount(m)
 	return mount.Result{Where: where, Path: m.path}, nil
+}
+
+// Locate is where the mount of identity id is in the namespace.
+func (f *fakeMounter) Locate(id mount.Identity) (string, error) {
+	f.t.mu.Lock()
+	defer f.t.mu.Unlock()
+	if m := f.t.byID(f.ns, id); m != nil && id.ID != 0 {
+		return m.path, nil
+	}
+	return "", nil
+}
+
+// OpenInRoot is the real one: the model's directories are real.
+func (f *fakeMounter) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
+	return mount.OpenInRoot(root, unsafePath, kind)
+}
+
+// byID is the mount of namespace ns with id's id and root (t.mu held).
+func (t *fakeTable) byID(ns uint64, id mount.Identity) *fakeMount {
+	var m *fakeMount
+	for _, x := range t.mounts {
+		if x.ns == ns && x.id == id.ID {
+			m = x
+		}
+	}
+	if m == nil || !t.showsSource(m, id) {
+		return nil
+	}
+	return m
+}
+
+// showsSource reports whether m shows what id recorded: its root, or
+// (not recorded) the directory id.Source shows (t.mu held).
+func (t *fakeTable) showsSource(m *fakeMount, id mount.Identity) bool {
+	if id.RootIno != 0 {
+		// Recorded, the root's identity decides; Source is not
+		// looked up (mount.Identity).
+		return uint64(m.rootStat.Dev) == id.RootDev && m.rootStat.Ino == id.RootIno
+	}
+	if id.Source == "" {
+		return true
+	}
+	dev, dir := t.shows(hostNS, filepath.Clean(id.Source))
+	return m.dev == dev && m.root == dir
 }
 
 // RemoveEmptyTree refuses a tree with a mount at or below it (in the

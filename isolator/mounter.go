@@ -25,11 +25,16 @@ type Mounter interface {
 	// f starts are not in the namespace).
 	InNamespace(pid int, nsIno uint64, f func(Mounter) error) error
 	ResolveInRoot(root, unsafePath string, kind mount.TargetKind, uid, gid int) (*os.File, string, error)
+	// OpenInRoot is ResolveInRoot creating nothing (as mount.OpenInRoot).
+	OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error)
 	ID(f *os.File) (uint64, error)
 	CloneTree(source string, readOnly bool) (*os.File, error)
 	MoveTree(tree, target *os.File) error
 	MoveTreeBeneath(tree, target *os.File) error
 	UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error)
+	// Locate is where the mount of identity id is, wherever it moved;
+	// "" when it is gone (as mount.Locate).
+	Locate(id mount.Identity) (string, error)
 	RemoveEmptyTree(dir string) error
 	CheckEmptyTree(dir string) error
 	// RecycleTree puts a torn-down volume's tree into pool, or removes
@@ -95,9 +100,15 @@ func (kernelMounts) MoveTreeBeneath(tree, target *os.File) error {
 	return mount.MoveTreeBeneath(tree, target)
 }
 
+func (kernelMounts) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
+	return mount.OpenInRoot(root, unsafePath, kind)
+}
+
 func (kernelMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error) {
 	return mount.UnmountOwn(ctx, root, mountPoint, id)
 }
+
+func (kernelMounts) Locate(id mount.Identity) (string, error) { return mount.Locate(id) }
 
 func (kernelMounts) RemoveEmptyTree(dir string) error { return mount.RemoveEmptyTree(dir) }
 
@@ -173,6 +184,16 @@ func (t tracedMounts) MoveTree(tree, target *os.File) error {
 func (t tracedMounts) MoveTreeBeneath(tree, target *os.File) error {
 	defer t.tr.Begin(optrace.Mount, "MoveTreeBeneath")()
 	return t.m.MoveTreeBeneath(tree, target)
+}
+
+func (t tracedMounts) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
+	defer t.tr.Begin(optrace.Mount, "OpenInRoot")()
+	return t.m.OpenInRoot(root, unsafePath, kind)
+}
+
+func (t tracedMounts) Locate(id mount.Identity) (string, error) {
+	defer t.tr.Begin(optrace.Mount, "Locate")()
+	return t.m.Locate(id)
 }
 
 func (t tracedMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error) {

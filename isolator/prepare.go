@@ -511,12 +511,22 @@ func mountRoot(req *statev1.PrepareRequest, containerPath string) string {
 // root, never out of it. A block volume's mount point is a file. m is the
 // Mounter of the namespace it is resolved in.
 func resolveMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
-	root := mountRoot(req, containerPath)
-	kind := mount.Directory
+	return m.ResolveInRoot(mountRoot(req, containerPath), containerPath, mountPointKind(block), uid, gid)
+}
+
+// openMountPoint is resolveMountPoint for a mount point that exists:
+// nothing is created.
+func openMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool) (*os.File, string, error) {
+	return m.OpenInRoot(mountRoot(req, containerPath), containerPath, mountPointKind(block))
+}
+
+// mountPointKind is what a volume's mount point is: a file for a block
+// volume, else a directory.
+func mountPointKind(block bool) mount.TargetKind {
 	if block {
-		kind = mount.File
+		return mount.File
 	}
-	return m.ResolveInRoot(root, containerPath, kind, uid, gid)
+	return mount.Directory
 }
 
 // durable waits until a container's intent record (PREPARING, CLEANING),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -313,11 +314,12 @@ func (iso *Isolator) forgetOtherBootMountIDs(c *container) {
 // a reboot, or if someone unmounted them): with all (recovery, a repeated
 // Prepare) every one, waiting for each volume's lock; otherwise (later
 // resync passes) only those an earlier call could not restore
-// (c.remount), skipping a volume another operation holds. A mount once
-// restored is not retried by the passes, so a container that turns its
-// mount point into a symlink gets at most one more mount per start, which
-// its cleanup finds by id. Each restore has the RPC deadline; a volume of
-// a plugin found down waits for a later pass.
+// (c.remount), skipping a volume another operation holds. A mount is
+// restored only where its Prepare put it (restoreMount), and one that
+// moved with a renamed parent directory is not missing (its cleanup
+// unmounts it where it is). A mount once restored is not retried by the
+// passes. Each restore has the RPC deadline; a volume of a plugin found
+// down waits for a later pass.
 func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down downPlugins) {
 	retry := c.remount
 	c.remount = nil
@@ -326,16 +328,18 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetRequest().GetPid() != 0 {
 		return
 	}
-	req := c.cp.GetRequest()
-	uid, gid, err := lookupUser(req.GetUser())
-	if err != nil {
-		uid, gid = -1, -1
-	}
 	for i, m := range c.cp.GetMounts() {
 		if !all && !slices.Contains(retry, m.GetContainerPath()) {
 			continue
 		}
 		if ok, _ := iso.mounts.IsMountPoint(m.GetMountPoint()); ok {
+			continue
+		}
+		if at, err := iso.mounts.Locate(mountIdentity(m)); err == nil && at != "" {
+			// Not gone: moved with a directory above it, which the
+			// container renamed. A second mount would take the record's
+			// identity, and the cleanup would leave the first one.
+			iso.log.Warn("a prepared container's mount is no longer at its mount point but still mounted (a directory above it was renamed): not mounted again; its cleanup unmounts it where it is", "container", c.id, "mount_point", m.GetMountPoint(), "now_at", at)
 			continue
 		}
 		key := volumeKey{m.GetPluginName(), m.GetVolumeId()}
@@ -346,36 +350,57 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 		restore := func(v *volume) error {
 			rctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 			defer cancel()
-			return iso.restoreMount(rctx, c, i, v, uid, gid)
+			return iso.restoreMount(rctx, c, i, v)
 		}
+		var err error
 		if all {
 			err = iso.withVolume(ctx, key, restore)
 		} else {
 			err = iso.tryVolume(key, restore)
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, errElsewhere):
+			iso.log.Error("not restoring a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
+		case err != nil:
 			down.note(err)
 			c.remount = append(c.remount, m.GetContainerPath())
 			iso.log.Warn("restoring a prepared container's mount; will retry", "container", c.id, "mount_point", m.GetMountPoint(), "error", err)
-		} else {
+		default:
 			iso.log.Info("restored a prepared container's mount", "container", c.id, "mount_point", m.GetMountPoint())
 		}
 	}
 }
 
+// errElsewhere: a container path resolves elsewhere than where its
+// Prepare mounted the volume, or to nothing; the mount is not restored,
+// nor retried.
+var errElsewhere = errors.New("the mount point is gone or elsewhere: its rootfs, or a directory on the way, was replaced or removed (not restored)")
+
 // restoreMount puts a clone of the published volume v (lock held) at the
-// container's mount i and records its identity.
-func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *volume, uid, gid int) error {
+// container's mount i, where its Prepare put it (errElsewhere when the
+// container path resolves elsewhere now), and records its identity.
+func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *volume) error {
 	m := c.cp.GetMounts()[i]
 	if v == nil || v.cp.State != stPublished {
 		return errors.New("the volume is not published")
 	}
 	block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
-	target, _, err := resolveMountPoint(iso.mounts, c.cp.GetRequest(), m.GetContainerPath(), block, uid, gid)
+	// Looked up, not made: the mount point its Prepare made is there
+	// still, unless the container removed it, or its rootfs (or a
+	// directory on the way) is another one now, a symlink put in its
+	// place. No caller is there to judge where that leads: nothing is
+	// made or mounted anywhere but where the Prepare put it.
+	target, at, err := openMountPoint(iso.mounts, c.cp.GetRequest(), m.GetContainerPath(), block)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", errElsewhere, err)
+	}
 	if err != nil {
 		return err
 	}
 	defer target.Close()
+	if at != m.GetMountPoint() {
+		return fmt.Errorf("%w: container path %s now resolves to %s, not to %s where it was prepared", errElsewhere, m.GetContainerPath(), at, m.GetMountPoint())
+	}
 	parent, err := iso.mounts.ID(target)
 	if err != nil {
 		return err

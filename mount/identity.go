@@ -426,6 +426,27 @@ func (in inRoot) unmountChildren(ctx context.Context, id uint64, at string) (boo
 	return cleared, nil
 }
 
+// Locate returns where the mount of identity id is in the calling
+// thread's mount namespace, wherever it was moved to (a parent directory
+// renamed): its mount point, or "" when it is gone or no id was recorded.
+// A mount with the recorded id but another unique id, or of another
+// filesystem than the recorded root's, is not it; without a unique id
+// (Linux before 6.8) a reused id of the same filesystem is taken for it,
+// so a caller that would make the mount again when it is gone makes none.
+func Locate(id Identity) (string, error) {
+	if id.ID == 0 || id.uniqueGone() {
+		return "", nil
+	}
+	info, err := mountByID(id.ID)
+	if err != nil || info == nil {
+		return "", err
+	}
+	if src, _ := id.root(); src != nil && (uint32(info.Major) != unix.Major(src.Dev) || uint32(info.Minor) != unix.Minor(src.Dev)) {
+		return "", nil
+	}
+	return info.Mountpoint, nil
+}
+
 // mountByID returns the calling thread's mountinfo entry of mount id, or
 // nil.
 func mountByID(id uint64) (*mountinfo.Info, error) {

@@ -118,6 +118,32 @@ func (o owner) chown(f *os.File) error {
 }
 
 func resolveInRoot(root, unsafePath string, kind TargetKind, own owner) (*os.File, string, error) {
+	return inRootDo(root, unsafePath, kind, func(rootDir *os.File, parts []string) (*os.File, error) {
+		if kind == Directory {
+			return mkdirAllInRoot(rootDir, parts, own)
+		}
+		return createFileInRoot(rootDir, parts, own)
+	})
+}
+
+// OpenInRoot is ResolveInRoot for a path that exists: nothing is created
+// or chowned (a missing component: ENOENT, wrapped). For a caller that
+// must first see where a path leads now, and create nothing wherever
+// that is.
+func OpenInRoot(root, unsafePath string, kind TargetKind) (*os.File, string, error) {
+	h, hostPath, err := inRootDo(root, unsafePath, kind, func(rootDir *os.File, parts []string) (*os.File, error) {
+		return pathrs.OpenatInRoot(rootDir, strings.Join(append([]string{"."}, parts...), "/"))
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("open %q in root %s as %s: %w", unsafePath, root, kind, err)
+	}
+	return h, hostPath, nil
+}
+
+// inRootDo opens root and has find return the handle of unsafePath's
+// components inside it, then checks it (checkTarget) and names it by its
+// host path.
+func inRootDo(root, unsafePath string, kind TargetKind, find func(rootDir *os.File, parts []string) (*os.File, error)) (*os.File, string, error) {
 	if kind != Directory && kind != File {
 		return nil, "", fmt.Errorf("%w: unknown kind", ErrKind)
 	}
@@ -130,14 +156,7 @@ func resolveInRoot(root, unsafePath string, kind TargetKind, own owner) (*os.Fil
 	if err != nil {
 		return nil, "", fmt.Errorf("read path of root: %w", err)
 	}
-
-	parts := splitPath(unsafePath)
-	var h *os.File
-	if kind == Directory {
-		h, err = mkdirAllInRoot(rootDir, parts, own)
-	} else {
-		h, err = createFileInRoot(rootDir, parts, own)
-	}
+	h, err := find(rootDir, splitPath(unsafePath))
 	if err != nil {
 		return nil, "", err
 	}

@@ -3,6 +3,7 @@ package mount_test
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -622,5 +623,30 @@ func checkOwner(t *testing.T, path string, uid, gid uint32, mode int) {
 	}
 	if st.Uid != uid || st.Gid != gid || (mode >= 0 && st.Mode != uint32(mode)) {
 		t.Errorf("%s: owner %d:%d mode %o, want %d:%d mode %o", path, st.Uid, st.Gid, st.Mode, uid, gid, mode)
+	}
+}
+
+// TestOpenInRoot: OpenInRoot resolves as ResolveInRoot does (symlinks
+// inside the root, kinds checked) and creates nothing.
+func TestOpenInRoot(t *testing.T) {
+	root := t.TempDir()
+	mkdirs(t, filepath.Join(root, "etc", "conf"))
+	symlink(t, "/etc", filepath.Join(root, "data"))
+	h, at, err := mount.OpenInRoot(root, "/data/conf", mount.Directory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	if want := filepath.Join(root, "etc", "conf"); at != want {
+		t.Errorf("/data/conf resolved to %s; want %s (the symlink resolved inside the root)", at, want)
+	}
+	if _, _, err := mount.OpenInRoot(root, "/new/dir", mount.Directory); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing path: %v; want ErrNotExist", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "new")); err == nil {
+		t.Error("OpenInRoot made a directory")
+	}
+	if _, _, err := mount.OpenInRoot(root, "/etc", mount.File); !errors.Is(err, mount.ErrKind) {
+		t.Errorf("a directory as a file: %v; want ErrKind", err)
 	}
 }
