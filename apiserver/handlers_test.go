@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/csiagent/csiagent/isolator"
@@ -129,7 +130,14 @@ func TestPrepareHandler(t *testing.T) {
 			if err != nil {
 				return
 			}
-			sameJSON(t, "PrepareRequest", c.req, f.core.prepared)
+			// A member's request goes on confined (rootfs and sandbox
+			// opened with no symlink on the way), root's does not.
+			prepared := proto.Clone(f.core.prepared).(*statev1.PrepareRequest)
+			if member := strings.Contains(c.name, "member"); prepared.GetConfined() != member {
+				t.Errorf("confined %v; want %v", prepared.GetConfined(), member)
+			}
+			prepared.Confined = false
+			sameJSON(t, "PrepareRequest", c.req, prepared)
 			if len(resp.GetMounts()) != 1 {
 				t.Fatalf("mounts %v, want the isolator's one", resp.GetMounts())
 			}

@@ -113,19 +113,32 @@ func denied(c *unix.Ucred, format string, args ...any) error {
 const noRoots = "members of --api-group may not prepare: the agent has no --api-group-roots (members may prepare only into a rootfs or sandbox below those prefixes)"
 
 // CheckPrepare refuses a member's Prepare request that is not within the
-// policy (PermissionDenied naming the field and the rule).
-func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) error {
+// policy (PermissionDenied naming the field and the rule). It returns the
+// rootfs and sandbox resolved (symlinks followed), the paths it checked:
+// the Prepare goes on with those, opened with no symlink on the way
+// (statev1.PrepareRequest.confined).
+func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) (rootfs, sandbox string, err error) {
 	if len(m.Roots) == 0 {
-		return denied(c, noRoots)
+		return "", "", denied(c, noRoots)
 	}
-	for _, f := range []struct{ name, dir string }{{"rootfs", req.GetRootfs()}, {"sandbox", req.GetSandbox()}} {
+	resolved := [2]string{}
+	for i, f := range []struct{ name, dir string }{{"rootfs", req.GetRootfs()}, {"sandbox", req.GetSandbox()}} {
 		if f.dir == "" {
 			continue
 		}
-		if err := m.checkDir(f.name, f.dir); err != nil {
-			return denied(c, "%v", err)
+		if resolved[i], err = m.checkDir(f.name, f.dir); err != nil {
+			return "", "", denied(c, "%v", err)
 		}
 	}
+	if err := checkPaths(c, req); err != nil {
+		return "", "", err
+	}
+	return resolved[0], resolved[1], nil
+}
+
+// checkPaths is CheckPrepare's checks of the container paths, the user
+// and the pid.
+func checkPaths(c *unix.Ucred, req *agentv1.PrepareRequest) error {
 	for i, v := range req.GetVolumes() {
 		if filepath.IsAbs(v.GetContainerPath()) && req.GetRootfs() == "" {
 			return denied(c, "volumes[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, v.GetContainerPath())
@@ -149,25 +162,25 @@ func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) error 
 
 // checkDir checks a member's rootfs or sandbox: clean, strictly below a
 // prefix, and, symlinks resolved, still strictly below a prefix (itself
-// resolved).
-func (m Members) checkDir(field, dir string) error {
+// resolved). It returns it resolved.
+func (m Members) checkDir(field, dir string) (string, error) {
 	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
-		return fmt.Errorf("%s %q is not an absolute clean path", field, dir)
+		return "", fmt.Errorf("%s %q is not an absolute clean path", field, dir)
 	}
 	if !m.below(dir) {
-		return fmt.Errorf("%s %q is not under any --api-group-roots prefix (%s)", field, dir, strings.Join(m.Roots, ","))
+		return "", fmt.Errorf("%s %q is not under any --api-group-roots prefix (%s)", field, dir, strings.Join(m.Roots, ","))
 	}
 	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return fmt.Errorf("%s %q: resolving it, to check that it stays under the --api-group-roots prefixes: %w", field, dir, err)
+		return "", fmt.Errorf("%s %q: resolving it, to check that it stays under the --api-group-roots prefixes: %w", field, dir, err)
 	}
 	for _, r := range m.Roots {
 		rr, err := filepath.EvalSymlinks(r)
 		if err == nil && strictlyBelow(resolved, rr) {
-			return nil
+			return resolved, nil
 		}
 	}
-	return fmt.Errorf("%s %q resolves to %q, which is not under any --api-group-roots prefix (%s)", field, dir, resolved, strings.Join(m.Roots, ","))
+	return "", fmt.Errorf("%s %q resolves to %q, which is not under any --api-group-roots prefix (%s)", field, dir, resolved, strings.Join(m.Roots, ","))
 }
 
 // below reports whether path is strictly below one of the prefixes,

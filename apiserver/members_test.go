@@ -128,10 +128,12 @@ func TestMembersCheckPrepare(t *testing.T) {
 		{"negative pid", m, &agentv1.PrepareRequest{Rootfs: rootfs, Pid: -3, Volumes: vol("/data")}, "is not a process id"},
 		{"own process in its own namespaces", m, &agentv1.PrepareRequest{Rootfs: rootfs, Pid: int32(nsPid), Volumes: vol("/data")}, "belongs to another user namespace"},
 	} {
-		err := c.m.CheckPrepare(memberCred, c.req)
+		gotRootfs, _, err := c.m.CheckPrepare(memberCred, c.req)
 		if c.wantErr == "" {
 			if err != nil {
 				t.Errorf("%s: refused: %v", c.name, err)
+			} else if c.req.GetRootfs() != "" && gotRootfs != rootfs {
+				t.Errorf("%s: rootfs %s checked as %s; want %s, resolved", c.name, c.req.GetRootfs(), gotRootfs, rootfs)
 			}
 			continue
 		}

@@ -105,9 +105,13 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 		return nil, err
 	}
 	if c != nil {
-		if err := s.cfg.Members.CheckPrepare(c, req); err != nil {
+		// Rootfs and sandbox go on as the paths checked (resolved), to
+		// be opened with no symlink on the way (see prepare).
+		rootfs, sandbox, err := s.cfg.Members.CheckPrepare(c, req)
+		if err != nil {
 			return nil, err
 		}
+		req.Rootfs, req.Sandbox = rootfs, sandbox
 	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
@@ -144,6 +148,7 @@ func (p prepareFailed) Error() string { return p.err.Error() }
 // prepare is Prepare of a checked request without named mounts, by root
 // (c nil) or a member.
 func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	req.Confined = c != nil
 	mounts, err := s.core.Prepare(ctx, req)
 	s.cfg.OnVolumesChanged()
 	if err != nil {

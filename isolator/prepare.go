@@ -463,7 +463,19 @@ func (iso *Isolator) unmountFor(ctx context.Context, c *container, m *statev1.Co
 	root := mountRoot(req, m.GetContainerPath())
 	var res mount.Result
 	if req.GetPid() == 0 {
-		res, err = iso.mounter(ctx).UnmountOwn(ctx, root, m.GetMountPoint(), id)
+		mounts := iso.mounter(ctx)
+		res, err = mounts.UnmountOwn(ctx, root, m.GetMountPoint(), id)
+		if errors.Is(err, mount.ErrOutsideRoot) && root != "/" {
+			// Not below the root now: the root's path leads elsewhere
+			// than when the mount was made (a member swapped its rootfs
+			// for a symlink while it was prepared, then back). Still
+			// where the agent put it, the mount is the agent's to
+			// remove, reached from the host's root (no symlink on the
+			// way) and checked by its identity.
+			if at, lerr := mounts.Locate(id); lerr == nil && at == filepath.Clean(m.GetMountPoint()) {
+				res, err = mounts.UnmountOwn(ctx, "/", at, id)
+			}
+		}
 	} else {
 		err = iso.inNamespace(ctx, c, func(ns Mounter) error {
 			path := m.GetMountPoint()
@@ -511,13 +523,42 @@ func mountRoot(req *statev1.PrepareRequest, containerPath string) string {
 // root, never out of it. A block volume's mount point is a file. m is the
 // Mounter of the namespace it is resolved in.
 func resolveMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool, uid, gid int) (*os.File, string, error) {
-	return m.ResolveInRoot(mountRoot(req, containerPath), containerPath, mountPointKind(block), uid, gid)
+	root, done, err := pinnedRoot(req, containerPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer done()
+	return m.ResolveInRoot(root, containerPath, mountPointKind(block), uid, gid)
 }
 
 // openMountPoint is resolveMountPoint for a mount point that exists:
 // nothing is created.
 func openMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool) (*os.File, string, error) {
-	return m.OpenInRoot(mountRoot(req, containerPath), containerPath, mountPointKind(block))
+	root, done, err := pinnedRoot(req, containerPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer done()
+	return m.OpenInRoot(root, containerPath, mountPointKind(block))
+}
+
+// pinnedRoot is mountRoot, for a confined request in the host's namespace
+// opened with no symlink on the way (mount.PinRoot): its owner, an API
+// group member, could otherwise swap it for a symlink to "/" after the
+// check of its prefix, and have directories made and the volume mounted
+// on the host's tree (the mount would be found outside the prefix and
+// undone, the directories made as the member's user would stay). done
+// releases it.
+func pinnedRoot(req *statev1.PrepareRequest, containerPath string) (root string, done func(), err error) {
+	root = mountRoot(req, containerPath)
+	if !req.GetConfined() || req.GetPid() != 0 {
+		return root, func() {}, nil
+	}
+	pinned, done, err := mount.PinRoot(root)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: the container's root %s: %w", ErrPrecondition, root, err)
+	}
+	return pinned, done, nil
 }
 
 // mountPointKind is what a volume's mount point is: a file for a block

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	pathrs "github.com/cyphar/filepath-securejoin/pathrs-lite"
@@ -124,6 +125,22 @@ func resolveInRoot(root, unsafePath string, kind TargetKind, own owner) (*os.Fil
 		}
 		return createFileInRoot(rootDir, parts, own)
 	})
+}
+
+// PinRoot opens dir with no symlink anywhere on the way (openat2
+// RESOLVE_NO_SYMLINKS) and returns a path that names that directory
+// whatever dir leads to later (/proc/self/fd/N, a root for ResolveInRoot
+// and OpenInRoot), and the func that closes it. For a root that its owner
+// could swap for a symlink between a check of it and its use.
+func PinRoot(dir string) (string, func(), error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, dir, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("open %s with no symlink on the way: %w", dir, err)
+	}
+	return "/proc/self/fd/" + strconv.Itoa(fd), func() { unix.Close(fd) }, nil
 }
 
 // OpenInRoot is ResolveInRoot for a path that exists: nothing is created

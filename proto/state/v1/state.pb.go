@@ -644,7 +644,13 @@ type PrepareRequest struct {
 	// The container manager that created the container (libpod, cri-o), ""
 	// for others: Reconcile is scoped by it. Records written before it
 	// existed have "".
-	Manager       string `protobuf:"bytes,9,opt,name=manager,proto3" json:"manager,omitempty"`
+	Manager string `protobuf:"bytes,9,opt,name=manager,proto3" json:"manager,omitempty"`
+	// A member of the API group asked (not root): rootfs and sandbox are the
+	// resolved paths its prefixes were checked against, and are opened with
+	// no symlink on the way, so that one put in their place later (the
+	// member owns them) leads nowhere. Records written before it existed
+	// have false.
+	Confined      bool `protobuf:"varint,10,opt,name=confined,proto3" json:"confined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -726,6 +732,13 @@ func (x *PrepareRequest) GetManager() string {
 		return x.Manager
 	}
 	return ""
+}
+
+func (x *PrepareRequest) GetConfined() bool {
+	if x != nil {
+		return x.Confined
+	}
+	return false
 }
 
 // Volume is one volume a container asks for (Mesos's Volume, the CSI
@@ -1480,7 +1493,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\rPHASE_UNKNOWN\x10\x00\x12\r\n" +
 	"\tPREPARING\x10\x01\x12\f\n" +
 	"\bPREPARED\x10\x02\x12\f\n" +
-	"\bCLEANING\x10\x03\"\xda\x01\n" +
+	"\bCLEANING\x10\x03\"\xf6\x01\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.state.v1.VolumeR\avolumes\x12\x16\n" +
@@ -1488,7 +1501,9 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\asandbox\x18\x04 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04user\x18\x05 \x01(\tR\x04user\x12\x10\n" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12\x18\n" +
-	"\amanager\x18\t \x01(\tR\amanager\"\xaf\x03\n" +
+	"\amanager\x18\t \x01(\tR\amanager\x12\x1a\n" +
+	"\bconfined\x18\n" +
+	" \x01(\bR\bconfined\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.state.v1.Volume.ModeR\x04mode\x128\n" +

@@ -1,8 +1,11 @@
 package isolator
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -76,6 +79,76 @@ func TestUnitMovedMountNotMountedAgain(t *testing.T) {
 	if w.mountedAt(filepath.Join(req.GetRootfs(), "mnt", "data")) {
 		t.Error("recovery mounted the volume again at its recorded mount point, the first mount being still there (moved)")
 	}
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
+
+// TestUnitCleanupAfterRootfsSwappedBack: a Prepare whose rootfs was a
+// symlink to another tree put the mount there (a member's race between
+// its check and the mount: the API server undoes such a Prepare at once).
+// The rootfs is a directory again when the undo runs: the cleanup still
+// removes the mount, the agent's by its identity, where the agent put it.
+// Before, it failed (not below the rootfs), and the mount stayed.
+func TestUnitCleanupAfterRootfsSwappedBack(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	host := filepath.Join(w.dir, "host")
+	if err := os.MkdirAll(filepath.Join(host, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(host, req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	ms := w.prepare(iso, req)
+	if want := filepath.Join(host, "data"); ms[0].GetMountPoint() != want {
+		t.Fatalf("mounted at %s; want %s (through the symlink)", ms[0].GetMountPoint(), want)
+	}
+	if err := os.Remove(req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(req.GetRootfs(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
+
+// TestUnitConfinedRootfsOpenedWithoutSymlinks: a member's request
+// (Confined: the API server checked its rootfs below the member's prefix,
+// resolved) is refused if a symlink is found on the way to its rootfs when
+// the volume is mounted (the member swapped it after the check): before,
+// the Prepare made the missing directories in the tree the symlink leads
+// to, as the member's user, and mounted the volume there. Root's requests
+// follow symlinks in their rootfs as before.
+func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	host := filepath.Join(w.dir, "host")
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	req := w.request("c1", vol{"loop", "vol-1", "/newdir/data", false})
+	if err := os.Remove(req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(host, req.GetRootfs()); err != nil {
+		t.Fatal(err)
+	}
+	req.Confined = true
+	_, err := iso.Prepare(context.Background(), req)
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "no symlink on the way") {
+		t.Fatalf("a confined Prepare through a symlinked rootfs: %v; want ErrPrecondition naming the symlink", err)
+	}
+	if _, err := os.Lstat(filepath.Join(host, "newdir")); err == nil {
+		t.Error("the refused Prepare made newdir in the tree the rootfs's symlink points to")
+	}
+	w.cleanup(iso, "c1")
+	req.Confined = false
+	w.prepare(iso, req)
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }
