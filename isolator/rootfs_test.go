@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
 
 // renameBehindOurBack renames a directory of the host as a process that
@@ -150,5 +152,33 @@ func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
 	req.Confined = false
 	w.prepare(iso, req)
 	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
+
+// TestUnitBadControllerSecretRefusedFirst: a Prepare whose
+// controller_publish_secrets cannot be resolved (a secret of no type, a
+// reference that does not exist) is refused before anything is done, as
+// bad node secrets are. Before, the attach intent was recorded, the attach
+// failed on the secret, and so did its undo: the volume stayed half
+// attached for good, and every later Prepare of it failed on the first
+// caller's secret.
+func TestUnitBadControllerSecretRefusedFirst(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	req := w.request("c1", vol{"attach", "vol-1", "/data", false})
+	req.Volumes[0].GetSource().GetCsiVolume().GetStaticProvisioning().ControllerPublishSecrets = map[string]*statev1.Secret{"k": {}}
+	_, err := iso.Prepare(context.Background(), req)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "controller_publish_secrets") {
+		t.Fatalf("Prepare with an unresolvable controller secret: %v; want ErrInvalid naming controller_publish_secrets", err)
+	}
+	if got := w.calls("attach"); len(got) > 0 {
+		t.Errorf("the refused Prepare called the plugin: %v", got)
+	}
+	if v := iso.ListVolumes(); len(v) > 0 {
+		t.Errorf("volumes after the refused Prepare: %v; want none", v)
+	}
+	w.cleanup(iso, "c1")
+	w.prepare(iso, w.request("c2", vol{"attach", "vol-1", "/data", false}))
+	w.cleanup(iso, "c2")
 	w.checkEmpty(iso)
 }

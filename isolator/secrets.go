@@ -61,11 +61,13 @@ func (iso *Isolator) readReference(ref *statev1.Secret_Reference) (string, error
 }
 
 // checkSecrets resolves a request's secrets up front, so that a missing
-// reference fails the request before anything is done.
+// reference fails the request before anything is done: the attach's too,
+// whose intent, once recorded, is undone with the same secrets.
 func (iso *Isolator) checkSecrets(pm plannedMount) error {
 	for what, m := range map[string]map[string]*statev1.Secret{
-		"node_stage_secrets":   pm.static.GetNodeStageSecrets(),
-		"node_publish_secrets": pm.static.GetNodePublishSecrets(),
+		"node_stage_secrets":         pm.static.GetNodeStageSecrets(),
+		"node_publish_secrets":       pm.static.GetNodePublishSecrets(),
+		"controller_publish_secrets": pm.static.GetControllerPublishSecrets(),
 	} {
 		if _, err := iso.resolveSecrets(m); err != nil {
 			return fmt.Errorf("volume %s: %s: %w", pm.key, what, err)

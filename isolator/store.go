@@ -408,7 +408,13 @@ func decodeCheckpoint(b []byte, m proto.Message) error {
 	// tag and a length, and 0x0a (field 1) followed by a length of 123
 	// (0x7b, '{') read as JSON once the "newline" was trimmed.
 	if b[0] == '{' {
-		return protojson.Unmarshal(b, m)
+		if protojson.Unmarshal(b, m) != nil {
+			// The parser's message quotes what it refused, which may be
+			// a secret: the record is moved aside, for whoever may read
+			// it (see moveAside).
+			return errors.New("not a valid JSON record (the parser's message is not shown: a record holds the volumes' secrets)")
+		}
+		return nil
 	}
 	return proto.Unmarshal(b, m)
 }
