@@ -142,3 +142,28 @@ func TestGiveVolumeRootUnreadable(t *testing.T) {
 		t.Errorf("a symlink's target was given to %d:%d", st.Uid, st.Gid)
 	}
 }
+
+// TestUnitSharedVolumeRootNotGiven: a fresh volume root goes to its first
+// user's user only; a second container on the volume (of another caller,
+// maybe, which needs no secret to join it) does not take it over while the
+// first uses it.
+func TestUnitSharedVolumeRootNotGiven(t *testing.T) {
+	testhelp.NeedRoot(t)
+	w := newWorld(t)
+	iso := w.run(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	c2 := w.request("c2", vol{"loop", "vol-1", "/data", false})
+	c2.User = "1000:1000"
+	w.prepare(iso, c2)
+	root := iso.ListVolumes()[0].TargetPath
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("the volume root, used by c1 (root), now belongs to %d:%d, c2's user", st.Uid, st.Gid)
+	}
+	w.cleanup(iso, "c1")
+	w.cleanup(iso, "c2")
+	w.checkEmpty(iso)
+}

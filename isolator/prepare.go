@@ -269,7 +269,9 @@ func (iso *Isolator) readyMount(ctx context.Context, c *container, pm plannedMou
 	if err := iso.checkMounted(ctx, pm.key, hostPath); err != nil {
 		return nil, err
 	}
-	if !pm.readonly && !pm.block {
+	if !pm.readonly && !pm.block && len(vcp.GetUsers()) == 1 {
+		// Its only user: a volume that others use already (another
+		// principal's, maybe) is not given to this one's user.
 		if err := giveVolumeRoot(hostPath, uid, gid); err != nil {
 			return nil, err
 		}
