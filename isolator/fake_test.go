@@ -43,6 +43,8 @@ type fakeMount struct {
 	dev      int
 	root     string
 	readonly bool
+	// peers is the mount's shared peer group (0: not shared).
+	peers int
 	// rootStat is what mount.RootOf reads of a clone (the source
 	// directory's real device and inode), zero for other mounts: the
 	// identity the isolator records.
@@ -202,6 +204,9 @@ func (f *fakeMounter) List(filter mountinfo.FilterFunc) ([]*mountinfo.Info, erro
 			continue
 		}
 		info := &mountinfo.Info{ID: int(m.id), Parent: int(m.parent), Major: m.dev, Root: m.root, Mountpoint: m.path}
+		if m.peers != 0 {
+			info.Optional = fmt.Sprintf("shared:%d", m.peers)
+		}
 		skip, stop := false, false
 		if filter != nil {
 			skip, stop = filter(info)

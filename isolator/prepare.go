@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -302,10 +303,11 @@ func (iso *Isolator) readyMount(ctx context.Context, c *container, pm plannedMou
 		// mounting.
 		err = iso.inNamespace(ctx, c, func(m Mounter) error {
 			target, err := resolve(m)
-			if err == nil {
-				target.Close()
+			if err != nil {
+				return err
 			}
-			return err
+			target.Close()
+			return notShared(m, p.rec.ParentMountId)
 		})
 	}
 	if err != nil {
@@ -318,6 +320,28 @@ func (iso *Isolator) readyMount(ctx context.Context, c *container, pm plannedMou
 	}
 	cid.setOn(p.rec)
 	return p, nil
+}
+
+// notShared refuses a mount point on a shared mount of a container's
+// namespace (the container's creator asked for one, such as Docker's
+// "-v /x:/mnt:rshared"): a volume mounted there would propagate to the
+// mount's peers, the host's /x among them, where the agent neither
+// records nor looks for it; the container's cleanup, its namespace gone,
+// would tear the volume down under that copy.
+func notShared(m Mounter, parent uint64) error {
+	ms, err := m.List(func(i *mountinfo.Info) (skip, stop bool) {
+		hit := uint64(i.ID) == parent
+		return !hit, hit
+	})
+	if err != nil || len(ms) == 0 {
+		return err
+	}
+	for f := range strings.FieldsSeq(ms[0].Optional) {
+		if strings.HasPrefix(f, "shared:") {
+			return fmt.Errorf("%w: it is on mount %s of the container's namespace, which is shared (peer group %s): the volume would propagate to the mount's peers, outside the container (the host's own, with a bind given rshared propagation); give that bind private or slave propagation (rprivate, rslave)", ErrPrecondition, ms[0].Mountpoint, strings.TrimPrefix(f, "shared:"))
+		}
+	}
+	return nil
 }
 
 // cloneID is what identifies a container mount the agent made: the

@@ -182,3 +182,26 @@ func TestUnitBadControllerSecretRefusedFirst(t *testing.T) {
 	w.cleanup(iso, "c2")
 	w.checkEmpty(iso)
 }
+
+// TestUnitSharedMountPointRefused: in a container's own namespace, a mount
+// point on a shared mount (its creator bound a host directory there with
+// rshared propagation) is refused: the volume would propagate to the
+// host's copy of that mount, which the agent does not record, and the
+// cleanup would tear the volume down under it once the namespace is gone.
+func TestUnitSharedMountPointRefused(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	w.table.startProcess(crashPid, 77)
+	w.table.mu.Lock()
+	w.table.top(77, "/").peers = 5
+	w.table.mu.Unlock()
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	req.Pid = crashPid
+	_, err := iso.Prepare(context.Background(), req)
+	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "shared (peer group 5)") {
+		t.Fatalf("a mount point on a shared mount: %v; want ErrPrecondition naming the peer group", err)
+	}
+	w.table.endProcess(crashPid)
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
