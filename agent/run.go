@@ -98,6 +98,10 @@ func (a *Agent) serve(ctx context.Context) error {
 			default:
 				// Recovery needs the plugins the first update defines.
 				close(a.configured)
+				// Before any later update can define a plugin anew:
+				// the processes of plugins the configs dropped while
+				// the agent was down.
+				a.set.StopUnclaimed(ctx)
 			}
 		case <-rotate.C:
 			a.set.RotateLogs(a.cfg.LogMaxBytes, a.cfg.LogKeep)

@@ -408,7 +408,8 @@ func (in *instance) setProc(p *process, adopted bool) {
 }
 
 // stopProcess terminates the instance's process, if any, and forgets it:
-// record and socket are removed.
+// record and socket are removed (kept, with an error, for a process that
+// does not exit: the next agent start finds it, see Set.StopUnclaimed).
 func (in *instance) stopProcess(ctx context.Context) {
 	in.mu.Lock()
 	p := in.proc
@@ -417,14 +418,13 @@ func (in *instance) stopProcess(ctx context.Context) {
 	if p == nil {
 		return
 	}
-	terminate(ctx, p)
+	exited := terminate(ctx, p)
 	p.release()
-	in.cfg.Limits.release(in)
-	if _, err := in.cfg.Commit.Remove(in.recordPath()); err != nil {
-		in.log.Warn("cleaning up after plugin process", "error", err)
-	}
-	if err := os.Remove(in.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		in.log.Warn("cleaning up after plugin process", "error", err)
+	if exited {
+		in.cfg.Limits.release(in)
+		removeRecord(in.cfg.Commit, in.log, in.recordPath(), in.socket)
+	} else {
+		in.log.Error("plugin process did not exit after SIGKILL (uninterruptible sleep?): left, with its record", "pid", p.pid)
 	}
 	in.update(func(s *InstanceStatus) {
 		// No process, so not ready: never report READY with pid 0.

@@ -31,6 +31,10 @@ const (
 	// terminateTimeout is how long a plugin process group gets between
 	// SIGTERM and SIGKILL.
 	terminateTimeout = 10 * time.Second
+	// killWait bounds the wait for a plugin process to exit after its
+	// SIGKILL (one stuck in uninterruptible sleep, on a hung disk or
+	// NFS server, does not exit).
+	killWait = 5 * time.Second
 	// MaxSocketPath is the longest path a unix socket address holds.
 	MaxSocketPath = unixsock.MaxPath
 	// pluginPath is the PATH of plugin processes, which do not inherit the
@@ -305,27 +309,37 @@ func waitReadable(f *os.File) error {
 
 // terminate stops a plugin's whole process group: SIGTERM, then SIGKILL
 // after terminateTimeout (at once when ctx ends). It returns when the
-// process has exited.
-func terminate(ctx context.Context, p *process) {
+// process has exited, true, or killWait after its SIGKILL, false: it is
+// stuck (uninterruptible sleep), and goes when the kernel lets it.
+func terminate(ctx context.Context, p *process) bool {
 	select {
 	case <-p.exited:
 	default:
 		signalGroup(p.pid, unix.SIGTERM)
 		t := time.NewTimer(terminateTimeout)
+		defer t.Stop()
+		exited := false
 		select {
 		case <-p.exited:
+			exited = true
 		case <-t.C:
-			signalGroup(p.pid, unix.SIGKILL)
-			<-p.exited
 		case <-ctx.Done():
-			signalGroup(p.pid, unix.SIGKILL)
-			<-p.exited
 		}
-		t.Stop()
+		if !exited {
+			signalGroup(p.pid, unix.SIGKILL)
+			k := time.NewTimer(killWait)
+			defer k.Stop()
+			select {
+			case <-p.exited:
+			case <-k.C:
+				return false
+			}
+		}
 	}
 	// Children the plugin left in its group go too. The group id cannot
 	// be reused while any member lives, so this reaches no one else.
 	_ = unix.Kill(-p.pid, unix.SIGKILL)
+	return true
 }
 
 // signalGroup signals the process group the plugin leads, or just the

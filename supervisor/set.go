@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 
 	"google.golang.org/grpc"
 
+	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/proclog"
 	"github.com/csiagent/csiagent/pluginconfig"
 )
@@ -79,6 +82,10 @@ func (s *Set) Apply(ctx context.Context, u pluginconfig.Update) (changed []strin
 	s.mu.Lock()
 	s.fileErrors = u.Errors
 	s.mu.Unlock()
+	// Plugins removed stop together, after the loop: each may take
+	// terminateTimeout and killWait, which the agent's loop (its watchdog
+	// among what it serves) must not wait for one after the other.
+	var removed []*Plugin
 	for _, ev := range u.Events {
 		switch ev.Kind {
 		case pluginconfig.Added:
@@ -100,7 +107,7 @@ func (s *Set) Apply(ctx context.Context, u pluginconfig.Update) (changed []strin
 			delete(s.plugins, ev.Type)
 			s.mu.Unlock()
 			if p != nil {
-				p.Stop(true)
+				removed = append(removed, p)
 			}
 		case pluginconfig.Invalid:
 			// The watcher keeps the last good config, and has logged
@@ -110,8 +117,82 @@ func (s *Set) Apply(ctx context.Context, u pluginconfig.Update) (changed []strin
 			changed = append(changed, ev.Type)
 		}
 	}
+	var wg sync.WaitGroup
+	for _, p := range removed {
+		wg.Go(func() { p.Stop(true) })
+	}
+	wg.Wait()
 	s.Notify()
 	return changed
+}
+
+// StopUnclaimed stops the managed plugin processes an earlier agent
+// recorded for plugin containers that no config has now (a file removed,
+// a plugin renamed, a container dropped while the agent was down; the
+// agent leaves its plugins running when it stops): each recorded process
+// that is still the one launched is terminated, and its record and
+// socket removed. Instances of the current configs adopt or stop their
+// own records. Called once, after the first Apply; the processes stop
+// together, within terminateTimeout and killWait.
+func (s *Set) StopUnclaimed(ctx context.Context) {
+	claimed, sockets := map[string]bool{}, map[string]bool{}
+	for _, p := range s.all() {
+		for _, in := range p.instances {
+			claimed[in.recordPath()] = true
+			sockets[in.socket] = true
+		}
+	}
+	paths, err := filepath.Glob(filepath.Join(s.cfg.WorkDir, "csi", "*", "*", "containers", "*", "process.json"))
+	if err != nil {
+		s.log.Warn("looking for plugin processes no config claims", "error", err)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, path := range paths {
+		if !claimed[path] {
+			wg.Go(func() { s.stopRecorded(ctx, path, sockets) })
+		}
+	}
+	wg.Wait()
+}
+
+// stopRecorded is StopUnclaimed for one record; sockets are those the
+// current configs use (kept).
+func (s *Set) stopRecorded(ctx context.Context, path string, sockets map[string]bool) {
+	log := s.log.With("record", path)
+	rec, err := readRecord(s.cfg.Commit.Root(), path)
+	if err != nil {
+		log.Warn("an unclaimed plugin process record cannot be read; left", "error", err)
+		return
+	}
+	if p, err := adopt(rec); err == nil {
+		log.Warn("stopping a plugin process that no config has now (changed while the agent was down)", "pid", rec.PID, "started_at", rec.StartedAt)
+		exited := terminate(ctx, p)
+		p.release()
+		if !exited {
+			log.Error("plugin process did not exit after SIGKILL (uninterruptible sleep?): left, with its record", "pid", rec.PID)
+			return
+		}
+	}
+	socket := rec.Socket
+	if sockets[socket] {
+		socket = ""
+	}
+	removeRecord(s.cfg.Commit, log, path, socket)
+}
+
+// removeRecord removes a plugin process's record and, unless "", its
+// socket, logging what fails.
+func removeRecord(commit *atomicfile.Committer, log *slog.Logger, record, socket string) {
+	if _, err := commit.Remove(record); err != nil {
+		log.Warn("cleaning up after plugin process", "error", err)
+	}
+	if socket == "" {
+		return
+	}
+	if err := os.Remove(socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Warn("cleaning up after plugin process", "error", err)
+	}
 }
 
 func (s *Set) start(ctx context.Context, p *pluginconfig.Plugin, inherit Handover) {

@@ -163,3 +163,49 @@ func TestApplyInvalidLogsNothing(t *testing.T) {
 		t.Errorf("Apply logged: %s", buf.String())
 	}
 }
+
+// TestStopUnclaimed: the agent stops leaving its managed plugins running
+// for the next one to adopt; a plugin whose config went (or was renamed)
+// meanwhile is adopted by no one. The next agent's StopUnclaimed stops
+// its process and removes its record and socket, and leaves alone the
+// processes its own configs claim. Before, the orphan ran for good (and a
+// renamed plugin ran twice).
+func TestStopUnclaimed(t *testing.T) {
+	dir := t.TempDir()
+	changed, notify := changes()
+	cfg := Config{
+		WorkDir: filepath.Join(dir, "w"), RuntimeDir: filepath.Join(dir, "r"), NodeID: "n1",
+		BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond, ProbeInterval: time.Hour, OnChange: notify,
+	}
+	isReady := func(in *InstanceStatus) bool { return in.State == StateReady }
+	gone, kept := managedPlugin(t, testPlugin), managedPlugin(t, testPlugin)
+	kept.Info.Type = "kept.example"
+	added := func(ps ...*pluginconfig.Plugin) pluginconfig.Update {
+		var u pluginconfig.Update
+		for _, p := range ps {
+			u.Events = append(u.Events, pluginconfig.Event{Kind: pluginconfig.Added, Type: p.Info.Type, Plugin: p})
+		}
+		return u
+	}
+	first := NewSet(cfg)
+	first.Apply(t.Context(), added(gone, kept))
+	orphan := waitState(t, first.Get(gone.Info.Type), changed, "ready", isReady)
+	keptPid := waitState(t, first.Get(kept.Info.Type), changed, "ready", isReady).Pid
+	first.StopAll() // the agent stops; its plugins run on
+
+	next := NewSet(cfg) // gone's config was removed meanwhile
+	next.Apply(t.Context(), added(kept))
+	adopted := waitState(t, next.Get(kept.Info.Type), changed, "ready", isReady)
+	next.StopUnclaimed(t.Context())
+	if err := unix.Kill(orphan.Pid, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("the unclaimed plugin's pid %d after StopUnclaimed: kill 0 = %v; want ESRCH", orphan.Pid, err)
+	}
+	record := filepath.Join(cfg.WorkDir, "csi", gone.Info.Type, gone.Info.Name, "containers", "0", "process.json")
+	if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the unclaimed plugin's record: %v; want it gone", err)
+	}
+	if adopted.Pid != keptPid || unix.Kill(keptPid, 0) != nil {
+		t.Errorf("the claimed plugin runs pid %d (alive: %v); want %d adopted, alive", adopted.Pid, unix.Kill(keptPid, 0), keptPid)
+	}
+	next.Get(kept.Info.Type).Stop(true)
+}
