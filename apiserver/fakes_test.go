@@ -69,6 +69,18 @@ func (f *fakeCore) Cleanup(_ context.Context, id string, force bool) error {
 	return f.cleanupErr
 }
 
+// CleanupIf asks allow about the container of the fake's list, if any.
+func (f *fakeCore) CleanupIf(ctx context.Context, id string, force bool, allow func(isolator.ContainerInfo) error) error {
+	for _, ci := range f.containers {
+		if ci.ID == id && allow != nil {
+			if err := allow(ci); err != nil {
+				return err
+			}
+		}
+	}
+	return f.Cleanup(ctx, id, force)
+}
+
 func (f *fakeCore) Reconcile(_ context.Context, live []string, manager string) isolator.ReconcileResult {
 	f.log.add("Reconcile [%s] manager=%q", strings.Join(live, " "), manager)
 	return f.reconciled

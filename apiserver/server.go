@@ -28,6 +28,9 @@ type Core interface {
 	WaitRecovered(ctx context.Context) error
 	Prepare(ctx context.Context, req *statev1.PrepareRequest) ([]*statev1.ContainerMount, error)
 	Cleanup(ctx context.Context, id string, force bool) error
+	// CleanupIf is Cleanup of a container allow accepts once it is
+	// locked (isolator.Isolator.CleanupIf).
+	CleanupIf(ctx context.Context, id string, force bool, allow func(isolator.ContainerInfo) error) error
 	// Reconcile cleans up the containers (of manager, "" any) not in live.
 	Reconcile(ctx context.Context, live []string, manager string) isolator.ReconcileResult
 	ListVolumes() []isolator.VolumeInfo

@@ -181,12 +181,20 @@ func (s *Server) Cleanup(ctx context.Context, req *agentv1.CleanupRequest) (*age
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
+	var allow func(isolator.ContainerInfo) error
+	var refused error
 	if c != nil {
-		if err := s.cfg.Members.CheckCleanup(c, req.GetContainerId(), s.core.ListContainers()); err != nil {
-			return nil, err
+		// Checked on the container as it is under its lock: a root
+		// Prepare of the same id cannot slip in between.
+		allow = func(ci isolator.ContainerInfo) error {
+			refused = s.cfg.Members.CheckCleanup(c, req.GetContainerId(), []isolator.ContainerInfo{ci})
+			return refused
 		}
 	}
-	err = s.core.Cleanup(ctx, req.GetContainerId(), req.GetForce())
+	err = s.core.CleanupIf(ctx, req.GetContainerId(), req.GetForce(), allow)
+	if refused != nil {
+		return nil, refused
+	}
 	s.cfg.OnVolumesChanged()
 	if err != nil {
 		return nil, Status(err)

@@ -651,6 +651,13 @@ func (iso *Isolator) traceCheckpoints(ctx context.Context) (done func()) {
 // to retry. A mount of the container that does not unmount still fails
 // the cleanup: no mount is ever forgotten.
 func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
+	return iso.CleanupIf(ctx, id, force, nil)
+}
+
+// CleanupIf is Cleanup of a container that allow, unless nil, accepts as
+// it is once locked (no Prepare of the same id can change it between the
+// check and the cleanup); allow's error is returned as it is.
+func (iso *Isolator) CleanupIf(ctx context.Context, id string, force bool, allow func(ContainerInfo) error) error {
 	if err := ValidateContainerID(id); err != nil {
 		return err
 	}
@@ -660,6 +667,14 @@ func (iso *Isolator) Cleanup(ctx context.Context, id string, force bool) error {
 		return fmt.Errorf("container %s: %w", id, err)
 	}
 	defer unlock()
+	if c != nil && allow != nil {
+		iso.mu.Lock()
+		info := containerInfo(id, c)
+		iso.mu.Unlock()
+		if err := allow(info); err != nil {
+			return err
+		}
+	}
 	if c == nil {
 		// Already cleaned up, perhaps by a call whose removal of the
 		// record is not durable yet: acknowledge only once it is.
@@ -959,13 +974,18 @@ func (iso *Isolator) ListContainers() []ContainerInfo {
 	defer iso.mu.Unlock()
 	out := make([]ContainerInfo, 0, len(iso.containers))
 	for id, c := range iso.containers {
-		out = append(out, ContainerInfo{
-			ID: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(),
-			Manager: c.cp.GetRequest().GetManager(), LastError: c.cp.GetLastError(),
-		})
+		out = append(out, containerInfo(id, c))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// containerInfo describes container c (iso.mu held).
+func containerInfo(id string, c *container) ContainerInfo {
+	return ContainerInfo{
+		ID: id, Phase: c.cp.GetPhase(), Mounts: c.cp.GetMounts(), Rootfs: c.cp.GetRequest().GetRootfs(),
+		Manager: c.cp.GetRequest().GetManager(), LastError: c.cp.GetLastError(),
+	}
 }
 
 // sameRequest compares two Prepare requests as sets of volumes.

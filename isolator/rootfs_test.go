@@ -205,3 +205,34 @@ func TestUnitSharedMountPointRefused(t *testing.T) {
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
 }
+
+// TestUnitCleanupIfChecksUnderTheLock: CleanupIf shows allow the container
+// as it is once locked, and a refusal leaves it as it was (the API
+// server's check of a member's cleanup: made on a list taken before the
+// lock, a root Prepare of the same id could slip in between, and the
+// member cleaned up root's container).
+func TestUnitCleanupIfChecksUnderTheLock(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
+	w.prepare(iso, req)
+	refusal := errors.New("not yours")
+	var seen ContainerInfo
+	err := iso.CleanupIf(context.Background(), "c1", false, func(ci ContainerInfo) error {
+		seen = ci
+		return refusal
+	})
+	if !errors.Is(err, refusal) {
+		t.Fatalf("CleanupIf refused by allow: %v", err)
+	}
+	if seen.ID != "c1" || seen.Rootfs != req.GetRootfs() || len(seen.Mounts) != 1 {
+		t.Errorf("allow saw %+v; want c1 as prepared", seen)
+	}
+	if c := containerOf(iso, "c1"); c == nil || c.Phase != statev1.ContainerCheckpoint_PREPARED {
+		t.Errorf("c1 after a refused CleanupIf: %+v; want it prepared", c)
+	}
+	if err := iso.CleanupIf(context.Background(), "c1", false, func(ContainerInfo) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	w.checkEmpty(iso)
+}
