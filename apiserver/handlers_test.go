@@ -277,7 +277,7 @@ func TestReconcileHandler(t *testing.T) {
 		{name: "a member", ctx: caller(memberCred), req: &agentv1.ReconcileRequest{}, code: codes.PermissionDenied, msg: "only root may call it"},
 		{name: "no peer credentials", ctx: context.Background(), req: &agentv1.ReconcileRequest{}, code: codes.Unauthenticated},
 		{name: "a bad live id", ctx: caller(rootCred), req: &agentv1.ReconcileRequest{LiveContainerIds: []string{"c1", "bad id"}},
-			code: codes.InvalidArgument, msg: `container_id "bad id"`},
+			code: codes.InvalidArgument, msg: `live_container_ids[1] "bad id"`},
 		{name: "not recovered yet", ctx: cancelled(caller(rootCred)), req: &agentv1.ReconcileRequest{}, core: func(f *fakeCore) { f.notRecovered = true },
 			code: codes.Unavailable, msg: "still recovering"},
 	} {

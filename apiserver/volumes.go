@@ -86,10 +86,7 @@ func checkManager(m string) error {
 	if len(m) > 64 {
 		return fmt.Errorf("%w: manager %.64q... is longer than 64 bytes", isolator.ErrInvalid, m)
 	}
-	if err := isolator.ValidateContainerID(m); err != nil {
-		return fmt.Errorf("%w: manager %q: letters, digits, '.', '_' and '-' only", isolator.ErrInvalid, m)
-	}
-	return nil
+	return isolator.ValidateID("manager", m)
 }
 
 // Prepare makes the container's volumes available in it.
@@ -263,8 +260,8 @@ func (s *Server) Reconcile(ctx context.Context, req *agentv1.ReconcileRequest) (
 	if c != nil {
 		return nil, denied(c, "Reconcile cleans up every container not in live_container_ids, root's and other users' too: only root may call it; clean up your own containers with Cleanup")
 	}
-	for _, id := range req.GetLiveContainerIds() {
-		if err := isolator.ValidateContainerID(id); err != nil {
+	for i, id := range req.GetLiveContainerIds() {
+		if err := isolator.ValidateID(fmt.Sprintf("live_container_ids[%d]", i), id); err != nil {
 			return nil, Status(err)
 		}
 	}

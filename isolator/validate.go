@@ -38,18 +38,23 @@ type plannedMount struct {
 
 // ValidateContainerID checks that a container id is safe as a path
 // component.
-func ValidateContainerID(id string) error {
+func ValidateContainerID(id string) error { return ValidateID("container_id", id) }
+
+// ValidateID checks an id of a container's (its field's name says which:
+// container_id, a manager, an entry of a list) as a container id: safe as
+// a path component. Errors name field.
+func ValidateID(field, id string) error {
 	switch {
 	case id == "":
-		return fmt.Errorf("%w: container_id is required", ErrInvalid)
+		return fmt.Errorf("%w: %s is required", ErrInvalid, field)
 	case len(id) > maxContainerID:
-		return fmt.Errorf("%w: container_id is longer than %d bytes", ErrInvalid, maxContainerID)
+		return fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalid, field, maxContainerID)
 	case id[0] == '.':
-		return fmt.Errorf("%w: container_id %q must not start with '.'", ErrInvalid, id)
+		return fmt.Errorf("%w: %s %q must not start with '.'", ErrInvalid, field, id)
 	}
 	for _, r := range id {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._+-", r)) {
-			return fmt.Errorf("%w: container_id %q has the character %q; use letters, digits, '.', '_', '+' and '-'", ErrInvalid, id, r)
+			return fmt.Errorf("%w: %s %q has the character %q; use letters, digits, '.', '_', '+' and '-'", ErrInvalid, field, id, r)
 		}
 	}
 	return nil
