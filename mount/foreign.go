@@ -57,6 +57,11 @@ import (
 // namespace's root); all of them count, wherever they are. Nothing
 // mounted at target: nil.
 //
+// A process's table lacks the mounts outside its root (one that
+// chroot(2)ed hides the rest of its namespace): where the kernel lists a
+// namespace's mounts (listmount, Linux 6.11) and that list is longer than
+// the process's table, the namespace is read from it instead.
+//
 // The namespaces are found in one pass over /proc/[0-9]*/ns/mnt, each
 // read once whatever the number of its processes (a process that exits
 // meanwhile is skipped, and so is one whose namespace the caller may not
@@ -302,7 +307,9 @@ func (s *scanner) namespaces(self uint64, pass bool) (nss []namespace, known boo
 		nss[i].pids = append(nss[i].pids, pid)
 	}
 	for _, r := range listed {
-		if _, seen := at[r.ino]; !seen && r.ino != self {
+		if i, seen := at[r.ino]; seen {
+			nss[i].id = r.id
+		} else if r.ino != self {
 			nss = append(nss, namespace{ino: r.ino, id: r.id})
 			s.orphans[r.ino] = true
 		}
@@ -330,7 +337,7 @@ func (s *scanner) known(self uint64, listed []nsRef) ([]namespace, bool) {
 		if cur, err := MountNamespace(pid); err != nil || cur != r.ino {
 			return nil, false
 		}
-		nss = append(nss, namespace{ino: r.ino, pids: []int{pid}})
+		nss = append(nss, namespace{ino: r.ino, pids: []int{pid}, id: r.id})
 	}
 	slices.SortFunc(nss, func(a, b namespace) int { return a.pids[0] - b.pids[0] })
 	return append(nss, held...), true
@@ -355,9 +362,10 @@ func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt un
 			continue
 		}
 		var ms []*mountinfo.Info
+		var seen int
 		pid := 0
 		for _, p := range ns.pids {
-			if ms, err = processMounts(p, byDev); err == nil {
+			if ms, seen, err = processMounts(p, byDev); err == nil {
 				pid = p
 				break
 			}
@@ -367,6 +375,18 @@ func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt un
 		}
 		if pid == 0 {
 			return true, nil
+		}
+		if ns.id != 0 {
+			// A process's table lacks the mounts outside its root: one
+			// that chroot(2)ed (into an empty directory, say) hides
+			// the rest of its namespace. The kernel's list of the
+			// namespace's mounts says whether any are missing; if so,
+			// they are all read from it.
+			if ids, err := nsMountIDs(ns.id); err == nil && len(ids) != seen {
+				if all, err := nsMounts(ns.id, func(m *mountinfo.Info) bool { return byDev[devOf(m)] != nil }); err == nil {
+					ms = all
+				}
+			}
 		}
 		hostRoot := sync.OnceValue(func() bool { return sameRoot(pid, rootSt) })
 		addForeign(ms, byDev, hostRoot, fmt.Sprintf("in the mount namespace of pid %d", pid))
@@ -453,13 +473,14 @@ func (o *ownMounts) top(path string) (*mountinfo.Info, error) {
 func devOf(m *mountinfo.Info) string { return fmt.Sprintf("%d:%d", m.Major, m.Minor) }
 
 // processMounts reads the mounts of pid's mount table whose device is one
-// of devs'.
-func processMounts(pid int, devs map[string][]*foreignQuery) ([]*mountinfo.Info, error) {
+// of devs', and says how many mounts the table has.
+func processMounts(pid int, devs map[string][]*foreignQuery) (ms []*mountinfo.Info, seen int, err error) {
 	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "mountinfo"))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return deviceMounts(raw, devs)
+	ms, err = deviceMounts(raw, devs)
+	return ms, bytes.Count(raw, []byte{'\n'}), err
 }
 
 // deviceMounts parses the lines of the mount table raw whose device

@@ -81,14 +81,14 @@ func TestForeignMounts(t *testing.T) {
 	// A host process that made itself a namespace (unshare(1)) while the
 	// volume was mounted: private copies at the volume's own paths, the
 	// host's root: not counted.
-	hc := startNSChild(t, filepath.Join(base, "hroot"), false)
+	hc := startNSChild(t, filepath.Join(base, "hroot"), hostRoot)
 	if ms := hc.mountsUnder(t, top); !slices.Contains(ms, vol) || !slices.Contains(ms, staging) {
 		t.Fatalf("the host child has no copies of the volume's mounts: %v", ms)
 	}
 	found()
 	// A container made meanwhile (pivoted into its own root): its copies
 	// count, even one it puts at the path of the volume's own.
-	pc := startNSChild(t, filepath.Join(base, "proot"), true)
+	pc := startNSChild(t, filepath.Join(base, "proot"), pivotRoot)
 	pc.in(t, func() error {
 		if err := os.MkdirAll(vol, 0o755); err != nil {
 			return err
@@ -172,7 +172,7 @@ func TestForeignMountsConcurrent(t *testing.T) {
 	base := testhelp.LeakCheckedDir(t)
 	mountTmpfs(t, base)
 	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), base)) })
-	c := startNSChild(t, filepath.Join(base, "croot"), true)
+	c := startNSChild(t, filepath.Join(base, "croot"), pivotRoot)
 	const n = 24
 	vols := make([]string, n)
 	want := make([][]string, n)
@@ -306,8 +306,36 @@ func volumeBesideChild(t *testing.T) (string, nsChild) {
 	mountTmpfs(t, top)
 	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
 	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
-	c := startNSChild(t, filepath.Join(base, "croot"), false)
+	c := startNSChild(t, filepath.Join(base, "croot"), hostRoot)
 	mkdirs(t, vol)
 	mountTmpfs(t, vol) // after the child: it has no copy
 	return vol, c
+}
+
+// TestForeignMountsBehindAChroot: a container's copy of a volume is found
+// even when every process of its namespace has chroot(2)ed where the copy
+// is not (a process's mount table shows only the mounts below its root):
+// the namespace's own list (listmount, Linux 6.11) is read when the
+// process's table lacks mounts. Before, the copy was missed, and the
+// volume torn down under it.
+func TestForeignMountsBehindAChroot(t *testing.T) {
+	testhelp.NeedRoot(t)
+	if !kernelAtLeast(t, 6, 12) {
+		t.Skip("the kernel lists a namespace's mounts (listmount) and namespaces (nsfs NS_MNT_GET_NEXT) from Linux 6.12 only")
+	}
+	base := testhelp.LeakCheckedDir(t)
+	top := filepath.Join(base, "top")
+	vol := filepath.Join(top, "vol")
+	mkdirs(t, top)
+	mountTmpfs(t, top)
+	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
+	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
+	c := startNSChild(t, filepath.Join(base, "croot"), jailRoot)
+	mkdirs(t, vol)
+	mountTmpfs(t, vol) // after the child: it has no copy but the one below
+	at := c.moveInto(t, vol, "/stash", false)
+	got, err := mount.ForeignMounts(context.Background(), vol, nil)
+	if err != nil || len(got) != 1 || !strings.Contains(got[0], at) {
+		t.Fatalf("ForeignMounts = %q, %v; want the copy at %s, outside the jailed process's root", got, err, at)
+	}
 }

@@ -36,17 +36,32 @@ type nsChild struct {
 	rootfs string // a host path; in the child a tmpfs; "/" once pivoted
 }
 
-// startNSChild starts a child with a tmpfs at rootfs in its own namespace;
-// with pivot it then pivots its root into it (the host's "/" stays below, at
+// childRoot is where a test's child in its own namespace has its root.
+type childRoot int
+
+const (
+	hostRoot  childRoot = iota // the host's "/"
+	pivotRoot                  // pivoted into its rootfs
+	// jailRoot: chroot(2)ed into an empty directory of its rootfs, so
+	// that its mount table shows nothing else of its namespace.
+	jailRoot
+)
+
+// startNSChild starts a child with a tmpfs at rootfs in its own namespace,
+// its root where root says (pivoted: the host's "/" stays below, at
 // /.old). It waits on its stdin, a shell builtin: nothing to exec after the
 // pivot.
-func startNSChild(t *testing.T, rootfs string, pivot bool) nsChild {
+func startNSChild(t *testing.T, rootfs string, root childRoot) nsChild {
 	t.Helper()
 	if err := os.MkdirAll(rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	script := `mount -t tmpfs -o size=1m rootfs "$0" && echo ready && read x`
-	if pivot {
+	switch root {
+	case jailRoot:
+		script = `mount -t tmpfs -o size=4m rootfs "$0" && mkdir "$0/jail" && cp /bin/busybox "$0/jail/" &&
+			exec chroot "$0/jail" /busybox sh -c 'echo ready && read x'`
+	case pivotRoot:
 		// Its /proc is a fake: nothing may read the mount table
 		// through it.
 		script = `mount -t tmpfs -o size=1m rootfs "$0" && mkdir -p "$0/.old" "$0/proc" &&
@@ -89,7 +104,7 @@ func startNSChild(t *testing.T, rootfs string, pivot bool) nsChild {
 		t.Fatalf("the child's mounts show on the host: %v", ms)
 	}
 	c := nsChild{pid: cmd.Process.Pid, ino: ino, rootfs: rootfs}
-	if pivot {
+	if root == pivotRoot {
 		c.rootfs = "/"
 	}
 	return c
@@ -212,7 +227,7 @@ func nsSandbox(t *testing.T, pivot bool) (src string, c nsChild) {
 		}
 	}
 	// Registered last, so killed first: its namespace goes before src.
-	return src, startNSChild(t, filepath.Join(base, "rootfs"), pivot)
+	return src, startNSChild(t, filepath.Join(base, "rootfs"), map[bool]childRoot{false: hostRoot, true: pivotRoot}[pivot])
 }
 
 func TestInNamespaceMoveTree(t *testing.T) {

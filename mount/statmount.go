@@ -98,19 +98,9 @@ func statmountReq(req mntIDReq) (*mountinfo.Info, error) {
 // is needed. Mount points are as the namespace's root sees them. A mount
 // unmounted meanwhile is skipped; the namespace gone is fs.ErrNotExist.
 func nsMounts(nsID uint64, keep func(*mountinfo.Info) bool) ([]*mountinfo.Info, error) {
-	var ids []uint64
-	req := mntIDReq{Size: mntIDReqSizeVer1, MntID: lsmtRoot, MntNsID: nsID}
-	page := make([]uint64, 256)
-	for {
-		n, _, errno := unix.Syscall6(unix.SYS_LISTMOUNT, uintptr(unsafe.Pointer(&req)), uintptr(unsafe.Pointer(&page[0])), uintptr(len(page)), 0, 0, 0)
-		if errno != 0 {
-			return nil, fmt.Errorf("listmount of mount namespace %d: %w", nsID, errno)
-		}
-		ids = append(ids, page[:n]...)
-		if int(n) < len(page) {
-			break
-		}
-		req.Param = page[n-1] // the next page starts after it
+	ids, err := nsMountIDs(nsID)
+	if err != nil {
+		return nil, err
 	}
 	var out []*mountinfo.Info
 	for _, id := range ids {
@@ -127,6 +117,25 @@ func nsMounts(nsID uint64, keep func(*mountinfo.Info) bool) ([]*mountinfo.Info, 
 		}
 	}
 	return out, nil
+}
+
+// nsMountIDs lists the ids of the mounts of mount namespace nsID
+// (listmount(2), Linux 6.11), whoever sees them.
+func nsMountIDs(nsID uint64) ([]uint64, error) {
+	var ids []uint64
+	req := mntIDReq{Size: mntIDReqSizeVer1, MntID: lsmtRoot, MntNsID: nsID}
+	page := make([]uint64, 256)
+	for {
+		n, _, errno := unix.Syscall6(unix.SYS_LISTMOUNT, uintptr(unsafe.Pointer(&req)), uintptr(unsafe.Pointer(&page[0])), uintptr(len(page)), 0, 0, 0)
+		if errno != 0 {
+			return nil, fmt.Errorf("listmount of mount namespace %d: %w", nsID, errno)
+		}
+		ids = append(ids, page[:n]...)
+		if int(n) < len(page) {
+			return ids, nil
+		}
+		req.Param = page[n-1] // the next page starts after it
+	}
 }
 
 // parseStatmount reads the fields asked for (want: the device, the
