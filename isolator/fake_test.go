@@ -439,11 +439,6 @@ func (f *fakeMounter) Locate(id mount.Identity) (string, error) {
 	return "", nil
 }
 
-// OpenInRoot is the real one: the model's directories are real.
-func (f *fakeMounter) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
-	return mount.OpenInRoot(root, unsafePath, kind)
-}
-
 // byID is the mount of namespace ns with id's id and root (t.mu held).
 func (t *fakeTable) byID(ns uint64, id mount.Identity) *fakeMount {
 	var m *fakeMount

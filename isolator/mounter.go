@@ -25,8 +25,6 @@ type Mounter interface {
 	// f starts are not in the namespace).
 	InNamespace(pid int, nsIno uint64, f func(Mounter) error) error
 	ResolveInRoot(root, unsafePath string, kind mount.TargetKind, uid, gid int) (*os.File, string, error)
-	// OpenInRoot is ResolveInRoot creating nothing (as mount.OpenInRoot).
-	OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error)
 	ID(f *os.File) (uint64, error)
 	CloneTree(source string, readOnly bool) (*os.File, error)
 	MoveTree(tree, target *os.File) error
@@ -98,10 +96,6 @@ func (kernelMounts) MoveTree(tree, target *os.File) error { return mount.MoveTre
 
 func (kernelMounts) MoveTreeBeneath(tree, target *os.File) error {
 	return mount.MoveTreeBeneath(tree, target)
-}
-
-func (kernelMounts) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
-	return mount.OpenInRoot(root, unsafePath, kind)
 }
 
 func (kernelMounts) UnmountOwn(ctx context.Context, root, mountPoint string, id mount.Identity) (mount.Result, error) {
@@ -184,11 +178,6 @@ func (t tracedMounts) MoveTree(tree, target *os.File) error {
 func (t tracedMounts) MoveTreeBeneath(tree, target *os.File) error {
 	defer t.tr.Begin(optrace.Mount, "MoveTreeBeneath")()
 	return t.m.MoveTreeBeneath(tree, target)
-}
-
-func (t tracedMounts) OpenInRoot(root, unsafePath string, kind mount.TargetKind) (*os.File, string, error) {
-	defer t.tr.Begin(optrace.Mount, "OpenInRoot")()
-	return t.m.OpenInRoot(root, unsafePath, kind)
 }
 
 func (t tracedMounts) Locate(id mount.Identity) (string, error) {

@@ -557,27 +557,16 @@ func resolveMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath str
 	return m.ResolveInRoot(root, containerPath, mountPointKind(block), uid, gid)
 }
 
-// openMountPoint is resolveMountPoint for a mount point that exists:
-// nothing is created.
-func openMountPoint(m Mounter, req *statev1.PrepareRequest, containerPath string, block bool) (*os.File, string, error) {
-	root, done, err := pinnedRoot(req, containerPath)
-	if err != nil {
-		return nil, "", err
-	}
-	defer done()
-	return m.OpenInRoot(root, containerPath, mountPointKind(block))
-}
-
-// pinnedRoot is mountRoot, for a confined request in the host's namespace
-// opened with no symlink on the way (mount.PinRoot): its owner, an API
-// group member, could otherwise swap it for a symlink to "/" after the
-// check of its prefix, and have directories made and the volume mounted
-// on the host's tree (the mount would be found outside the prefix and
-// undone, the directories made as the member's user would stay). done
-// releases it.
+// pinnedRoot is mountRoot, for a confined request opened with no symlink
+// on the way (mount.PinRoot), in the namespace of the calling thread (the
+// container's, for one with a pid): its owner, an API group member, could
+// otherwise swap it for a symlink to "/" after the check of its prefix,
+// and have directories made and the volume mounted on the host's tree
+// (the mount would be found outside the prefix and undone, the
+// directories made as the member's user would stay). done releases it.
 func pinnedRoot(req *statev1.PrepareRequest, containerPath string) (root string, done func(), err error) {
 	root = mountRoot(req, containerPath)
-	if !req.GetConfined() || req.GetPid() != 0 {
+	if !req.GetConfined() {
 		return root, func() {}, nil
 	}
 	pinned, done, err := mount.PinRoot(root)

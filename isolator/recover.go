@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -328,6 +329,10 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 	if c.cp.GetPhase() != statev1.ContainerCheckpoint_PREPARED || c.cp.GetRequest().GetPid() != 0 {
 		return
 	}
+	uid, gid, err := lookupUser(c.cp.GetRequest().GetUser())
+	if err != nil {
+		uid, gid = -1, -1
+	}
 	for i, m := range c.cp.GetMounts() {
 		if !all && !slices.Contains(retry, m.GetContainerPath()) {
 			continue
@@ -350,7 +355,7 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 		restore := func(v *volume) error {
 			rctx, cancel := context.WithTimeout(ctx, iso.cfg.RPCTimeout)
 			defer cancel()
-			return iso.restoreMount(rctx, c, i, v)
+			return iso.restoreMount(rctx, c, i, v, uid, gid)
 		}
 		var err error
 		if all {
@@ -372,27 +377,27 @@ func (iso *Isolator) remount(ctx context.Context, c *container, all bool, down d
 }
 
 // errElsewhere: a container path resolves elsewhere than where its
-// Prepare mounted the volume, or to nothing; the mount is not restored,
-// nor retried.
-var errElsewhere = errors.New("the mount point is gone or elsewhere: its rootfs, or a directory on the way, was replaced or removed (not restored)")
+// Prepare mounted the volume; the mount is not restored, nor retried.
+var errElsewhere = errors.New("the mount point is elsewhere: its rootfs, or a directory on the way, was replaced (not restored)")
 
 // restoreMount puts a clone of the published volume v (lock held) at the
 // container's mount i, where its Prepare put it (errElsewhere when the
 // container path resolves elsewhere now), and records its identity.
-func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *volume) error {
+func (iso *Isolator) restoreMount(ctx context.Context, c *container, i int, v *volume, uid, gid int) error {
 	m := c.cp.GetMounts()[i]
 	if v == nil || v.cp.State != stPublished {
 		return errors.New("the volume is not published")
 	}
 	block := v.cp.GetStaticProvisioning().GetVolumeCapability().GetBlock() != nil
-	// Looked up, not made: the mount point its Prepare made is there
-	// still, unless the container removed it, or its rootfs (or a
-	// directory on the way) is another one now, a symlink put in its
-	// place. No caller is there to judge where that leads: nothing is
-	// made or mounted anywhere but where the Prepare put it.
-	target, at, err := openMountPoint(iso.mounts, c.cp.GetRequest(), m.GetContainerPath(), block)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%w: %w", errElsewhere, err)
+	// Made again if missing (a reboot took a tmpfs it was on), inside
+	// the rootfs as the Prepare did (a member's pinned: see
+	// pinnedRoot). Its rootfs, or a directory on the way, may lead
+	// elsewhere now (a symlink put in place of root's own rootfs): no
+	// caller is there to judge where that leads, and nothing is mounted
+	// anywhere but where the Prepare put it.
+	target, at, err := resolveMountPoint(iso.mounts, c.cp.GetRequest(), m.GetContainerPath(), block, uid, gid)
+	if errors.Is(err, unix.ELOOP) {
+		return fmt.Errorf("%w: %w", errElsewhere, err) // a member's rootfs is a symlink now
 	}
 	if err != nil {
 		return err

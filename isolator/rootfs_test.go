@@ -3,6 +3,7 @@ package isolator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,26 @@ import (
 
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
+
+// TestUnitRemountMakesAMissingMountPoint: a mount point a reboot took
+// (made on a tmpfs of the rootfs, say) is made again when its mount is
+// restored, where the Prepare made it.
+func TestUnitRemountMakesAMissingMountPoint(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	req := w.request("c1", vol{"loop", "vol-1", "/run/app/data", false})
+	ms := w.prepare(iso, req)
+	w.reboot()
+	if err := os.RemoveAll(filepath.Join(req.GetRootfs(), "run")); err != nil {
+		t.Fatal(err)
+	}
+	iso = w.run(Config{})
+	if !w.mountedAt(ms[0].GetMountPoint()) {
+		t.Fatalf("after the reboot, nothing mounted at %s (its directory gone with the reboot)", ms[0].GetMountPoint())
+	}
+	w.cleanup(iso, "c1")
+	w.checkEmpty(iso)
+}
 
 // renameBehindOurBack renames a directory of the host as a process that
 // owns it would, mounts below it moving with it.
@@ -39,11 +60,21 @@ func (w *world) mountedAt(path string) bool {
 // Whoever owns the rootfs (a member of the API group, below its prefix)
 // unmounted the volume and put a symlink to another tree in the rootfs's
 // place: the restore mounted through it (over a directory of the host) and
-// made the missing directories there, owned by the container's user.
+// made the missing directories there, owned by the container's user. A
+// member's rootfs (confined) is not followed at all; root's is trusted
+// (directories may be made through it), but nothing is mounted anywhere
+// but where the Prepare put it.
 func TestUnitRemountFollowsNoSwappedRootfs(t *testing.T) {
+	for _, confined := range []bool{true, false} {
+		t.Run(fmt.Sprint("confined ", confined), func(t *testing.T) { remountSwappedRootfs(t, confined) })
+	}
+}
+
+func remountSwappedRootfs(t *testing.T, confined bool) {
 	w := newWorld(t)
 	iso := w.run(Config{})
 	req := w.request("c1", vol{"loop", "vol-1", "/etc/profile.d", false}, vol{"loop", "vol-2", "/newdir/data", false})
+	req.Confined = confined
 	for _, m := range w.prepare(iso, req) {
 		w.unmountBehindOurBack(m.GetMountPoint())
 	}
@@ -56,11 +87,13 @@ func TestUnitRemountFollowsNoSwappedRootfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	iso = w.run(Config{}) // its recovery restores every missing mount
-	if w.mountedAt(filepath.Join(host, "etc", "profile.d")) {
-		t.Error("the restore mounted the volume through the rootfs's symlink, over the other tree's etc/profile.d")
+	for _, p := range []string{filepath.Join(host, "etc", "profile.d"), filepath.Join(host, "newdir", "data")} {
+		if w.mountedAt(p) {
+			t.Errorf("the restore mounted a volume through the rootfs's symlink, at %s", p)
+		}
 	}
-	if _, err := os.Lstat(filepath.Join(host, "newdir")); err == nil {
-		t.Error("the restore made newdir in the tree the rootfs's symlink points to")
+	if _, err := os.Lstat(filepath.Join(host, "newdir")); err == nil && confined {
+		t.Error("the restore made newdir, as the member's user, in the tree the member's rootfs symlink points to")
 	}
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)
@@ -149,7 +182,19 @@ func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
 		t.Error("the refused Prepare made newdir in the tree the rootfs's symlink points to")
 	}
 	w.cleanup(iso, "c1")
-	req.Confined = false
+	// The same with a pid (the member's own process, in a namespace
+	// the host made): pinned in that namespace.
+	w.table.startProcess(crashPid, 77)
+	req.Pid = crashPid
+	if _, err := iso.Prepare(context.Background(), req); !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "no symlink on the way") {
+		t.Fatalf("a confined Prepare with a pid through a symlinked rootfs: %v; want ErrPrecondition naming the symlink", err)
+	}
+	if _, err := os.Lstat(filepath.Join(host, "newdir")); err == nil {
+		t.Error("the refused Prepare with a pid made newdir in the tree the rootfs's symlink points to")
+	}
+	w.cleanup(iso, "c1")
+	w.table.endProcess(crashPid)
+	req.Confined, req.Pid = false, 0
 	w.prepare(iso, req)
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)

@@ -119,52 +119,10 @@ func (o owner) chown(f *os.File) error {
 }
 
 func resolveInRoot(root, unsafePath string, kind TargetKind, own owner) (*os.File, string, error) {
-	return inRootDo(root, unsafePath, kind, func(rootDir *os.File, parts []string) (*os.File, error) {
-		if kind == Directory {
-			return mkdirAllInRoot(rootDir, parts, own)
-		}
-		return createFileInRoot(rootDir, parts, own)
-	})
-}
-
-// PinRoot opens dir with no symlink anywhere on the way (openat2
-// RESOLVE_NO_SYMLINKS) and returns a path that names that directory
-// whatever dir leads to later (/proc/self/fd/N, a root for ResolveInRoot
-// and OpenInRoot), and the func that closes it. For a root that its owner
-// could swap for a symlink between a check of it and its use.
-func PinRoot(dir string) (string, func(), error) {
-	fd, err := unix.Openat2(unix.AT_FDCWD, dir, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS,
-	})
-	if err != nil {
-		return "", nil, fmt.Errorf("open %s with no symlink on the way: %w", dir, err)
-	}
-	return "/proc/self/fd/" + strconv.Itoa(fd), func() { unix.Close(fd) }, nil
-}
-
-// OpenInRoot is ResolveInRoot for a path that exists: nothing is created
-// or chowned (a missing component: ENOENT, wrapped). For a caller that
-// must first see where a path leads now, and create nothing wherever
-// that is.
-func OpenInRoot(root, unsafePath string, kind TargetKind) (*os.File, string, error) {
-	h, hostPath, err := inRootDo(root, unsafePath, kind, func(rootDir *os.File, parts []string) (*os.File, error) {
-		return pathrs.OpenatInRoot(rootDir, strings.Join(append([]string{"."}, parts...), "/"))
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("open %q in root %s as %s: %w", unsafePath, root, kind, err)
-	}
-	return h, hostPath, nil
-}
-
-// inRootDo opens root and has find return the handle of unsafePath's
-// components inside it, then checks it (checkTarget) and names it by its
-// host path.
-func inRootDo(root, unsafePath string, kind TargetKind, find func(rootDir *os.File, parts []string) (*os.File, error)) (*os.File, string, error) {
 	if kind != Directory && kind != File {
 		return nil, "", fmt.Errorf("%w: unknown kind", ErrKind)
 	}
-	rootDir, err := os.OpenFile(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	rootDir, err := openRoot(root)
 	if err != nil {
 		return nil, "", err
 	}
@@ -173,7 +131,13 @@ func inRootDo(root, unsafePath string, kind TargetKind, find func(rootDir *os.Fi
 	if err != nil {
 		return nil, "", fmt.Errorf("read path of root: %w", err)
 	}
-	h, err := find(rootDir, splitPath(unsafePath))
+	parts := splitPath(unsafePath)
+	var h *os.File
+	if kind == Directory {
+		h, err = mkdirAllInRoot(rootDir, parts, own)
+	} else {
+		h, err = createFileInRoot(rootDir, parts, own)
+	}
 	if err != nil {
 		return nil, "", err
 	}
@@ -186,6 +150,41 @@ func inRootDo(root, unsafePath string, kind TargetKind, find func(rootDir *os.Fi
 		return renamed(h, hostPath)
 	}
 	return h, hostPath, nil
+}
+
+// PinRoot opens dir with no symlink anywhere on the way (openat2
+// RESOLVE_NO_SYMLINKS) and returns a root for ResolveInRoot that names
+// that directory whatever dir leads to later ("/proc/self/fd/N": taken
+// as the descriptor itself, never resolved again, so that it also holds
+// on a thread in another mount namespace, whose /proc is not the
+// agent's), and the func that closes it. For a root its owner could swap
+// for a symlink between a check of it and its use.
+func PinRoot(dir string) (string, func(), error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, dir, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS,
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("open %s with no symlink on the way: %w", dir, err)
+	}
+	return pinnedPrefix + strconv.Itoa(fd), func() { unix.Close(fd) }, nil
+}
+
+// pinnedPrefix starts the roots PinRoot returns.
+const pinnedPrefix = "/proc/self/fd/"
+
+// openRoot opens root: a root PinRoot pinned is a copy of its descriptor.
+func openRoot(root string) (*os.File, error) {
+	if n, ok := strings.CutPrefix(root, pinnedPrefix); ok {
+		if fd, err := strconv.Atoi(n); err == nil {
+			dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("pinned root %s: %w", root, err)
+			}
+			return os.NewFile(uintptr(dup), root), nil
+		}
+	}
+	return os.OpenFile(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
 // checkTarget checks the final handle: its kind, that it is still linked,

@@ -3,7 +3,6 @@ package mount_test
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -626,27 +625,36 @@ func checkOwner(t *testing.T, path string, uid, gid uint32, mode int) {
 	}
 }
 
-// TestOpenInRoot: OpenInRoot resolves as ResolveInRoot does (symlinks
-// inside the root, kinds checked) and creates nothing.
-func TestOpenInRoot(t *testing.T) {
-	root := t.TempDir()
-	mkdirs(t, filepath.Join(root, "etc", "conf"))
-	symlink(t, "/etc", filepath.Join(root, "data"))
-	h, at, err := mount.OpenInRoot(root, "/data/conf", mount.Directory)
+// TestPinRoot: PinRoot refuses a path with a symlink on the way, and the
+// root it returns keeps naming the directory it opened after its path is
+// swapped for a symlink elsewhere: ResolveInRoot makes the mount point in
+// that directory, not where the symlink leads.
+func TestPinRoot(t *testing.T) {
+	base := t.TempDir()
+	root, elsewhere := filepath.Join(base, "root"), filepath.Join(base, "elsewhere")
+	mkdirs(t, root, elsewhere)
+	symlink(t, root, filepath.Join(base, "link"))
+	if _, _, err := mount.PinRoot(filepath.Join(base, "link")); !errors.Is(err, unix.ELOOP) {
+		t.Errorf("PinRoot of a symlink: %v; want ELOOP", err)
+	}
+	pinned, done, err := mount.PinRoot(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if err := os.Rename(root, root+".old"); err != nil {
+		t.Fatal(err)
+	}
+	symlink(t, elsewhere, root)
+	h, at, err := mount.ResolveInRoot(pinned, "/data", mount.Directory, -1, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.Close()
-	if want := filepath.Join(root, "etc", "conf"); at != want {
-		t.Errorf("/data/conf resolved to %s; want %s (the symlink resolved inside the root)", at, want)
+	if want := filepath.Join(root+".old", "data"); at != want {
+		t.Errorf("resolved in the pinned root at %s; want %s, in the directory pinned", at, want)
 	}
-	if _, _, err := mount.OpenInRoot(root, "/new/dir", mount.Directory); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("a missing path: %v; want ErrNotExist", err)
-	}
-	if _, err := os.Lstat(filepath.Join(root, "new")); err == nil {
-		t.Error("OpenInRoot made a directory")
-	}
-	if _, _, err := mount.OpenInRoot(root, "/etc", mount.File); !errors.Is(err, mount.ErrKind) {
-		t.Errorf("a directory as a file: %v; want ErrKind", err)
+	if _, err := os.Lstat(filepath.Join(elsewhere, "data")); err == nil {
+		t.Error("made data where the swapped path leads")
 	}
 }
