@@ -364,6 +364,20 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 	a.pokeSchedules()
 }
 
+// stopUnclaimed stops the processes of managed plugins that no config has
+// now (Set.StopUnclaimed), at an update that leaves no file of the config
+// directory invalid: one half-saved, or unreadable for a moment, may be
+// the config of a plugin still running, which the sweep would stop. It
+// reports whether it swept.
+func (a *Agent) stopUnclaimed(ctx context.Context, u pluginconfig.Update) bool {
+	if len(u.Errors) > 0 {
+		a.log.Info("plugin processes that no config has now are stopped once no file of the config directory is invalid", "invalid_files", len(u.Errors))
+		return false
+	}
+	a.set.StopUnclaimed(ctx)
+	return true
+}
+
 // schedulePokeSettle spaces the per-volume schedules' rescans that
 // pokes ask for (pervolume.Config.PokeSettle): every Prepare and Cleanup
 // pokes, and a rescan reads every volume; a new volume is scheduled that

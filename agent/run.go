@@ -80,6 +80,7 @@ func (a *Agent) serve(ctx context.Context) error {
 		watchdog = t.C
 	}
 	recovered := a.iso.Recovered()
+	swept := false // the unclaimed plugin processes stopped
 	rotate := time.NewTicker(logRotateInterval)
 	defer rotate.Stop()
 	for {
@@ -98,10 +99,9 @@ func (a *Agent) serve(ctx context.Context) error {
 			default:
 				// Recovery needs the plugins the first update defines.
 				close(a.configured)
-				// Before any later update can define a plugin anew:
-				// the processes of plugins the configs dropped while
-				// the agent was down.
-				a.set.StopUnclaimed(ctx)
+			}
+			if !swept {
+				swept = a.stopUnclaimed(ctx, u)
 			}
 		case <-rotate.C:
 			a.set.RotateLogs(a.cfg.LogMaxBytes, a.cfg.LogKeep)
