@@ -32,7 +32,8 @@
 //     Update also goes out when only the list of bad files changed. The
 //     directory's replacement (renamed over, made again, a symlink to it
 //     swapped) is seen through a watch on its parent, and a check every
-//     10 s; the new directory is watched from then on.
+//     10 s (WatchConfig.CheckInterval), which also finds a watch the
+//     kernel ended unseen; the new directory is watched from then on.
 //
 // When not to use it: the agent consumes Watch; one-off tools (check-config,
 // tests) use LoadContext. Neither starts plugins or touches anything

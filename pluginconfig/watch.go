@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,10 +24,11 @@ const (
 	DefaultMaxDelay = time.Second
 )
 
-// dirCheckInterval is how often the watcher checks that the directory it
-// watches is still the one at its path (a swap inotify cannot see: a
-// symlink above it changed).
-const dirCheckInterval = 10 * time.Second
+// DefaultCheckInterval is how often the watcher checks that the
+// directory it watches is still the one at its path, and still watched (a
+// swap inotify cannot see: a symlink above it changed, the directory a
+// symlink names removed and made again).
+const DefaultCheckInterval = 10 * time.Second
 
 // EventKind says what happened to a plugin.
 type EventKind int
@@ -93,6 +95,8 @@ type WatchConfig struct {
 	// MaxDelay bounds how long a stream of changes can delay a reload;
 	// DefaultMaxDelay when 0.
 	MaxDelay time.Duration
+	// CheckInterval is DefaultCheckInterval when 0.
+	CheckInterval time.Duration
 	// Logger receives one line per reload problem; none when nil.
 	Logger *slog.Logger
 }
@@ -136,12 +140,15 @@ func statID(path string) (fileID, error) {
 // it swapped (ln -sfn); the new directory is watched from then on. A
 // change inside a file that a symlink points to outside it is seen at the
 // next directory event or Rescan, and a directory whose path changes its
-// target higher up (a symlinked parent swapped) within 10 s. Kubernetes
+// target higher up (a symlinked parent swapped), or whose watch ended
+// unseen (the directory a symlink names removed and made again), within
+// CheckInterval. Kubernetes
 // ConfigMap volumes work, because their update swaps the "..data" symlink
 // inside the directory.
 func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
 	defaults.Set(&cfg.Debounce, DefaultDebounce)
 	defaults.Set(&cfg.MaxDelay, DefaultMaxDelay)
+	defaults.Set(&cfg.CheckInterval, DefaultCheckInterval)
 	cfg.Logger = defaults.Logger(cfg.Logger)
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
@@ -171,7 +178,7 @@ func Watch(ctx context.Context, cfg WatchConfig) (*Watcher, error) {
 	}
 	if parent := filepath.Dir(dir); parent != dir {
 		if err := fsw.Add(parent); err != nil {
-			cfg.Logger.Warn("cannot watch the plugin config directory's parent: a replaced directory is seen within 10 s", "dir", parent, "error", err)
+			cfg.Logger.Warn("cannot watch the plugin config directory's parent: a replaced directory is seen within the check interval", "dir", parent, "error", err)
 		} else {
 			w.parent = parent
 		}
@@ -204,7 +211,7 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 	}
 	timer := time.NewTimer(0)
 	<-timer.C
-	check := time.NewTicker(dirCheckInterval)
+	check := time.NewTicker(w.cfg.CheckInterval)
 	defer check.Stop()
 	var burstStart time.Time // zero: no reload pending
 	arm := func(d time.Duration) {
@@ -226,19 +233,19 @@ func (w *Watcher) run(ctx context.Context, first Update) {
 			if !ok {
 				return
 			}
-			if ev.Name == w.dir {
+			if name := filepath.Clean(ev.Name); name == w.dir {
 				// The directory itself was removed, renamed, or made
 				// (or its symlink replaced): watch what is there at the
 				// reload, whatever its inode number (a directory made
 				// again may reuse the old one's).
 				w.dirID = fileID{}
-			} else if w.parent != "" && filepath.Dir(ev.Name) == w.parent {
+			} else if w.parent != "" && filepath.Dir(name) == w.parent {
 				continue // a sibling of the directory
 			}
 			w.cfg.Logger.Debug("plugin config directory event", "event", ev.String())
 			arm(w.cfg.Debounce)
 		case <-check.C:
-			if id, err := statID(w.dir); err != nil || id != w.dirID {
+			if id, err := statID(w.dir); err != nil || id != w.dirID || !w.watching() {
 				arm(0)
 			}
 		case err, ok := <-w.fsw.Errors:
@@ -308,14 +315,16 @@ func (w *Watcher) reload(ctx context.Context) (Update, error) {
 	for t, p := range w.plugins {
 		owners[t] = p.File
 	}
+	// Watched first: what is written while the directory is read is
+	// seen by the next reload.
+	if err := w.watchDir(); err != nil {
+		return Update{}, err
+	}
 	set, err := load(ctx, w.cfg.Dir, owners)
 	if err != nil {
 		return Update{}, err
 	}
 	delete(w.reported, w.cfg.Dir)
-	if err := w.watchDir(); err != nil {
-		return Update{}, err
-	}
 	next := make(map[string]*Plugin, len(set.Plugins))
 	for t, p := range set.Plugins {
 		next[t] = p
@@ -374,12 +383,17 @@ func (w *Watcher) reload(ctx context.Context) (Update, error) {
 	return Update{Events: events, Plugins: w.snapshot(), Errors: set.Errors}, nil
 }
 
+// watching reports whether the directory's watch is still there (the
+// kernel ends it with the directory; one made again may reuse its inode
+// number, so the identity alone does not tell).
+func (w *Watcher) watching() bool { return slices.Contains(w.fsw.WatchList(), w.dir) }
+
 // watchDir moves the directory's watch to the directory now at its path,
 // if that is another one (replaced, or made again after its removal,
 // which ended the watch).
 func (w *Watcher) watchDir() error {
 	id, err := statID(w.dir)
-	if err == nil && id == w.dirID {
+	if err == nil && id == w.dirID && w.watching() {
 		return nil
 	}
 	_ = w.fsw.Remove(w.dir) // gone with its directory, or on the old one

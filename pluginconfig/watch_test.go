@@ -25,7 +25,7 @@ func startWatch(t *testing.T, dir string) (*Watcher, context.CancelFunc) {
 	t.Cleanup(cancel)
 	// A debounce long enough that the two or three syscalls of one write
 	// pattern land in one burst even on a loaded machine.
-	w, err := Watch(ctx, WatchConfig{Dir: dir, Debounce: 200 * time.Millisecond, MaxDelay: 2 * time.Second})
+	w, err := Watch(ctx, WatchConfig{Dir: dir, Debounce: 200 * time.Millisecond, MaxDelay: 2 * time.Second, CheckInterval: time.Second})
 	if err != nil {
 		t.Fatalf("Watch: %v", err)
 	}
@@ -300,6 +300,27 @@ func TestWatch(t *testing.T) {
 		rename(t, dir+".tmp", dir)
 		waitCommand(t, w, "a", "v2")
 		writeFile(t, v2, "a.json", pluginJSON("a", "v3"))
+		waitCommand(t, w, "a", "v3")
+	})
+
+	t.Run("the directory a symlink names removed and made again is watched", func(t *testing.T) {
+		base := t.TempDir()
+		target := filepath.Join(base, "target")
+		mkdir(t, target)
+		writeFile(t, target, "a.json", pluginJSON("a", "v1"))
+		dir := filepath.Join(base, "conf")
+		if err := os.Symlink(target, dir); err != nil {
+			t.Fatal(err)
+		}
+		w, _ := startWatch(t, dir)
+		nextUpdate(t, w)
+		if err := os.RemoveAll(target); err != nil {
+			t.Fatal(err)
+		}
+		mkdir(t, target) // may reuse the inode number
+		writeFile(t, target, "a.json", pluginJSON("a", "v2"))
+		waitCommand(t, w, "a", "v2")
+		writeFile(t, target, "a.json", pluginJSON("a", "v3"))
 		waitCommand(t, w, "a", "v3")
 	})
 
