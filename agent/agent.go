@@ -371,7 +371,7 @@ func (a *Agent) apply(ctx context.Context, u pluginconfig.Update) {
 // reports whether it swept.
 func (a *Agent) stopUnclaimed(ctx context.Context, u pluginconfig.Update) bool {
 	if len(u.Errors) > 0 {
-		a.log.Info("plugin processes that no config has now are stopped once no file of the config directory is invalid", "invalid_files", len(u.Errors))
+		a.log.Warn("plugin processes that no config has now are stopped once no file of the config directory is invalid", "invalid_files", len(u.Errors))
 		return false
 	}
 	a.set.StopUnclaimed(ctx)

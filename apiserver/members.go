@@ -112,52 +112,68 @@ func denied(c *unix.Ucred, format string, args ...any) error {
 // noRoots is the refusal when the agent has no --api-group-roots.
 const noRoots = "members of --api-group may not prepare: the agent has no --api-group-roots (members may prepare only into a rootfs or sandbox below those prefixes)"
 
+// Checked is what CheckPrepare checked, for the Prepare to go on with:
+// the rootfs and sandbox resolved (symlinks followed), to be opened with
+// no symlink on the way (statev1.PrepareRequest.confined), and the mount
+// namespace the pid was found in (made by the host), which the pid must
+// still be in.
+type Checked struct {
+	Rootfs, Sandbox string
+	MountNamespace  uint64
+}
+
 // CheckPrepare refuses a member's Prepare request that is not within the
-// policy (PermissionDenied naming the field and the rule). It returns the
-// rootfs and sandbox resolved (symlinks followed), the paths it checked:
-// the Prepare goes on with those, opened with no symlink on the way
-// (statev1.PrepareRequest.confined).
-func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) (rootfs, sandbox string, err error) {
+// policy (PermissionDenied naming the field and the rule).
+func (m Members) CheckPrepare(c *unix.Ucred, req *agentv1.PrepareRequest) (Checked, error) {
+	var out Checked
 	if len(m.Roots) == 0 {
-		return "", "", denied(c, noRoots)
+		return out, denied(c, noRoots)
 	}
-	resolved := [2]string{}
-	for i, f := range []struct{ name, dir string }{{"rootfs", req.GetRootfs()}, {"sandbox", req.GetSandbox()}} {
+	for _, f := range []struct {
+		name, dir string
+		to        *string
+	}{{"rootfs", req.GetRootfs(), &out.Rootfs}, {"sandbox", req.GetSandbox(), &out.Sandbox}} {
 		if f.dir == "" {
 			continue
 		}
-		if resolved[i], err = m.checkDir(f.name, f.dir); err != nil {
-			return "", "", denied(c, "%v", err)
+		resolved, err := m.checkDir(f.name, f.dir)
+		if err != nil {
+			return Checked{}, denied(c, "%v", err)
 		}
+		*f.to = resolved
 	}
-	if err := checkPaths(c, req); err != nil {
-		return "", "", err
+	ns, err := checkPaths(c, req)
+	if err != nil {
+		return Checked{}, err
 	}
-	return resolved[0], resolved[1], nil
+	out.MountNamespace = ns
+	return out, nil
 }
 
 // checkPaths is CheckPrepare's checks of the container paths, the user
-// and the pid.
-func checkPaths(c *unix.Ucred, req *agentv1.PrepareRequest) error {
+// and the pid; it returns the pid's mount namespace (0: no pid).
+func checkPaths(c *unix.Ucred, req *agentv1.PrepareRequest) (uint64, error) {
 	for i, v := range req.GetVolumes() {
 		if filepath.IsAbs(v.GetContainerPath()) && req.GetRootfs() == "" {
-			return denied(c, "volumes[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, v.GetContainerPath())
+			return 0, denied(c, "volumes[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, v.GetContainerPath())
 		}
 	}
 	for i, m := range req.GetNamedMounts() {
 		if filepath.IsAbs(m.GetContainerPath()) && req.GetRootfs() == "" {
-			return denied(c, "named_mounts[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, m.GetContainerPath())
+			return 0, denied(c, "named_mounts[%d].container_path %q is absolute and the request has no rootfs: members may not mount on host paths", i, m.GetContainerPath())
 		}
 	}
 	if err := checkUser(c, req.GetUser()); err != nil {
-		return denied(c, "%v", err)
+		return 0, denied(c, "%v", err)
 	}
 	if pid := req.GetPid(); pid != 0 {
-		if err := checkPid(c, int(pid)); err != nil {
-			return denied(c, "%v", err)
+		ns, err := checkPid(c, int(pid))
+		if err != nil {
+			return 0, denied(c, "%v", err)
 		}
+		return ns, nil
 	}
-	return nil
+	return 0, nil
 }
 
 // checkDir checks a member's rootfs or sandbox: clean, strictly below a
@@ -253,32 +269,32 @@ func lookupUser(name string) (uid, gid int, err error) {
 // after the reads, so they are of that process, not of one that reused
 // its pid. (The isolator looks the pid up again; the pid could be reused
 // in between, by a process the member does not choose.)
-func checkPid(c *unix.Ucred, pid int) error {
+func checkPid(c *unix.Ucred, pid int) (mountNS uint64, err error) {
 	if pid < 0 {
-		return fmt.Errorf("pid %d is not a process id", pid)
+		return 0, fmt.Errorf("pid %d is not a process id", pid)
 	}
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return fmt.Errorf("pid %d: %w", pid, err)
+		return 0, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	defer unix.Close(pidfd)
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
 	uids, err := statusUids(filepath.Join(dir, "status"))
 	if err != nil {
-		return fmt.Errorf("pid %d: %w", pid, err)
+		return 0, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	for _, u := range uids {
 		if u != int(c.Uid) {
-			return fmt.Errorf("pid %d is not the caller's process (its uids are %v): members may pass only the pid of a process of their own uid %d", pid, uids, c.Uid)
+			return 0, fmt.Errorf("pid %d is not the caller's process (its uids are %v): members may pass only the pid of a process of their own uid %d", pid, uids, c.Uid)
 		}
 	}
-	if err := checkNamespaceOwner(filepath.Join(dir, "ns", "mnt")); err != nil {
-		return fmt.Errorf("pid %d: %w", pid, err)
+	if mountNS, err = checkNamespaceOwner(filepath.Join(dir, "ns", "mnt")); err != nil {
+		return 0, fmt.Errorf("pid %d: %w", pid, err)
 	}
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
-		return fmt.Errorf("pid %d exited while it was checked: %w", pid, err)
+		return 0, fmt.Errorf("pid %d exited while it was checked: %w", pid, err)
 	}
-	return nil
+	return mountNS, nil
 }
 
 // statusUids reads the Uid line of a /proc/<pid>/status file.
@@ -308,28 +324,32 @@ func statusUids(path string) ([]int, error) {
 
 // checkNamespaceOwner refuses a mount namespace not owned by the agent's
 // own user namespace.
-func checkNamespaceOwner(nsPath string) error {
+func checkNamespaceOwner(nsPath string) (uint64, error) {
 	ns, err := os.Open(nsPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer ns.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(ns.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("its mount namespace: %w", err)
+	}
 	fd, err := unix.IoctlRetInt(int(ns.Fd()), unix.NS_GET_USERNS)
 	if err != nil {
-		return fmt.Errorf("the owner of its mount namespace: %w", err)
+		return 0, fmt.Errorf("the owner of its mount namespace: %w", err)
 	}
 	defer unix.Close(fd)
 	var owner, self unix.Stat_t
 	if err := unix.Fstat(fd, &owner); err != nil {
-		return fmt.Errorf("the owner of its mount namespace: %w", err)
+		return 0, fmt.Errorf("the owner of its mount namespace: %w", err)
 	}
 	if err := unix.Stat("/proc/self/ns/user", &self); err != nil {
-		return fmt.Errorf("the agent's user namespace: %w", err)
+		return 0, fmt.Errorf("the agent's user namespace: %w", err)
 	}
 	if owner.Dev != self.Dev || owner.Ino != self.Ino {
-		return errors.New("its mount namespace belongs to another user namespace than the agent's (one its owner may have made): members may pass only pids in namespaces the host made")
+		return 0, errors.New("its mount namespace belongs to another user namespace than the agent's (one its owner may have made): members may pass only pids in namespaces the host made")
 	}
-	return nil
+	return st.Ino, nil
 }
 
 // CheckMounts refuses the mounts of a member's Prepare whose mount point

@@ -18,6 +18,7 @@ import (
 
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/isolator"
+	"github.com/csiagent/csiagent/mount"
 	agentv1 "github.com/csiagent/csiagent/proto/agent/v1"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
 )
@@ -128,12 +129,16 @@ func TestMembersCheckPrepare(t *testing.T) {
 		{"negative pid", m, &agentv1.PrepareRequest{Rootfs: rootfs, Pid: -3, Volumes: vol("/data")}, "is not a process id"},
 		{"own process in its own namespaces", m, &agentv1.PrepareRequest{Rootfs: rootfs, Pid: int32(nsPid), Volumes: vol("/data")}, "belongs to another user namespace"},
 	} {
-		gotRootfs, _, err := c.m.CheckPrepare(memberCred, c.req)
+		checked, err := c.m.CheckPrepare(memberCred, c.req)
 		if c.wantErr == "" {
 			if err != nil {
 				t.Errorf("%s: refused: %v", c.name, err)
-			} else if c.req.GetRootfs() != "" && gotRootfs != rootfs {
-				t.Errorf("%s: rootfs %s checked as %s; want %s, resolved", c.name, c.req.GetRootfs(), gotRootfs, rootfs)
+			} else if c.req.GetRootfs() != "" && checked.Rootfs != rootfs {
+				t.Errorf("%s: rootfs %s checked as %s; want %s, resolved", c.name, c.req.GetRootfs(), checked.Rootfs, rootfs)
+			} else if pid := c.req.GetPid(); pid != 0 {
+				if ns, _ := mount.MountNamespace(int(pid)); checked.MountNamespace != ns {
+					t.Errorf("%s: mount namespace %d checked; want the pid's, %d", c.name, checked.MountNamespace, ns)
+				}
 			}
 			continue
 		}

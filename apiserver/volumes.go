@@ -101,27 +101,29 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 	if err != nil {
 		return nil, err
 	}
+	var mountNS uint64 // the pid's namespace, checked (a member's)
 	if c != nil {
 		// Rootfs and sandbox go on as the paths checked (resolved), to
 		// be opened with no symlink on the way (see prepare).
-		rootfs, sandbox, err := s.cfg.Members.CheckPrepare(c, req)
+		checked, err := s.cfg.Members.CheckPrepare(c, req)
 		if err != nil {
 			return nil, err
 		}
-		req.Rootfs, req.Sandbox = rootfs, sandbox
+		req.Rootfs, req.Sandbox = checked.Rootfs, checked.Sandbox
+		mountNS = checked.MountNamespace
 	}
 	if err := s.recovered(ctx); err != nil {
 		return nil, err
 	}
 	if len(req.GetNamedMounts()) == 0 {
-		return s.prepare(ctx, c, PrepareRequest(req))
+		return s.prepare(ctx, c, mountNS, PrepareRequest(req))
 	}
 	var resp *agentv1.PrepareResponse
 	err = s.cfg.Named.Resolve(ctx, namedMounts(req), req.GetNamedMountsFromAnnotation(), func(vols []*statev1.Volume) error {
 		full := PrepareRequest(req)
 		full.Volumes = append(full.Volumes, vols...)
 		var perr error
-		resp, perr = s.prepare(ctx, c, full)
+		resp, perr = s.prepare(ctx, c, mountNS, full)
 		if perr != nil {
 			return prepareFailed{perr}
 		}
@@ -143,9 +145,10 @@ type prepareFailed struct{ err error }
 func (p prepareFailed) Error() string { return p.err.Error() }
 
 // prepare is Prepare of a checked request without named mounts, by root
-// (c nil) or a member.
-func (s *Server) prepare(ctx context.Context, c *unix.Ucred, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
-	req.Confined = c != nil
+// (c nil) or a member (whose pid, if any, was checked in mount namespace
+// mountNS).
+func (s *Server) prepare(ctx context.Context, c *unix.Ucred, mountNS uint64, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+	req.Confined, req.CheckedMountNamespace = c != nil, mountNS
 	mounts, err := s.core.Prepare(ctx, req)
 	s.cfg.OnVolumesChanged()
 	if err != nil {

@@ -92,6 +92,12 @@ func (iso *Isolator) Prepare(ctx context.Context, req *statev1.PrepareRequest) (
 		if err != nil {
 			return nil, fmt.Errorf("%w: pid %d: %w", ErrInvalid, pid, err)
 		}
+		if req.GetConfined() && ns != req.GetCheckedMountNamespace() {
+			// The member's process made itself a namespace (its own
+			// user namespace's, where it may bind "/" anywhere) after
+			// the API server checked the one it was in.
+			return nil, fmt.Errorf("%w: pid %d is no longer in the mount namespace it was checked in", ErrPrecondition, pid)
+		}
 		c.cp.MountNamespace = ns
 	}
 	if err := checkpointStep(ctx, "checkpoint container PREPARING", func() error { return iso.setPhase(c, statev1.ContainerCheckpoint_PREPARING) }); err != nil {

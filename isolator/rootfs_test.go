@@ -186,6 +186,12 @@ func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
 	// the host made): pinned in that namespace.
 	w.table.startProcess(crashPid, 77)
 	req.Pid = crashPid
+	req.CheckedMountNamespace = 76 // it made itself another since the check
+	if _, err := iso.Prepare(context.Background(), req); !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "no longer in the mount namespace it was checked in") {
+		t.Fatalf("a confined Prepare whose pid left the namespace checked: %v; want ErrPrecondition saying so", err)
+	}
+	w.cleanup(iso, "c1")
+	req.CheckedMountNamespace = 77
 	if _, err := iso.Prepare(context.Background(), req); !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "no symlink on the way") {
 		t.Fatalf("a confined Prepare with a pid through a symlinked rootfs: %v; want ErrPrecondition naming the symlink", err)
 	}
@@ -194,7 +200,7 @@ func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
 	}
 	w.cleanup(iso, "c1")
 	w.table.endProcess(crashPid)
-	req.Confined, req.Pid = false, 0
+	req.Confined, req.Pid, req.CheckedMountNamespace = false, 0, 0
 	w.prepare(iso, req)
 	w.cleanup(iso, "c1")
 	w.checkEmpty(iso)

@@ -176,7 +176,7 @@ const pinnedPrefix = "/proc/self/fd/"
 // openRoot opens root: a root PinRoot pinned is a copy of its descriptor.
 func openRoot(root string) (*os.File, error) {
 	if n, ok := strings.CutPrefix(root, pinnedPrefix); ok {
-		if fd, err := strconv.Atoi(n); err == nil {
+		if fd, err := strconv.Atoi(n); err == nil && strconv.Itoa(fd) == n {
 			dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 			if err != nil {
 				return nil, fmt.Errorf("pinned root %s: %w", root, err)

@@ -650,9 +650,13 @@ type PrepareRequest struct {
 	// no symlink on the way, so that one put in their place later (the
 	// member owns them) leads nowhere. Records written before it existed
 	// have false.
-	Confined      bool `protobuf:"varint,10,opt,name=confined,proto3" json:"confined,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Confined bool `protobuf:"varint,10,opt,name=confined,proto3" json:"confined,omitempty"`
+	// For a confined request with a pid: the mount namespace (inode) the API
+	// server checked the pid in (made by the host); the Prepare is refused if
+	// the pid is in another one by then (it made itself a namespace since).
+	CheckedMountNamespace uint64 `protobuf:"varint,11,opt,name=checked_mount_namespace,json=checkedMountNamespace,proto3" json:"checked_mount_namespace,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *PrepareRequest) Reset() {
@@ -739,6 +743,13 @@ func (x *PrepareRequest) GetConfined() bool {
 		return x.Confined
 	}
 	return false
+}
+
+func (x *PrepareRequest) GetCheckedMountNamespace() uint64 {
+	if x != nil {
+		return x.CheckedMountNamespace
+	}
+	return 0
 }
 
 // Volume is one volume a container asks for (Mesos's Volume, the CSI
@@ -1493,7 +1504,7 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\rPHASE_UNKNOWN\x10\x00\x12\r\n" +
 	"\tPREPARING\x10\x01\x12\f\n" +
 	"\bPREPARED\x10\x02\x12\f\n" +
-	"\bCLEANING\x10\x03\"\xf6\x01\n" +
+	"\bCLEANING\x10\x03\"\xae\x02\n" +
 	"\x0ePrepareRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x123\n" +
 	"\avolumes\x18\x02 \x03(\v2\x19.csiagent.state.v1.VolumeR\avolumes\x12\x16\n" +
@@ -1503,7 +1514,8 @@ const file_proto_state_v1_state_proto_rawDesc = "" +
 	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12\x18\n" +
 	"\amanager\x18\t \x01(\tR\amanager\x12\x1a\n" +
 	"\bconfined\x18\n" +
-	" \x01(\bR\bconfined\"\xaf\x03\n" +
+	" \x01(\bR\bconfined\x126\n" +
+	"\x17checked_mount_namespace\x18\v \x01(\x04R\x15checkedMountNamespace\"\xaf\x03\n" +
 	"\x06Volume\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x122\n" +
 	"\x04mode\x18\x03 \x01(\x0e2\x1e.csiagent.state.v1.Volume.ModeR\x04mode\x128\n" +
