@@ -48,6 +48,24 @@ func (w *world) renameBehindOurBack(from, to string) {
 	}
 }
 
+// rootfsToHost puts a symlink to another tree, <dir>/host (made with the
+// directories dirs), in place of req's rootfs, which goes aside with its
+// mounts, and returns that tree.
+func (w *world) rootfsToHost(req *statev1.PrepareRequest, dirs ...string) string {
+	w.t.Helper()
+	host := filepath.Join(w.dir, "host")
+	for _, d := range dirs {
+		if err := os.MkdirAll(filepath.Join(host, d), 0o755); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	w.renameBehindOurBack(req.GetRootfs(), req.GetRootfs()+".old")
+	if err := os.Symlink(host, req.GetRootfs()); err != nil {
+		w.t.Fatal(err)
+	}
+	return host
+}
+
 // mountedAt reports whether the host namespace has a mount at path.
 func (w *world) mountedAt(path string) bool {
 	w.table.mu.Lock()
@@ -78,14 +96,7 @@ func remountSwappedRootfs(t *testing.T, confined bool) {
 	for _, m := range w.prepare(iso, req) {
 		w.unmountBehindOurBack(m.GetMountPoint())
 	}
-	host := filepath.Join(w.dir, "host")
-	if err := os.MkdirAll(filepath.Join(host, "etc", "profile.d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	w.renameBehindOurBack(req.GetRootfs(), req.GetRootfs()+".old")
-	if err := os.Symlink(host, req.GetRootfs()); err != nil {
-		t.Fatal(err)
-	}
+	host := w.rootfsToHost(req, filepath.Join("etc", "profile.d"))
 	iso = w.run(Config{}) // its recovery restores every missing mount
 	for _, p := range []string{filepath.Join(host, "etc", "profile.d"), filepath.Join(host, "newdir", "data")} {
 		if w.mountedAt(p) {
@@ -128,16 +139,7 @@ func TestUnitCleanupAfterRootfsSwappedBack(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
 	req := w.request("c1", vol{"loop", "vol-1", "/data", false})
-	host := filepath.Join(w.dir, "host")
-	if err := os.MkdirAll(filepath.Join(host, "data"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(req.GetRootfs()); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(host, req.GetRootfs()); err != nil {
-		t.Fatal(err)
-	}
+	host := w.rootfsToHost(req, "data")
 	ms := w.prepare(iso, req)
 	if want := filepath.Join(host, "data"); ms[0].GetMountPoint() != want {
 		t.Fatalf("mounted at %s; want %s (through the symlink)", ms[0].GetMountPoint(), want)
@@ -162,17 +164,8 @@ func TestUnitCleanupAfterRootfsSwappedBack(t *testing.T) {
 func TestUnitConfinedRootfsOpenedWithoutSymlinks(t *testing.T) {
 	w := newWorld(t)
 	iso := w.run(Config{})
-	host := filepath.Join(w.dir, "host")
-	if err := os.MkdirAll(host, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	req := w.request("c1", vol{"loop", "vol-1", "/newdir/data", false})
-	if err := os.Remove(req.GetRootfs()); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(host, req.GetRootfs()); err != nil {
-		t.Fatal(err)
-	}
+	host := w.rootfsToHost(req, "")
 	req.Confined = true
 	_, err := iso.Prepare(context.Background(), req)
 	if !errors.Is(err, ErrPrecondition) || !strings.Contains(err.Error(), "no symlink on the way") {

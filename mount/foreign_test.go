@@ -204,7 +204,7 @@ func TestForeignMountsConcurrent(t *testing.T) {
 // is still looked at (through it), and the mounts it holds are found.
 func TestForeignMountsAfterItsProcessLeft(t *testing.T) {
 	testhelp.NeedRoot(t)
-	vol, c := volumeBesideChild(t)
+	vol, c := volumeBesideChild(t, hostRoot)
 	if got, err := mount.ForeignMounts(context.Background(), vol, nil); err != nil || len(got) != 0 {
 		t.Fatalf("before the bind: %q, %v", got, err)
 	}
@@ -245,7 +245,7 @@ func TestForeignMountsInANamespaceNoProcessHolds(t *testing.T) {
 	if !kernelAtLeast(t, 6, 12) {
 		t.Skip("the kernel lists mount namespaces (nsfs NS_MNT_GET_NEXT) from Linux 6.12 only; before, a namespace no process holds cannot be found")
 	}
-	vol, c := volumeBesideChild(t)
+	vol, c := volumeBesideChild(t, hostRoot)
 	c.moveInto(t, vol, "/data", false)
 	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", c.pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	must(t, err)
@@ -295,9 +295,9 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 }
 
 // volumeBesideChild mounts a tmpfs "volume" on a private mount after
-// starting a child in a mount namespace of its own (which therefore has
-// no copy of it), and returns both.
-func volumeBesideChild(t *testing.T) (string, nsChild) {
+// starting a child in a mount namespace of its own, its root where root
+// says (the child therefore has no copy of it), and returns both.
+func volumeBesideChild(t *testing.T, root childRoot) (string, nsChild) {
 	t.Helper()
 	base := testhelp.LeakCheckedDir(t)
 	top := filepath.Join(base, "top")
@@ -306,7 +306,7 @@ func volumeBesideChild(t *testing.T) (string, nsChild) {
 	mountTmpfs(t, top)
 	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
 	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
-	c := startNSChild(t, filepath.Join(base, "croot"), hostRoot)
+	c := startNSChild(t, filepath.Join(base, "croot"), root)
 	mkdirs(t, vol)
 	mountTmpfs(t, vol) // after the child: it has no copy
 	return vol, c
@@ -323,16 +323,7 @@ func TestForeignMountsBehindAChroot(t *testing.T) {
 	if !kernelAtLeast(t, 6, 12) {
 		t.Skip("the kernel lists a namespace's mounts (listmount) and namespaces (nsfs NS_MNT_GET_NEXT) from Linux 6.12 only")
 	}
-	base := testhelp.LeakCheckedDir(t)
-	top := filepath.Join(base, "top")
-	vol := filepath.Join(top, "vol")
-	mkdirs(t, top)
-	mountTmpfs(t, top)
-	t.Cleanup(func() { must(t, mount.UnmountAll(context.Background(), top)) })
-	must(t, unix.Mount("", top, "", unix.MS_PRIVATE, ""))
-	c := startNSChild(t, filepath.Join(base, "croot"), jailRoot)
-	mkdirs(t, vol)
-	mountTmpfs(t, vol) // after the child: it has no copy but the one below
+	vol, c := volumeBesideChild(t, jailRoot)
 	at := c.moveInto(t, vol, "/stash", false)
 	got, err := mount.ForeignMounts(context.Background(), vol, nil)
 	if err != nil || len(got) != 1 || !strings.Contains(got[0], at) {

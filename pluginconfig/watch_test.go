@@ -247,37 +247,28 @@ func TestWatch(t *testing.T) {
 		base := t.TempDir()
 		dir := filepath.Join(base, "conf")
 		mkdir(t, dir)
-		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
-		w, _ := startWatch(t, dir)
-		nextUpdate(t, w)
-		next := filepath.Join(base, "conf.new")
-		mkdir(t, next)
-		writeFile(t, next, "a.json", pluginJSON("a", "v2"))
-		rename(t, dir, filepath.Join(base, "conf.old"))
-		rename(t, next, dir)
-		waitCommand(t, w, "a", "v2")
-		writeFile(t, dir, "a.json", pluginJSON("a", "v3"))
-		waitCommand(t, w, "a", "v3")
+		followsReplacement(t, dir, dir, func(*Watcher) {
+			next := filepath.Join(base, "conf.new")
+			mkdir(t, next)
+			writeFile(t, next, "a.json", pluginJSON("a", "v2"))
+			rename(t, dir, filepath.Join(base, "conf.old"))
+			rename(t, next, dir)
+		})
 	})
 
 	t.Run("a directory removed and made again later is watched", func(t *testing.T) {
-		base := t.TempDir()
-		dir := filepath.Join(base, "conf")
+		dir := filepath.Join(t.TempDir(), "conf")
 		mkdir(t, dir)
-		writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
-		w, _ := startWatch(t, dir)
-		nextUpdate(t, w)
-		if err := os.RemoveAll(dir); err != nil {
-			t.Fatal(err)
-		}
-		if u := nextUpdate(t, w); len(u.Errors) != 1 || u.Errors[0].File != dir || command(u, "a") != "v1" {
-			t.Fatalf("directory gone: errors %v, a = %q; want the directory's error, a kept", u.Errors, command(u, "a"))
-		}
-		mkdir(t, dir)
-		writeFile(t, dir, "a.json", pluginJSON("a", "v2"))
-		waitCommand(t, w, "a", "v2")
-		writeFile(t, dir, "a.json", pluginJSON("a", "v3"))
-		waitCommand(t, w, "a", "v3")
+		followsReplacement(t, dir, dir, func(w *Watcher) {
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if u := nextUpdate(t, w); len(u.Errors) != 1 || u.Errors[0].File != dir || command(u, "a") != "v1" {
+				t.Fatalf("directory gone: errors %v, a = %q; want the directory's error, a kept", u.Errors, command(u, "a"))
+			}
+			mkdir(t, dir)
+			writeFile(t, dir, "a.json", pluginJSON("a", "v2"))
+		})
 	})
 
 	t.Run("a symlinked directory swapped is followed", func(t *testing.T) {
@@ -285,43 +276,35 @@ func TestWatch(t *testing.T) {
 		v1, v2 := filepath.Join(base, "v1"), filepath.Join(base, "v2")
 		mkdir(t, v1)
 		mkdir(t, v2)
-		writeFile(t, v1, "a.json", pluginJSON("a", "v1"))
 		writeFile(t, v2, "a.json", pluginJSON("a", "v2"))
 		dir := filepath.Join(base, "conf")
 		if err := os.Symlink(v1, dir); err != nil {
 			t.Fatal(err)
 		}
-		w, _ := startWatch(t, dir)
-		nextUpdate(t, w)
-		// ln -sfn: a new link renamed over the old one.
-		if err := os.Symlink(v2, dir+".tmp"); err != nil {
-			t.Fatal(err)
-		}
-		rename(t, dir+".tmp", dir)
-		waitCommand(t, w, "a", "v2")
-		writeFile(t, v2, "a.json", pluginJSON("a", "v3"))
-		waitCommand(t, w, "a", "v3")
+		followsReplacement(t, dir, v2, func(*Watcher) {
+			// ln -sfn: a new link renamed over the old one.
+			if err := os.Symlink(v2, dir+".tmp"); err != nil {
+				t.Fatal(err)
+			}
+			rename(t, dir+".tmp", dir)
+		})
 	})
 
 	t.Run("the directory a symlink names removed and made again is watched", func(t *testing.T) {
 		base := t.TempDir()
 		target := filepath.Join(base, "target")
 		mkdir(t, target)
-		writeFile(t, target, "a.json", pluginJSON("a", "v1"))
 		dir := filepath.Join(base, "conf")
 		if err := os.Symlink(target, dir); err != nil {
 			t.Fatal(err)
 		}
-		w, _ := startWatch(t, dir)
-		nextUpdate(t, w)
-		if err := os.RemoveAll(target); err != nil {
-			t.Fatal(err)
-		}
-		mkdir(t, target) // may reuse the inode number
-		writeFile(t, target, "a.json", pluginJSON("a", "v2"))
-		waitCommand(t, w, "a", "v2")
-		writeFile(t, target, "a.json", pluginJSON("a", "v3"))
-		waitCommand(t, w, "a", "v3")
+		followsReplacement(t, dir, target, func(*Watcher) {
+			if err := os.RemoveAll(target); err != nil {
+				t.Fatal(err)
+			}
+			mkdir(t, target) // may reuse the inode number
+			writeFile(t, target, "a.json", pluginJSON("a", "v2"))
+		})
 	})
 
 	t.Run("rescan sees changes behind symlinks", func(t *testing.T) {
@@ -393,4 +376,19 @@ func waitCommand(t *testing.T, w *Watcher, typ, want string) {
 			t.Fatalf("plugin %s never got command %q within %v", typ, want, updateTimeout)
 		}
 	}
+}
+
+// followsReplacement writes a.json (command v1) into the directory dir
+// names and watches dir; replace then puts another directory in its place
+// whose a.json says v2. The watch must see that, and a later edit in live
+// (the directory dir leads to now).
+func followsReplacement(t *testing.T, dir, live string, replace func(*Watcher)) {
+	t.Helper()
+	writeFile(t, dir, "a.json", pluginJSON("a", "v1"))
+	w, _ := startWatch(t, dir)
+	nextUpdate(t, w)
+	replace(w)
+	waitCommand(t, w, "a", "v2")
+	writeFile(t, live, "a.json", pluginJSON("a", "v3"))
+	waitCommand(t, w, "a", "v3")
 }
