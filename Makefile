@@ -83,16 +83,18 @@ hostpathplugin: ## build bin/hostpathplugin, csi-driver-host-path from third_par
 	bash hack/build-hostpath.sh
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
+	@# Three lanes from the start: ./integration and ./integration/fleet
+	@# wait on daemons, engines and etcd more than they compute (about
+	@# half and a third of a core), so they run beside the race set, which
+	@# the smoke benchmarks and the fuzz targets (two at a time) follow.
 	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \
-		echo "$$(date +%T) the race set: every package but the end-to-end ones ($(E2E_PKGS))"; \
-		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
-	@# ./integration, the longest, beside the others one after the other
-	@# and then the fuzz targets: two at a time, as -p 2 ran them.
-	@echo "$$(date +%T) the end-to-end packages ($(E2E_PKGS)), then fuzz"
-	@$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
-		$(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $(filter-out ./integration,$(E2E_PKGS)); rc=$$?; \
+		echo "$$(date +%T) ./integration and ./integration/fleet, beside the race set (every package but $(E2E_PKGS)), then ./bench and fuzz"; \
+		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
+		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration/fleet & fleet=$$!; \
+		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race; rc=$$?; \
+		if [ $$rc -eq 0 ]; then echo "$$(date +%T) ./bench"; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bench || rc=$$?; fi; \
 		if [ $$rc -eq 0 ]; then echo "$$(date +%T) fuzz"; $(SUBMAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)" || rc=$$?; fi; \
-		wait $$integration || rc=$$?; exit $$rc
+		wait $$fleet || rc=$$?; wait $$integration || rc=$$?; exit $$rc
 	@echo "$$(date +%T) make test done"
 
 unit: ## the fast tests while editing: every package but the end-to-end ones, -race and -short (root tests, and the few slow ones, skip themselves; make test runs them); go test's cache reruns only what changed

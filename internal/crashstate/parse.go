@@ -16,7 +16,8 @@ import (
 // Parse reads an strace log recorded with StraceArgs and returns the
 // operations on paths under root (an absolute directory) and the markers.
 //
-// Syscalls that failed are dropped. An "<unfinished ...>" line and the
+// Syscalls that failed are dropped, and so is one strace let go of before
+// it returned ("<detached ...>"). An "<unfinished ...>" line and the
 // "<... resumed>" line of the same thread are joined; the operation takes its
 // place in the order where it completed (the resumed line). Creation modes
 // are masked with the umask the log shows (umask(2) calls), 022 before the
@@ -76,6 +77,13 @@ func (p *parser) line(n int, s string) error {
 	tid, rest := splitTid(s)
 	switch {
 	case rest == "", strings.HasPrefix(rest, "+++"), strings.HasPrefix(rest, "---"):
+		return nil
+	case strings.HasSuffix(rest, "<detached ...>"):
+		// strace let go of the thread in the middle of the call (it
+		// stops when the traced command exits, while its other threads
+		// are still in syscalls): whether the call took effect is not
+		// known, and nothing of that thread follows. Dropped, as a call
+		// that failed.
 		return nil
 	case strings.HasSuffix(rest, "<unfinished ...>"):
 		p.pending[tid] = strings.TrimSuffix(strings.TrimSuffix(rest, "<unfinished ...>"), " ")

@@ -231,6 +231,7 @@ func TestParseLines(t *testing.T) {
 		`11  mkdir("n", 0777) = 0`,
 		`11  copy_file_range(3</r/a>, NULL, 4</tmp/b>, NULL, 65536, 0) = 10`,
 		`11  syscall_0x189(0x7f, [0x2`,
+		`12  unlinkat(AT_FDCWD</r>, "/r/m", AT_REMOVEDIR <detached ...>`,
 		`11  +++ exited with 0 +++`,
 	)
 	if err != nil {
