@@ -303,10 +303,14 @@ func lastLine(path string) string {
 	return line
 }
 
-// cgroupName names the instance's cgroup: <type>:<name>:<container>.
+// cgroupName names the instance's cgroup: <type>:<name>:container-<i>.
 func (in *instance) cgroupName() string {
-	return fmt.Sprintf("%s:%s", in.pluginID, in.logPrefix)
+	return in.pluginID + ":" + in.logPrefix
 }
+
+// containerLabel names a plugin's container i in its log files and
+// cgroup: container-<i>.
+func containerLabel(i string) string { return "container-" + i }
 
 func (in *instance) recordPath() string { return filepath.Join(in.dir, "process.json") }
 
@@ -421,7 +425,7 @@ func (in *instance) stopProcess(ctx context.Context) {
 	exited := terminate(ctx, p)
 	p.release()
 	if exited {
-		in.cfg.Limits.release(in)
+		in.cfg.Limits.release(in.log, in.cgroupName())
 		removeRecord(in.cfg.Commit, in.log, in.recordPath(), in.socket)
 	} else {
 		in.log.Error("plugin process did not exit after SIGKILL (uninterruptible sleep?): left, with its record", "pid", p.pid)

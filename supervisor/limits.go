@@ -59,12 +59,13 @@ func (l *Limiter) prepare(in *instance, resources []pluginconfig.Resource) (int,
 	return int(dir.Fd()), func() { dir.Close() }, nil
 }
 
-// release removes an instance's cgroup once its process has exited.
-func (l *Limiter) release(in *instance) {
+// release removes the cgroup name (an instance's cgroupName) once its
+// process has exited.
+func (l *Limiter) release(log *slog.Logger, name string) {
 	if l == nil || l.m == nil {
 		return
 	}
-	if err := l.m.Remove(in.cgroupName()); err != nil {
-		in.log.Warn("removing plugin cgroup", "error", err)
+	if err := l.m.Remove(name); err != nil {
+		log.Warn("removing plugin cgroup", "cgroup", name, "error", err)
 	}
 }

@@ -92,7 +92,7 @@ func Start(ctx context.Context, cfg Config, p *pluginconfig.Plugin, inherit Hand
 		in.container = c
 		in.dir = filepath.Join(cfg.WorkDir, base, "containers", fmt.Sprint(i))
 		in.logDir = r.LogDir()
-		in.logPrefix = fmt.Sprintf("container-%d", i)
+		in.logPrefix = containerLabel(fmt.Sprint(i))
 		in.hash = configHash(*c, socket, cfg.NodeID)
 		// Served there only if the command passes it on (optional).
 		if addons := filepath.Join(cfg.RuntimeDir, base, fmt.Sprintf("c%d-addons.sock", i)); len(addons) <= MaxSocketPath {

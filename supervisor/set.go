@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -172,6 +173,13 @@ func (s *Set) stopRecorded(ctx context.Context, path string, sockets map[string]
 		if !exited {
 			log.Error("plugin process did not exit after SIGKILL (uninterruptible sleep?): left, with its record", "pid", rec.PID)
 			return
+		}
+	}
+	// The process was born in its container's cgroup, if it had
+	// limits: <work>/csi/<type>/<name>/containers/<i>/process.json.
+	if rel, err := filepath.Rel(s.cfg.WorkDir, path); err == nil {
+		if p := strings.Split(rel, string(filepath.Separator)); len(p) == 6 {
+			s.cfg.Limits.release(log, p[1]+":"+p[2]+":"+containerLabel(p[4]))
 		}
 	}
 	socket := rec.Socket

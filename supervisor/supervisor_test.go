@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/csiagent/csiagent/internal/cgroup"
 	"github.com/csiagent/csiagent/internal/testhelp"
 	"github.com/csiagent/csiagent/pluginconfig"
 )
@@ -208,4 +209,47 @@ func TestStopUnclaimed(t *testing.T) {
 		t.Errorf("the claimed plugin runs pid %d (alive: %v); want %d adopted, alive", adopted.Pid, unix.Kill(keptPid, 0), keptPid)
 	}
 	next.Get(kept.Info.Type).Stop(true)
+}
+
+// TestStopUnclaimedReleasesCgroup: an unclaimed plugin process stopped
+// by StopUnclaimed has its container's cgroup removed with its record (it
+// was left under the agent's parent cgroup for good). The cgroup tree is
+// a fake one (cgroup.Config.Root): the process itself runs without
+// limits, which this test does not need.
+func TestStopUnclaimedReleasesCgroup(t *testing.T) {
+	root := t.TempDir()
+	for name, content := range map[string]string{"cgroup.controllers": "cpu memory\n", "cgroup.subtree_control": ""} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := cgroup.Detect(cgroup.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	changed, notify := changes()
+	cfg := Config{
+		WorkDir: filepath.Join(dir, "w"), RuntimeDir: filepath.Join(dir, "r"), NodeID: "n1",
+		BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond, ProbeInterval: time.Hour, OnChange: notify,
+	}
+	gone := managedPlugin(t, testPlugin)
+	first := NewSet(cfg)
+	first.Apply(t.Context(), pluginconfig.Update{Events: []pluginconfig.Event{{Kind: pluginconfig.Added, Type: gone.Info.Type, Plugin: gone}}})
+	pid := waitState(t, first.Get(gone.Info.Type), changed, "ready", func(in *InstanceStatus) bool { return in.State == StateReady }).Pid
+	first.StopAll()
+	// Its cgroup, as a launch with limits makes it.
+	leaf := filepath.Join(m.Parent(), gone.Info.Type+":"+gone.Info.Name+":container-0")
+	if err := os.Mkdir(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg.Limits = &Limiter{m: m}
+	NewSet(cfg).StopUnclaimed(t.Context())
+	if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
+		t.Errorf("the unclaimed plugin's pid %d after StopUnclaimed: kill 0 = %v; want ESRCH", pid, err)
+	}
+	if _, err := os.Stat(leaf); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the unclaimed plugin's cgroup %s after StopUnclaimed: %v; want it removed", leaf, err)
+	}
 }
