@@ -11,6 +11,7 @@ import (
 
 	"github.com/csiagent/csiagent/agent"
 	"github.com/csiagent/csiagent/pluginconfig"
+	"github.com/csiagent/csiagent/supervisor"
 )
 
 // checkReport is check-config's JSON output.
@@ -38,6 +39,7 @@ type checkFileErr struct {
 // directory serve watches by default.
 func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 	output := outputFlag(fs)
+	runtimeDir := fs.String("runtime-dir", agent.DefaultRuntimeDir, "serve's --runtime-dir, under which managed plugins' sockets go (checked to fit a unix socket address)")
 	return func(ctx context.Context, name string, args []string) int {
 		if err := checkOutput(*output); err != nil {
 			fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
@@ -47,13 +49,15 @@ func (e *env) checkConfigCmd(fs *pflag.FlagSet) runFunc {
 		if len(args) == 1 {
 			dir = args[0]
 		}
-		return e.checkConfig(ctx, name, dir, *output)
+		return e.checkConfig(ctx, name, dir, *runtimeDir, *output)
 	}
 }
 
-// checkConfig validates the plugin config directory dir. It stops as soon
-// as ctx ends (SIGINT, SIGTERM), even while a file is being read.
-func (e *env) checkConfig(ctx context.Context, name, dir, output string) int {
+// checkConfig validates the plugin config directory dir, and what serve
+// with runtimeDir would find when launching its managed plugins
+// (supervisor.CheckLaunch). It stops as soon as ctx ends (SIGINT,
+// SIGTERM), even while a file is being read.
+func (e *env) checkConfig(ctx context.Context, name, dir, runtimeDir, output string) int {
 	set, err := pluginconfig.LoadContext(ctx, dir)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "%s: %v\n", name, err)
@@ -68,6 +72,11 @@ func (e *env) checkConfig(ctx context.Context, name, dir, output string) int {
 	}
 	for _, fe := range set.Errors {
 		report.Errors = append(report.Errors, checkFileErr{File: fe.File, Error: fe.Err.Error()})
+	}
+	for _, p := range set.Sorted() {
+		if err := supervisor.CheckLaunch(p, runtimeDir); err != nil {
+			report.Errors = append(report.Errors, checkFileErr{File: p.File, Error: "cannot launch: " + strings.ReplaceAll(err.Error(), "\n", "; ")})
+		}
 	}
 	if output == "json" {
 		enc := json.NewEncoder(e.stdout)

@@ -91,3 +91,44 @@ func TestCheckConfigDefaultDir(t *testing.T) {
 		t.Errorf("check-config with no directory: exit %d\nstdout: %s\nstderr: %s\nwant %s checked", code, out, errOut, agent.DefaultConfigDir)
 	}
 }
+
+// TestCheckConfigLaunch: a managed plugin whose socket path under
+// --runtime-dir would not fit a unix socket address, or whose resources
+// no cgroup limit holds, is reported invalid (serve would fail only at
+// its launch); an unmanaged plugin launches nothing.
+func TestCheckConfigLaunch(t *testing.T) {
+	dir := t.TempDir()
+	managed := func(typ, resources string) string {
+		return `{"type":"` + typ + `","containers":[{"services":["NODE_SERVICE"],"command":{"value":"/bin/true"}` + resources + `}]}`
+	}
+	for name, c := range map[string]string{
+		"ok.json":    managed("ok.example", `,"resources":[{"name":"cpus","type":"SCALAR","scalar":{"value":0.5}}]`),
+		"long.json":  managed("long."+strings.Repeat("x", 40)+".example", ""),
+		"cpus.json":  managed("cpus.example", `,"resources":[{"name":"cpus","type":"SCALAR","scalar":{"value":1e12}}]`),
+		"other.json": `{"type":"unmanaged.` + strings.Repeat("x", 60) + `","endpoints":[{"csi_service":"NODE_SERVICE","endpoint":"/run/g.sock"}]}`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtimeDir := "/run/" + strings.Repeat("r", 40)
+	code, out, errOut := runBounded(t, context.Background(), "check-config", "--runtime-dir", runtimeDir, dir)
+	if code != ExitProblem {
+		t.Fatalf("exit %d, want %d; stderr %q\n%s", code, ExitProblem, errOut, out)
+	}
+	for _, want := range []string{
+		"INVALID " + filepath.Join(dir, "long.json") + ": cannot launch: containers[0]: socket path " + runtimeDir + "/csi/long.",
+		"longer than the 107 a unix socket address holds",
+		"INVALID " + filepath.Join(dir, "cpus.json") + ": cannot launch: containers[0]: resources: cpus 1e+12",
+		"4 plugin(s), 2 invalid file(s)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, unwanted := range []string{"ok.json: cannot", "other.json: cannot"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("output has %q:\n%s", unwanted, out)
+		}
+	}
+}

@@ -335,9 +335,8 @@ func (in *instance) startProcess(ctx context.Context) (*process, error) {
 			return p, err
 		}
 	}
-	if len(in.socket) > MaxSocketPath {
-		return nil, fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket address holds; use a shorter --runtime-dir, plugin type or name",
-			in.socket, len(in.socket), MaxSocketPath)
+	if err := checkSocketPath(in.socket); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(in.socket), 0o750); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)

@@ -33,6 +33,20 @@ func (l *Limiter) prepare(in *instance, resources []pluginconfig.Resource) (int,
 	if l == nil || l.m == nil {
 		return -1, nothing, nil
 	}
+	lim, any, err := limitsOf(resources)
+	if err != nil || !any {
+		return -1, nothing, err
+	}
+	dir, err := l.m.Prepare(in.cgroupName(), lim)
+	if err != nil {
+		return -1, nothing, fmt.Errorf("applying resource limits: %w", err)
+	}
+	return int(dir.Fd()), func() { dir.Close() }, nil
+}
+
+// limitsOf is the cgroup limits of a plugin container's resources (cpus,
+// mem; the others are not enforced); any is false when it names neither.
+func limitsOf(resources []pluginconfig.Resource) (lim cgroup.Limits, any bool, err error) {
 	var cpus, mem float64
 	for _, r := range resources {
 		if r.Scalar == nil {
@@ -46,17 +60,12 @@ func (l *Limiter) prepare(in *instance, resources []pluginconfig.Resource) (int,
 		}
 	}
 	if cpus == 0 && mem == 0 {
-		return -1, nothing, nil
+		return cgroup.Limits{}, false, nil
 	}
-	lim, err := cgroup.LimitsFor(cpus, mem)
-	if err != nil {
-		return -1, nothing, fmt.Errorf("resources: %w", err)
+	if lim, err = cgroup.LimitsFor(cpus, mem); err != nil {
+		return cgroup.Limits{}, false, fmt.Errorf("resources: %w", err)
 	}
-	dir, err := l.m.Prepare(in.cgroupName(), lim)
-	if err != nil {
-		return -1, nothing, fmt.Errorf("applying resource limits: %w", err)
-	}
-	return int(dir.Fd()), func() { dir.Close() }, nil
+	return lim, true, nil
 }
 
 // release removes the cgroup name (an instance's cgroupName) once its

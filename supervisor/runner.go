@@ -87,7 +87,7 @@ func Start(ctx context.Context, cfg Config, p *pluginconfig.Plugin, inherit Hand
 	base := filepath.Join("csi", info.Type, info.Name)
 	for i := range info.Containers {
 		c := &info.Containers[i]
-		socket := filepath.Join(cfg.RuntimeDir, base, fmt.Sprintf("c%d.sock", i))
+		socket := socketPath(cfg.RuntimeDir, info, i)
 		in := r.newInstance(c.Services, socket, i)
 		in.container = c
 		in.dir = filepath.Join(cfg.WorkDir, base, "containers", fmt.Sprint(i))
