@@ -179,13 +179,14 @@ func TestPrepareNamedMounts(t *testing.T) {
 	_, sandbox := memberRoots(t) // outside roots
 	named := []*agentv1.NamedMount{{Name: "data", ContainerPath: "/named"}}
 	for _, c := range []struct {
-		name   string
-		ctx    context.Context
-		req    *agentv1.PrepareRequest
-		named  resolvingNamed
-		code   codes.Code
-		msg    string
-		events []string
+		name    string
+		ctx     context.Context
+		req     *agentv1.PrepareRequest
+		named   resolvingNamed
+		refusal error
+		code    codes.Code
+		msg     string
+		events  []string
 	}{
 		{name: "root", ctx: caller(rootCred), req: &agentv1.PrepareRequest{ContainerId: "c1", Rootfs: "/x", NamedMounts: named, Volumes: []*agentv1.Volume{{ContainerPath: "/own"}}},
 			events: []string{"Prepare c1", "changed"}},
@@ -198,10 +199,21 @@ func TestPrepareNamedMounts(t *testing.T) {
 			code: codes.PermissionDenied, msg: "is not under any --api-group-roots prefix"},
 		{name: "no such name", ctx: caller(rootCred), req: &agentv1.PrepareRequest{ContainerId: "c1", NamedMounts: named},
 			named: resolvingNamed{err: fmt.Errorf("%w: data", namedvol.ErrNotFound)}, code: codes.NotFound, msg: "data"},
+		{name: "the isolator refuses a named mount's volume", ctx: caller(rootCred),
+			req:     &agentv1.PrepareRequest{ContainerId: "c1", Rootfs: "/x", NamedMounts: named, Volumes: []*agentv1.Volume{{ContainerPath: "/own"}}},
+			refusal: &isolator.VolumeError{Index: 1, Err: fmt.Errorf("%w: container_path contains a NUL byte", isolator.ErrInvalid)},
+			code:    codes.InvalidArgument, msg: "invalid request: named_mounts[0] (data): container_path contains a NUL byte",
+			events: []string{"Prepare c1", "changed"}},
+		{name: "the isolator refuses a volume of the request's own", ctx: caller(rootCred),
+			req:     &agentv1.PrepareRequest{ContainerId: "c1", Rootfs: "/x", NamedMounts: named, Volumes: []*agentv1.Volume{{ContainerPath: "/own"}}},
+			refusal: &isolator.VolumeError{Index: 0, Err: fmt.Errorf("%w: mode is required", isolator.ErrInvalid)},
+			code:    codes.InvalidArgument, msg: "invalid request: volumes[0]: mode is required",
+			events: []string{"Prepare c1", "changed"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture()
 			f.members = Members{Roots: []string{roots}}
+			f.core.prepareErr = c.refusal
 			s := f.server()
 			s.cfg.Named = c.named
 			_, err := s.Prepare(c.ctx, c.req)

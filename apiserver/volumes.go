@@ -116,14 +116,24 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 		return nil, err
 	}
 	if len(req.GetNamedMounts()) == 0 {
-		return s.prepare(ctx, c, mountNS, PrepareRequest(req))
+		return s.prepare(ctx, c, mountNS, PrepareRequest(req), nil)
 	}
 	var resp *agentv1.PrepareResponse
-	err = s.cfg.Named.Resolve(ctx, namedMounts(req), req.GetNamedMountsFromAnnotation(), func(vols []*statev1.Volume) error {
+	named, annotation := namedMounts(req), req.GetNamedMountsFromAnnotation()
+	err = s.cfg.Named.Resolve(ctx, named, annotation, func(vols []*statev1.Volume) error {
 		full := PrepareRequest(req)
+		explicit := len(full.Volumes)
 		full.Volumes = append(full.Volumes, vols...)
 		var perr error
-		resp, perr = s.prepare(ctx, c, mountNS, full)
+		resp, perr = s.prepare(ctx, c, mountNS, full, func(err error) {
+			// The named mounts' volumes follow the request's own: named
+			// as the request does, not by their index in full.
+			var ve *isolator.VolumeError
+			if errors.As(err, &ve) && ve.Index >= explicit && ve.Index-explicit < len(named) {
+				j := ve.Index - explicit
+				ve.Name = fmt.Sprintf("named_mounts[%d] (%s)", j, named[j].Name)
+			}
+		})
 		if perr != nil {
 			return prepareFailed{perr}
 		}
@@ -144,14 +154,18 @@ type prepareFailed struct{ err error }
 
 func (p prepareFailed) Error() string { return p.err.Error() }
 
-// prepare is Prepare of a checked request without named mounts, by root
-// (c nil) or a member (whose pid, if any, was checked in mount namespace
-// mountNS).
-func (s *Server) prepare(ctx context.Context, c *unix.Ucred, mountNS uint64, req *statev1.PrepareRequest) (*agentv1.PrepareResponse, error) {
+// prepare is Prepare of a checked request, its named mounts resolved, by
+// root (c nil) or a member (whose pid, if any, was checked in mount
+// namespace mountNS); refused, if not nil, sees the core's refusal before
+// it is answered.
+func (s *Server) prepare(ctx context.Context, c *unix.Ucred, mountNS uint64, req *statev1.PrepareRequest, refused func(error)) (*agentv1.PrepareResponse, error) {
 	req.Confined, req.CheckedMountNamespace = c != nil, mountNS
 	mounts, err := s.core.Prepare(ctx, req)
 	s.cfg.OnVolumesChanged()
 	if err != nil {
+		if refused != nil {
+			refused(err)
+		}
 		return nil, Status(err)
 	}
 	resp := &agentv1.PrepareResponse{Mounts: Mounts(mounts)}

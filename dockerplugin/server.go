@@ -692,7 +692,7 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 	var names []string
 	for i, m := range mounts {
 		if err := namedvol.ValidateName(m.Name); err != nil {
-			return fmt.Errorf("named mount %d: %w", i+1, err)
+			return fmt.Errorf("%s: %w", namedvol.MountLabel(annotation, i), err)
 		}
 		names = append(names, m.Name)
 	}
@@ -701,10 +701,6 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 		return fmt.Errorf("named volumes %s: waiting for another call on them: %w", strings.Join(names, ", "), err)
 	}
 	defer unlock()
-	what := "named mount"
-	if annotation {
-		what = "annotation " + namedvol.MountsAnnotation + ": mount"
-	}
 	vols := make([]*statev1.Volume, 0, len(mounts))
 	for i, m := range mounts {
 		st, err := s.Status(m.Name)
@@ -718,7 +714,7 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 			err = fmt.Errorf("%w: volume %s is a block volume; give it as a volume, not by name", namedvol.ErrInvalid, st.Name)
 		}
 		if err != nil {
-			return fmt.Errorf("%s %d: %w", what, i+1, err)
+			return fmt.Errorf("%s: %w", namedvol.MountLabel(annotation, i), err)
 		}
 		vols = append(vols, st.Volume(m.ContainerPath, m.ReadOnly))
 	}

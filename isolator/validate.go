@@ -1,6 +1,7 @@
 package isolator
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -110,6 +111,34 @@ func decodeVolumeIDLoose(s string) (string, error) {
 	return b.String(), nil
 }
 
+// VolumeError is the refusal of a Prepare request because of one of its
+// volumes, volumes[Index]; a caller that added volumes of its own to the
+// request (named mounts) sets Name to call it as its user does. Err says
+// why and wraps the class (ErrInvalid, ErrUnknownPlugin, ...), which the
+// message puts first, as in every refusal: "invalid request: volumes[2]:
+// container_path is required".
+type VolumeError struct {
+	Index int
+	Name  string
+	Err   error
+}
+
+func (e *VolumeError) Error() string {
+	name := e.Name
+	if name == "" {
+		name = fmt.Sprintf("volumes[%d]", e.Index)
+	}
+	msg := e.Err.Error()
+	for _, class := range []error{ErrInvalid, ErrUnknownPlugin, ErrUnavailable, ErrPrecondition} {
+		if rest, ok := strings.CutPrefix(msg, class.Error()+": "); ok && errors.Is(e.Err, class) {
+			return class.Error() + ": " + name + ": " + rest
+		}
+	}
+	return name + ": " + msg
+}
+
+func (e *VolumeError) Unwrap() error { return e.Err }
+
 // plan validates a Prepare request. Messages follow Mesos's volume/csi
 // isolator where it has one.
 func (iso *Isolator) plan(req *statev1.PrepareRequest) ([]plannedMount, error) {
@@ -128,7 +157,7 @@ func (iso *Isolator) plan(req *statev1.PrepareRequest) ([]plannedMount, error) {
 	var out []plannedMount
 	for i, v := range req.GetVolumes() {
 		field := func(format string, args ...any) error {
-			return fmt.Errorf("%w: volumes[%d]: %s", ErrInvalid, i, fmt.Sprintf(format, args...))
+			return &VolumeError{Index: i, Err: fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))}
 		}
 		if t := v.GetSource().GetType(); t != statev1.Volume_Source_CSI_VOLUME {
 			if statev1.Volume_Source_Type_name[int32(t)] == "" {
@@ -145,7 +174,7 @@ func (iso *Isolator) plan(req *statev1.PrepareRequest) ([]plannedMount, error) {
 			return nil, field("source.csi_volume.plugin_name is required")
 		}
 		if _, err := iso.cfg.Plugins.Lookup(plugin); err != nil {
-			return nil, fmt.Errorf("volumes[%d]: %w", i, err)
+			return nil, &VolumeError{Index: i, Err: err}
 		}
 		static := csiVol.GetStaticProvisioning()
 		if static == nil {

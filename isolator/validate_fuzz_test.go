@@ -2,6 +2,7 @@ package isolator
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -276,4 +277,49 @@ func FuzzCheckpointDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestPlanNamesTheVolume: a refusal because of one volume is a
+// VolumeError with its index, the class first in its message; a caller's
+// Name replaces volumes[N].
+func TestPlanNamesTheVolume(t *testing.T) {
+	iso := &Isolator{cfg: Config{WorkDir: "/work", Plugins: fakePlugins{}}}
+	second := func(mutate func(v *statev1.Volume)) *statev1.PrepareRequest {
+		req := &statev1.PrepareRequest{}
+		if err := proto.Unmarshal(seedRequest(nil), req); err != nil {
+			t.Fatal(err)
+		}
+		v := proto.Clone(req.Volumes[0]).(*statev1.Volume)
+		v.ContainerPath, v.Source.CsiVolume.StaticProvisioning.VolumeId = "other", "vol-2"
+		mutate(v)
+		req.Volumes = append(req.Volumes, v)
+		return req
+	}
+	for _, c := range []struct {
+		name   string
+		req    *statev1.PrepareRequest
+		class  error
+		msg    string
+		called string
+	}{
+		{"mode", second(func(v *statev1.Volume) { v.Mode = 0 }), ErrInvalid,
+			"invalid request: volumes[1]: mode is required: RW or RO", "invalid request: named_mounts[0] (x): mode is required"},
+		{"unknown plugin", second(func(v *statev1.Volume) { v.Source.CsiVolume.PluginName = "nope" }), ErrUnknownPlugin,
+			"volumes[1]: unknown plugin", "named_mounts[0] (x): unknown plugin"}, // the fake's bare class
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := iso.plan(c.req)
+			var ve *VolumeError
+			if !errors.As(err, &ve) || ve.Index != 1 || !errors.Is(err, c.class) {
+				t.Fatalf("plan = %v; want a VolumeError of volumes[1] wrapping %v", err, c.class)
+			}
+			if !strings.HasPrefix(err.Error(), c.msg) {
+				t.Errorf("message %q; want it to start %q", err, c.msg)
+			}
+			ve.Name = "named_mounts[0] (x)"
+			if !strings.HasPrefix(err.Error(), c.called) {
+				t.Errorf("renamed: %q; want it to start %q", err, c.called)
+			}
+		})
+	}
 }

@@ -48,6 +48,16 @@ type Mount struct {
 	ReadOnly            bool
 }
 
+// MountLabel is how errors name a request's named mount i (from 0): "named
+// mount 2", or, for mounts from the annotation, "annotation
+// csi.csiagent.io/mounts: mount 2".
+func MountLabel(annotation bool, i int) string {
+	if annotation {
+		return fmt.Sprintf("annotation %s: mount %d", MountsAnnotation, i+1)
+	}
+	return fmt.Sprintf("named mount %d", i+1)
+}
+
 // ParseMounts parses NAME:PATH[:ro][;NAME:PATH[:ro]...], the form of the
 // csi.csiagent.io/mounts annotation and of csi-agent prepare --mounts.
 func ParseMounts(value string) ([]Mount, error) {
