@@ -315,8 +315,7 @@ const (
 
 // listenUnix creates one of the agent's sockets, or takes the one
 // activated under name: 0600 root (0660 root:APIGroup).
-func (a *Agent) listenUnix(path, what, name string) (net.Listener, error) {
-	o := unixsock.Owner{GID: a.cfg.APIGroup}
+func (a *Agent) listenUnix(path, what, name string, o unixsock.Owner) (net.Listener, error) {
 	var lis net.Listener
 	var err error
 	if f, ok := a.cfg.Activated[name]; ok {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/csiagent/csiagent/apiserver"
 	"github.com/csiagent/csiagent/dockerplugin"
+	"github.com/csiagent/csiagent/internal/unixsock"
 	"github.com/csiagent/csiagent/isolator"
 	"github.com/csiagent/csiagent/namedvol"
 	statev1 "github.com/csiagent/csiagent/proto/state/v1"
@@ -80,7 +81,11 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	if a.cfg.DockerPluginSocket == "" {
 		return func() {}, nil
 	}
-	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket", ActivatedDockerPlugin)
+	// Root's alone (0600), whatever --api-group: the engines run as root,
+	// and the protocol defines and removes named volumes, takes any
+	// option (secret references included) and releases engine mounts by
+	// id, none of which the API lets a member do.
+	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket", ActivatedDockerPlugin, unixsock.Owner{GID: -1})
 	if err != nil {
 		return nil, err
 	}
@@ -91,10 +96,11 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 		go func() { defer close(done); a.checkDocker(ctx) }()
 		stopChecking = func() { cancel(); <-done }
 	}
-	// Peer credentials are checked as on the API socket; the limits bound
-	// each connection's time and how many are served at once.
+	// Peer credentials are checked (root only, as the socket's mode);
+	// the limits bound each connection's time and how many are served at
+	// once.
 	lim := dockerplugin.DefaultLimits
-	hs := lim.HTTPServer(a.access.HTTP(engineTagged(srv.Handler(lim.CallTimeout))))
+	hs := lim.HTTPServer(apiserver.Access{Group: -1}.HTTP(engineTagged(srv.Handler(lim.CallTimeout))))
 	hs.ConnContext = apiserver.ConnContext
 	hs.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelError)
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)

@@ -195,7 +195,7 @@ func (a *Agent) startWatcher(ctx context.Context) (stop func(), err error) {
 // streams, stops accepting calls and lets in-flight ones finish within
 // the shutdown timeout.
 func (a *Agent) startAPI(context.Context) (stop func(), err error) {
-	lis, err := a.listenUnix(a.cfg.APISocket, "API socket", ActivatedAPI)
+	lis, err := a.listenUnix(a.cfg.APISocket, "API socket", ActivatedAPI, unixsock.Owner{GID: a.cfg.APIGroup})
 	if err != nil {
 		return nil, err
 	}

@@ -170,7 +170,11 @@ func HTTPPeer(r *http.Request) *unix.Ucred {
 func (a Access) HTTP(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cred := HTTPPeer(r); cred == nil || !a.Permitted(cred) {
-			http.Error(w, `{"Err": "only root and members of the agent's --api-group may use this socket"}`, http.StatusForbidden)
+			who := "root and members of the agent's --api-group"
+			if a.Group < 0 {
+				who = "root"
+			}
+			http.Error(w, `{"Err": "only `+who+` may use this socket"}`, http.StatusForbidden)
 			return
 		}
 		h.ServeHTTP(w, r)

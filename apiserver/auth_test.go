@@ -68,8 +68,8 @@ func TestHTTPPeerCheck(t *testing.T) {
 			if resp.StatusCode != c.want {
 				t.Fatalf("status %d (%s), want %d", resp.StatusCode, body, c.want)
 			}
-			if c.want == http.StatusForbidden && !strings.Contains(string(body), `"Err"`) {
-				t.Errorf("refusal %q is not a plugin-protocol error", body)
+			if c.want == http.StatusForbidden && (!strings.Contains(string(body), `"Err"`) || !strings.Contains(string(body), "only root may")) {
+				t.Errorf("refusal %q is not a plugin-protocol error saying only root may", body)
 			}
 		})
 	}
