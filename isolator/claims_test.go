@@ -136,3 +136,38 @@ func TestUnitClaimedOnEveryWayUp(t *testing.T) {
 	fleet.mu.Unlock()
 	w.cleanup(iso, "c1")
 }
+
+// TestUnitClaimedAfterAReboot: after a reboot, recovery brings a volume
+// that still has users up again from a mid-way state (NODE_STAGE, or
+// CONTROLLER_PUBLISH for a plugin that attaches) it records first; the
+// node's claim is asked for on that way up too. Here it went to node b
+// while this node was down (an operator's release of a node taken for
+// dead), so nothing is attached, staged or published: the review found
+// the volume brought up on both nodes.
+func TestUnitClaimedAfterAReboot(t *testing.T) {
+	for _, plugin := range []string{"loop", "attach"} {
+		t.Run(plugin, func(t *testing.T) {
+			fleet := &fleetClaims{holders: map[string]string{}}
+			w := newWorld(t)
+			iso := w.run(Config{Claims: nodeClaims{fleet, "a"}})
+			w.prepare(iso, w.request("c1", vol{plugin, "vol-1", "/data", false}))
+			w.reboot()
+			fleet.mu.Lock()
+			fleet.holders[plugin+"/vol-1"] = "b"
+			fleet.mu.Unlock()
+			w.calls(plugin) // drained
+			iso = w.run(Config{Claims: nodeClaims{fleet, "a"}})
+			for _, c := range w.calls(plugin) {
+				for _, up := range []string{"ControllerPublishVolume", "NodeStageVolume", "NodePublishVolume"} {
+					if strings.HasPrefix(c, up) {
+						t.Errorf("after a reboot, recovery brought up a volume whose claim is node b's: %s", c)
+					}
+				}
+			}
+			fleet.mu.Lock()
+			fleet.holders[plugin+"/vol-1"] = "a" // b is done with it
+			fleet.mu.Unlock()
+			w.cleanup(iso, "c1")
+		})
+	}
+}

@@ -348,8 +348,16 @@ func (iso *Isolator) convergeSteps(ctx context.Context, v *volume, want vstate) 
 		// attach: nothing to call.
 		return before, iso.teardownDirs(ctx, v)
 	}
-	if v.cp.State != steps[0].during || len(v.pending) > 0 {
+	switch {
+	case v.cp.State != steps[0].during || len(v.pending) > 0:
 		if err := checkpointStep(ctx, "checkpoint volume: first step", func() error { return iso.enterState(ctx, v, before, want, steps[0].during, node) }); err != nil {
+			return v.cp.State, err
+		}
+	case want == stPublished:
+		// Resumed from the step's mid-way state (an interrupted stage,
+		// or recovery after a reboot, which records it first): the
+		// node must still hold the claim, as on every way up.
+		if err := iso.claim(ctx, v.key, v.cp.GetStaticProvisioning().GetVolumeCapability()); err != nil {
 			return v.cp.State, err
 		}
 	}
