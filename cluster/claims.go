@@ -31,14 +31,18 @@ const (
 	Exclusive Mode = "exclusive"
 	// Shared: any number of nodes (MULTI_NODE_READER_ONLY).
 	Shared Mode = "shared"
+	// MultiWriter: any number of nodes, writers (MULTI_NODE_MULTI_WRITER)
+	// and readers; never beside an exclusive claim, whose single writer
+	// it would not be.
+	MultiWriter Mode = "multi-writer"
 )
 
-// ModeOf is the claim an access mode needs; ok false: none
-// (MULTI_NODE_MULTI_WRITER). An unknown or missing mode is ErrInvalid.
+// ModeOf is the claim an access mode needs; ok false: none. An unknown or
+// missing mode is ErrInvalid.
 func ModeOf(volCap *csi.VolumeCapability) (m Mode, ok bool, err error) {
 	switch mode := volCap.GetAccessMode().GetMode(); mode {
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
-		return "", false, nil
+		return MultiWriter, true, nil
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
 		return Shared, true, nil
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
@@ -53,7 +57,23 @@ func ModeOf(volCap *csi.VolumeCapability) (m Mode, ok bool, err error) {
 }
 
 // covers reports whether holding m is enough for a request of want.
-func (m Mode) covers(want Mode) bool { return m == Exclusive || m == want }
+func (m Mode) covers(want Mode) bool {
+	return m == Exclusive || m == want || m == MultiWriter && want == Shared
+}
+
+// joins reports whether a node may join a claim held as m by others for a
+// request of want, and the claim's mode then: readers join readers;
+// writers and readers join multi-writers, and readers become a
+// multi-writer claim when a multi-writer joins them.
+func (m Mode) joins(want Mode) (Mode, bool) {
+	switch {
+	case m == Shared && want == Shared:
+		return Shared, true
+	case m == MultiWriter && want != Exclusive, m == Shared && want == MultiWriter:
+		return MultiWriter, true
+	}
+	return "", false
+}
 
 // claimRecord is a claim key's value in etcd.
 type claimRecord struct {
@@ -536,13 +556,14 @@ func grant(rec *claimRecord, plugin, volumeID, node string, want Mode) (next *cl
 	switch {
 	case mine && rec.Mode.covers(want):
 		return nil, rec.Mode, nil
-	case rec.Mode == Shared && want == Shared:
-		next := *rec
-		next.Holders = maps.Clone(rec.Holders)
-		next.Holders[node] = now
-		return &next, Shared, nil
-	case mine && len(rec.Holders) == 1: // shared by this node alone: upgrade
+	case mine && len(rec.Holders) == 1: // held by this node alone: upgrade
 		return &claimRecord{Plugin: plugin, Volume: volumeID, Mode: want, Holders: map[string]time.Time{node: now}}, want, nil
+	}
+	if mode, ok := rec.Mode.joins(want); ok {
+		next := *rec
+		next.Mode, next.Holders = mode, maps.Clone(rec.Holders)
+		next.Holders[node] = now
+		return &next, mode, nil
 	}
 	others := slices.DeleteFunc(rec.holderList(), func(h string) bool { return h == node })
 	return nil, "", fmt.Errorf("%w: volume %s of plugin %s is held %s by node %s (since %s); a %s claim needs it released there first",

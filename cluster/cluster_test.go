@@ -132,8 +132,35 @@ func TestSharedReadersAndModes(t *testing.T) {
 	if err := b.Claim(ctx, "loop", "rwx", rwx); err != nil {
 		t.Fatal(err)
 	}
+	// Multi-writers share one claim, which covers their readers; an
+	// exclusive claim neither joins it nor lets it join (before, a
+	// multi-writer took no claim, and staged a volume another node held
+	// as its single writer).
+	if h := holders(t, a, "loop", "rwx"); !slices.Equal(h, []string{"node-a", "node-b"}) {
+		t.Fatalf("multi-writers: etcd shows %v", h)
+	}
+	if err := b.Claim(ctx, "loop", "rwx", rox); err != nil {
+		t.Fatalf("a reader where its node is a multi-writer: %v", err)
+	}
+	if err := b.Claim(ctx, "loop", "rwx", rwo); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("an exclusive claim on a multi-writer one: %v, want ErrConflict naming node-a", err)
+	}
+	if err := a.Claim(ctx, "loop", "x", rwo); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Claim(ctx, "loop", "x", rwx); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("a multi-writer on an exclusive claim: %v, want ErrConflict naming node-a", err)
+	}
+	for _, r := range []struct {
+		n  *testNode
+		id string
+	}{{a, "x"}, {a, "rwx"}, {b, "rwx"}} {
+		if err := r.n.Release(ctx, "loop", r.id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if h := holders(t, a, "loop", "rwx"); h != nil || len(a.Local()) != 0 {
-		t.Fatalf("MULTI_NODE_MULTI_WRITER took a claim: etcd %v, local %v", h, a.Local())
+		t.Fatalf("after the releases: etcd %v, local %v", h, a.Local())
 	}
 	if err := a.Claim(ctx, "loop", "v", &csi.VolumeCapability{}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("a capability without an access mode: %v, want ErrInvalid", err)

@@ -17,7 +17,9 @@
 // Claim takes a claim key per plugin and volume id, in one etcd
 // compare-and-put transaction: exclusive for the single-node access modes
 // and MULTI_NODE_SINGLE_WRITER, shared by the MULTI_NODE_READER_ONLY
-// readers, none for MULTI_NODE_MULTI_WRITER (ModeOf). A claim is never
+// readers, multi-writer for MULTI_NODE_MULTI_WRITER, shared by
+// multi-writers and readers and refused beside an exclusive claim (ModeOf,
+// Mode.joins). A claim is never
 // bound to a lease: a host that dies keeps its claims (partitioned, it may
 // still be writing) until ReleaseNode. The node records its claims in its
 // claim records (Config.StateDir/claims/, atomicfile records on the
