@@ -282,16 +282,16 @@ type fleetLocks struct{ a *Agent }
 // Lock is the cluster's Lock, its errors as status codes: etcd not
 // answering (or not joined yet) Unavailable, the deadline reached while
 // another node held it DeadlineExceeded naming the node.
-func (f fleetLocks) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (func(), error) {
+func (f fleetLocks) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (context.Context, func(), error) {
 	c := f.a.cluster.Load()
 	if c == nil {
-		return nil, status.Error(codes.Unavailable, "the agent has not joined its cluster yet: no fleet-wide lock")
+		return nil, nil, status.Error(codes.Unavailable, "the agent has not joined its cluster yet: no fleet-wide lock")
 	}
-	unlock, err := c.Lock(ctx, kind, id, waiting)
+	held, unlock, err := c.Lock(ctx, kind, id, waiting)
 	if err != nil {
-		return nil, apiserver.Status(err)
+		return nil, nil, apiserver.Status(err)
 	}
-	return unlock, nil
+	return held, unlock, nil
 }
 
 // clusterCollector exports the fleet's counters (cluster.Stats) as

@@ -301,7 +301,7 @@ func TestQuorumLossFailsClosed(t *testing.T) {
 		t.Fatalf("a release without quorum: %v", err)
 	}
 	a.setInUse("loop", "back", true)
-	if _, err := a.Lock(ctx, "volume", "x", nil); !errors.Is(err, ErrUnavailable) {
+	if _, _, err := a.Lock(ctx, "volume", "x", nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a lock without quorum: %v", err)
 	}
 	if st := a.Stats(); st.Connected || st.PendingReleases != 2 || st.ClaimsHeld != 1 {
@@ -522,10 +522,10 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
 	ctx := testCtx(t, 30*time.Second)
 
-	if _, err := a.Lock(context.Background(), "volume", "x", nil); !errors.Is(err, ErrInvalid) {
+	if _, _, err := a.Lock(context.Background(), "volume", "x", nil); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Lock without a deadline: %v, want ErrInvalid", err)
 	}
-	unlock, err := a.Lock(ctx, "volume", "x", nil)
+	_, unlock, err := a.Lock(ctx, "volume", "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +538,7 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	var waitedFor []string
-	_, err = b.Lock(short, "volume", "x", func(holder string) { waitedFor = append(waitedFor, holder) })
+	_, _, err = b.Lock(short, "volume", "x", func(holder string) { waitedFor = append(waitedFor, holder) })
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "node-a") {
 		t.Fatalf("Lock of a held lock past its deadline: %v, want DeadlineExceeded naming node-a", err)
@@ -553,7 +553,7 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	for _, n := range []*testNode{a, b} {
 		wg.Go(func() {
 			for range 10 {
-				unlock, err := n.Lock(ctx, "volume", "y", nil)
+				_, unlock, err := n.Lock(ctx, "volume", "y", nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -576,12 +576,12 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 		t.Fatalf("%d of %d critical sections overlapped", overlaps.Load(), runs.Load())
 	}
 	// Two callers on one node share its session: they are serialised too.
-	unlock, err = a.Lock(ctx, "volume", "z", nil)
+	_, unlock, err = a.Lock(ctx, "volume", "z", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = a.Lock(short, "volume", "z", nil)
+	_, _, err = a.Lock(short, "volume", "z", nil)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a second Lock on the same node: %v, want DeadlineExceeded", err)
@@ -592,6 +592,89 @@ func TestLockSerialisesAcrossNodes(t *testing.T) {
 	}
 	if a.Stats().LocksHeld != 0 || b.Stats().LocksHeld != 0 {
 		t.Errorf("locks held after unlocking: %d, %d", a.Stats().LocksHeld, b.Stats().LocksHeld)
+	}
+}
+
+// TestLockBoundedWhenEtcdStops: a Lock waiting for another node's lock
+// returns at its deadline when etcd stops answering meanwhile (the etcd
+// mutex's cleanup after a failed wait had no deadline: it blocked for as
+// long as etcd was gone), and the lock it held is taken by the next
+// caller once etcd is back. A held lock's context ends when the node's
+// lease does (etcd gone past the lease's TTL; the lease revoked).
+func TestLockBoundedWhenEtcdStops(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	b := newNode(t, ec.Endpoints, "node-b", t.TempDir(), true)
+	ctx := testCtx(t, 60*time.Second)
+	held, unlock, err := a.Lock(ctx, "volume", "x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		short, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		_, _, err := b.Lock(short, "volume", "x", func(string) { close(waiting) })
+		done <- err
+	}()
+	<-waiting
+	etcdtest.StopAll(ec.Members...)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Lock of a held lock succeeded with etcd stopped")
+		}
+		if took := time.Since(start); took > 8*time.Second {
+			t.Errorf("Lock with a 3s deadline returned after %v", took)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Lock with a 3s deadline still blocked 20s later, etcd stopped")
+	}
+	// Stopped past the lease's TTL: the lock may be another node's now.
+	select {
+	case <-held.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held lock's context lives on 20s after etcd stopped (lease TTL 2s)")
+	}
+	for _, m := range ec.Members {
+		if err := m.StartNoWait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ec.Leader(30*time.Second) == nil {
+		t.Fatal("no leader after the restart")
+	}
+	unlock()
+	waitFor(t, 20*time.Second, "node-b takes the lock node-a released", func() bool {
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, unlockB, err := b.Lock(short, "volume", "x", nil)
+		if err != nil {
+			return false
+		}
+		unlockB()
+		return true
+	})
+
+	// The lease revoked (etcd up): the held lock's context ends.
+	waitFor(t, 20*time.Second, "node-a registered again and locking", func() bool {
+		held, unlock, err = a.Lock(ctx, "volume", "y", nil)
+		return err == nil
+	})
+	defer unlock()
+	a.Cluster.mu.Lock()
+	lease := a.session.Lease()
+	a.Cluster.mu.Unlock()
+	if _, err := b.client.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held lock's context lives on 20s after the node's lease was revoked")
 	}
 }
 

@@ -66,8 +66,12 @@
 // succeeded or the operator asserted the node down. Each release
 // re-checks in its transaction that the node has not come back.
 //
-// Lock takes an etcd mutex (concurrency.Mutex) per object kind and id on
-// the node's session, bounded by the caller's deadline. Claims reads every
+// Lock takes an etcd mutex per object kind and id on the node's session
+// (concurrency.Mutex's keys and order, with a wait and a cleanup bounded
+// by the caller's deadline and retried in the background: a key left
+// behind would hold the object for the node's lease's whole life), and
+// returns a context that ends with the lease, under which the operation
+// runs: another node may take the lock once the lease is gone. Claims reads every
 // claim and lock of the cluster (csi-agent cluster claims); Local and
 // Revoked read this node's claim records; Stats are the counters for
 // metrics (connected, claims held, pending releases, revoked, conflicts,
@@ -82,7 +86,7 @@
 //	P/nodes/<node>/alive             {"lease": hex, "since": time}, on the node's lease
 //	P/claims/<plugin>/<volume>       {"plugin", "volume", "mode": "exclusive"|"shared",
 //	                                  "holders": {node: since}}, no lease
-//	P/locks/<kind>/<id>/<lease hex>  concurrency.Mutex keys on the holder's lease
+//	P/locks/<kind>/<id>/<lease hex>  mutex keys on the holder's lease (concurrency.Mutex's)
 //
 // # Claim records
 //

@@ -26,28 +26,33 @@ type lockHeld struct {
 // Lock takes the cluster-wide lock of one object (kind: "volume",
 // "volumegroup", "groupsnapshot", ...; id: the plugin's id of it), waiting
 // while another node or caller holds it until ctx ends; ctx must carry a
-// deadline (the operation's). The lock lives on the node's lease: it is
-// lost if the node loses its lease (etcd unreachable for the lease's
-// TTL). unlock releases it (within Config.CallTimeout; a failure leaves
-// it to the lease). waiting, if set, is called once, before the wait,
-// when the lock is held, with its holder ("this node" for another call
-// here, "" when etcd could not say).
-func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (unlock func(), err error) {
+// deadline (the operation's), which bounds every etcd call of the wait.
+// The lock lives on the node's lease: held is ctx, cancelled when the
+// lease is lost (etcd unreachable for the lease's TTL, or revoked), since
+// another node may take the lock then: the operation must run under it.
+// unlock releases it. A lock key that cannot be deleted (etcd not
+// answering) is deleted again in the background, this node's next caller
+// of the object waiting, until it is gone or the lease is: it never
+// holds the object for other nodes. waiting, if set, is called once,
+// before the wait, when the lock is held, with its holder ("this node"
+// for another call here, "" when etcd could not say).
+func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (held context.Context, unlock func(), err error) {
 	if kind == "" || id == "" {
-		return nil, fmt.Errorf("%w: a lock needs a kind and an id (got %q, %q)", ErrInvalid, kind, id)
+		return nil, nil, fmt.Errorf("%w: a lock needs a kind and an id (got %q, %q)", ErrInvalid, kind, id)
 	}
 	if _, ok := ctx.Deadline(); !ok {
-		return nil, fmt.Errorf("%w: locking %s %s: the context has no deadline (pass the operation's)", ErrInvalid, kind, id)
+		return nil, nil, fmt.Errorf("%w: locking %s %s: the context has no deadline (pass the operation's)", ErrInvalid, kind, id)
 	}
 	c.mu.Lock()
 	s := c.session
 	c.mu.Unlock()
 	if s == nil {
-		return nil, fmt.Errorf("%w: locking %s %s: this node is not registered in etcd (etcd unreachable or no quorum)", ErrUnavailable, kind, id)
+		return nil, nil, fmt.Errorf("%w: locking %s %s: this node is not registered in etcd (etcd unreachable or no quorum)", ErrUnavailable, kind, id)
 	}
 	prefix := c.keys.lock(kind, id)
 	// Callers on this node first take a local lock: the node's callers
-	// share its session, so its etcd mutex alone would let them all in.
+	// share its session (one key per session), so its etcd lock alone
+	// would let them all in.
 	waited := false
 	wait := func(holder string) {
 		waited = true
@@ -57,26 +62,24 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder
 	}
 	unlockLocal, err := c.objects.LockWaiting(ctx, prefix, func() { wait("this node") })
 	if err != nil {
-		return nil, fmt.Errorf("locking %s %s (held by another call on this node): %w", kind, id, err)
+		return nil, nil, fmt.Errorf("locking %s %s (held by another call on this node): %w", kind, id, err)
 	}
-	m := concurrency.NewMutex(s, prefix)
-	tctx, cancel := c.callCtx(ctx)
-	err = m.TryLock(tctx)
-	cancel()
-	if errors.Is(err, concurrency.ErrLocked) {
+	key := fmt.Sprintf("%s/%x", prefix, s.Lease())
+	err = c.acquireLock(ctx, prefix, key, s.Lease(), func() {
 		if !waited {
 			hctx, cancel := c.callCtx(ctx)
 			holder, _ := c.lockHolder(hctx, prefix) // for the message only
 			cancel()
 			wait(holder)
 		}
-		err = m.Lock(ctx)
-	}
+	})
 	if waited {
 		c.lockWaits.Add(1)
 	}
 	if err != nil {
-		unlockLocal()
+		// The key may be written (an answer lost): gone before this
+		// node's next caller of the object may write it again.
+		c.dropLockKey(s, key, unlockLocal)
 		what := fmt.Sprintf("locking %s %s", kind, id)
 		if ctx.Err() != nil {
 			hctx, cancel := c.callCtx(context.WithoutCancel(ctx))
@@ -85,26 +88,126 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder
 				what += " (held by node " + holder + ")"
 			}
 		}
-		return nil, c.etcdErr(ctx, what, err)
+		return nil, nil, c.etcdErr(ctx, what, err)
 	}
 	c.mu.Lock()
-	c.held[m.Key()] = lockHeld{kind: kind, id: id, since: time.Now().UTC()}
+	c.held[key] = lockHeld{kind: kind, id: id, since: time.Now().UTC()}
 	c.mu.Unlock()
+	held, cancelHeld := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.Ctx(), cancelHeld)
 	var once sync.Once
-	return func() {
+	return held, func() {
 		once.Do(func() {
+			stop()
+			cancelHeld()
 			c.mu.Lock()
-			delete(c.held, m.Key())
+			delete(c.held, key)
 			c.mu.Unlock()
-			defer unlockLocal()
-			uctx, cancel := c.callCtx(context.Background())
-			defer cancel()
-			if err := m.Unlock(uctx); err != nil {
-				c.log.Warn("cluster: unlocking; the lock goes with the node's lease", "kind", kind, "id", id, "error", err)
-			}
+			c.dropLockKey(s, key, unlockLocal)
 		})
 	}, nil
 }
+
+// acquireLock writes key (on lease, in the lock at prefix) unless it is
+// there, and waits, calling wait first, until every older key of the
+// lock is gone (the oldest key holds it), or ctx ends: the wait of
+// concurrency.Mutex.Lock, whose cleanup after a failed wait has no
+// deadline (it blocked for as long as etcd did not answer).
+func (c *Cluster) acquireLock(ctx context.Context, prefix, key string, lease clientv3.LeaseID, wait func()) error {
+	tctx, cancel := c.callCtx(ctx)
+	resp, err := c.client.Txn(tctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, "", clientv3.WithLease(lease)), clientv3.OpGet(prefix+"/", clientv3.WithFirstCreate()...)).
+		Else(clientv3.OpGet(key), clientv3.OpGet(prefix+"/", clientv3.WithFirstCreate()...)).Commit()
+	cancel()
+	if err != nil {
+		return err
+	}
+	mine := resp.Header.Revision
+	if !resp.Succeeded {
+		mine = resp.Responses[0].GetResponseRange().GetKvs()[0].CreateRevision
+	}
+	if owner := resp.Responses[1].GetResponseRange().GetKvs(); len(owner) == 0 || owner[0].CreateRevision == mine {
+		return nil
+	}
+	wait()
+	// The older keys go one by one (each holder's unlock, or its lease).
+	for {
+		resp, err := c.client.Get(ctx, prefix+"/", append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(mine-1))...)
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 {
+			break
+		}
+		if err := c.waitDelete(ctx, string(resp.Kvs[0].Key), resp.Header.Revision); err != nil {
+			return err
+		}
+	}
+	// The key itself must still be there (its lease may have gone).
+	resp2, err := c.client.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	if len(resp2.Kvs) == 0 {
+		return fmt.Errorf("the node's lease ended while it waited for the lock")
+	}
+	return nil
+}
+
+// waitDelete waits until key is deleted at or after revision rev, or ctx
+// ends.
+func (c *Cluster) waitDelete(ctx context.Context, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range c.client.Watch(wctx, key, clientv3.WithRev(rev)) {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return nil
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.New("the watch for the lock's older key ended")
+}
+
+// dropLockKey deletes a lock key of session s, then calls done (which
+// lets this node's next caller of the object write it again). Until a
+// delete succeeds or the session ends (the lease takes the key), it
+// retries in the background, at most lockDropRetry apart.
+func (c *Cluster) dropLockKey(s *concurrency.Session, key string, done func()) {
+	del := func() bool {
+		dctx, cancel := c.callCtx(context.Background())
+		defer cancel()
+		_, err := c.client.Delete(dctx, key)
+		return err == nil
+	}
+	if del() {
+		done()
+		return
+	}
+	c.log.Warn("cluster: deleting a lock key failed; retrying until etcd answers or the node's lease ends", "key", key)
+	go func() {
+		defer done()
+		for {
+			select {
+			case <-s.Done():
+				return
+			case <-time.After(lockDropRetry):
+			}
+			if del() {
+				return
+			}
+		}
+	}()
+}
+
+// lockDropRetry spaces the retries of a lock key's deletion.
+const lockDropRetry = time.Second
 
 // lockHolder names the node whose session holds the lock at prefix ("":
 // none).

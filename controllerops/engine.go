@@ -98,8 +98,9 @@ type op struct {
 
 // withLock runs f holding the lock of one plugin object, in this agent
 // and, in a fleet, across it, reporting a WAITING progress if another
-// operation holds it.
-func (o *op) withLock(ctx context.Context, kind, id string, f func() error) error {
+// operation holds it. f's ctx is ctx, ended in a fleet when the lock may
+// be lost (FleetLocks.Lock).
+func (o *op) withLock(ctx context.Context, kind, id string, f func(ctx context.Context) error) error {
 	var sendErr error
 	waiting := func(where string) {
 		if sendErr == nil {
@@ -119,7 +120,7 @@ func (o *op) withLock(ctx context.Context, kind, id string, f func() error) erro
 	}
 	if o.s.fleet != nil {
 		// One object id per plugin: the lock's kind names both.
-		unlockFleet, err := o.s.fleet.Lock(ctx, o.plugin+" "+kind, cmp.Or(id, "*"), func(holder string) {
+		held, unlockFleet, err := o.s.fleet.Lock(ctx, o.plugin+" "+kind, cmp.Or(id, "*"), func(holder string) {
 			waiting("on node " + cmp.Or(holder, "(unknown)") + " of the fleet")
 		})
 		if err != nil {
@@ -129,8 +130,9 @@ func (o *op) withLock(ctx context.Context, kind, id string, f func() error) erro
 		if sendErr != nil {
 			return sendErr
 		}
+		ctx = held
 	}
-	return f()
+	return f(ctx)
 }
 
 // agentSide wraps an error that comes from the agent (unknown plugin, no

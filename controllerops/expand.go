@@ -71,7 +71,7 @@ func (s *Server) ExpandVolume(req *agentv1.ExpandVolumeRequest, stream grpc.Serv
 			return invalid("required_bytes %d: must not be negative", req.GetRequiredBytes())
 		}
 		pv, published := s.plugins.Published(o.plugin, id)
-		return o.withLock(ctx, "volume", id, func() error {
+		return o.withLock(ctx, "volume", id, func(ctx context.Context) error {
 			ctrl, err := o.controllerExpands(ctx)
 			if err != nil {
 				return err

@@ -88,7 +88,7 @@ func fenceBody(req *agentv1.FenceRequest, fenceIt bool) func(ctx context.Context
 		if err != nil {
 			return err
 		}
-		return o.withLock(ctx, "network fence", "", func() error {
+		return o.withLock(ctx, "network fence", "", func(ctx context.Context) error {
 			return o.invoke(ctx, fenceSpec(rpc), req, func(ctx context.Context, conn *grpc.ClientConn) error {
 				c := fence.NewFenceControllerClient(conn)
 				if fenceIt {

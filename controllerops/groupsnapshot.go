@@ -85,7 +85,7 @@ func (s *Server) CreateGroupSnapshot(req *agentv1.CreateGroupSnapshotRequest, st
 		if err := o.requireGroupSnapshots(ctx); err != nil {
 			return err
 		}
-		return o.withLock(ctx, "group snapshot name", req.GetName(), func() error {
+		return o.withLock(ctx, "group snapshot name", req.GetName(), func(ctx context.Context) error {
 			want := &snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindGroup, Plugin: o.plugin,
 				SourceVolumes: req.GetSourceVolumeIds(), Container: req.GetContainerId()}
 			return s.recordCreate(want, func(e *snapcat.Entry) error {
@@ -202,7 +202,7 @@ func (s *Server) DeleteGroupSnapshot(req *agentv1.DeleteGroupSnapshotRequest, st
 		if err := o.requireGroupSnapshots(ctx); err != nil {
 			return err
 		}
-		return o.withLock(ctx, "group snapshot", req.GetGroupSnapshotId(), func() error {
+		return o.withLock(ctx, "group snapshot", req.GetGroupSnapshotId(), func(ctx context.Context) error {
 			preq := &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: req.GetGroupSnapshotId(), SnapshotIds: req.GetSnapshotIds(), Secrets: req.GetSecrets()}
 			if _, err := callPlugin(ctx, o, deleteGroupSnapshotSpec(), csi.NewGroupControllerClient, csi.GroupControllerClient.DeleteVolumeGroupSnapshot, preq); err != nil {
 				return err

@@ -54,7 +54,7 @@ func (s *Server) rotateKey(ctx context.Context, o *op, id string, params, secret
 	if !ok {
 		return status.Errorf(codes.FailedPrecondition, "volume %s of plugin %s is not published on this host: its key is rotated where it is published", id, o.plugin)
 	}
-	return o.withLock(ctx, "volume", id, func() error {
+	return o.withLock(ctx, "volume", id, func(ctx context.Context) error {
 		preq := &ekr.EncryptionKeyRotateRequest{VolumeId: id, VolumePath: pv.TargetPath, Parameters: params, Secrets: secrets}
 		_, err := callPlugin(ctx, o, keyRotateSpec(), ekr.NewEncryptionKeyRotationControllerClient, ekr.EncryptionKeyRotationControllerClient.EncryptionKeyRotate, preq)
 		return err

@@ -141,15 +141,15 @@ type fakeFleet struct {
 	locked, unlocked []string
 }
 
-func (f *fakeFleet) Lock(_ context.Context, kind, id string, waiting func(holder string)) (func(), error) {
+func (f *fakeFleet) Lock(ctx context.Context, kind, id string, waiting func(holder string)) (context.Context, func(), error) {
 	if f.err != nil {
-		return nil, f.err
+		return nil, nil, f.err
 	}
 	waiting("node-b")
 	f.mu.Lock()
 	f.locked = append(f.locked, kind+"/"+id)
 	f.mu.Unlock()
-	return func() {
+	return ctx, func() {
 		f.mu.Lock()
 		f.unlocked = append(f.unlocked, kind+"/"+id)
 		f.mu.Unlock()

@@ -113,7 +113,7 @@ func (s *Server) replicate(req *agentv1.ReplicationRequest, stream grpc.ServerSt
 			return invalid("GetReplicationDestinationInfo takes no replication_id")
 		}
 		spec := replicationSpec(ro.rpc)
-		return o.withLock(ctx, kind, id, func() error {
+		return o.withLock(ctx, kind, id, func(ctx context.Context) error {
 			var (
 				preq  proto.Message
 				call  func(ctx context.Context, conn *grpc.ClientConn) error

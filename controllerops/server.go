@@ -85,9 +85,11 @@ type Server struct {
 type FleetLocks interface {
 	// Lock takes the fleet-wide lock of one object, waiting until ctx
 	// (which carries the operation's deadline) ends; waiting is called
-	// once, with the holding node, when another holds it. Its errors are
-	// status errors (Unavailable when the fleet's store does not answer).
-	Lock(ctx context.Context, kind, id string, waiting func(holder string)) (unlock func(), err error)
+	// once, with the holding node, when another holds it. held is ctx,
+	// ended when the lock may be lost (the node's lease gone): the
+	// operation runs under it. Its errors are status errors (Unavailable
+	// when the fleet's store does not answer).
+	Lock(ctx context.Context, kind, id string, waiting func(holder string)) (held context.Context, unlock func(), err error)
 }
 
 var _ agentv1.ControllerServer = (*Server)(nil)

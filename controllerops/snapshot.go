@@ -121,7 +121,7 @@ func (s *Server) CreateSnapshot(req *agentv1.CreateSnapshotRequest, stream grpc.
 		if err := o.requireSnapshots(ctx); err != nil {
 			return err
 		}
-		return o.withLock(ctx, "snapshot name", req.GetName(), func() error {
+		return o.withLock(ctx, "snapshot name", req.GetName(), func(ctx context.Context) error {
 			want := &snapcat.Entry{Name: req.GetName(), Kind: snapcat.KindSnapshot, Plugin: o.plugin,
 				SourceVolumes: []string{req.GetSourceVolumeId()}, NamedVolume: req.GetNamedVolume()}
 			return s.recordCreate(want, func(e *snapcat.Entry) error {
@@ -191,7 +191,7 @@ func (s *Server) DeleteSnapshot(req *agentv1.DeleteSnapshotRequest, stream grpc.
 	req = proto.CloneOf(req)
 	req.PluginName = e.Plugin
 	return serve(s, "DeleteSnapshot", req, stream, operationProgress, func(ctx context.Context, o *op) error {
-		return o.withLock(ctx, "snapshot name", e.Name, func() error {
+		return o.withLock(ctx, "snapshot name", e.Name, func(ctx context.Context) error {
 			preq := &csi.DeleteSnapshotRequest{SnapshotId: e.SnapshotID, Secrets: req.GetSecrets()}
 			if _, err := callPlugin(ctx, o, deleteSnapshotSpec(), csi.NewControllerClient, csi.ControllerClient.DeleteSnapshot, preq); err != nil {
 				return err

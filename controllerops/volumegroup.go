@@ -65,7 +65,7 @@ func (s *Server) CreateVolumeGroup(req *agentv1.CreateVolumeGroupRequest, stream
 		if err := noEmpty("volume_ids", req.GetVolumeIds()); err != nil {
 			return err
 		}
-		return o.withLock(ctx, "volume group name", req.GetName(), func() error {
+		return o.withLock(ctx, "volume group name", req.GetName(), func(ctx context.Context) error {
 			preq := &volumegroup.CreateVolumeGroupRequest{Name: req.GetName(), Parameters: req.GetParameters(), Secrets: req.GetSecrets(), VolumeIds: req.GetVolumeIds()}
 			resp, err := callPlugin(ctx, o, createVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.CreateVolumeGroup, preq)
 			if err != nil {
@@ -90,7 +90,7 @@ func (s *Server) ModifyVolumeGroup(req *agentv1.ModifyVolumeGroupRequest, stream
 		case len(req.GetVolumeIds()) > 0 && req.GetRemoveAll():
 			return invalid("remove_all is set but volume_ids is not empty: choose one")
 		}
-		return o.withLock(ctx, "volume group", req.GetVolumeGroupId(), func() error {
+		return o.withLock(ctx, "volume group", req.GetVolumeGroupId(), func(ctx context.Context) error {
 			preq := &volumegroup.ModifyVolumeGroupMembershipRequest{
 				VolumeGroupId: req.GetVolumeGroupId(), VolumeIds: req.GetVolumeIds(), Parameters: req.GetParameters(), Secrets: req.GetSecrets(),
 			}
@@ -108,7 +108,7 @@ func (s *Server) DeleteVolumeGroup(req *agentv1.DeleteVolumeGroupRequest, stream
 		if req.GetVolumeGroupId() == "" {
 			return invalid("volume_group_id is required")
 		}
-		return o.withLock(ctx, "volume group", req.GetVolumeGroupId(), func() error {
+		return o.withLock(ctx, "volume group", req.GetVolumeGroupId(), func(ctx context.Context) error {
 			preq := &volumegroup.DeleteVolumeGroupRequest{VolumeGroupId: req.GetVolumeGroupId(), Secrets: req.GetSecrets()}
 			if _, err := callPlugin(ctx, o, deleteVolumeGroupSpec(), volumegroup.NewControllerClient, volumegroup.ControllerClient.DeleteVolumeGroup, preq); err != nil {
 				return err
