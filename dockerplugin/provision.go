@@ -28,7 +28,8 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 	case err == nil && !old.SameRequest(d):
 		return fmt.Errorf("%w: %s (remove it first)", namedvol.ErrExists, d.Name)
 	case err == nil && !old.Creating():
-		return nil
+		// Created already, by a call whose wait may have ended first.
+		return s.cfg.Store.Sync(ctx)
 	case err == nil:
 		d.Creator, d.Provision.CSIName = old.Creator, old.Provision.CSIName
 	case !errors.Is(err, namedvol.ErrNotFound):

@@ -54,7 +54,7 @@ func (s *Store) Create(ctx context.Context, d *Definition) error {
 	old, err := s.Get(d.Name)
 	switch {
 	case err == nil && sameDefinition(old, d):
-		return nil
+		return s.Sync(ctx)
 	case err == nil:
 		return fmt.Errorf("%w: %s (remove it first)", ErrExists, d.Name)
 	case !errors.Is(err, ErrNotFound):
@@ -62,6 +62,12 @@ func (s *Store) Create(ctx context.Context, d *Definition) error {
 	}
 	return s.put(ctx, d)
 }
+
+// Sync waits until every change made so far is durable: an answer that
+// finds a change made already (a repeated create, a removal repeated
+// after its caller's wait ended) acknowledges it only once it is, as the
+// call that made it would have.
+func (s *Store) Sync(ctx context.Context) error { return s.commit.Sync(ctx) }
 
 // Replace stores d over the definition of its name, durably: a
 // provisioned volume's intent completed with CreateVolume's answer.
@@ -154,6 +160,10 @@ func (s *Store) List() ([]*Definition, error) {
 // Remove deletes a definition, durably; an unknown name is ErrNotFound.
 func (s *Store) Remove(ctx context.Context, name string) error {
 	if _, err := s.Get(name); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			// Maybe removed by a call whose wait ended first.
+			return errors.Join(err, s.Sync(ctx))
+		}
 		return err
 	}
 	n, err := s.commit.Remove(s.path(name))

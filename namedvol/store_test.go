@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 )
@@ -53,4 +56,57 @@ func newTestStore(t *testing.T) *Store {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestRepeatedCallsAnswerOnceDurable: a create repeated after its first
+// call's wait ended (its change written, not yet durable) answers once
+// the change is durable, as does a removal repeated so; before, the
+// repeat answered at once, and a power cut could then lose what it
+// acknowledged.
+func TestRepeatedCallsAnswerOnceDurable(t *testing.T) {
+	dir := t.TempDir()
+	commit, err := atomicfile.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hold sync.Mutex // held: the commit rounds' fsyncs wait
+	commit.Fsync = func(path string) error {
+		hold.Lock() // a gate: it waits while the test holds it
+		defer hold.Unlock()
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	}
+	s, err := OpenStore(commit, filepath.Join(dir, "named"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Definition{Name: "v", Plugin: "loop", VolumeID: "vol-1", AccessMode: "SINGLE_NODE_WRITER"}
+	for _, step := range []struct {
+		what string
+		call func(ctx context.Context) error
+	}{
+		{"create", func(ctx context.Context) error { return s.Create(ctx, d) }},
+		{"remove", func(ctx context.Context) error { return s.Remove(ctx, "v") }},
+	} {
+		hold.Lock()
+		short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		if err := step.call(short); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s with its commit held: %v, want DeadlineExceeded", step.what, err)
+		}
+		cancel()
+		short, cancel = context.WithTimeout(t.Context(), 50*time.Millisecond)
+		err := step.call(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the repeated %s answered %v before the first one's change was durable", step.what, err)
+		}
+		hold.Unlock()
+		if err := commit.Sync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
