@@ -29,6 +29,11 @@ import (
 // FailedPrecondition in use, ...) are answers.
 var provisionRetry = []codes.Code{codes.Aborted, codes.Unavailable, codes.DeadlineExceeded}
 
+// notCreatedCodes are CreateVolume's answers after which the plugin has
+// made no volume (namedvol.ErrNotCreated).
+var notCreatedCodes = []codes.Code{codes.InvalidArgument, codes.OutOfRange, codes.ResourceExhausted,
+	codes.NotFound, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated}
+
 const (
 	provisionRetryBase = 500 * time.Millisecond
 	provisionRetryMax  = 10 * time.Second
@@ -37,7 +42,7 @@ const (
 func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition, secrets map[string]string) error {
 	ctrl, err := b.a.provisioner(ctx, d.Plugin)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (%w)", err, namedvol.ErrNotCreated)
 	}
 	p := d.Provision
 	req := &csi.CreateVolumeRequest{
@@ -51,7 +56,7 @@ func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition,
 	case p.FromSnapshot != "":
 		id, err := b.a.snapshotID(d.Plugin, p.FromSnapshot)
 		if err != nil {
-			return err
+			return fmt.Errorf("%w (%w)", err, namedvol.ErrNotCreated)
 		}
 		req.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
 	case p.FromVolume != "":
@@ -69,6 +74,9 @@ func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition,
 		resp, err = ctrl.client.CreateVolume(ctx, req)
 		return err
 	})
+	if slices.Contains(notCreatedCodes, status.Code(err)) {
+		return fmt.Errorf("%w (%w)", err, namedvol.ErrNotCreated)
+	}
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,11 @@ import (
 //
 // The same request for a name already created is no change; another one
 // is namedvol.ErrExists. A failed CreateVolume leaves the intent, for a
-// repeated create to finish (or a removal to drop).
+// repeated create to finish, unless it made nothing
+// (namedvol.ErrNotCreated) and the intent is this call's: then the
+// intent goes with the error.
 func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets map[string]string) error {
+	fresh := false // the intent is this call's
 	old, err := s.cfg.Store.Get(d.Name)
 	switch {
 	case err == nil && !old.SameRequest(d):
@@ -35,6 +38,7 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 	case !errors.Is(err, namedvol.ErrNotFound):
 		return err
 	default:
+		fresh = true
 		nonce := make([]byte, 8)
 		if _, err := rand.Read(nonce); err != nil {
 			return fmt.Errorf("volume %s: %w", d.Name, err)
@@ -48,6 +52,14 @@ func (s *Server) provision(ctx context.Context, d *namedvol.Definition, secrets 
 	d.Provision.State = namedvol.ProvisionCreating
 	s.log.Info("creating volume", "name", d.Name, "plugin", d.Plugin, "csi_name", d.Provision.CSIName, "size", d.Provision.Size)
 	if err := s.cfg.Backend.CreateVolume(ctx, d, secrets); err != nil {
+		if fresh && errors.Is(err, namedvol.ErrNotCreated) {
+			// Nothing made, by this call's intent alone: the intent
+			// goes, and the name is free again (kept, it could be
+			// neither finished nor removed).
+			if rerr := s.cfg.Store.Remove(ctx, d.Name); rerr != nil {
+				s.log.Error("dropping the intent of a creation that made nothing", "name", d.Name, "error", rerr)
+			}
+		}
 		return fmt.Errorf("volume %s: %w", d.Name, err)
 	}
 	s.crashPoint("rpc CreateVolume")

@@ -3,6 +3,7 @@ package dockerplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -74,5 +75,41 @@ func TestProvision(t *testing.T) {
 	}
 	if !slices.Equal(b.deleted, []string{"vol-2"}) {
 		t.Errorf("deleted %v: want only vol-2 (delete_on_remove; the other kept)", b.deleted)
+	}
+}
+
+// TestProvisionRefusedLeavesNoIntent: a creation the plugin refused
+// without making a volume (namedvol.ErrNotCreated: an option it rejects,
+// no CREATE_DELETE_VOLUME) leaves no definition, and the name can be
+// created again; before, its intent stayed, which neither a corrected
+// create (ErrExists) nor a removal (ErrCreating) could get past. A
+// refusal after an earlier attempt's intent keeps that intent (the
+// earlier attempt may have made the volume).
+func TestProvisionRefusedLeavesNoIntent(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
+	s, _ := newTestServer(t, b)
+	b.createRefused = fmt.Errorf("plugin p: CreateVolume: size too large: %w", namedvol.ErrNotCreated)
+	if err := s.Define(ctx, "big", map[string]string{"plugin": "p", "size": "1TiB"}, nil); !errors.Is(err, namedvol.ErrNotCreated) {
+		t.Fatalf("a refused creation: %v, want ErrNotCreated", err)
+	}
+	if _, err := s.Status("big"); !errors.Is(err, namedvol.ErrNotFound) {
+		t.Fatalf("the name after a refused creation: %v, want ErrNotFound", err)
+	}
+	b.createRefused = nil
+	if err := s.Define(ctx, "big", map[string]string{"plugin": "p", "size": "1GiB"}, nil); err != nil {
+		t.Fatalf("a corrected creation: %v", err)
+	}
+
+	b.createFails = errors.New("the agent died before the answer")
+	if err := s.Define(ctx, "cut", map[string]string{"plugin": "p", "size": "64MiB"}, nil); err == nil {
+		t.Fatal("the cut creation succeeded")
+	}
+	b.createFails, b.createRefused = nil, fmt.Errorf("refused now: %w", namedvol.ErrNotCreated)
+	if err := s.Define(ctx, "cut", map[string]string{"plugin": "p", "size": "64MiB"}, nil); err == nil {
+		t.Fatal("the refused repeat succeeded")
+	}
+	if st, err := s.Status("cut"); err != nil || st.State != namedvol.Creating {
+		t.Errorf("an earlier attempt's intent after a refused repeat: %+v, %v; want it kept, %s", st, err, namedvol.Creating)
 	}
 }

@@ -38,11 +38,17 @@ type fakeBackend struct {
 	creates     int
 	deleted     []string
 	createFails error
+	// createRefused, when set, is the error CreateVolume answers
+	// without making the volume.
+	createRefused error
 }
 
 func (f *fakeBackend) CreateVolume(_ context.Context, d *namedvol.Definition, _ map[string]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.createRefused != nil {
+		return f.createRefused
+	}
 	name := d.Provision.CSIName
 	id, ok := f.backend[name]
 	if !ok {

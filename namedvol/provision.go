@@ -47,6 +47,13 @@ const (
 // created (or whose creation was interrupted).
 var ErrCreating = errors.New("volume is being created")
 
+// ErrNotCreated marks a failed creation after which the plugin has made
+// no volume: refused before CreateVolume, or answered with a code that
+// says the plugin did not act (InvalidArgument, OutOfRange,
+// ResourceExhausted, NotFound, Unimplemented, PermissionDenied,
+// Unauthenticated). A creation that fails so is no intent to finish.
+var ErrNotCreated = errors.New("no volume was created")
+
 // Provision is how the agent creates a definition's backend volume.
 type Provision struct {
 	// State is ProvisionCreating or ProvisionCreated.
