@@ -142,7 +142,9 @@ func creatorOf(ctx context.Context) string {
 
 // New loads the recorded engine mounts. Records whose container the
 // isolator does not have (a crash before the prepare, or after the
-// cleanup) are removed with their directories.
+// cleanup) are removed with their directories; those whose container is
+// not PREPARED (a Mount or an Unmount a crash cut: never answered, and
+// rolled back or finished by the isolator's recovery) are not counted.
 func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -151,9 +153,9 @@ func New(cfg Config) (*Server, error) {
 	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
 	}
-	known := map[string]bool{}
+	phases := map[string]statev1.ContainerCheckpoint_Phase{}
 	for _, c := range cfg.Backend.ListContainers() {
-		known[c.ID] = true
+		phases[c.ID] = c.Phase
 	}
 	ents, err := os.ReadDir(cfg.Dir)
 	if err != nil {
@@ -169,11 +171,19 @@ func New(cfg Config) (*Server, error) {
 		if err == nil {
 			err = json.Unmarshal(data, u)
 		}
-		if err != nil || containerID(u.Name, u.ID) != cid || !known[cid] {
+		phase, known := phases[cid]
+		if err != nil || containerID(u.Name, u.ID) != cid || !known {
 			s.log.Info("removing an engine mount record without its container", "record", e.Name(), "error", err)
 			if err := s.forget(cid); err != nil {
-				return nil, err
+				// Left for the next start; the agent starts.
+				s.log.Error("removing an engine mount record without its container", "record", e.Name(), "error", err)
 			}
+			continue
+		}
+		if phase != statev1.ContainerCheckpoint_PREPARED {
+			// Its record and directory go with the next start, once
+			// recovery has undone the mount.
+			s.log.Info("an engine mount a crash interrupted is not counted", "volume", u.Name, "mount_id", namedvol.Clip(u.ID))
 			continue
 		}
 		s.users[cid] = u

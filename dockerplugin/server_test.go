@@ -41,6 +41,8 @@ type fakeBackend struct {
 	// createRefused, when set, is the error CreateVolume answers
 	// without making the volume.
 	createRefused error
+	// phases are the containers' phases other than PREPARED.
+	phases map[string]statev1.ContainerCheckpoint_Phase
 }
 
 func (f *fakeBackend) CreateVolume(_ context.Context, d *namedvol.Definition, _ map[string]string) error {
@@ -103,7 +105,11 @@ func (f *fakeBackend) ListContainers() []isolator.ContainerInfo {
 	defer f.mu.Unlock()
 	var out []isolator.ContainerInfo
 	for id := range f.containers {
-		out = append(out, isolator.ContainerInfo{ID: id, Phase: statev1.ContainerCheckpoint_PREPARED})
+		phase := statev1.ContainerCheckpoint_PREPARED
+		if p, ok := f.phases[id]; ok {
+			phase = p
+		}
+		out = append(out, isolator.ContainerInfo{ID: id, Phase: phase})
 	}
 	return out
 }
@@ -261,6 +267,33 @@ func TestInterruptedMountIsNotCounted(t *testing.T) {
 	}
 	if len(b.containers) != 0 || len(s.usersOf("data")) != 0 {
 		t.Errorf("one Mount after the interrupted one, one Unmount: %d containers, users %v; want none", len(b.containers), s.usersOf("data"))
+	}
+}
+
+// A Mount that a crash cut after its container's PREPARING record (the
+// engine never got its answer, and recovery rolls the container back)
+// is not counted after the restart: the volume is not in use, and can be
+// removed. Before, its count stayed until the next restart: Remove was
+// refused, and so was the annotation policy's use.
+func TestMountCutByACrashIsNotAUser(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
+	s, dir := newTestServer(t, b)
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	cid := containerID("data", "m1")
+	b.phases = map[string]statev1.ContainerCheckpoint_Phase{cid: statev1.ContainerCheckpoint_PREPARING}
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: s.cfg.Commit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(b.containers, cid) // recovery rolled it back
+	if us := s.usersOf("data"); len(us) != 0 {
+		t.Errorf("users after a restart that found the mount's container PREPARING: %v; want none", us)
+	}
+	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
+		t.Errorf("Remove of a volume whose only Mount a crash cut: %v", err)
 	}
 }
 
