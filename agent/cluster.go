@@ -72,7 +72,7 @@ func (a *Agent) startCluster(ctx context.Context) (stop func(), err error) {
 		Endpoints: cc.Endpoints, TLS: cc.TLS, Prefix: cc.Prefix, NodeID: a.cfg.NodeID,
 		Info:     info,
 		StateDir: filepath.Join(a.cfg.WorkDir, clusterDir), Commit: a.commit,
-		InUse:    a.iso.Tracks,
+		InUse: a.iso.Tracks, Recovered: a.iso.Recovered(),
 		LeaseTTL: cc.LeaseTTL, CallTimeout: cc.CallTimeout,
 		Logger: a.log,
 	})

@@ -382,7 +382,19 @@ func (c *Cluster) Claim(ctx context.Context, plugin, volumeID string, volCap *cs
 		case l.State == StateRevoked:
 			return c.revokedErr(l)
 		case l.State == StateHeld && l.Mode.covers(want):
-			return c.confirm(ctx, key, l)
+			if err := c.confirm(ctx, key, l); err != nil {
+				return err
+			}
+			if l.Since.Before(c.started) {
+				// An earlier run's claim, this run's now: the
+				// reconciler releases earlier runs' claims of volumes
+				// not on the node, which this one is about to be.
+				l.Since = time.Now().UTC()
+				if err := c.setLocal(ctx, key, &l, false); err != nil {
+					return fmt.Errorf("claiming volume %s of plugin %s: recording the claim on this node: %w", volumeID, plugin, err)
+				}
+			}
+			return nil
 		}
 	}
 	return c.take(ctx, key, plugin, volumeID, want)
@@ -684,11 +696,11 @@ func (c *Cluster) pokeReconciler() {
 	}
 }
 
-// reconcile brings the claim records and etcd together: pending releases
-// are finished; a claim held here but not in etcd is revoked; a claim
-// etcd holds for this node that the file does not know is released once
-// InUse says false. Stops at the first etcd error (the next round
-// retries).
+// reconcile brings the claim records and etcd together, once
+// Config.Recovered has closed: pending releases are finished; a claim
+// held here but not in etcd is revoked; a claim etcd holds for this node
+// that the file does not know is released once InUse says false. Stops
+// at the first etcd error (the next round retries).
 func (c *Cluster) reconcile(ctx context.Context) {
 	defer c.reconciles.Add(1)
 	if err := c.reconcileOnce(ctx); err != nil && ctx.Err() == nil {
@@ -697,6 +709,13 @@ func (c *Cluster) reconcile(ctx context.Context) {
 }
 
 func (c *Cluster) reconcileOnce(ctx context.Context) error {
+	if r := c.cfg.Recovered; r != nil {
+		select {
+		case <-r:
+		default:
+			return nil // InUse does not know every volume yet
+		}
+	}
 	gctx, cancel := c.callCtx(ctx)
 	resp, err := c.client.Get(gctx, c.keys.claims(), clientv3.WithPrefix())
 	cancel()
@@ -748,12 +767,26 @@ func (c *Cluster) reconcileLocal(ctx context.Context, key string, listed bool) e
 	switch l.State {
 	case StateReleasing:
 		if c.cfg.InUse(l.Plugin, l.Volume) {
+			if !listed {
+				// The release reached etcd (another node may hold
+				// the volume now) before the volume came back.
+				c.revoke(ctx, key, l, "its release reached etcd before the volume came onto the node again")
+				return nil
+			}
 			// Back on the node (its last user's cleanup was
 			// interrupted, and recovery brought it up again): the
 			// claim stays, held.
 			l.State = StateHeld
 			c.log.Warn("cluster: a volume whose claim was being released is on the node again; keeping the claim", "plugin", l.Plugin, "volume", l.Volume)
 			return c.setLocal(ctx, key, &l, true)
+		}
+		// The release's record, and the teardown before it, durable
+		// first (Release's own wait may have ended before).
+		sctx, cancel := c.callCtx(ctx)
+		err := c.commit.Sync(sctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("finishing the release of volume %s of plugin %s: %w", l.Volume, l.Plugin, err)
 		}
 		if err := c.removeHolder(ctx, key); err != nil {
 			return err

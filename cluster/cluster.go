@@ -111,6 +111,11 @@ type Config struct {
 	// it must neither call back into the Cluster nor wait for that lock
 	// (read a snapshot of the volumes instead).
 	InUse func(plugin, volumeID string) bool
+	// Recovered, when set, closes once InUse knows every volume on the
+	// node (the isolator's first recovery pass has rebuilt what a power
+	// cut lost): the reconciler releases nothing, and revokes nothing,
+	// before. Nil: InUse knows from the start.
+	Recovered <-chan struct{}
 	// LeaseTTL is the node's lease: it is listed as down this long after
 	// it stops. DefaultLeaseTTL when 0; whole seconds, rounded up.
 	LeaseTTL time.Duration
@@ -359,6 +364,7 @@ func (c *Cluster) run(ctx context.Context) {
 	reconcile := time.NewTicker(c.cfg.ReconcileInterval)
 	defer reconcile.Stop()
 	var lost <-chan struct{} // the session's Done while registered
+	recovered := c.cfg.Recovered
 	for {
 		select {
 		case <-ctx.Done():
@@ -387,6 +393,11 @@ func (c *Cluster) run(ctx context.Context) {
 				c.reconcile(ctx)
 			}
 		case <-c.poke:
+			if lost != nil {
+				c.reconcile(ctx)
+			}
+		case <-recovered:
+			recovered = nil
 			if lost != nil {
 				c.reconcile(ctx)
 			}

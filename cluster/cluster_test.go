@@ -495,6 +495,70 @@ func TestEarlierRunsClaimReleasedWhenUnused(t *testing.T) {
 	}
 }
 
+// An earlier run's claim that a Claim of this run confirms is this run's:
+// the reconciler, which waits for Config.Recovered, does not release it
+// although the volume is not on the node yet (its Prepare has claimed it
+// and not yet recorded it); before, it was released under the Prepare,
+// which then staged the volume with no claim.
+func TestConfirmedClaimIsThisRuns(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	dir := t.TempDir()
+	a := newNode(t, ec.Endpoints, "node-a", dir, true)
+	ctx := testCtx(t, 20*time.Second)
+	if err := a.Claim(ctx, "loop", "v", rwo); err != nil {
+		t.Fatal(err)
+	}
+	a.crash(t)
+	recovered := make(chan struct{})
+	a2 := joinConfigured(t, ec.Endpoints, "node-a", dir, TLSFiles{}, true, func(c *Config) { c.Recovered = recovered })
+	if err := a2.Claim(ctx, "loop", "v", rwo); err != nil {
+		t.Fatal(err)
+	}
+	rounds := a2.reconciles.Load()
+	close(recovered)
+	waitFor(t, 10*time.Second, "two reconcile rounds after the recovery", func() bool { return a2.reconciles.Load() >= rounds+2 })
+	if h := holders(t, a2, "loop", "v"); !slices.Equal(h, []string{"node-a"}) {
+		t.Fatalf("the claim this run's Claim confirmed: etcd shows %v; want node-a's", h)
+	}
+}
+
+// A pending release whose volume is on the node again is kept as held
+// only if etcd still shows the node holding it; a release that reached
+// etcd makes it revoked (another node may hold the volume now): before,
+// it was taken as held.
+func TestPendingReleaseBackOnTheNode(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "node-a", t.TempDir(), true)
+	ctx := testCtx(t, 20*time.Second)
+	for _, v := range []string{"kept", "released"} {
+		if err := a.Claim(ctx, "loop", v, rwo); err != nil {
+			t.Fatal(err)
+		}
+		a.setInUse("loop", v, true)
+		key := a.keys.claim("loop", v)
+		l, _ := a.getLocal(key)
+		l.State = StateReleasing
+		if err := a.setLocal(ctx, key, &l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.removeHolder(ctx, a.keys.claim("loop", "released")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.reconcileOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]State{}
+	for _, l := range a.Local() {
+		states[l.Volume] = l.State
+	}
+	if states["kept"] != StateHeld || states["released"] != StateRevoked {
+		t.Fatalf("pending releases back on the node: %v; want kept held, released revoked", states)
+	}
+}
+
 // A claim etcd holds for this node without a record here (a crash
 // between etcd's commit and the claim record's) is released once unused.
 func TestOrphanClaimReleasedWhenUnused(t *testing.T) {

@@ -60,6 +60,13 @@ func newNodeTLS(t *testing.T, endpoints []string, id string, tlsFiles TLSFiles, 
 
 func joinNode(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFiles, wait bool, used ...string) *testNode {
 	t.Helper()
+	return joinConfigured(t, endpoints, id, dir, tlsFiles, wait, nil, used...)
+}
+
+// joinConfigured is joinNode with configure (if not nil) applied to the
+// node's Config before it joins.
+func joinConfigured(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFiles, wait bool, configure func(*Config), used ...string) *testNode {
+	t.Helper()
 	n := &testNode{inUse: map[string]bool{}}
 	for _, k := range used {
 		n.inUse[k] = true
@@ -75,6 +82,9 @@ func joinNode(t *testing.T, endpoints []string, id, dir string, tlsFiles TLSFile
 		},
 		LeaseTTL: testTTL, CallTimeout: testCall, ReconcileInterval: testReconcile,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if configure != nil {
+		configure(&n.cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
