@@ -3,7 +3,9 @@ package cluster
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,6 +179,9 @@ func (c *Cluster) openState(ctx context.Context) error {
 	if err := c.loadRecords(); err != nil {
 		return err
 	}
+	if err := c.loadInstall(filepath.Join(state, installFile)); err != nil {
+		return err
+	}
 	wctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
 	defer cancel()
 	if err := c.importLegacy(wctx, filepath.Join(state, legacyClaimsFile)); err != nil {
@@ -185,6 +190,48 @@ func (c *Cluster) openState(ctx context.Context) error {
 	if err := c.commit.Sync(wctx); err != nil {
 		return fmt.Errorf("making the cluster state directory durable: %w", err)
 	}
+	return nil
+}
+
+// installFile, in Config.StateDir, holds the node's install identity: a
+// random id made once, registered with the node's liveness, so that a
+// second host given the same node id (the default is the hostname, which
+// cloned hosts share) is refused instead of sharing the first one's
+// claims.
+const installFile = "install-id"
+
+// installRecord is installFile's payload.
+type installRecord struct {
+	Install string `json:"install"`
+}
+
+// loadInstall reads the node's install identity at path, making one if
+// there is none (durable with openState's Sync, before any registration).
+func (c *Cluster) loadInstall(path string) error {
+	payload, _, err := c.commit.ReadRecord(path)
+	if err == nil {
+		var r installRecord
+		if err := json.Unmarshal(payload, &r); err != nil || r.Install == "" {
+			return fmt.Errorf("reading the node's install identity %s: %w", path, cmp.Or(err, errors.New("empty")))
+		}
+		c.install = r.Install
+		return nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("reading the node's install identity: %w", err)
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return fmt.Errorf("making the node's install identity: %w", err)
+	}
+	b, err := json.Marshal(installRecord{Install: hex.EncodeToString(id)})
+	if err != nil {
+		return err
+	}
+	if _, err := c.commit.Put(path, b, 0o600); err != nil {
+		return fmt.Errorf("writing the node's install identity: %w", err)
+	}
+	c.install = hex.EncodeToString(id)
 	return nil
 }
 
@@ -526,6 +573,16 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 		}
 	}
 	node := c.cfg.NodeID
+	// Taken only while this node is registered under its id with its own
+	// lease: a second host given the same node id (ErrDuplicateNode)
+	// cannot register, so it takes no claim as the first.
+	c.mu.Lock()
+	session := c.session
+	c.mu.Unlock()
+	if session == nil {
+		return fmt.Errorf("%w: %s: this node is not registered in etcd (not yet, or another host is registered under its node id: see the log)%s", ErrUnavailable, what, noClaim)
+	}
+	registered := clientv3.Compare(clientv3.LeaseValue(c.keys.nodeAlive(node)), "=", session.Lease())
 	for range maxCASAttempts {
 		next, mode, cerr := grant(rec, plugin, volumeID, node, want)
 		if cerr != nil {
@@ -534,9 +591,14 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 		}
 		ok := next == nil // held in etcd already as needed
 		if !ok {
+			prevRev := rev
 			var err error
-			if ok, rec, rev, err = c.cas(ctx, key, rev, next, what); err != nil {
+			if ok, rec, rev, err = c.cas(ctx, key, rev, next, what, registered); err != nil {
 				return fmt.Errorf("%w%s", err, noClaim)
+			}
+			if !ok && rev == prevRev {
+				// The key is as it was: the registration compare failed.
+				return fmt.Errorf("%w: %s: this node's registration in etcd is not its lease's (lost, or another host's)%s", ErrUnavailable, what, noClaim)
 			}
 		}
 		if ok {

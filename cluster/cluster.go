@@ -163,6 +163,8 @@ type Cluster struct {
 	// started is when Join ran: a claim recorded before is an earlier
 	// run's.
 	started time.Time
+	// install is the node's install identity (installFile).
+	install string
 	stop    context.CancelFunc
 	closing atomic.Bool
 	wg      sync.WaitGroup
@@ -371,6 +373,11 @@ func (c *Cluster) run(ctx context.Context) {
 			return
 		case <-retry.C:
 			s, err := c.register(ctx)
+			if errors.Is(err, ErrDuplicateNode) {
+				c.log.Error("cluster: the node cannot register: it takes no new claims until it does; retrying", "error", err)
+				retry.Reset(c.cfg.LeaseTTL)
+				continue
+			}
 			if err != nil {
 				c.log.Warn("cluster: registering the node failed; retrying", "error", err)
 				retry.Reset(min(c.cfg.CallTimeout, time.Second))
@@ -416,7 +423,13 @@ type NodeRecord struct {
 type aliveRecord struct {
 	Lease string    `json:"lease"` // hex, as in lock keys
 	Since time.Time `json:"since"`
+	// Install is the registering host's install identity ("": an earlier
+	// release's, which did not record one).
+	Install string `json:"install,omitempty"`
 }
+
+// ErrDuplicateNode: another host is registered under this node's id.
+var ErrDuplicateNode = errors.New("node id in use by another host")
 
 // register grants a lease, writes the node's records and keeps the lease
 // alive in a session (also the locks' session).
@@ -434,17 +447,15 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node record: %w", err)
 	}
-	alive, err := json.Marshal(aliveRecord{Lease: fmt.Sprintf("%x", int64(lease.ID)), Since: now})
+	alive, err := json.Marshal(aliveRecord{Lease: fmt.Sprintf("%x", int64(lease.ID)), Since: now, Install: c.install})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node's liveness record: %w", err)
 	}
-	pctx, cancel2 := c.callCtx(ctx)
-	defer cancel2()
-	if _, err := c.client.Txn(pctx).Then(
-		clientv3.OpPut(c.keys.nodeInfo(c.cfg.NodeID), string(info)),
-		clientv3.OpPut(c.keys.nodeAlive(c.cfg.NodeID), string(alive), clientv3.WithLease(lease.ID)),
-	).Commit(); err != nil {
-		return nil, c.etcdErr(ctx, "writing the node's records", err)
+	if err := c.writeAlive(ctx, string(info), string(alive), lease.ID); err != nil {
+		rctx, cancel := c.callCtx(context.WithoutCancel(ctx))
+		c.client.Revoke(rctx, lease.ID) // unused; it would expire anyway
+		cancel()
+		return nil, err
 	}
 	s, err := concurrency.NewSession(c.client, concurrency.WithLease(lease.ID), concurrency.WithTTL(c.ttlSeconds()), concurrency.WithContext(ctx))
 	if err != nil {
@@ -456,6 +467,45 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	c.answered()
 	c.log.Info("cluster: node registered", "lease", fmt.Sprintf("%x", int64(lease.ID)), "ttl", c.ttlSeconds())
 	return s, nil
+}
+
+// writeAlive writes the node's records, its liveness on lease, unless
+// another host's install is registered alive under the node's id
+// (ErrDuplicateNode): the same host's (an earlier run, its lease not
+// expired yet) or an earlier release's, which recorded none, is
+// replaced.
+func (c *Cluster) writeAlive(ctx context.Context, info, alive string, lease clientv3.LeaseID) error {
+	key := c.keys.nodeAlive(c.cfg.NodeID)
+	var rev int64 // the alive key's mod revision seen (0: none)
+	for range maxCASAttempts {
+		pctx, cancel := c.callCtx(ctx)
+		resp, err := c.client.Txn(pctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(
+			clientv3.OpPut(c.keys.nodeInfo(c.cfg.NodeID), info),
+			clientv3.OpPut(key, alive, clientv3.WithLease(lease)),
+		).Else(clientv3.OpGet(key)).Commit()
+		cancel()
+		if err != nil {
+			return c.etcdErr(ctx, "writing the node's records", err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			rev = 0
+			continue
+		}
+		var other aliveRecord
+		if err := json.Unmarshal(kvs[0].Value, &other); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		if other.Install != "" && other.Install != c.install {
+			return fmt.Errorf("%w: node id %s is registered by another host (install %s, lease %s, alive since %s): two hosts may not share a node id; give each its own --node-id (the default is the hostname)",
+				ErrDuplicateNode, c.cfg.NodeID, other.Install, other.Lease, other.Since.Format(time.RFC3339))
+		}
+		rev = kvs[0].ModRevision
+	}
+	return fmt.Errorf("%w: writing the node's records: its liveness key changed on each of %d attempts", ErrUnavailable, maxCASAttempts)
 }
 
 // SetInfo replaces what the node registers (a plugin came or went, its

@@ -559,6 +559,37 @@ func TestPendingReleaseBackOnTheNode(t *testing.T) {
 	}
 }
 
+// A second host given a node id another host is registered under (the
+// default node id is the hostname, which cloned hosts share) is refused
+// registration, and so takes no claim, while the first is alive; it
+// registers once the first is gone. Before, both registered and both
+// held one single-writer claim.
+func TestDuplicateNodeIDRefused(t *testing.T) {
+	skipShort(t)
+	ec := etcdtest.Start(t)
+	a := newNode(t, ec.Endpoints, "ubuntu", t.TempDir(), true)
+	ctx := testCtx(t, 30*time.Second)
+	if err := a.Claim(ctx, "loop", "v", rwo); err != nil {
+		t.Fatal(err)
+	}
+	clone := newNode(t, ec.Endpoints, "ubuntu", t.TempDir(), false)
+	err := clone.Claim(ctx, "loop", "v", rwo)
+	if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrConflict) {
+		t.Fatalf("the clone's claim of the first host's volume: %v; want it refused", err)
+	}
+	if err := clone.Claim(ctx, "loop", "w", rwo); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not registered") {
+		t.Fatalf("the clone's claim of a free volume: %v; want ErrUnavailable, not registered", err)
+	}
+	if clone.Stats().Connected {
+		t.Fatal("the clone registered under a node id another host is alive under")
+	}
+	if h := holders(t, a, "loop", "w"); h != nil {
+		t.Fatalf("the clone took a claim: %v", h)
+	}
+	a.Close(ctx) // the first host goes (its lease revoked); its claims stay
+	waitFor(t, 20*time.Second, "the clone registered once the first host's lease is gone", func() bool { return clone.Stats().Connected })
+}
+
 // A claim etcd holds for this node without a record here (a crash
 // between etcd's commit and the claim record's) is released once unused.
 func TestOrphanClaimReleasedWhenUnused(t *testing.T) {

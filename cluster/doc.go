@@ -7,7 +7,12 @@
 // Join registers the node under a lease (NodeInfo, which the caller
 // fills: plugins with topology, capacity and max volumes, agent version,
 // fencing addresses) and keeps the lease alive, registering again under a
-// new lease when it is lost; Nodes lists every node that ever registered,
+// new lease when it is lost. The node's liveness key carries a random
+// install identity made once in Config.StateDir: another host alive
+// under the same node id refuses the registration (ErrDuplicateNode),
+// and a claim is taken only in a transaction that finds the node's
+// liveness key on the node's own lease, so a host that cannot register
+// takes none. Nodes lists every node that ever registered,
 // with its liveness. The package knows the agent only through
 // Config.InUse (is a volume on this node?); it calls no plugin and
 // unmounts nothing.
