@@ -415,6 +415,9 @@ func TestReleaseDeadNodeAndComeBackRevoked(t *testing.T) {
 	if _, err := b.ReleaseNode(ctx, "node-z", "", true, nil); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("ReleaseNode of an unknown node: %v, want ErrNotFound", err)
 	}
+	if _, err := a.ReleaseNode(ctx, "node-a", "", true, nil); !errors.Is(err, ErrNodeAlive) || !strings.Contains(err.Error(), "own node") {
+		t.Fatalf("ReleaseNode of the caller's own node: %v, want ErrNodeAlive naming its own node", err)
+	}
 	a.crash(t)
 	if _, err := b.ReleaseNode(ctx, "node-a", "", true, nil); !errors.Is(err, ErrNodeAlive) {
 		t.Fatalf("ReleaseNode while the crashed node's lease lives: %v, want ErrNodeAlive", err)

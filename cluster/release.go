@@ -23,6 +23,11 @@ func (c *Cluster) ReleaseNode(ctx context.Context, node, volume string, nodeIsDo
 	if node == "" {
 		return nil, fmt.Errorf("%w: releasing a node's claims needs the node's id", ErrInvalid)
 	}
+	if node == c.cfg.NodeID {
+		// Between two of its leases (a re-registration), a live node's
+		// liveness key is gone for a moment: its claims are its own.
+		return nil, fmt.Errorf("%w: node %s is this agent's own node: run the release on another host of the fleet", ErrNodeAlive, node)
+	}
 	gctx, cancel := c.callCtx(ctx)
 	resp, err := c.client.Txn(gctx).Then(
 		clientv3.OpGet(c.keys.nodeInfo(node)),

@@ -386,7 +386,7 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		return nil, fmt.Errorf("volume %s is a block volume: container engines' volume plugins mount filesystems only", req.Name)
 	}
 	if req.ID == "" || len(req.ID) > namedvol.MaxValue {
-		return nil, fmt.Errorf("mount id %q: expected 1 to %d bytes", req.ID, namedvol.MaxValue)
+		return nil, fmt.Errorf("mount id %q (%d bytes): expected 1 to %d bytes", namedvol.Clip(req.ID), len(req.ID), namedvol.MaxValue)
 	}
 	cid := containerID(req.Name, req.ID)
 	s.mu.Lock()
