@@ -69,12 +69,14 @@ func (b engineBackend) CreateVolume(ctx context.Context, d *namedvol.Definition,
 		req.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: t, Preferred: t}
 	}
 	var resp *csi.CreateVolumeResponse
-	err = callPlugin(ctx, d.Plugin, "CreateVolume", func(ctx context.Context) error {
+	calls, err := callPlugin(ctx, d.Plugin, "CreateVolume", func(ctx context.Context) error {
 		var err error
 		resp, err = ctrl.client.CreateVolume(ctx, req)
 		return err
 	})
-	if slices.Contains(notCreatedCodes, status.Code(err)) {
+	if calls == 1 && slices.Contains(notCreatedCodes, status.Code(err)) {
+		// The one call's answer: an earlier call that failed (retried:
+		// Aborted, Unavailable, DeadlineExceeded) may have made it.
 		return fmt.Errorf("%w (%w)", err, namedvol.ErrNotCreated)
 	}
 	if err != nil {
@@ -93,13 +95,14 @@ func (b engineBackend) DeleteVolume(ctx context.Context, typ, volumeID string, s
 	if err != nil {
 		return err
 	}
-	return callPlugin(ctx, typ, "DeleteVolume", func(ctx context.Context) error {
+	_, err = callPlugin(ctx, typ, "DeleteVolume", func(ctx context.Context) error {
 		_, err := ctrl.client.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: volumeID, Secrets: secrets})
 		if status.Code(err) == codes.NotFound {
 			return nil // deleted already (a removal repeated after a crash)
 		}
 		return err
 	})
+	return err
 }
 
 // snapshotID is the plugin's id of the snapshot a restore names: an entry
@@ -155,14 +158,14 @@ func (a *Agent) provisioner(ctx context.Context, typ string) (provisionerClient,
 }
 
 // callPlugin makes one controller RPC until ctx ends, retrying the codes of
-// provisionRetry with jittered backoff (retrypolicy.Retry). Its error keeps
-// the plugin's code (a status error the API passes on) and names the
-// plugin and the RPC.
-func callPlugin(ctx context.Context, typ, rpc string, call func(context.Context) error) error {
-	attempts, err := retrypolicy.Retry(ctx, provisionRetryBase, provisionRetryMax, provisionRetry, call, nil)
+// provisionRetry with jittered backoff (retrypolicy.Retry), and says how
+// many calls it made. Its error keeps the plugin's code (a status error
+// the API passes on) and names the plugin and the RPC.
+func callPlugin(ctx context.Context, typ, rpc string, call func(context.Context) error) (attempts int, err error) {
+	attempts, err = retrypolicy.Retry(ctx, provisionRetryBase, provisionRetryMax, provisionRetry, call, nil)
 	if err == nil {
-		return nil
+		return attempts, nil
 	}
 	s := status.Convert(err)
-	return status.Errorf(s.Code(), "plugin %s: %s: %s (after %d call(s))", typ, rpc, s.Message(), attempts)
+	return attempts, status.Errorf(s.Code(), "plugin %s: %s: %s (after %d call(s))", typ, rpc, s.Message(), attempts)
 }

@@ -131,7 +131,11 @@ func (s *Server) Prepare(ctx context.Context, req *agentv1.PrepareRequest) (*age
 			var ve *isolator.VolumeError
 			if errors.As(err, &ve) && ve.Index >= explicit && ve.Index-explicit < len(named) {
 				j := ve.Index - explicit
-				ve.Name = fmt.Sprintf("named_mounts[%d] (%s)", j, named[j].Name)
+				name := fmt.Sprintf("named_mounts[%d]", j)
+				if annotation {
+					name = namedvol.MountLabel(true, j)
+				}
+				ve.Name = fmt.Sprintf("%s (%s)", name, named[j].Name)
 			}
 		})
 		if perr != nil {

@@ -78,11 +78,15 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder
 	}
 	if err != nil {
 		// The key may be written (an answer lost): gone before this
-		// node's next caller of the object may write it again.
-		c.dropLockKey(s, key, unlockLocal)
+		// node's next caller of the object may write it again, in the
+		// background (etcd may not answer: the caller's deadline is
+		// past).
+		go c.dropLockKey(s, key, unlockLocal)
 		what := fmt.Sprintf("locking %s %s", kind, id)
 		if ctx.Err() != nil {
-			hctx, cancel := c.callCtx(context.WithoutCancel(ctx))
+			// For the message only, and briefly: etcd may be what
+			// ended the wait.
+			hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(c.cfg.CallTimeout, holderLookup))
 			defer cancel()
 			if holder, herr := c.lockHolder(hctx, prefix); herr == nil && holder != "" {
 				what += " (held by node " + holder + ")"
@@ -93,13 +97,15 @@ func (c *Cluster) Lock(ctx context.Context, kind, id string, waiting func(holder
 	c.mu.Lock()
 	c.held[key] = lockHeld{kind: kind, id: id, since: time.Now().UTC()}
 	c.mu.Unlock()
-	held, cancelHeld := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.Ctx(), cancelHeld)
+	held, cancelHeld := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.Ctx(), func() {
+		cancelHeld(fmt.Errorf("%w: the node's lease in etcd was lost while it held the lock of %s %s: another node may hold it now", ErrUnavailable, kind, id))
+	})
 	var once sync.Once
 	return held, func() {
 		once.Do(func() {
 			stop()
-			cancelHeld()
+			cancelHeld(nil)
 			c.mu.Lock()
 			delete(c.held, key)
 			c.mu.Unlock()
@@ -208,6 +214,10 @@ func (c *Cluster) dropLockKey(s *concurrency.Session, key string, done func()) {
 
 // lockDropRetry spaces the retries of a lock key's deletion.
 const lockDropRetry = time.Second
+
+// holderLookup bounds the look-up of a lock's holder for the message of a
+// failed Lock.
+const holderLookup = time.Second
 
 // lockHolder names the node whose session holds the lock at prefix ("":
 // none).

@@ -130,7 +130,12 @@ func (o *op) withLock(ctx context.Context, kind, id string, f func(ctx context.C
 		if sendErr != nil {
 			return sendErr
 		}
-		ctx = held
+		err = f(held)
+		if cause := context.Cause(held); err != nil && ctx.Err() == nil && held.Err() != nil && cause != held.Err() {
+			// Ended because the lock may be lost, not by the caller.
+			return status.Error(codes.Unavailable, cause.Error())
+		}
+		return err
 	}
 	return f(ctx)
 }

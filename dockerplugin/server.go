@@ -143,8 +143,9 @@ func creatorOf(ctx context.Context) string {
 // New loads the recorded engine mounts. Records whose container the
 // isolator does not have (a crash before the prepare, or after the
 // cleanup) are removed with their directories; those whose container is
-// not PREPARED (a Mount or an Unmount a crash cut: never answered, and
-// rolled back or finished by the isolator's recovery) are not counted.
+// PREPARING or CLEANING (a Mount or an Unmount a crash cut: never
+// answered, and rolled back or finished by the isolator's recovery) are
+// not counted. A quarantined container's mount counts: it stays.
 func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -180,7 +181,7 @@ func New(cfg Config) (*Server, error) {
 			}
 			continue
 		}
-		if phase != statev1.ContainerCheckpoint_PREPARED {
+		if phase == statev1.ContainerCheckpoint_PREPARING || phase == statev1.ContainerCheckpoint_CLEANING {
 			// Its record and directory go with the next start, once
 			// recovery has undone the mount.
 			s.log.Info("an engine mount a crash interrupted is not counted", "volume", u.Name, "mount_id", namedvol.Clip(u.ID))
@@ -327,6 +328,13 @@ func (s *Server) undefine(ctx context.Context, name string, deletion deletion, s
 	}
 	defer unlock()
 	d, err := s.cfg.Store.Get(name)
+	if errors.Is(err, namedvol.ErrNotFound) {
+		// Maybe removed by a call whose wait ended first: answered as
+		// that call would have been, once its removal is durable.
+		if serr := s.cfg.Store.Sync(ctx); serr != nil {
+			return serr
+		}
+	}
 	if err != nil {
 		return err
 	}

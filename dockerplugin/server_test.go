@@ -279,21 +279,29 @@ func TestMountCutByACrashIsNotAUser(t *testing.T) {
 	ctx := context.Background()
 	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
 	s, dir := newTestServer(t, b)
-	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "m1"}); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"cut", "quarantined"} {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	cid := containerID("data", "m1")
-	b.phases = map[string]statev1.ContainerCheckpoint_Phase{cid: statev1.ContainerCheckpoint_PREPARING}
+	cut, quarantined := containerID("data", "cut"), containerID("data", "quarantined")
+	b.phases = map[string]statev1.ContainerCheckpoint_Phase{
+		cut:         statev1.ContainerCheckpoint_PREPARING,
+		quarantined: statev1.ContainerCheckpoint_PHASE_UNKNOWN, // recovery keeps it, mounted
+	}
 	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: s.cfg.Commit})
 	if err != nil {
 		t.Fatal(err)
 	}
-	delete(b.containers, cid) // recovery rolled it back
-	if us := s.usersOf("data"); len(us) != 0 {
-		t.Errorf("users after a restart that found the mount's container PREPARING: %v; want none", us)
+	delete(b.containers, cut) // recovery rolled it back
+	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "quarantined" {
+		t.Fatalf("users after a restart that found one mount's container PREPARING and one's quarantined: %v; want the quarantined one's", us)
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "quarantined"}); err != nil {
+		t.Fatal(err)
 	}
 	if err := s.Remove(ctx, &volume.RemoveRequest{Name: "data"}); err != nil {
-		t.Errorf("Remove of a volume whose only Mount a crash cut: %v", err)
+		t.Errorf("Remove of a volume whose one Mount a crash cut and the other was unmounted: %v", err)
 	}
 }
 

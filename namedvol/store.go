@@ -162,7 +162,9 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 	if _, err := s.Get(name); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			// Maybe removed by a call whose wait ended first.
-			return errors.Join(err, s.Sync(ctx))
+			if serr := s.Sync(ctx); serr != nil {
+				return serr
+			}
 		}
 		return err
 	}
