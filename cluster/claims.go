@@ -19,6 +19,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
 	"github.com/csiagent/csiagent/internal/optrace"
@@ -576,9 +577,7 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 	// Taken only while this node is registered under its id with its own
 	// lease: a second host given the same node id (ErrDuplicateNode)
 	// cannot register, so it takes no claim as the first.
-	c.mu.Lock()
-	session := c.session
-	c.mu.Unlock()
+	session := c.registration(ctx)
 	if session == nil {
 		return fmt.Errorf("%w: %s: this node is not registered in etcd (not yet, or another host is registered under its node id: see the log)%s", ErrUnavailable, what, noClaim)
 	}
@@ -616,6 +615,27 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 		}
 	}
 	return fmt.Errorf("%w: %s: the claim key changed on each of %d attempts (other nodes claiming and releasing it); retry", ErrUnavailable, what, maxCASAttempts)
+}
+
+// registration is the node's session, waited for while the node is not
+// registered (right after Join, or after its lease was lost) within
+// ctx and Config.CallTimeout; nil if it is not registered by then.
+func (c *Cluster) registration(ctx context.Context) *concurrency.Session {
+	c.mu.Lock()
+	s, registered := c.session, c.registered
+	c.mu.Unlock()
+	if s != nil {
+		return s
+	}
+	wctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	select {
+	case <-registered:
+	case <-wctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.session
 }
 
 // grant computes the claim record after node takes want: nil when the

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/csiagent/csiagent/internal/atomicfile"
+	"github.com/csiagent/csiagent/internal/bootid"
 	"github.com/csiagent/csiagent/internal/keyedlock"
 )
 
@@ -147,7 +148,10 @@ type Cluster struct {
 	mu      sync.Mutex
 	local   map[string]*LocalClaim // by claim key
 	session *concurrency.Session   // nil while not registered
-	held    map[string]lockHeld    // locks held, by mutex key
+	// registered is closed when the node registers (session set); a new
+	// one is made when the registration is lost.
+	registered chan struct{}
+	held       map[string]lockHeld // locks held, by mutex key
 
 	connected atomic.Bool
 	// down: the last etcd call did not answer (false at the start, before
@@ -163,11 +167,12 @@ type Cluster struct {
 	// started is when Join ran: a claim recorded before is an earlier
 	// run's.
 	started time.Time
-	// install is the node's install identity (installFile).
-	install string
-	stop    context.CancelFunc
-	closing atomic.Bool
-	wg      sync.WaitGroup
+	// install is the node's install identity (installFile), boot the
+	// host's boot id: registered with the node's liveness.
+	install, boot string
+	stop          context.CancelFunc
+	closing       atomic.Bool
+	wg            sync.WaitGroup
 }
 
 // Join checks cfg, loads the node's claim records and starts registering
@@ -190,6 +195,11 @@ func Join(ctx context.Context, cfg Config) (*Cluster, error) {
 		held:    map[string]lockHeld{},
 		poke:    make(chan struct{}, 1),
 		started: time.Now().UTC(),
+
+		registered: make(chan struct{}),
+	}
+	if c.boot, err = bootid.Current(); err != nil {
+		return nil, err
 	}
 	if err := c.openState(ctx); err != nil {
 		return nil, errors.Join(err, c.closeOwnState(ctx))
@@ -373,9 +383,14 @@ func (c *Cluster) run(ctx context.Context) {
 			return
 		case <-retry.C:
 			s, err := c.register(ctx)
-			if errors.Is(err, ErrDuplicateNode) {
+			switch {
+			case errors.Is(err, ErrDuplicateNode):
 				c.log.Error("cluster: the node cannot register: it takes no new claims until it does; retrying", "error", err)
 				retry.Reset(c.cfg.LeaseTTL)
+				continue
+			case errors.Is(err, errRegistrationWait):
+				c.log.Warn("cluster: the node cannot register yet: it takes no new claims until it does; retrying", "error", err)
+				retry.Reset(min(c.cfg.LeaseTTL, time.Second))
 				continue
 			}
 			if err != nil {
@@ -389,6 +404,7 @@ func (c *Cluster) run(ctx context.Context) {
 			lost = nil
 			c.mu.Lock()
 			c.session = nil
+			c.registered = make(chan struct{})
 			clear(c.held)
 			c.mu.Unlock()
 			c.connected.Store(false)
@@ -423,13 +439,18 @@ type NodeRecord struct {
 type aliveRecord struct {
 	Lease string    `json:"lease"` // hex, as in lock keys
 	Since time.Time `json:"since"`
-	// Install is the registering host's install identity ("": an earlier
-	// release's, which did not record one).
+	// Install and Boot are the registering host's install identity and
+	// boot id ("": an earlier release's, which did not record them).
 	Install string `json:"install,omitempty"`
+	Boot    string `json:"boot,omitempty"`
 }
 
 // ErrDuplicateNode: another host is registered under this node's id.
 var ErrDuplicateNode = errors.New("node id in use by another host")
+
+// errRegistrationWait: another lease of this node's id is alive, which
+// may be this host's (a run before a reboot): waited out.
+var errRegistrationWait = errors.New("waiting for the node's previous lease")
 
 // register grants a lease, writes the node's records and keeps the lease
 // alive in a session (also the locks' session).
@@ -447,7 +468,7 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node record: %w", err)
 	}
-	alive, err := json.Marshal(aliveRecord{Lease: fmt.Sprintf("%x", int64(lease.ID)), Since: now, Install: c.install})
+	alive, err := json.Marshal(aliveRecord{Lease: fmt.Sprintf("%x", int64(lease.ID)), Since: now, Install: c.install, Boot: c.boot})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the node's liveness record: %w", err)
 	}
@@ -463,6 +484,7 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 	}
 	c.mu.Lock()
 	c.session = s
+	close(c.registered)
 	c.mu.Unlock()
 	c.answered()
 	c.log.Info("cluster: node registered", "lease", fmt.Sprintf("%x", int64(lease.ID)), "ttl", c.ttlSeconds())
@@ -470,10 +492,12 @@ func (c *Cluster) register(ctx context.Context) (*concurrency.Session, error) {
 }
 
 // writeAlive writes the node's records, its liveness on lease, unless
-// another host's install is registered alive under the node's id
-// (ErrDuplicateNode): the same host's (an earlier run, its lease not
-// expired yet) or an earlier release's, which recorded none, is
-// replaced.
+// another lease is registered alive under the node's id. Only this host's
+// earlier run in this boot (the same install and boot identities: an
+// agent restarted before its lease expired) is replaced; anything else
+// (another host: ErrDuplicateNode; this host's run before a reboot, a
+// copy of its disk, an earlier release, which recorded no identity:
+// ErrRegistrationWait) is waited out: the registration is retried.
 func (c *Cluster) writeAlive(ctx context.Context, info, alive string, lease clientv3.LeaseID) error {
 	key := c.keys.nodeAlive(c.cfg.NodeID)
 	var rev int64 // the alive key's mod revision seen (0: none)
@@ -499,9 +523,13 @@ func (c *Cluster) writeAlive(ctx context.Context, info, alive string, lease clie
 		if err := json.Unmarshal(kvs[0].Value, &other); err != nil {
 			return fmt.Errorf("decoding %s: %w", key, err)
 		}
-		if other.Install != "" && other.Install != c.install {
+		switch {
+		case other.Install != "" && other.Install != c.install:
 			return fmt.Errorf("%w: node id %s is registered by another host (install %s, lease %s, alive since %s): two hosts may not share a node id; give each its own --node-id (the default is the hostname)",
 				ErrDuplicateNode, c.cfg.NodeID, other.Install, other.Lease, other.Since.Format(time.RFC3339))
+		case other.Install == "" || other.Boot == "" || other.Boot != c.boot:
+			return fmt.Errorf("%w: node id %s is registered under another lease (%s, alive since %s): this host's run before a reboot, an earlier release, or a copy of this host's disk; it is taken once that lease expires",
+				errRegistrationWait, c.cfg.NodeID, other.Lease, other.Since.Format(time.RFC3339))
 		}
 		rev = kvs[0].ModRevision
 	}

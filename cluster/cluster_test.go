@@ -591,6 +591,14 @@ func TestDuplicateNodeIDRefused(t *testing.T) {
 	}
 	a.Close(ctx) // the first host goes (its lease revoked); its claims stay
 	waitFor(t, 20*time.Second, "the clone registered once the first host's lease is gone", func() bool { return clone.Stats().Connected })
+
+	// A claim asked for right after Join waits for the node's
+	// registration (claims are taken only registered) instead of
+	// failing.
+	fresh := newNode(t, ec.Endpoints, "node-fresh", t.TempDir(), false)
+	if err := fresh.Claim(ctx, "loop", "x", rwo); err != nil {
+		t.Fatalf("a claim right after Join: %v", err)
+	}
 }
 
 // A claim etcd holds for this node without a record here (a crash

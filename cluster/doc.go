@@ -8,11 +8,14 @@
 // fills: plugins with topology, capacity and max volumes, agent version,
 // fencing addresses) and keeps the lease alive, registering again under a
 // new lease when it is lost. The node's liveness key carries a random
-// install identity made once in Config.StateDir: another host alive
-// under the same node id refuses the registration (ErrDuplicateNode),
-// and a claim is taken only in a transaction that finds the node's
-// liveness key on the node's own lease, so a host that cannot register
-// takes none. Nodes lists every node that ever registered,
+// install identity made once in Config.StateDir and the boot id: only
+// this host's earlier run in the same boot takes a live registration
+// over; another host alive under the same node id refuses it
+// (ErrDuplicateNode), and anything else (a run before a reboot, a copy of
+// the disk) is waited out until its lease expires. A claim is taken only
+// registered (Claim waits up to Config.CallTimeout for the
+// registration), in a transaction that finds the node's liveness key on
+// the node's own lease, so a host that cannot register takes none. Nodes lists every node that ever registered,
 // with its liveness. The package knows the agent only through
 // Config.InUse (is a volume on this node?); it calls no plugin and
 // unmounts nothing.
