@@ -73,13 +73,25 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	srv, err := dockerplugin.New(dockerplugin.Config{
 		Store: store, Backend: engineBackend{a}, Dir: filepath.Join(a.cfg.WorkDir, engineMountsDir), Commit: a.commit,
 		Logger: a.log.With("component", "docker-plugin"), NodeID: a.cfg.NodeID, CrashPoint: a.cfg.CrashPoint,
+		BootID: a.iso.BootID(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	a.named = srv
+	// Engine mounts of a former boot: released once recovery has
+	// brought their containers back.
+	rctx, stopReleasing := context.WithCancel(context.Background())
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		if a.iso.WaitRecovered(rctx) == nil {
+			srv.ReleaseFormerBoot(rctx)
+		}
+	}()
+	stopReleasingWait := func() { stopReleasing(); <-released }
 	if a.cfg.DockerPluginSocket == "" {
-		return func() {}, nil
+		return stopReleasingWait, nil
 	}
 	// Root's alone (0600), whatever --api-group: the engines run as root,
 	// and the protocol defines and removes named volumes, takes any
@@ -87,6 +99,7 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	// id, none of which the API lets a member do.
 	lis, err := a.listenUnix(a.cfg.DockerPluginSocket, "--docker-plugin-socket", ActivatedDockerPlugin, unixsock.Owner{GID: -1})
 	if err != nil {
+		stopReleasingWait()
 		return nil, err
 	}
 	stopChecking := func() {}
@@ -105,7 +118,7 @@ func (a *Agent) startEngines(context.Context) (stop func(), err error) {
 	hs.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelError)
 	a.log.Info("serving the Docker volume plugin protocol", "socket", a.cfg.DockerPluginSocket)
 	stopServing := a.serveHTTP(hs, lim.Listener(lis), "docker volume plugin")
-	return func() { stopChecking(); stopServing() }, nil
+	return func() { stopChecking(); stopServing(); stopReleasingWait() }, nil
 }
 
 // dockerCheckTimeout bounds one look at Docker's containers.

@@ -10,9 +10,11 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -76,6 +78,9 @@ type Config struct {
 	// volume's creation with a name for the point; it may kill the
 	// process.
 	CrashPoint func(point string)
+	// BootID is the boot the agent runs in: engine mounts recorded in
+	// another one are held by no engine (ReleaseFormerBoot).
+	BootID string
 }
 
 // Server is the volume plugin endpoint.
@@ -89,6 +94,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	users map[string]*user // by container id
+	// formerBoot are the engine mounts recorded in another boot, by
+	// container id (volume name as value), for ReleaseFormerBoot.
+	formerBoot map[string]string
 }
 
 // user is one engine mount of a named volume, as recorded in Dir/ID.json.
@@ -106,6 +114,9 @@ type user struct {
 	// MountedAt is the time of its last Mount (zero in records written
 	// before it was kept).
 	MountedAt time.Time `json:"mounted_at,omitzero"`
+	// Boot is the boot of its last Mount ("" in records written before
+	// it was kept).
+	Boot string `json:"boot,omitempty"`
 }
 
 type engineKey struct{}
@@ -150,7 +161,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, commit: cfg.Commit, users: map[string]*user{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, commit: cfg.Commit, users: map[string]*user{}, formerBoot: map[string]string{}}
 	if err := s.commit.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the engine mount directory: %w", err)
 	}
@@ -187,9 +198,54 @@ func New(cfg Config) (*Server, error) {
 			s.log.Info("an engine mount a crash interrupted is not counted", "volume", u.Name, "mount_id", namedvol.Clip(u.ID))
 			continue
 		}
+		if u.Boot != "" && cfg.BootID != "" && u.Boot != cfg.BootID {
+			// Mounted before a reboot: no engine holds it now (one
+			// that mounts it again starts a new count).
+			s.formerBoot[cid] = u.Name
+			continue
+		}
 		s.users[cid] = u
 	}
 	return s, nil
+}
+
+// ReleaseFormerBoot cleans up the engine mounts recorded before a reboot
+// that no engine has mounted again since (their containers, which the
+// isolator's recovery brought back, and their records): engines hold no
+// mount across a reboot, and one that unmounts nothing would leave the
+// volume published for good. Called once the isolator has recovered;
+// what fails is logged and left to Reconcile.
+func (s *Server) ReleaseFormerBoot(ctx context.Context) {
+	s.mu.Lock()
+	former := maps.Clone(s.formerBoot)
+	clear(s.formerBoot)
+	s.mu.Unlock()
+	for _, cid := range slices.Sorted(maps.Keys(former)) {
+		name := former[cid]
+		func() {
+			unlock, err := s.lock(ctx, name)
+			if err != nil {
+				s.log.Warn("releasing an engine mount of a former boot", "volume", name, "error", err)
+				return
+			}
+			defer unlock()
+			s.mu.Lock()
+			again := s.users[cid] != nil // mounted again in this boot
+			s.mu.Unlock()
+			if again {
+				return
+			}
+			if err := s.cfg.Backend.Cleanup(ctx, cid); err != nil {
+				s.log.Warn("releasing an engine mount of a former boot", "volume", name, "error", err)
+				return
+			}
+			if err := s.forget(cid); err != nil {
+				s.log.Warn("removing an engine mount record of a former boot", "volume", name, "error", err)
+				return
+			}
+			s.log.Info("released an engine mount of a former boot", "volume", name)
+		}()
+	}
 }
 
 // containerID names an engine mount's isolator container.
@@ -406,7 +462,7 @@ func (s *Server) Mount(ctx context.Context, req *volume.MountRequest) (*volume.M
 		u = nil
 	}
 	eng := engineOf(ctx)
-	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: eng.name, Instance: eng.instance, MountedAt: time.Now()}
+	next := &user{Name: req.Name, ID: req.ID, Count: 1, Engine: eng.name, Instance: eng.instance, MountedAt: time.Now(), Boot: s.cfg.BootID}
 	if u != nil {
 		next.Count = u.Count + 1
 	}

@@ -305,6 +305,47 @@ func TestMountCutByACrashIsNotAUser(t *testing.T) {
 	}
 }
 
+// Engine mounts recorded before a reboot are held by no engine: they are
+// not counted after it, and ReleaseFormerBoot cleans their containers up
+// unless an engine mounted them again since (then that Mount is the
+// first of a new count). Before, their counts survived the reboot: a
+// Mount again made 2, and the one Unmount that follows left the volume
+// published for good.
+func TestFormerBootMountsReleased(t *testing.T) {
+	ctx := context.Background()
+	b := &fakeBackend{containers: map[string]*statev1.PrepareRequest{}}
+	s, dir := newTestServer(t, b)
+	s.cfg.BootID = "boot-1"
+	for _, id := range []string{"forgotten", "again"} {
+		if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := New(Config{Store: s.cfg.Store, Backend: b, Dir: filepath.Join(dir, "engine"), Commit: s.cfg.Commit, BootID: "boot-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if us := s.usersOf("data"); len(us) != 0 {
+		t.Fatalf("users after a reboot: %v; want none", us)
+	}
+	if _, err := s.Mount(ctx, &volume.MountRequest{Name: "data", ID: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	s.ReleaseFormerBoot(ctx)
+	if _, ok := b.containers[containerID("data", "forgotten")]; ok {
+		t.Error("the former boot's mount no engine mounted again is still prepared")
+	}
+	if us := s.usersOf("data"); len(us) != 1 || us[0].ID != "again" || us[0].Count != 1 {
+		t.Fatalf("users: %+v; want the mount made again in this boot, counted once", us)
+	}
+	if err := s.Unmount(ctx, &volume.UnmountRequest{Name: "data", ID: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.containers) != 0 {
+		t.Errorf("after the one Unmount of this boot: %d containers left; want none", len(b.containers))
+	}
+}
+
 // A named volume whose CSI volume a container holds through the agent
 // (the csi.csiagent.io/mounts annotation, prepare --mounts), not through
 // an engine mount, is in use too: Remove refuses it.

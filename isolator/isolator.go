@@ -360,6 +360,10 @@ func syncWorkDir(dir string) error {
 // Recovered is closed once the first recovery pass has finished.
 func (iso *Isolator) Recovered() <-chan struct{} { return iso.recovered }
 
+// BootID is the boot the isolator runs in (Config.BootID, or the
+// kernel's).
+func (iso *Isolator) BootID() string { return iso.bootID }
+
 // WaitRecovered waits for the first recovery pass (callers that must not
 // act on state recovery has not rebuilt yet), or for ctx's end.
 func (iso *Isolator) WaitRecovered(ctx context.Context) error {
