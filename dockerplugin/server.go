@@ -297,6 +297,22 @@ func (s *Server) lock(ctx context.Context, name string) (func(), error) {
 	return unlock, nil
 }
 
+// backendEngineMounts lists the engine mount ids of every named volume
+// defined as the backend volume plugin/id.
+func (s *Server) backendEngineMounts(plugin, id string) []string {
+	s.mu.Lock()
+	users := slices.Collect(maps.Values(s.users))
+	s.mu.Unlock()
+	var out []string
+	for _, u := range users {
+		if d, err := s.cfg.Store.Get(u.Name); err == nil && d.Plugin == plugin && d.VolumeID == id {
+			out = append(out, u.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // usersOf lists a volume's engine mounts.
 func (s *Server) usersOf(name string) []*user {
 	s.mu.Lock()
@@ -782,6 +798,9 @@ func (s *Server) Resolve(ctx context.Context, mounts []namedvol.Mount, annotatio
 			err = st.CheckUsable()
 		}
 		if err == nil && annotation {
+			// Every engine mount of its backend volume counts, under
+			// any name that defines it (an alias may lack the policy).
+			st.EngineMounts = s.backendEngineMounts(st.Plugin, st.VolumeID)
 			err = st.CheckAnnotationUse()
 		}
 		if err == nil && st.Block {

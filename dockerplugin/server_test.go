@@ -570,6 +570,9 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 	create("held", map[string]string{namedvol.KeyAllowAnnotations: "true"})
 	create("shared", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyShareEngineMounts: "true"})
 	create("raw", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyBlock: "true"})
+	// Another name for held's backend volume: held's engine mount holds
+	// it too.
+	create("alias-of-held", map[string]string{namedvol.KeyAllowAnnotations: "true", namedvol.KeyVolumeID: "held"})
 	for _, name := range []string{"held", "shared"} {
 		if _, err := s.Mount(ctx, &volume.MountRequest{Name: name, ID: "engine-" + name}); err != nil {
 			t.Fatal(err)
@@ -588,6 +591,7 @@ func TestResolveAnnotationPolicy(t *testing.T) {
 		{"closed", []string{"mount 2", "named volume closed may not be named in an annotation", "allow_annotations=true", "csi-agent volume create closed ... --allow-annotations", "csi-agent volume rm closed"}, namedvol.ErrAnnotationRefused},
 		{"explicit-false", []string{"may not be named in an annotation"}, namedvol.ErrAnnotationRefused},
 		{"held", []string{"named volume held is held by 1 engine mount(s)", "--share-engine-mounts"}, namedvol.ErrAnnotationRefused},
+		{"alias-of-held", []string{"is held by 1 engine mount(s)"}, namedvol.ErrAnnotationRefused},
 		{"raw", []string{"block volume"}, namedvol.ErrInvalid},
 		{"ghost", []string{"no such named volume"}, namedvol.ErrNotFound},
 		{"../x", []string{"name"}, namedvol.ErrInvalid},
