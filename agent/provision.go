@@ -95,14 +95,22 @@ func (b engineBackend) DeleteVolume(ctx context.Context, typ, volumeID string, s
 	if err != nil {
 		return err
 	}
-	_, err = callPlugin(ctx, typ, "DeleteVolume", func(ctx context.Context) error {
-		_, err := ctrl.client.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: volumeID, Secrets: secrets})
-		if status.Code(err) == codes.NotFound {
-			return nil // deleted already (a removal repeated after a crash)
-		}
+	if err := b.a.iso.WaitRecovered(ctx); err != nil {
+		return err
+	}
+	// Under the volume's lock, off the node: no Prepare of it (an alias,
+	// an API caller naming its id) comes between the caller's check that
+	// nothing uses it and the deletion.
+	return b.a.iso.WhileOffNode(ctx, typ, volumeID, func() error {
+		_, err := callPlugin(ctx, typ, "DeleteVolume", func(ctx context.Context) error {
+			_, err := ctrl.client.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: volumeID, Secrets: secrets})
+			if status.Code(err) == codes.NotFound {
+				return nil // deleted already (a removal repeated after a crash)
+			}
+			return err
+		})
 		return err
 	})
-	return err
 }
 
 // snapshotID is the plugin's id of the snapshot a restore names: an entry

@@ -1741,3 +1741,25 @@ func TestUnitGoneAfterRebootDespiteInodeReuse(t *testing.T) {
 		t.Errorf("after a reboot, c1 (its namespace's inode taken by another) is %+v; want it cleaned up", c)
 	}
 }
+
+// TestUnitWhileOffNode: f runs under the volume's lock only while the
+// volume is not on the node: a backend volume is not deleted under a
+// container that uses it (a Prepare of another name for it, or by its id,
+// between a removal's check and its DeleteVolume).
+func TestUnitWhileOffNode(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	ran := 0
+	f := func() error { ran++; return nil }
+	if err := iso.WhileOffNode(context.Background(), "loop", "vol-1", f); err != nil || ran != 1 {
+		t.Fatalf("a volume never on the node: %v, ran %d", err, ran)
+	}
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	if err := iso.WhileOffNode(context.Background(), "loop", "vol-1", f); !errors.Is(err, ErrPrecondition) || ran != 1 {
+		t.Fatalf("a volume a container uses: %v, ran %d; want ErrPrecondition, not run", err, ran)
+	}
+	w.cleanup(iso, "c1")
+	if err := iso.WhileOffNode(context.Background(), "loop", "vol-1", f); err != nil || ran != 2 {
+		t.Fatalf("after its last cleanup: %v, ran %d", err, ran)
+	}
+}

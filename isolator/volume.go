@@ -150,6 +150,20 @@ func (iso *Isolator) acquire(ctx context.Context, pm plannedMount, id string) (*
 	return out, err
 }
 
+// WhileOffNode runs f under a volume's lock if the volume is not on the
+// node (not tracked, or torn down), else refuses with ErrPrecondition
+// naming its state and users: a deletion of the backend volume runs so,
+// and no Prepare of it comes between the check and the deletion.
+func (iso *Isolator) WhileOffNode(ctx context.Context, plugin, id string, f func() error) error {
+	key := volumeKey{plugin, id}
+	return iso.withVolume(ctx, key, func(v *volume) error {
+		if v != nil && (len(v.cp.Users) > 0 || !offNode(v.cp)) {
+			return fmt.Errorf("%w: volume %s is on this node (%s, used by %d container(s)): clean them up first", ErrPrecondition, key, v.cp.GetState(), len(v.cp.Users))
+		}
+		return f()
+	})
+}
+
 // writePending checkpoints a volume's pending changes, if any.
 func (iso *Isolator) writePending(v *volume) error {
 	if len(v.pending) == 0 {
