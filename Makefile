@@ -29,6 +29,11 @@ FUZZ_SLOW    := FuzzCheckpointDecode FuzzOCIHookInput
 # package, including the root ones that run our mount and supervision
 # code in-process, runs with -race.
 E2E_PKGS     := ./integration ./integration/fleet ./bench
+# BESIDE_E2E: packages of the race set that make no mount, mount namespace
+# or loop device (./cluster: embedded etcd clusters, a minute and a half
+# of waiting on leases and elections), run with -race beside the
+# end-to-end packages instead of before them.
+BESIDE_E2E   := ./cluster
 # SUBMAKE is $(MAKE) under a name make -n does not run recipes for (the
 # end-to-end line would run the tests).
 SUBMAKE      = $(MAKE)
@@ -83,18 +88,21 @@ hostpathplugin: ## build bin/hostpathplugin, csi-driver-host-path from third_par
 	bash hack/build-hostpath.sh
 
 test: deps ## run every test (root tests included when run as root; TestSoak is a 15s smoke) and a short fuzz
-	@# Three lanes from the start: ./integration and ./integration/fleet
-	@# wait on daemons, engines and etcd more than they compute (about
-	@# half and a third of a core), so they run beside the race set, which
-	@# the smoke benchmarks and the fuzz targets (two at a time) follow.
-	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS))); \
-		echo "$$(date +%T) ./integration and ./integration/fleet, beside the race set (every package but $(E2E_PKGS)), then ./bench and fuzz"; \
-		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
-		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration/fleet & fleet=$$!; \
-		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race; rc=$$?; \
-		if [ $$rc -eq 0 ]; then echo "$$(date +%T) ./bench"; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./bench || rc=$$?; fi; \
+	@race=$$($(GO) list ./... | grep -vxF -f <($(GO) list $(E2E_PKGS) $(BESIDE_E2E))); \
+		echo "$$(date +%T) the race set: every package but the end-to-end ones ($(E2E_PKGS)) and $(BESIDE_E2E)"; \
+		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $$race
+	@# ./integration, the longest, beside the others one after the other
+	@# and then the fuzz targets: two at a time, as -p 2 ran them; and
+	@# BESIDE_E2E, with -race, beside them all. Not beside the race set:
+	@# its root tests make mount namespaces, which hold copies of the
+	@# end-to-end tests' mounts (and theirs of the race set's), so volumes
+	@# are "still mounted elsewhere" and loop devices stay attached.
+	@echo "$$(date +%T) the end-to-end packages ($(E2E_PKGS)), then fuzz; beside them $(BESIDE_E2E) (-race)"
+	@$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./integration & integration=$$!; \
+		$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(BESIDE_E2E) & beside=$$!; \
+		$(GO) test -p 1 -count=1 -timeout $(TEST_TIMEOUT) $(filter-out ./integration,$(E2E_PKGS)); rc=$$?; \
 		if [ $$rc -eq 0 ]; then echo "$$(date +%T) fuzz"; $(SUBMAKE) --no-print-directory fuzz FUZZ_SKIP="$(FUZZ_SLOW)" || rc=$$?; fi; \
-		wait $$fleet || rc=$$?; wait $$integration || rc=$$?; exit $$rc
+		wait $$beside || rc=$$?; wait $$integration || rc=$$?; exit $$rc
 	@echo "$$(date +%T) make test done"
 
 unit: ## the fast tests while editing: every package but the end-to-end ones, -race and -short (root tests, and the few slow ones, skip themselves; make test runs them); go test's cache reruns only what changed
