@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1762,4 +1763,43 @@ func TestUnitWhileOffNode(t *testing.T) {
 	if err := iso.WhileOffNode(context.Background(), "loop", "vol-1", f); err != nil || ran != 2 {
 		t.Fatalf("after its last cleanup: %v, ran %d", err, ran)
 	}
+}
+
+// TestUnitTeardownRetriesInternal: NodeUnpublishVolume and
+// NodeUnstageVolume failing Internal or Unknown are called again, up to
+// teardownCalls in all (third-party plugins built on Kubernetes' mount
+// utilities fail so while the host's mount table changes under them);
+// one that keeps failing fails the cleanup with the plugin's message.
+func TestUnitTeardownRetriesInternal(t *testing.T) {
+	w := newWorld(t)
+	iso := w.run(Config{})
+	w.prepare(iso, w.request("c1", vol{"loop", "vol-1", "/data", false}))
+	failures := map[string]int{}
+	var mu sync.Mutex
+	w.node("loop").setFail(func(rpc, _ string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if (rpc == "NodeUnpublishVolume" || rpc == "NodeUnstageVolume") && failures[rpc] < teardownCalls-1 {
+			failures[rpc]++
+			return status.Error(map[string]codes.Code{"NodeUnpublishVolume": codes.Unknown, "NodeUnstageVolume": codes.Internal}[rpc],
+				"check target path: could not get consistent content of /proc/mounts after 3 attempts")
+		}
+		return nil
+	})
+	w.cleanup(iso, "c1")
+
+	w.node("loop").setFail(nil)
+	w.prepare(iso, w.request("c2", vol{"loop", "vol-2", "/data", false}))
+	w.node("loop").setFail(func(rpc, _ string) error {
+		if rpc == "NodeUnpublishVolume" {
+			return status.Error(codes.Internal, "broken for good")
+		}
+		return nil
+	})
+	err := iso.Cleanup(context.Background(), "c2", false)
+	if err == nil || !strings.Contains(err.Error(), "broken for good") || status.Code(errors.Unwrap(err)) == codes.Aborted {
+		t.Fatalf("a cleanup whose unpublish keeps failing Internal: %v; want its error", err)
+	}
+	w.node("loop").setFail(nil)
+	w.cleanup(iso, "c2")
 }

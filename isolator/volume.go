@@ -803,17 +803,39 @@ func (iso *Isolator) unpublish(ctx context.Context, node Node, v *volume) error 
 }
 
 func (iso *Isolator) unpublishAt(ctx context.Context, node Node, v *volume, target string) error {
-	return iso.call(ctx, v, "NodeUnpublishVolume", nodeRetry, func(ctx context.Context) error {
+	return iso.call(ctx, v, "NodeUnpublishVolume", nodeRetry, teardownCall(func(ctx context.Context) error {
 		_, err := node.Client.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.key.id, TargetPath: target})
 		return notFoundIsDone(err)
-	})
+	}))
 }
 
 func (iso *Isolator) unstage(ctx context.Context, node Node, v *volume) error {
-	return iso.call(ctx, v, "NodeUnstageVolume", nodeRetry, func(ctx context.Context) error {
+	return iso.call(ctx, v, "NodeUnstageVolume", nodeRetry, teardownCall(func(ctx context.Context) error {
 		_, err := node.Client.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.key.id, StagingTargetPath: v.cp.StagingPath})
 		return notFoundIsDone(err)
-	})
+	}))
+}
+
+// teardownCalls is how many calls a node teardown call (NodeUnpublish,
+// NodeUnstage: idempotent) gets when it fails Internal or Unknown, which
+// call retries for no other call: plugins built on Kubernetes' mount
+// utilities fail them so when the mount table changes while they read it
+// ("could not get consistent content of /proc/mounts after 3 attempts"),
+// as it does on a busy host.
+const teardownCalls = 3
+
+// teardownCall is f, its first teardownCalls-1 Internal and Unknown
+// failures turned into Aborted (which call retries), the message kept.
+func teardownCall(f func(context.Context) error) func(context.Context) error {
+	calls := 0
+	return func(ctx context.Context) error {
+		calls++
+		err := f(ctx)
+		if c := status.Code(err); (c == codes.Internal || c == codes.Unknown) && calls < teardownCalls {
+			return status.Errorf(codes.Aborted, "%s (%s; called again)", status.Convert(err).Message(), c)
+		}
+		return err
+	}
 }
 
 func notFoundIsDone(err error) error {
