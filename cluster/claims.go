@@ -529,7 +529,8 @@ func decodeClaim(key, value []byte) (*claimRecord, error) {
 // cas replaces key's value if its mod revision is still rev (0: if it is
 // absent); next (nil: delete). ok true: curRev is the key's new mod
 // revision; ok false: it changed, and the current record and revision
-// are returned.
+// are returned, or, the key as expected, one of the extra comparisons
+// failed: errCmp.
 func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRecord, what string, extra ...clientv3.Cmp) (ok bool, cur *claimRecord, curRev int64, err error) {
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
 	op := clientv3.OpDelete(key)
@@ -552,11 +553,15 @@ func (c *Cluster) cas(ctx context.Context, key string, rev int64, next *claimRec
 		return true, nil, resp.Header.GetRevision(), nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
-	if len(kvs) == 0 {
-		return false, nil, 0, nil
+	curRev = 0
+	if len(kvs) > 0 {
+		cur, err = decodeClaim(kvs[0].Key, kvs[0].Value)
+		curRev = kvs[0].ModRevision
 	}
-	cur, err = decodeClaim(kvs[0].Key, kvs[0].Value)
-	return false, cur, kvs[0].ModRevision, err
+	if err == nil && len(extra) > 0 && curRev == rev {
+		return false, cur, curRev, errCmp // the key is as it was: an extra comparison failed
+	}
+	return false, cur, curRev, err
 }
 
 // take takes (or upgrades to) a claim in etcd, then records it locally.
@@ -590,14 +595,13 @@ func (c *Cluster) take(ctx context.Context, key, plugin, volumeID string, want M
 		}
 		ok := next == nil // held in etcd already as needed
 		if !ok {
-			prevRev := rev
 			var err error
-			if ok, rec, rev, err = c.cas(ctx, key, rev, next, what, registered); err != nil {
-				return fmt.Errorf("%w%s", err, noClaim)
-			}
-			if !ok && rev == prevRev {
-				// The key is as it was: the registration compare failed.
+			ok, rec, rev, err = c.cas(ctx, key, rev, next, what, registered)
+			if errors.Is(err, errCmp) {
 				return fmt.Errorf("%w: %s: this node's registration in etcd is not its lease's (lost, or another host's)%s", ErrUnavailable, what, noClaim)
+			}
+			if err != nil {
+				return fmt.Errorf("%w%s", err, noClaim)
 			}
 		}
 		if ok {
@@ -713,20 +717,16 @@ func (c *Cluster) removeNodeFrom(ctx context.Context, key, node string, extra []
 			delete(n.Holders, node)
 			next = &n
 		}
-		prevRev := rev
 		var ok bool
 		ok, rec, rev, err = c.cas(ctx, key, rev, next, "releasing claim "+key+" of node "+node, extra...)
-		if ok {
-			return nil
-		}
-		if err == nil && len(extra) > 0 && rev == prevRev {
-			return errCmp // the claim is unchanged: the extra comparisons failed
+		if ok || errors.Is(err, errCmp) {
+			return err
 		}
 	}
 	return fmt.Errorf("%w: releasing claim %s of node %s: the key changed on each of %d attempts; retry", ErrUnavailable, key, node, maxCASAttempts)
 }
 
-// errCmp: a release's extra comparison failed.
+// errCmp: an extra comparison of cas failed (the key was as expected).
 var errCmp = errors.New("release condition failed")
 
 // Release gives up this node's claim after the volume left the node (see

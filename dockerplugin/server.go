@@ -301,12 +301,15 @@ func (s *Server) lock(ctx context.Context, name string) (func(), error) {
 // defined as the backend volume plugin/id.
 func (s *Server) backendEngineMounts(plugin, id string) []string {
 	s.mu.Lock()
-	users := slices.Collect(maps.Values(s.users))
+	byName := map[string][]string{}
+	for _, u := range s.users {
+		byName[u.Name] = append(byName[u.Name], u.ID)
+	}
 	s.mu.Unlock()
 	var out []string
-	for _, u := range users {
-		if d, err := s.cfg.Store.Get(u.Name); err == nil && d.Plugin == plugin && d.VolumeID == id {
-			out = append(out, u.ID)
+	for name, ids := range byName { // one definition read a name
+		if d, err := s.cfg.Store.Get(name); err == nil && d.Plugin == plugin && d.VolumeID == id {
+			out = append(out, ids...)
 		}
 	}
 	slices.Sort(out)

@@ -94,7 +94,7 @@ func startDockerd(dir string) (stop func()) {
 	cmd := exec.Command("dockerd", dockerdArgs(dir, "unix://"+sock)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		dockerSkip = "dockerd cannot start: " + err.Error()
+		dockerBroken = "dockerd is installed but cannot be run: " + err.Error()
 		return stop
 	}
 	// Its exit is watched through a pidfd, not by a goroutine in Wait:

@@ -342,10 +342,8 @@ func notShared(m Mounter, parent uint64) error {
 	if err != nil || len(ms) == 0 {
 		return err
 	}
-	for f := range strings.FieldsSeq(ms[0].Optional) {
-		if strings.HasPrefix(f, "shared:") {
-			return fmt.Errorf("%w: it is on mount %s of the container's namespace, which is shared (peer group %s): the volume would propagate to the mount's peers, outside the container (the host's own, with a bind given rshared propagation); give that bind private or slave propagation (rprivate, rslave)", ErrPrecondition, ms[0].Mountpoint, strings.TrimPrefix(f, "shared:"))
-		}
+	if g := mount.PeerGroup(ms[0].Optional, "shared:"); g != "" {
+		return fmt.Errorf("%w: it is on mount %s of the container's namespace, which is shared (peer group %s): the volume would propagate to the mount's peers, outside the container (the host's own, with a bind given rshared propagation); give that bind private or slave propagation (rprivate, rslave)", ErrPrecondition, ms[0].Mountpoint, g)
 	}
 	return nil
 }

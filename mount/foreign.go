@@ -383,7 +383,7 @@ func readNamespaces(nss []namespace, byDev map[string][]*foreignQuery, rootSt un
 			// namespace's mounts says whether any are missing; if so,
 			// they are all read from it.
 			if ids, err := nsMountIDs(ns.id); err == nil && len(ids) != seen {
-				if all, err := nsMounts(ns.id, func(m *mountinfo.Info) bool { return byDev[devOf(m)] != nil }); err == nil {
+				if all, err := statmountIDs(ns.id, ids, func(m *mountinfo.Info) bool { return byDev[devOf(m)] != nil }); err == nil {
 					ms = all
 				}
 			}
@@ -431,7 +431,7 @@ func (q *foreignQuery) lookOwn(own *ownMounts) error {
 			return err
 		}
 		if m != nil && q.same(m) {
-			if g := peerGroup(m.Optional, "shared:"); g != "" {
+			if g := PeerGroup(m.Optional, "shared:"); g != "" {
 				q.groups[p] = append(q.groups[p], g)
 			}
 		}
@@ -556,16 +556,16 @@ func sameRoot(pid int, root unix.Stat_t) bool {
 // the caller's own mounts at the same path that propagation ties to it.
 func propagated(m *mountinfo.Info, groups map[string][]string) bool {
 	for _, tag := range []string{"shared:", "master:"} {
-		if g := peerGroup(m.Optional, tag); g != "" && slices.Contains(groups[m.Mountpoint], g) {
+		if g := PeerGroup(m.Optional, tag); g != "" && slices.Contains(groups[m.Mountpoint], g) {
 			return true
 		}
 	}
 	return false
 }
 
-// peerGroup is the peer group the optional fields give with tag ("shared:"
-// or "master:"), or "".
-func peerGroup(optional, tag string) string {
+// PeerGroup is the peer group a mountinfo line's optional fields give
+// with tag ("shared:" or "master:"), or "".
+func PeerGroup(optional, tag string) string {
 	for _, f := range strings.Fields(optional) {
 		if g, ok := strings.CutPrefix(f, tag); ok {
 			return g

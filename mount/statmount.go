@@ -102,6 +102,12 @@ func nsMounts(nsID uint64, keep func(*mountinfo.Info) bool) ([]*mountinfo.Info, 
 	if err != nil {
 		return nil, err
 	}
+	return statmountIDs(nsID, ids, keep)
+}
+
+// statmountIDs reads the mounts ids of mount namespace nsID (statmount(2))
+// that keep keeps; one gone meanwhile is skipped.
+func statmountIDs(nsID uint64, ids []uint64, keep func(*mountinfo.Info) bool) ([]*mountinfo.Info, error) {
 	var out []*mountinfo.Info
 	for _, id := range ids {
 		m, err := statmountReq(mntIDReq{Size: mntIDReqSizeVer1, MntID: id, MntNsID: nsID,

@@ -65,7 +65,7 @@ func TestStatmountMatchesMountTable(t *testing.T) {
 		}
 		var opt []string
 		for _, tag := range []string{"shared:", "master:"} {
-			if g := peerGroup(want.Optional, tag); g != "" {
+			if g := PeerGroup(want.Optional, tag); g != "" {
 				opt = append(opt, tag+g)
 			}
 		}
